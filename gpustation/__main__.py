@@ -1,0 +1,3 @@
+from gpustation.cli import main
+
+raise SystemExit(main())

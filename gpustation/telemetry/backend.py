@@ -1,0 +1,178 @@
+"""The backend interface: what NVML, the simulator and tests all provide.
+
+A backend reads GPUs into :class:`GpuSample` objects and carries out the few
+control operations gpustation needs. Renderers never talk to a backend
+directly; they read :class:`~gpustation.telemetry.model.Snapshot` objects built
+by :class:`~gpustation.telemetry.sampler.Sampler`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from gpustation.errors import NoDriverError, UsageError
+from gpustation.telemetry.model import GpuSample, Topology
+
+
+class Backend(ABC):
+    """A source of GPU samples and the target of control operations."""
+
+    simulated: bool = False
+    #: Why this backend is in use, when that is worth telling the user.
+    note: str | None = None
+
+    @abstractmethod
+    def device_count(self) -> int: ...
+
+    @abstractmethod
+    def read_gpus(self, indices: Sequence[int], slow: bool) -> list[GpuSample]:
+        """Read the given GPUs.
+
+        ``slow`` asks for the slow fields (PCIe throughput, energy, replay
+        counter) to be read now; otherwise their last values are reused.
+        """
+
+    @abstractmethod
+    def topology(self, indices: Sequence[int]) -> Topology: ...
+
+    def driver_version(self) -> str | None:
+        return None
+
+    def nvml_version(self) -> str | None:
+        return None
+
+    def cuda_driver_version(self) -> str | None:
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+    # ---- control -------------------------------------------------------
+    # Only gpustation.control calls these; they raise NeedsRootError,
+    # NotSupportedError or GpustationError with a message for the user.
+
+    @abstractmethod
+    def set_power_limit(self, index: int, watts: float) -> None: ...
+
+    @abstractmethod
+    def fan_count(self, index: int) -> int: ...
+
+    @abstractmethod
+    def fan_speed_range(self, index: int) -> tuple[int, int]:
+        """The lowest and highest fan % the card accepts."""
+
+    @abstractmethod
+    def set_fan_speed(self, index: int, fan: int, pct: int) -> None: ...
+
+    @abstractmethod
+    def set_fan_auto(self, index: int, fan: int) -> None: ...
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def parse_gpu_list(text: str | None) -> list[int] | None:
+    """Parse ``--gpus 0,2`` (also ``0-3``); ``None`` means all GPUs."""
+    if text is None or text.strip() in ("", "all"):
+        return None
+    result: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                result.extend(range(int(lo), int(hi) + 1))
+            else:
+                result.append(int(part))
+        except ValueError:
+            raise UsageError(
+                f"--gpus: {text!r} is not a list of GPU indices (expected e.g. 0,2 or 0-3)"
+            ) from None
+    if any(i < 0 for i in result):
+        raise UsageError(f"--gpus: GPU indices are 0 or more, got {text!r}")
+    return sorted(dict.fromkeys(result))
+
+
+def add_gpu_options(parser: argparse.ArgumentParser) -> None:
+    """The options every command that reads or changes GPUs accepts."""
+    parser.add_argument(
+        "--gpus", metavar="LIST", help="GPU indices to use, e.g. 0,2 or 0-3 (default: all)"
+    )
+    parser.add_argument(
+        "--simulate",
+        nargs="?",
+        type=int,
+        const=-1,
+        metavar="N",
+        help="use N simulated GPUs instead of NVML (default N: 2, or as last simulated)",
+    )
+    parser.add_argument(
+        "--sim-card",
+        choices=["rtx4090", "h200"],
+        help="card the simulated GPUs model (default rtx4090)",
+    )
+
+
+def open_backend(
+    simulate: int | None = None,
+    sim_card: str | None = None,
+    fallback_to_sim: bool = False,
+) -> Backend:
+    """Open NVML, or the simulator when asked (or when NVML fails and allowed).
+
+    ``simulate`` is the number of simulated GPUs, ``-1`` for the default, and
+    ``None`` for real GPUs. The environment variable ``GPUSTATION_SIMULATE``
+    does the same as ``--simulate`` (handy under ssh and in tests).
+    """
+    import os
+
+    if simulate is None and os.environ.get("GPUSTATION_SIMULATE"):
+        try:
+            simulate = int(os.environ["GPUSTATION_SIMULATE"])
+        except ValueError:
+            simulate = -1
+    if sim_card is None:
+        sim_card = os.environ.get("GPUSTATION_SIM_CARD") or None
+    if simulate is not None:
+        from gpustation.telemetry.sim import SimBackend
+
+        return SimBackend.open(count=None if simulate < 0 else simulate, card=sim_card)
+    try:
+        from gpustation.telemetry.nvml import NvmlBackend
+
+        return NvmlBackend()
+    except NoDriverError as err:
+        if not fallback_to_sim:
+            raise
+        from gpustation.telemetry.sim import SimBackend
+
+        backend = SimBackend.open(count=None, card=sim_card)
+        backend.note = f"{err} Showing simulated GPUs."
+        return backend
+
+
+def backend_from_args(args: argparse.Namespace, fallback_to_sim: bool = False) -> Backend:
+    return open_backend(
+        simulate=getattr(args, "simulate", None),
+        sim_card=getattr(args, "sim_card", None),
+        fallback_to_sim=fallback_to_sim,
+    )
+
+
+def select_gpus(backend: Backend, wanted: list[int] | None) -> list[int]:
+    """Check ``--gpus`` against what the backend has."""
+    count = backend.device_count()
+    if wanted is None:
+        return list(range(count))
+    missing = [i for i in wanted if i >= count]
+    if missing:
+        have = f"0-{count - 1}" if count > 1 else ("0" if count == 1 else "none")
+        raise UsageError(
+            f"--gpus: no GPU {', '.join(map(str, missing))} on this machine (GPUs: {have})"
+        )
+    return wanted
