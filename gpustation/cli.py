@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gpustation {__version__}")
     add_gpu_options(parser)
+    parser.set_defaults(gpus=None, simulate=None, sim_card=None)
     parser.add_argument(
         "--refresh",
         type=float,
@@ -62,9 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command is None:
-            from gpustation.tui_entry import run_dashboard
-
-            return run_dashboard(args)
+            # Imported by name so the headless commands never load textual.
+            dashboard = importlib.import_module("gpustation.tui.app")
+            return int(dashboard.run_dashboard(args) or 0)
         return int(importlib.import_module(COMMANDS[args.command]).run(args) or 0)
     except GpustationError as err:
         print(f"gpustation: {err}", file=sys.stderr)

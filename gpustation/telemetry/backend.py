@@ -99,21 +99,31 @@ def parse_gpu_list(text: str | None) -> list[int] | None:
 
 
 def add_gpu_options(parser: argparse.ArgumentParser) -> None:
-    """The options every command that reads or changes GPUs accepts."""
+    """The options every command that reads or changes GPUs accepts.
+
+    Their defaults are left unset so that ``gpustation --simulate 2 snapshot``
+    and ``gpustation snapshot --simulate 2`` mean the same; read them with
+    ``getattr(args, name, None)``.
+    """
     parser.add_argument(
-        "--gpus", metavar="LIST", help="GPU indices to use, e.g. 0,2 or 0-3 (default: all)"
+        "--gpus",
+        metavar="LIST",
+        default=argparse.SUPPRESS,
+        help="GPU indices to use, e.g. 0,2 or 0-3 (default: all)",
     )
     parser.add_argument(
         "--simulate",
         nargs="?",
         type=int,
         const=-1,
+        default=argparse.SUPPRESS,
         metavar="N",
         help="use N simulated GPUs instead of NVML (default N: 2, or as last simulated)",
     )
     parser.add_argument(
         "--sim-card",
         choices=["rtx4090", "h200"],
+        default=argparse.SUPPRESS,
         help="card the simulated GPUs model (default rtx4090)",
     )
 

@@ -1,0 +1,512 @@
+"""Simulated GPUs: a small physical model behind the same Backend interface.
+
+Load (from a deterministic, seeded schedule of synthetic jobs) drives power up
+to the enforced limit; temperature follows power and fan speed with a thermal
+time constant; clocks drop and throttle reasons appear at the power limit or
+near the slowdown temperature. The state (power limits, fan settings,
+temperatures, energy) lives in a JSON file in the state directory, guarded by
+a lock, so separate processes — the dashboard, ``gpustation power set``, a
+fan controller — see the same virtual cards. Every output built from this
+backend is marked SIMULATED.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpustation.errors import GpustationError, NeedsRootError, NotSupportedError, UsageError
+from gpustation.telemetry.backend import Backend
+from gpustation.telemetry.model import (
+    GpuLink,
+    GpuPlacement,
+    GpuSample,
+    PcieInfo,
+    ProcessInfo,
+    Topology,
+    encode_throttle,
+)
+
+
+@dataclass(frozen=True)
+class CardSpec:
+    key: str
+    name: str
+    power_default_w: float
+    power_min_w: float
+    power_max_w: float
+    #: what a fully loaded card would draw with no cap
+    power_demand_w: float
+    power_idle_w: float
+    memory_total_mib: float
+    slowdown_c: float
+    shutdown_c: float
+    clock_sm_max_mhz: float
+    clock_sm_idle_mhz: float
+    clock_mem_max_mhz: float
+    clock_mem_idle_mhz: float
+    fans: int
+    fan_min_pct: int
+    fan_max_pct: int
+    #: thermal resistance (C per W) with fans stopped; more fan lowers it
+    thermal_r: float
+    pcie_max_gen: int
+    pcie_idle_gen: int
+    ecc: bool
+    nvlinks: int
+
+
+CARDS: dict[str, CardSpec] = {
+    "rtx4090": CardSpec(
+        key="rtx4090",
+        name="NVIDIA GeForce RTX 4090 (simulated)",
+        power_default_w=450.0,
+        power_min_w=150.0,
+        power_max_w=600.0,
+        power_demand_w=560.0,
+        power_idle_w=22.0,
+        memory_total_mib=24564.0,
+        slowdown_c=87.0,
+        shutdown_c=92.0,
+        clock_sm_max_mhz=3105.0,
+        clock_sm_idle_mhz=210.0,
+        clock_mem_max_mhz=10501.0,
+        clock_mem_idle_mhz=405.0,
+        fans=2,
+        fan_min_pct=30,
+        fan_max_pct=100,
+        thermal_r=0.145,
+        pcie_max_gen=4,
+        pcie_idle_gen=1,
+        ecc=False,
+        nvlinks=0,
+    ),
+    "h200": CardSpec(
+        key="h200",
+        name="NVIDIA H200 (simulated)",
+        power_default_w=700.0,
+        power_min_w=200.0,
+        power_max_w=700.0,
+        power_demand_w=760.0,
+        power_idle_w=78.0,
+        memory_total_mib=143771.0,
+        slowdown_c=89.0,
+        shutdown_c=95.0,
+        clock_sm_max_mhz=1980.0,
+        clock_sm_idle_mhz=345.0,
+        clock_mem_max_mhz=3201.0,
+        clock_mem_idle_mhz=3201.0,
+        fans=0,
+        fan_min_pct=0,
+        fan_max_pct=0,
+        thermal_r=0.064,
+        pcie_max_gen=5,
+        pcie_idle_gen=5,
+        ecc=True,
+        nvlinks=18,
+    ),
+}
+
+DEFAULT_COUNT = 2
+DEFAULT_CARD = "rtx4090"
+AMBIENT_C = 30.0
+THERMAL_TAU_S = 20.0
+JOB_SLOT_S = 45.0  # the synthetic job schedule changes every this many seconds
+MAX_CATCH_UP_S = 900.0  # after a long gap the model is at steady state anyway
+
+JOB_NAMES = (
+    ("python", "python train.py --config configs/llama-lora.yaml"),
+    ("python", "python -m torch.distributed.run --nproc_per_node 2 pretrain.py"),
+    ("python3", "python3 finetune_resnet.py --batch-size 256 --bf16"),
+    ("vllm", "python -m vllm.entrypoints.openai.api_server --model ./ckpt"),
+    ("jupyter", "python -m ipykernel_launcher -f kernel-4f2a.json"),
+)
+
+
+def _fan_auto_pct(spec: CardSpec, temp_c: float) -> float:
+    """The card's own fan curve when fans are on automatic control."""
+    pct = 30.0 + (temp_c - 40.0) * 1.6
+    return max(float(spec.fan_min_pct), min(float(spec.fan_max_pct), pct))
+
+
+def _new_gpu_state(spec: CardSpec) -> dict[str, Any]:
+    return {
+        "power_limit_w": spec.power_default_w,
+        "fan_mode": ["auto"] * spec.fans,
+        "fan_manual_pct": [float(spec.fan_min_pct)] * spec.fans,
+        "temperature_c": AMBIENT_C + spec.power_idle_w * spec.thermal_r,
+        "energy_j": 0.0,
+        "load": None,  # None: follow the job schedule; 0..1: pinned
+        "ambient_c": AMBIENT_C,
+        "lost": False,
+        "ecc_uncorrected": 0 if spec.ecc else None,
+        "temperature_fails": False,
+        # derived each step, kept for readers
+        "power_w": spec.power_idle_w,
+        "fans_pct": [float(spec.fan_min_pct)] * spec.fans,
+        "throttle": [],
+        "clock_sm_mhz": spec.clock_sm_idle_mhz,
+        "load_now": 0.0,
+    }
+
+
+class SimBackend(Backend):
+    """N simulated GPUs of one card model, state shared through a file."""
+
+    simulated = True
+
+    def __init__(
+        self,
+        count: int = DEFAULT_COUNT,
+        card: str = DEFAULT_CARD,
+        seed: int = 0,
+        state_path: Path | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if card not in CARDS:
+            raise UsageError(f"--sim-card: unknown card {card!r} (choose from {', '.join(CARDS)})")
+        if not 1 <= count <= 16:
+            raise UsageError(f"--simulate: between 1 and 16 GPUs, got {count}")
+        self.spec = CARDS[card]
+        self.count = count
+        self.seed = seed
+        self.state_path = state_path
+        self.clock = clock
+        self._memory_state: dict[str, Any] | None = None
+        self._last_slow: dict[int, tuple[float, float, int]] = {}
+        with self._state() as state:
+            if (
+                state.get("card") != card
+                or state.get("count") != count
+                or state.get("seed") != seed
+                or len(state.get("gpus", [])) != count
+            ):
+                state.clear()
+                state.update(self._fresh_state())
+
+    # ---- construction ----------------------------------------------------
+    @classmethod
+    def open(
+        cls, count: int | None = None, card: str | None = None, seed: int | None = None
+    ) -> SimBackend:
+        """Open the shared simulated machine in the state directory.
+
+        With no count/card given, the last simulated machine is reused so that
+        ``gpustation power set`` acts on the cards the dashboard shows.
+        """
+        from gpustation.paths import state_dir
+
+        path = state_dir() / "sim-state.json"
+        previous: dict[str, Any] = {}
+        with contextlib.suppress(OSError, ValueError):
+            previous = json.loads(path.read_text())
+        if count is None:
+            count = int(previous.get("count") or DEFAULT_COUNT)
+        if card is None:
+            card = str(previous.get("card") or DEFAULT_CARD)
+        if seed is None:
+            seed = int(os.environ.get("GPUSTATION_SIM_SEED", previous.get("seed", 0)))
+        return cls(count=count, card=card, seed=seed, state_path=path)
+
+    def _fresh_state(self) -> dict[str, Any]:
+        return {
+            "card": self.spec.key,
+            "count": self.count,
+            "seed": self.seed,
+            # start warm: as if the cards had been running for a while
+            "updated": self.clock() - MAX_CATCH_UP_S,
+            "gpus": [_new_gpu_state(self.spec) for _ in range(self.count)],
+        }
+
+    @contextlib.contextmanager
+    def _state(self) -> Iterator[dict[str, Any]]:
+        """Lock, load, let the caller change, save."""
+        if self.state_path is None:
+            if self._memory_state is None:
+                self._memory_state = {}
+            yield self._memory_state
+            return
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = self.state_path.with_suffix(".lock")
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                try:
+                    state = json.loads(self.state_path.read_text())
+                except (OSError, ValueError):
+                    state = {}
+                yield state
+                tmp = self.state_path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(state))
+                os.replace(tmp, self.state_path)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    # ---- the model -------------------------------------------------------
+    def _hash(self, *parts: object) -> float:
+        """A deterministic number in [0, 1) from the seed and the parts."""
+        digest = hashlib.blake2b(repr((self.seed, *parts)).encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") / 2**64
+
+    def _job(self, index: int, t: float) -> tuple[float, int | None]:
+        """Scheduled load (0..1) and the job slot it comes from, at time t."""
+        slot = int(t // JOB_SLOT_S)
+        r = self._hash("job", index, slot)
+        if r < 0.3:
+            return 0.0, None
+        level = (0.35, 0.7, 0.95, 1.0)[int(self._hash("lvl", index, slot) * 4)]
+        # a little ripple so graphs look alive, still deterministic
+        ripple = 0.04 * math.sin(t / 3.0 + index)
+        return max(0.0, min(1.0, level + ripple)), slot
+
+    def _advance(self, state: dict[str, Any], now: float) -> None:
+        last = float(state.get("updated", now))
+        elapsed = min(max(0.0, now - last), MAX_CATCH_UP_S)
+        t = now - elapsed
+        step = 1.0
+        while True:
+            dt = min(step, now - t)
+            for i, g in enumerate(state["gpus"]):
+                self._step_gpu(i, g, t + dt, dt)
+            t += dt
+            if now - t <= 1e-9:
+                break
+        state["updated"] = now
+
+    def _step_gpu(self, index: int, g: dict[str, Any], t: float, dt: float) -> None:
+        spec = self.spec
+        if g["lost"]:
+            return
+        load = g["load"] if g["load"] is not None else self._job(index, t)[0]
+        g["load_now"] = load
+        demand = spec.power_idle_w + load * (spec.power_demand_w - spec.power_idle_w)
+        limit = float(g["power_limit_w"])
+        reasons: list[str] = []
+        power = min(demand, limit)
+        if demand > limit + 0.5:
+            reasons.append("sw_power_cap")
+        temp = float(g["temperature_c"])
+        near = spec.slowdown_c - 2.0
+        thermal = 1.0
+        if temp >= near:
+            reasons.append("sw_thermal")
+            # clocks back off steeply as the slowdown temperature nears
+            thermal = max(0.55, 1.0 - 0.12 * (temp - near + 1.0))
+            power = min(power, spec.power_idle_w + (power - spec.power_idle_w) * thermal)
+        if temp >= spec.slowdown_c:
+            reasons.append("hw_thermal")
+        if load < 0.05:
+            reasons.append("gpu_idle")
+        # fans
+        fans: list[float] = []
+        for f in range(spec.fans):
+            if g["fan_mode"][f] == "manual":
+                fans.append(float(g["fan_manual_pct"][f]))
+            else:
+                fans.append(_fan_auto_pct(spec, temp))
+        fan_avg = sum(fans) / len(fans) if fans else 0.0
+        r = spec.thermal_r / (1.0 + 1.1 * fan_avg / 100.0) if spec.fans else spec.thermal_r
+        target = float(g["ambient_c"]) + power * r
+        temp += (target - temp) * (1.0 - math.exp(-dt / THERMAL_TAU_S))
+        g["temperature_c"] = temp
+        g["power_w"] = power
+        g["fans_pct"] = fans
+        g["energy_j"] = float(g["energy_j"]) + power * dt
+        g["throttle"] = reasons
+        if load < 0.05:
+            g["clock_sm_mhz"] = spec.clock_sm_idle_mhz
+        else:
+            cap = min(1.0, (limit / demand) ** 0.5) if demand > 0 else 1.0
+            g["clock_sm_mhz"] = spec.clock_sm_max_mhz * cap * thermal
+
+    # ---- Backend: reading ------------------------------------------------
+    def device_count(self) -> int:
+        return self.count
+
+    def driver_version(self) -> str | None:
+        return "simulated"
+
+    def nvml_version(self) -> str | None:
+        return "simulated"
+
+    def read_gpus(self, indices: Sequence[int], slow: bool) -> list[GpuSample]:
+        now = self.clock()
+        with self._state() as state:
+            self._advance(state, now)
+            gpus = [dict(state["gpus"][i]) for i in indices]
+        return [self._sample(i, g, now, slow) for i, g in zip(indices, gpus)]
+
+    def _sample(self, index: int, g: dict[str, Any], now: float, slow: bool) -> GpuSample:
+        spec = self.spec
+        uuid = "GPU-SIM-%08x-%04d" % (int(self._hash("uuid") * 2**32), index)
+        bus = f"00000000:{0x17 + index * 0x10:02X}:00.0"
+        sample = GpuSample(index=index, uuid=uuid, name=spec.name, pci_bus_id=bus)
+        if g["lost"]:
+            sample.lost = True
+            return sample
+        load = float(g["load_now"])
+        _, slot = self._job(index, now) if g["load"] is None else (0.0, None)
+        procs: list[ProcessInfo] = []
+        mem_used = 380.0
+        if load >= 0.05:
+            jobs = [slot] if slot is not None else [0]
+            for j in jobs:
+                name, command = JOB_NAMES[int(self._hash("name", index, j) * len(JOB_NAMES))]
+                mem = round(spec.memory_total_mib * (0.25 + 0.6 * self._hash("mem", index, j)))
+                procs.append(
+                    ProcessInfo(
+                        pid=20000 + int(self._hash("pid", index, j) * 30000),
+                        gpu_memory_mib=float(mem),
+                        user="sim",
+                        name=name,
+                        command=command,
+                    )
+                )
+                mem_used += mem
+        sample.temperature_c = round(float(g["temperature_c"]), 1)
+        if g.get("temperature_fails"):
+            sample.temperature_c = None
+        sample.temperature_slowdown_c = spec.slowdown_c
+        sample.temperature_shutdown_c = spec.shutdown_c
+        sample.power_w = round(float(g["power_w"]), 1)
+        sample.power_limit_w = float(g["power_limit_w"])
+        sample.power_default_w = spec.power_default_w
+        sample.power_min_w = spec.power_min_w
+        sample.power_max_w = spec.power_max_w
+        sample.clock_sm_mhz = round(float(g["clock_sm_mhz"]))
+        sample.clock_sm_max_mhz = spec.clock_sm_max_mhz
+        busy = load >= 0.05
+        sample.clock_mem_mhz = spec.clock_mem_max_mhz if busy else spec.clock_mem_idle_mhz
+        sample.clock_mem_max_mhz = spec.clock_mem_max_mhz
+        sample.memory_used_mib = min(mem_used, spec.memory_total_mib)
+        sample.memory_total_mib = spec.memory_total_mib
+        sample.utilization_gpu_pct = round(load * 100.0)
+        sample.utilization_memory_pct = round(load * 62.0)
+        sample.fans_pct = [round(f) for f in g["fans_pct"]]
+        sample.fan_control = list(g["fan_mode"])
+        sample.pstate = (2 if spec.fans else 0) if busy else (8 if spec.fans else 0)
+        sample.throttle_reasons = list(g["throttle"])
+        gen = spec.pcie_max_gen if busy else spec.pcie_idle_gen
+        sample.pcie = PcieInfo(gen=gen, width=16, max_gen=spec.pcie_max_gen, max_width=16)
+        if slow or index not in self._last_slow:
+            tx = round(load * 1_800_000 * (0.8 + 0.4 * self._hash("tx", index, int(now))))
+            rx = round(load * 2_400_000 * (0.8 + 0.4 * self._hash("rx", index, int(now))))
+            self._last_slow[index] = (float(tx), float(rx), 0)
+        tx_v, rx_v, replay = self._last_slow[index]
+        sample.pcie.tx_kib_s, sample.pcie.rx_kib_s = tx_v, rx_v
+        sample.pcie.replay_errors = replay
+        sample.energy_j = round(float(g["energy_j"]), 1)
+        sample.ecc_uncorrected = g["ecc_uncorrected"]
+        sample.processes = procs
+        return sample
+
+    def topology(self, indices: Sequence[int]) -> Topology:
+        topo = Topology()
+        half = max(1, self.count // 2)
+        for i in indices:
+            numa = 0 if i < half else 1
+            topo.gpus.append(
+                GpuPlacement(
+                    index=i,
+                    numa_node=numa,
+                    cpu_affinity="0-15" if numa == 0 else "16-31",
+                )
+            )
+        for a in indices:
+            for b in indices:
+                if b <= a:
+                    continue
+                if self.spec.nvlinks:
+                    level, links = f"NV{self.spec.nvlinks}", self.spec.nvlinks
+                elif (a < half) == (b < half):
+                    level, links = ("PIX" if abs(a - b) == 1 else "PXB"), 0
+                else:
+                    level, links = "SYS", 0
+                p2p = level != "SYS"
+                topo.links.append(GpuLink(a, b, level, p2p, p2p, links))
+        return topo
+
+    # ---- Backend: control --------------------------------------------------
+    def _check_root(self, what: str) -> None:
+        if os.environ.get("GPUSTATION_SIM_REQUIRE_ROOT") == "1" and os.geteuid() != 0:
+            raise NeedsRootError(
+                f"{what} needs root privileges: run it as sudo gpustation ... (simulated check)"
+            )
+
+    def _gpu_state(self, state: dict[str, Any], index: int) -> dict[str, Any]:
+        if not 0 <= index < self.count:
+            raise UsageError(f"no GPU {index} (simulated GPUs: 0-{self.count - 1})")
+        return state["gpus"][index]
+
+    def set_power_limit(self, index: int, watts: float) -> None:
+        self._check_root("setting the power limit")
+        spec = self.spec
+        if not spec.power_min_w <= watts <= spec.power_max_w:
+            raise GpustationError(
+                f"GPU {index}: {watts:g} W is outside the card's range "
+                f"{spec.power_min_w:g}-{spec.power_max_w:g} W"
+            )
+        with self._state() as state:
+            self._advance(state, self.clock())
+            self._gpu_state(state, index)["power_limit_w"] = float(watts)
+
+    def fan_count(self, index: int) -> int:
+        return self.spec.fans
+
+    def fan_speed_range(self, index: int) -> tuple[int, int]:
+        if not self.spec.fans:
+            raise NotSupportedError(f"GPU {index} ({self.spec.name}) has no fans")
+        return self.spec.fan_min_pct, self.spec.fan_max_pct
+
+    def set_fan_speed(self, index: int, fan: int, pct: int) -> None:
+        self._check_root("setting a fan speed")
+        lo, hi = self.fan_speed_range(index)
+        if not 0 <= fan < self.spec.fans:
+            raise UsageError(f"GPU {index} has fans 0-{self.spec.fans - 1}, not {fan}")
+        if not lo <= pct <= hi:
+            raise GpustationError(f"GPU {index} fan {fan}: {pct} % is outside {lo}-{hi} %")
+        with self._state() as state:
+            self._advance(state, self.clock())
+            g = self._gpu_state(state, index)
+            g["fan_mode"][fan] = "manual"
+            g["fan_manual_pct"][fan] = float(pct)
+
+    def set_fan_auto(self, index: int, fan: int) -> None:
+        self._check_root("restoring automatic fan control")
+        self.fan_speed_range(index)
+        with self._state() as state:
+            self._advance(state, self.clock())
+            self._gpu_state(state, index)["fan_mode"][fan] = "auto"
+
+    # ---- simulation knobs (tests, demos) -------------------------------------
+    def poke(self, index: int, **values: Any) -> None:
+        """Change the simulated world: ``load`` (0..1 or None for the schedule),
+        ``ambient_c``, ``lost``, ``ecc_uncorrected``, ``temperature_c``,
+        ``temperature_fails`` (temperature reads return nothing)."""
+        allowed = {
+            "load",
+            "ambient_c",
+            "lost",
+            "ecc_uncorrected",
+            "temperature_c",
+            "temperature_fails",
+        }
+        unknown = set(values) - allowed
+        if unknown:
+            raise ValueError(f"unknown simulation knob(s): {', '.join(sorted(unknown))}")
+        with self._state() as state:
+            self._advance(state, self.clock())
+            self._gpu_state(state, index).update(values)
+
+    def throttle_mask(self, index: int) -> int:
+        with self._state() as state:
+            return encode_throttle(self._gpu_state(state, index)["throttle"])
