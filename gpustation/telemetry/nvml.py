@@ -1,0 +1,944 @@
+"""The NVML backend: real NVIDIA GPUs read through ``pynvml`` (nvidia-ml-py).
+
+How it stays robust and cheap:
+
+* Handles and static values (name, UUID, bus id, limits, max clocks, fan
+  count...) are read once, when the backend opens.
+* Every field is read on its own through :meth:`NvmlBackend._call`: a field
+  the card does not support becomes ``None`` and is not asked for again; a
+  function the library or driver lacks is remembered in
+  ``missing_functions`` and never called again; any other error becomes
+  ``None`` and is kept in ``errors`` for a debug view. One failing field never
+  hides the others.
+* Versioned functions are probed newest first (running processes v3 -> v2 ->
+  v1, memory info v2 -> v1, clocks-event reasons -> throttle reasons).
+* A GPU that falls off the bus (``GPU_IS_LOST``) is reported with
+  ``lost=True`` and retried at most every ``LOST_RETRY_S`` seconds; the other
+  GPUs keep reporting.
+* Slow getters (PCIe throughput ~21 ms a call, energy ~4 ms on an H200) are
+  read only when ``slow=True``, in worker threads while the fast fields are
+  read, so a one-shot snapshot pays for about one slow call.
+
+The module itself imports nothing heavy: ``pynvml`` is imported when the
+backend is created, so ``import gpustation.telemetry.nvml`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from gpustation.errors import (
+    GpustationError,
+    NeedsRootError,
+    NoDriverError,
+    NotSupportedError,
+    UsageError,
+)
+from gpustation.telemetry.backend import Backend
+from gpustation.telemetry.model import (
+    GpuLink,
+    GpuPlacement,
+    GpuSample,
+    PcieInfo,
+    ProcessInfo,
+    Topology,
+    decode_throttle,
+)
+
+#: A lost GPU's handle is tried again at most this often.
+LOST_RETRY_S = 10.0
+
+_MIB = 1024.0 * 1024.0
+# NVML's "value not available" for unsigned long long fields (usedGpuMemory).
+_NOT_AVAILABLE_ULL = (1 << 64) - 1
+
+# NVML error codes, as in nvml.h (the values never change between versions).
+_ERR_INVALID_ARGUMENT = 2
+_ERR_NOT_SUPPORTED = 3
+_ERR_NO_PERMISSION = 4
+_ERR_FUNCTION_NOT_FOUND = 13
+_ERR_GPU_IS_LOST = 15
+_ERR_ARGUMENT_VERSION_MISMATCH = 25
+
+# NVML topology levels -> the names ``nvidia-smi topo -m`` prints.
+_TOPOLOGY_LEVELS = {
+    0: "PIX",  # INTERNAL: two GPUs on one board
+    10: "PIX",  # SINGLE: one PCIe switch
+    20: "PXB",  # MULTIPLE: several PCIe switches
+    30: "PHB",  # HOSTBRIDGE
+    40: "NODE",  # NODE (CPU): same NUMA node, across host bridges
+    50: "SYS",  # SYSTEM: across the SMP interconnect
+}
+
+_MISSING: Any = object()
+
+_COMPUTE_PROCS = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses",
+)
+_GRAPHICS_PROCS = (
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+)
+_THROTTLE = (
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+)
+_POWER_LIMIT = ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit")
+_PCI_INFO = ("nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo")
+_REMOTE_PCI = ("nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetNvLinkRemotePciInfo")
+_CUDA_VERSION = ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion")
+
+
+class _GpuLost(Exception):
+    """Raised inside a read when NVML says the GPU has fallen off the bus."""
+
+
+def _text(value: Any) -> str | None:
+    """NVML strings arrive as str or, from older pynvml, as bytes."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace").rstrip("\x00")
+    return str(value)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def normalize_bus_id(bus_id: str | None) -> str | None:
+    """``00000000:01:00.0`` -> ``0000:01:00.0`` (lower case, 4-digit domain).
+
+    NVML prints an 8-digit domain; sysfs and ``lspci`` use 4 digits.
+    """
+    if not bus_id:
+        return None
+    text = bus_id.strip().lower()
+    domain, sep, rest = text.partition(":")
+    if not sep or not rest:
+        return text
+    try:
+        return f"{int(domain, 16):04x}:{rest}"
+    except ValueError:
+        return text
+
+
+def cpu_mask_to_ranges(words: Sequence[int]) -> str | None:
+    """NVML CPU-affinity words (64 CPUs each, word 0 first) -> ``"0-15,32-47"``."""
+    cpus = [
+        w * 64 + bit for w, word in enumerate(words) for bit in range(64) if int(word) >> bit & 1
+    ]
+    if not cpus:
+        return None
+    parts: list[str] = []
+    start = prev = cpus[0]
+    for cpu in cpus[1:]:
+        if cpu == prev + 1:
+            prev = cpu
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else str(start))
+        start = prev = cpu
+    parts.append(f"{start}-{prev}" if prev > start else str(start))
+    return ",".join(parts)
+
+
+def _sudo_hint() -> str:
+    """The command line to run again as root, when we can tell what it was."""
+    argv0 = os.path.basename(sys.argv[0]) if sys.argv else ""
+    if argv0 in ("gpustation", "__main__.py") and len(sys.argv) > 1:
+        return "sudo gpustation " + shlex.join(sys.argv[1:])
+    return "sudo gpustation ..."
+
+
+class _Gpu:
+    """What the backend keeps per GPU between reads."""
+
+    __slots__ = (
+        "clock_mem_max",
+        "clock_sm_max",
+        "energy_j",
+        "fan_max",
+        "fan_min",
+        "handle",
+        "index",
+        "lost",
+        "lost_at",
+        "memory_total_mib",
+        "memory_v2",
+        "name",
+        "num_fans",
+        "pci_bus_id",
+        "pcie_max_gen",
+        "pcie_max_width",
+        "power_default_w",
+        "power_max_w",
+        "power_min_w",
+        "replay",
+        "rx",
+        "static_read",
+        "temp_shutdown",
+        "temp_slowdown",
+        "tx",
+        "unsupported",
+        "uuid",
+    )
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.handle: Any = None
+        self.lost = False
+        self.lost_at = 0.0
+        self.static_read = False
+        # Functions this card answered NotSupported: not asked again.
+        self.unsupported: set[str] = set()
+        self.uuid: str | None = None
+        self.name: str | None = None
+        self.pci_bus_id: str | None = None
+        self.temp_slowdown: float | None = None
+        self.temp_shutdown: float | None = None
+        self.power_default_w: float | None = None
+        self.power_min_w: float | None = None
+        self.power_max_w: float | None = None
+        self.clock_sm_max: float | None = None
+        self.clock_mem_max: float | None = None
+        self.memory_total_mib: float | None = None
+        self.memory_v2: bool | None = None  # None: not tried yet
+        self.num_fans = 0
+        self.fan_min: int | None = None
+        self.fan_max: int | None = None
+        self.pcie_max_gen: int | None = None
+        self.pcie_max_width: int | None = None
+        # Slow fields: the last values read, reused between slow reads.
+        self.tx: float | None = None
+        self.rx: float | None = None
+        self.energy_j: float | None = None
+        self.replay: int | None = None
+
+
+class NvmlBackend(Backend):
+    """Reads real GPUs through NVML. ``nvml`` is the pynvml module (or a fake)."""
+
+    simulated = False
+
+    def __init__(self, nvml: Any = None, sysfs_pci_root: str = "/sys/bus/pci/devices") -> None:
+        if nvml is None:
+            try:
+                import pynvml as nvml
+            except ImportError as err:
+                raise NoDriverError(
+                    f"NVML could not start: the pynvml module is missing ({err}). "
+                    "Install nvidia-ml-py. To try gpustation without a GPU, use --simulate."
+                ) from None
+        self.nvml = nvml
+        self._error_type: type[BaseException] = getattr(nvml, "NVMLError", Exception)
+        self._sysfs_pci_root = sysfs_pci_root
+        #: pynvml functions that are absent or that the driver lacks; never called again.
+        self.missing_functions: set[str] = set()
+        #: (gpu index or -1 for system calls, field) -> last error text, for a debug view.
+        self.errors: dict[tuple[int, str], str] = {}
+        self._fns: dict[str, Callable[..., Any] | None] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._closed = False
+
+        try:
+            nvml.nvmlInit()
+        except self._error_type as err:
+            raise NoDriverError(self._no_driver_message(err)) from None
+        except (OSError, AttributeError) as err:
+            raise NoDriverError(
+                f"NVML could not start: {err} ({type(err).__name__}). Is the NVIDIA driver "
+                "installed and loaded? To try gpustation without a GPU, use --simulate."
+            ) from None
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except self._error_type as err:
+            self._shutdown()
+            raise NoDriverError(self._no_driver_message(err)) from None
+
+        c = self._const
+        self._TEMP_GPU = c("NVML_TEMPERATURE_GPU", 0)
+        self._THRESH_SLOWDOWN = c("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1)
+        self._THRESH_SHUTDOWN = c("NVML_TEMPERATURE_THRESHOLD_SHUTDOWN", 0)
+        self._CLOCK_SM = c("NVML_CLOCK_SM", 1)
+        self._CLOCK_MEM = c("NVML_CLOCK_MEM", 2)
+        self._MEMORY_V2 = c("nvmlMemory_v2", 0x02000028)
+        self._FAN_MANUAL = c("NVML_FAN_POLICY_MANUAL", 1)
+        self._ECC_UNCORRECTED = c("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+        self._ECC_VOLATILE = c("NVML_VOLATILE_ECC", 0)
+        self._PCIE_TX = c("NVML_PCIE_UTIL_TX_BYTES", 0)
+        self._PCIE_RX = c("NVML_PCIE_UTIL_RX_BYTES", 1)
+        self._P2P_READ = c("NVML_P2P_CAPS_INDEX_READ", 0)
+        self._P2P_WRITE = c("NVML_P2P_CAPS_INDEX_WRITE", 1)
+        self._P2P_OK = c("NVML_P2P_STATUS_OK", 0)
+        self._NVLINK_MAX = c("NVML_NVLINK_MAX_LINKS", 18)
+        self._PSTATE_UNKNOWN = c("NVML_PSTATE_UNKNOWN", 32)
+
+        self._driver = _text(self._sys_call("driver_version", "nvmlSystemGetDriverVersion"))
+        self._nvml_version = _text(self._sys_call("nvml_version", "nvmlSystemGetNVMLVersion"))
+        cuda = None
+        for name in _CUDA_VERSION:
+            cuda = self._sys_call("cuda_driver_version", name)
+            if cuda is not None:
+                break
+        self._cuda = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}" if cuda else None
+
+        self._gpus = [_Gpu(i) for i in range(count)]
+        # Static values cost up to a few ms per call on first use; read the
+        # GPUs side by side so opening an 8-GPU node stays quick.
+        if count > 1:
+            list(self._executor().map(self._open_gpu, self._gpus))
+        else:
+            for gpu in self._gpus:
+                self._open_gpu(gpu)
+
+    # ---- plumbing -----------------------------------------------------------
+
+    def _const(self, name: str, default: int) -> int:
+        value = getattr(self.nvml, name, default)
+        # Some pynvml releases define a constant as a 1-tuple (a stray comma).
+        if isinstance(value, tuple):
+            value = value[0] if value else default
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            return default
+
+    @staticmethod
+    def _no_driver_message(err: BaseException) -> str:
+        code = getattr(err, "value", None)
+        kind = type(err).__name__ + (f", code {code}" if code is not None else "")
+        return (
+            f"NVML could not start: {err} ({kind}). Is the NVIDIA driver installed and "
+            "loaded? To try gpustation without a GPU, use --simulate."
+        )
+
+    def _resolve(self, name: str) -> Callable[..., Any] | None:
+        fn = self._fns.get(name, _MISSING)
+        if fn is _MISSING:
+            fn = getattr(self.nvml, name, None)
+            if fn is None:
+                self.missing_functions.add(name)
+            self._fns[name] = fn
+        return fn  # type: ignore[no-any-return]
+
+    def _forget(self, name: str) -> None:
+        self._fns[name] = None
+        self.missing_functions.add(name)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                workers = max(4, min(32, 4 * max(1, len(getattr(self, "_gpus", ())))))
+                self._pool = ThreadPoolExecutor(workers, thread_name_prefix="gpustation-nvml")
+            return self._pool
+
+    def _call(self, gpu: _Gpu, field: str, name: str, *args: Any) -> Any:
+        """Call ``name(handle, *args)`` for one field; ``None`` when it cannot be read.
+
+        Raises :class:`_GpuLost` when NVML says the GPU has fallen off the bus.
+        """
+        fn = self._fns.get(name, _MISSING)
+        if fn is _MISSING:
+            fn = self._resolve(name)
+        if fn is None or name in gpu.unsupported:
+            return None
+        try:
+            return fn(gpu.handle, *args)
+        except self._error_type as err:
+            self._failed(gpu, field, name, err)
+        except Exception as err:  # a broken binding must not hide the other fields
+            self.errors[(gpu.index, field)] = f"{name}: {type(err).__name__}: {err}"
+        return None
+
+    def _call_first(self, gpu: _Gpu, field: str, names: Sequence[str], *args: Any) -> Any:
+        """Try versioned functions newest first; the first that answers wins.
+
+        A version the driver refuses (missing, NotSupported, version mismatch)
+        is skipped from then on, so the fallback costs nothing after the first read.
+        """
+        for name in names:
+            fn = self._fns.get(name, _MISSING)
+            if fn is _MISSING:
+                fn = self._resolve(name)
+            if fn is None or name in gpu.unsupported:
+                continue
+            try:
+                return fn(gpu.handle, *args)
+            except self._error_type as err:
+                self._failed(gpu, field, name, err)
+            except Exception as err:
+                self.errors[(gpu.index, field)] = f"{name}: {type(err).__name__}: {err}"
+        return None
+
+    def _failed(self, gpu: _Gpu, field: str, name: str, err: BaseException) -> None:
+        code = getattr(err, "value", None)
+        if code == _ERR_GPU_IS_LOST:
+            raise _GpuLost(str(err))
+        if code == _ERR_FUNCTION_NOT_FOUND:
+            self._forget(name)
+        elif code in (_ERR_NOT_SUPPORTED, _ERR_ARGUMENT_VERSION_MISMATCH):
+            gpu.unsupported.add(name)
+        else:
+            self.errors[(gpu.index, field)] = f"{name}: {err}"
+
+    def _sys_call(self, field: str, name: str, *args: Any) -> Any:
+        """Like :meth:`_call` for functions that take no device handle."""
+        fn = self._resolve(name)
+        if fn is None:
+            return None
+        try:
+            return fn(*args)
+        except self._error_type as err:
+            if getattr(err, "value", None) == _ERR_FUNCTION_NOT_FOUND:
+                self._forget(name)
+            elif getattr(err, "value", None) != _ERR_NOT_SUPPORTED:
+                self.errors[(-1, field)] = f"{name}: {err}"
+        except Exception as err:
+            self.errors[(-1, field)] = f"{name}: {type(err).__name__}: {err}"
+        return None
+
+    # ---- opening a GPU: handle and static values ----------------------------
+
+    def _open_gpu(self, gpu: _Gpu) -> bool:
+        """Get the handle and read the static values; False if the GPU is lost."""
+        try:
+            gpu.handle = self.nvml.nvmlDeviceGetHandleByIndex(gpu.index)
+        except self._error_type as err:
+            self._mark_lost(gpu, f"nvmlDeviceGetHandleByIndex: {err}")
+            return False
+        try:
+            self._read_static(gpu)
+        except _GpuLost as err:
+            self._mark_lost(gpu, str(err))
+            return False
+        gpu.lost = False
+        return True
+
+    def _mark_lost(self, gpu: _Gpu, why: str) -> None:
+        gpu.lost = True
+        gpu.lost_at = time.monotonic()
+        self.errors[(gpu.index, "lost")] = why
+
+    def _read_static(self, gpu: _Gpu) -> None:
+        call = self._call
+        gpu.uuid = _text(call(gpu, "uuid", "nvmlDeviceGetUUID")) or gpu.uuid
+        gpu.name = _text(call(gpu, "name", "nvmlDeviceGetName")) or gpu.name
+        pci = self._call_first(gpu, "pci_bus_id", _PCI_INFO)
+        if pci is not None:
+            gpu.pci_bus_id = _text(getattr(pci, "busId", None)) or gpu.pci_bus_id
+        gpu.temp_slowdown = _float(
+            call(
+                gpu,
+                "temperature_slowdown_c",
+                "nvmlDeviceGetTemperatureThreshold",
+                self._THRESH_SLOWDOWN,
+            )
+        )
+        gpu.temp_shutdown = _float(
+            call(
+                gpu,
+                "temperature_shutdown_c",
+                "nvmlDeviceGetTemperatureThreshold",
+                self._THRESH_SHUTDOWN,
+            )
+        )
+        gpu.power_default_w = _milli(
+            call(gpu, "power_default_w", "nvmlDeviceGetPowerManagementDefaultLimit")
+        )
+        limits = call(gpu, "power_min_max_w", "nvmlDeviceGetPowerManagementLimitConstraints")
+        if limits is not None:
+            gpu.power_min_w, gpu.power_max_w = _milli(limits[0]), _milli(limits[1])
+        gpu.clock_sm_max = _float(
+            call(gpu, "clock_sm_max_mhz", "nvmlDeviceGetMaxClockInfo", self._CLOCK_SM)
+        )
+        gpu.clock_mem_max = _float(
+            call(gpu, "clock_mem_max_mhz", "nvmlDeviceGetMaxClockInfo", self._CLOCK_MEM)
+        )
+        mem = call(gpu, "memory_total_mib", "nvmlDeviceGetMemoryInfo")
+        if mem is not None:
+            gpu.memory_total_mib = mem.total / _MIB
+        gpu.num_fans = int(call(gpu, "fan_count", "nvmlDeviceGetNumFans") or 0)
+        if gpu.num_fans:
+            fan_range = call(gpu, "fan_range", "nvmlDeviceGetMinMaxFanSpeed")
+            if fan_range is not None:
+                gpu.fan_min, gpu.fan_max = int(fan_range[0]), int(fan_range[1])
+        gpu.pcie_max_gen = _int_or_none(
+            call(gpu, "pcie_max_gen", "nvmlDeviceGetMaxPcieLinkGeneration")
+        )
+        gpu.pcie_max_width = _int_or_none(
+            call(gpu, "pcie_max_width", "nvmlDeviceGetMaxPcieLinkWidth")
+        )
+        gpu.static_read = True
+
+    # ---- Backend: reading ---------------------------------------------------
+
+    def device_count(self) -> int:
+        return len(self._gpus)
+
+    def driver_version(self) -> str | None:
+        return self._driver
+
+    def nvml_version(self) -> str | None:
+        return self._nvml_version
+
+    def cuda_driver_version(self) -> str | None:
+        return self._cuda
+
+    def _gpu(self, index: int) -> _Gpu:
+        if not 0 <= index < len(self._gpus):
+            raise UsageError(f"no GPU {index} on this machine ({len(self._gpus)} GPUs)")
+        return self._gpus[index]
+
+    def _available(self, gpu: _Gpu) -> bool:
+        """True unless the GPU is lost; a lost GPU is retried now and then."""
+        if not gpu.lost:
+            return True
+        now = time.monotonic()
+        if now - gpu.lost_at < LOST_RETRY_S:
+            return False
+        gpu.lost_at = now
+        return self._open_gpu(gpu)
+
+    def read_gpus(self, indices: Sequence[int], slow: bool) -> list[GpuSample]:
+        """Read the fast fields of each GPU; the slow ones too when ``slow``."""
+        gpus = [self._gpu(i) for i in indices]
+        live = [g for g in gpus if self._available(g)]
+        pending: list[tuple[_Gpu, str, Future[Any]]] = []
+        if slow and live:
+            pending = self._start_slow(live)
+        samples: dict[int, GpuSample] = {}
+        for gpu in live:
+            try:
+                samples[gpu.index] = self._read_fast(gpu)
+            except _GpuLost as err:
+                self._mark_lost(gpu, str(err))
+        if pending:
+            self._finish_slow(pending)
+        result: list[GpuSample] = []
+        for gpu in gpus:
+            sample = samples.get(gpu.index)
+            if sample is None or gpu.lost:
+                result.append(
+                    GpuSample(
+                        index=gpu.index,
+                        uuid=gpu.uuid,
+                        name=gpu.name,
+                        pci_bus_id=gpu.pci_bus_id,
+                        lost=True,
+                    )
+                )
+                continue
+            sample.energy_j = gpu.energy_j
+            pcie = sample.pcie
+            pcie.tx_kib_s = gpu.tx
+            pcie.rx_kib_s = gpu.rx
+            pcie.replay_errors = gpu.replay
+            result.append(sample)
+        return result
+
+    def _read_fast(self, gpu: _Gpu) -> GpuSample:
+        call = self._call
+        first = self._call_first
+        temp = call(gpu, "temperature_c", "nvmlDeviceGetTemperature", self._TEMP_GPU)
+        power = call(gpu, "power_w", "nvmlDeviceGetPowerUsage")
+        limit = first(gpu, "power_limit_w", _POWER_LIMIT)
+        sm = call(gpu, "clock_sm_mhz", "nvmlDeviceGetClockInfo", self._CLOCK_SM)
+        mem_clock = call(gpu, "clock_mem_mhz", "nvmlDeviceGetClockInfo", self._CLOCK_MEM)
+
+        used = None
+        total = gpu.memory_total_mib
+        mem = self._memory(gpu)
+        if mem is not None:
+            used = mem.used / _MIB
+            total = mem.total / _MIB
+
+        util = call(gpu, "utilization", "nvmlDeviceGetUtilizationRates")
+        fans: list[float] = []
+        control: list[str] = []
+        for fan in range(gpu.num_fans):
+            speed = call(gpu, "fans_pct", "nvmlDeviceGetFanSpeed_v2", fan)
+            if speed is not None:
+                fans.append(float(speed))
+            policy = call(gpu, "fan_control", "nvmlDeviceGetFanControlPolicy_v2", fan)
+            if policy is not None:
+                control.append("manual" if policy == self._FAN_MANUAL else "auto")
+        pstate = call(gpu, "pstate", "nvmlDeviceGetPerformanceState")
+        if pstate is not None and int(pstate) == self._PSTATE_UNKNOWN:
+            pstate = None
+        reasons = first(gpu, "throttle_reasons", _THROTTLE)
+        gen = call(gpu, "pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration")
+        width = call(gpu, "pcie_width", "nvmlDeviceGetCurrPcieLinkWidth")
+        ecc = call(
+            gpu,
+            "ecc_uncorrected",
+            "nvmlDeviceGetTotalEccErrors",
+            self._ECC_UNCORRECTED,
+            self._ECC_VOLATILE,
+        )
+        return GpuSample(
+            index=gpu.index,
+            uuid=gpu.uuid,
+            name=gpu.name,
+            pci_bus_id=gpu.pci_bus_id,
+            temperature_c=_float(temp),
+            temperature_slowdown_c=gpu.temp_slowdown,
+            temperature_shutdown_c=gpu.temp_shutdown,
+            power_w=_milli(power),
+            power_limit_w=_milli(limit),
+            power_default_w=gpu.power_default_w,
+            power_min_w=gpu.power_min_w,
+            power_max_w=gpu.power_max_w,
+            clock_sm_mhz=_float(sm),
+            clock_sm_max_mhz=gpu.clock_sm_max,
+            clock_mem_mhz=_float(mem_clock),
+            clock_mem_max_mhz=gpu.clock_mem_max,
+            memory_used_mib=used,
+            memory_total_mib=total,
+            utilization_gpu_pct=None if util is None else float(util.gpu),
+            utilization_memory_pct=None if util is None else float(util.memory),
+            fans_pct=fans,
+            fan_control=control,
+            pstate=_int_or_none(pstate),
+            throttle_reasons=None if reasons is None else decode_throttle(int(reasons)),
+            pcie=PcieInfo(
+                gen=_int_or_none(gen),
+                width=_int_or_none(width),
+                max_gen=gpu.pcie_max_gen,
+                max_width=gpu.pcie_max_width,
+            ),
+            ecc_uncorrected=_int_or_none(ecc),
+            processes=self._processes(gpu),
+        )
+
+    def _memory(self, gpu: _Gpu) -> Any:
+        """Memory info v2 (``used`` without the driver's reservation), else v1.
+
+        v2 and v1 share one Python name (``version=`` picks the C function), so
+        this keeps its own note of whether v2 works instead of the shared sets.
+        """
+        if gpu.memory_v2 is not False:
+            fn = self._resolve("nvmlDeviceGetMemoryInfo")
+            if fn is None:
+                return None
+            try:
+                mem = fn(gpu.handle, version=self._MEMORY_V2)
+                gpu.memory_v2 = True
+                return mem
+            except self._error_type as err:
+                code = getattr(err, "value", None)
+                if code == _ERR_GPU_IS_LOST:
+                    raise _GpuLost(str(err)) from None
+                if code in (
+                    _ERR_NOT_SUPPORTED,
+                    _ERR_FUNCTION_NOT_FOUND,
+                    _ERR_ARGUMENT_VERSION_MISMATCH,
+                ):
+                    gpu.memory_v2 = False
+                else:
+                    self.errors[(gpu.index, "memory_v2")] = f"nvmlDeviceGetMemoryInfo_v2: {err}"
+            except TypeError:
+                # An old pynvml whose nvmlDeviceGetMemoryInfo takes no version.
+                gpu.memory_v2 = False
+        return self._call(gpu, "memory_used_mib", "nvmlDeviceGetMemoryInfo")
+
+    def _processes(self, gpu: _Gpu) -> list[ProcessInfo]:
+        by_pid: dict[int, ProcessInfo] = {}
+        for kind, names in (("compute", _COMPUTE_PROCS), ("graphics", _GRAPHICS_PROCS)):
+            procs = self._call_first(gpu, "processes", names)
+            for proc in procs or ():
+                pid = int(proc.pid)
+                raw = getattr(proc, "usedGpuMemory", None)
+                mib = None if raw is None or raw >= _NOT_AVAILABLE_ULL else raw / _MIB
+                seen = by_pid.get(pid)
+                if seen is None:
+                    by_pid[pid] = ProcessInfo(pid=pid, gpu_memory_mib=mib, kind=kind)
+                elif mib is not None:
+                    # A process that is both compute and graphics: NVML reports
+                    # the same allocation twice, so keep the larger, not the sum.
+                    seen.gpu_memory_mib = max(seen.gpu_memory_mib or 0.0, mib)
+        return list(by_pid.values())
+
+    # ---- slow fields ----------------------------------------------------------
+
+    def _start_slow(self, gpus: list[_Gpu]) -> list[tuple[_Gpu, str, Future[Any]]]:
+        """Start every slow getter of every GPU in parallel (ctypes drops the GIL)."""
+        pool = self._executor()
+        getters = (
+            ("tx", "pcie_tx_kib_s", "nvmlDeviceGetPcieThroughput", (self._PCIE_TX,)),
+            ("rx", "pcie_rx_kib_s", "nvmlDeviceGetPcieThroughput", (self._PCIE_RX,)),
+            ("energy", "energy_j", "nvmlDeviceGetTotalEnergyConsumption", ()),
+            ("replay", "pcie_replay_errors", "nvmlDeviceGetPcieReplayCounter", ()),
+        )
+        return [
+            (gpu, what, pool.submit(self._call, gpu, field, name, *args))
+            for gpu in gpus
+            for what, field, name, args in getters
+        ]
+
+    def _finish_slow(self, jobs: list[tuple[_Gpu, str, Future[Any]]]) -> None:
+        for gpu, what, future in jobs:
+            try:
+                value = future.result()
+            except _GpuLost as err:
+                self._mark_lost(gpu, str(err))
+                continue
+            if what == "tx":
+                gpu.tx = _float(value)
+            elif what == "rx":
+                gpu.rx = _float(value)
+            elif what == "energy":
+                gpu.energy_j = _milli(value)
+            else:
+                gpu.replay = _int_or_none(value)
+
+    # ---- topology -------------------------------------------------------------
+
+    def topology(self, indices: Sequence[int]) -> Topology:
+        """Links between each pair of GPUs and where each GPU sits (NUMA, CPUs)."""
+        gpus = [self._gpu(i) for i in indices]
+        live = [g for g in gpus if self._available(g)]
+        by_bus = {normalize_bus_id(g.pci_bus_id): g.index for g in live if g.pci_bus_id}
+        nvlinks: dict[tuple[int, int], int] = {}
+        for gpu in live:
+            try:
+                for remote, count in self._nvlink_peers(gpu, by_bus).items():
+                    key = (min(gpu.index, remote), max(gpu.index, remote))
+                    nvlinks[key] = max(nvlinks.get(key, 0), count)
+            except _GpuLost as err:
+                self._mark_lost(gpu, str(err))
+        topo = Topology()
+        for i, a in enumerate(gpus):
+            for b in gpus[i + 1 :]:
+                topo.links.append(self._link(a, b, nvlinks))
+        for gpu in gpus:
+            topo.gpus.append(self._placement(gpu))
+        return topo
+
+    def _nvlink_peers(self, gpu: _Gpu, by_bus: dict[str | None, int]) -> dict[int, int]:
+        """Active NVLinks of one GPU counted per peer GPU index."""
+        state_fn = self._resolve("nvmlDeviceGetNvLinkState")
+        if state_fn is None or "nvmlDeviceGetNvLinkState" in gpu.unsupported:
+            return {}
+        peers: dict[int, int] = {}
+        for link in range(self._NVLINK_MAX):
+            try:
+                active = state_fn(gpu.handle, link)
+            except self._error_type as err:
+                code = getattr(err, "value", None)
+                if code == _ERR_GPU_IS_LOST:
+                    raise _GpuLost(str(err)) from None
+                if code == _ERR_FUNCTION_NOT_FOUND:
+                    self._forget("nvmlDeviceGetNvLinkState")
+                elif code == _ERR_NOT_SUPPORTED and link == 0:
+                    gpu.unsupported.add("nvmlDeviceGetNvLinkState")
+                # NotSupported or InvalidArgument past the last link: no more links.
+                break
+            except Exception:
+                break
+            if not active:
+                continue
+            info = self._call_first(gpu, "nvlink_remote", _REMOTE_PCI, link)
+            remote = by_bus.get(normalize_bus_id(_text(getattr(info, "busId", None))))
+            if remote is not None and remote != gpu.index:
+                peers[remote] = peers.get(remote, 0) + 1
+        return peers
+
+    def _link(self, a: _Gpu, b: _Gpu, nvlinks: dict[tuple[int, int], int]) -> GpuLink:
+        link = GpuLink(gpu_a=a.index, gpu_b=b.index)
+        if a.lost or b.lost:
+            return link
+        link.nvlink_count = nvlinks.get((min(a.index, b.index), max(a.index, b.index)), 0)
+        try:
+            level = self._call(a, "topology_level", "nvmlDeviceGetTopologyCommonAncestor", b.handle)
+            read = self._call(a, "p2p_read", "nvmlDeviceGetP2PStatus", b.handle, self._P2P_READ)
+            write = self._call(a, "p2p_write", "nvmlDeviceGetP2PStatus", b.handle, self._P2P_WRITE)
+        except _GpuLost as err:
+            # Either end may be the one that fell off; the next read will tell.
+            self._mark_lost(a, str(err))
+            return link
+        if link.nvlink_count:
+            link.level = f"NV{link.nvlink_count}"
+        elif level is not None:
+            link.level = _TOPOLOGY_LEVELS.get(int(level))
+        link.p2p_read = None if read is None else int(read) == self._P2P_OK
+        link.p2p_write = None if write is None else int(write) == self._P2P_OK
+        return link
+
+    def _placement(self, gpu: _Gpu) -> GpuPlacement:
+        place = GpuPlacement(index=gpu.index)
+        if gpu.lost:
+            return place
+        try:
+            node = self._call(gpu, "numa_node", "nvmlDeviceGetNumaNodeId")
+            words = self._call(
+                gpu,
+                "cpu_affinity",
+                "nvmlDeviceGetCpuAffinity",
+                math.ceil((os.cpu_count() or 1) / 64),
+            )
+        except _GpuLost as err:
+            self._mark_lost(gpu, str(err))
+            return place
+        if node is None:
+            node = self._sysfs_numa_node(gpu.pci_bus_id)
+        place.numa_node = None if node is None or int(node) < 0 else int(node)
+        if words is not None:
+            place.cpu_affinity = cpu_mask_to_ranges(list(words))
+        return place
+
+    def _sysfs_numa_node(self, bus_id: str | None) -> int | None:
+        """Older drivers lack nvmlDeviceGetNumaNodeId; the kernel knows too."""
+        bus = normalize_bus_id(bus_id)
+        if bus is None:
+            return None
+        try:
+            with open(os.path.join(self._sysfs_pci_root, bus, "numa_node")) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    # ---- control ----------------------------------------------------------------
+
+    def _control_handle(self, index: int, what: str) -> _Gpu:
+        gpu = self._gpu(index)
+        if gpu.lost and not self._available(gpu):
+            raise GpustationError(
+                f"cannot {what}: GPU {index} has fallen off the bus (NVML: GPU is lost). "
+                "Check `nvidia-smi` and the kernel log; a reboot may be needed."
+            )
+        return gpu
+
+    def _set(self, gpu: _Gpu, name: str, what: str, value: str, *args: Any) -> None:
+        """Call an NVML setter and turn its refusals into errors for the user."""
+        fn = self._resolve(name)
+        label = f"GPU {gpu.index}" + (f" ({gpu.name})" if gpu.name else "")
+        if fn is None:
+            raise NotSupportedError(
+                f"cannot {what} on {label}: this NVML library has no {name}. "
+                "Update the NVIDIA driver and nvidia-ml-py."
+            )
+        try:
+            fn(gpu.handle, *args)
+        except self._error_type as err:
+            code = getattr(err, "value", None)
+            if code == _ERR_NO_PERMISSION:
+                raise NeedsRootError(
+                    f"cannot {what} on {label}: the driver refused ({err}); this needs root: "
+                    f"run it as {_sudo_hint()}"
+                ) from None
+            if code in (_ERR_NOT_SUPPORTED, _ERR_FUNCTION_NOT_FOUND):
+                if code == _ERR_FUNCTION_NOT_FOUND:
+                    self._forget(name)
+                raise NotSupportedError(f"{label} cannot {what} (NVML: {err}).") from None
+            if code == _ERR_INVALID_ARGUMENT:
+                raise GpustationError(
+                    f"{label} rejected {value} when asked to {what} (NVML: {err})."
+                ) from None
+            if code == _ERR_GPU_IS_LOST:
+                self._mark_lost(gpu, f"{name}: {err}")
+                raise GpustationError(
+                    f"cannot {what}: {label} has fallen off the bus (NVML: {err})."
+                ) from None
+            raise GpustationError(f"cannot {what} on {label}: NVML said {err}.") from None
+
+    def set_power_limit(self, index: int, watts: float) -> None:
+        """Set the power limit (the driver takes milliwatts)."""
+        gpu = self._control_handle(index, "set the power limit")
+        accepted = ""
+        if gpu.power_min_w is not None and gpu.power_max_w is not None:
+            accepted = f" (it accepts {gpu.power_min_w:g}-{gpu.power_max_w:g} W)"
+        self._set(
+            gpu,
+            "nvmlDeviceSetPowerManagementLimit",
+            "set the power limit",
+            f"a power limit of {watts:g} W{accepted}",
+            round(watts * 1000),
+        )
+
+    def fan_count(self, index: int) -> int:
+        return self._gpu(index).num_fans
+
+    def _check_fan(self, gpu: _Gpu, fan: int, what: str) -> None:
+        if gpu.num_fans == 0:
+            raise NotSupportedError(
+                f"GPU {gpu.index} ({gpu.name or 'unknown'}) has no fans NVML can {what}; "
+                "datacenter cards are cooled by the chassis."
+            )
+        if not 0 <= fan < gpu.num_fans:
+            raise UsageError(
+                f"GPU {gpu.index} has fans 0-{gpu.num_fans - 1}; there is no fan {fan}"
+            )
+
+    def fan_speed_range(self, index: int) -> tuple[int, int]:
+        gpu = self._gpu(index)
+        self._check_fan(gpu, 0, "control")
+        if gpu.fan_min is None or gpu.fan_max is None:
+            raise NotSupportedError(
+                f"GPU {index} does not report the fan speeds it accepts "
+                "(nvmlDeviceGetMinMaxFanSpeed); manual fan control is not available."
+            )
+        return gpu.fan_min, gpu.fan_max
+
+    def set_fan_speed(self, index: int, fan: int, pct: int) -> None:
+        gpu = self._control_handle(index, "set a fan speed")
+        self._check_fan(gpu, fan, "control")
+        accepted = ""
+        if gpu.fan_min is not None and gpu.fan_max is not None:
+            accepted = f" (it accepts {gpu.fan_min}-{gpu.fan_max}%)"
+        self._set(
+            gpu,
+            "nvmlDeviceSetFanSpeed_v2",
+            f"set fan {fan} speed",
+            f"a fan speed of {pct}%{accepted}",
+            fan,
+            int(pct),
+        )
+
+    def set_fan_auto(self, index: int, fan: int) -> None:
+        gpu = self._control_handle(index, "return a fan to automatic control")
+        self._check_fan(gpu, fan, "control")
+        self._set(
+            gpu,
+            "nvmlDeviceSetDefaultFanSpeed_v2",
+            f"return fan {fan} to automatic control",
+            f"fan {fan}",
+            fan,
+        )
+
+    # ---- closing ----------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        try:
+            self.nvml.nvmlShutdown()
+        except Exception:  # shutting down a half-broken library must not raise
+            pass
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._shutdown()
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _milli(value: Any) -> float | None:
+    """mW -> W, mJ -> J."""
+    return None if value is None else value / 1000.0
