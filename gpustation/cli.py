@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="show a fleet of hosts read over ssh (repeatable)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name, module in COMMANDS.items():
+    for module in COMMANDS.values():
         importlib.import_module(module).add_parser(sub)
     return parser
 
@@ -74,8 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("gpustation: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
-        # `gpustation snapshot --watch 1 | head` ends like any Unix tool.
-        try:
-            sys.stdout = None  # type: ignore[assignment]
-        finally:
-            return 0
+        # `gpustation snapshot --watch 1 | head` ends quietly, like any Unix tool.
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0

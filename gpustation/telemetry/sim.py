@@ -343,11 +343,11 @@ class SimBackend(Backend):
         with self._state() as state:
             self._advance(state, now)
             gpus = [dict(state["gpus"][i]) for i in indices]
-        return [self._sample(i, g, now, slow) for i, g in zip(indices, gpus)]
+        return [self._sample(i, g, now, slow) for i, g in zip(indices, gpus, strict=True)]
 
     def _sample(self, index: int, g: dict[str, Any], now: float, slow: bool) -> GpuSample:
         spec = self.spec
-        uuid = "GPU-SIM-%08x-%04d" % (int(self._hash("uuid") * 2**32), index)
+        uuid = f"GPU-SIM-{int(self._hash('uuid') * 2**32):08x}-{index:04d}"
         bus = f"00000000:{0x17 + index * 0x10:02X}:00.0"
         sample = GpuSample(index=index, uuid=uuid, name=spec.name, pci_bus_id=bus)
         if g["lost"]:

@@ -49,7 +49,9 @@ def gpu_table(snap: Snapshot) -> Table:
             table.add_row(name, Text("GPU LOST (fell off the bus)", style="bold red"))
             continue
         pcie = g.pcie
-        link = f"{fmt.pcie_link(pcie.gen, pcie.width)}/{fmt.pcie_link(pcie.max_gen, pcie.max_width)}"
+        link = (
+            f"{fmt.pcie_link(pcie.gen, pcie.width)}/{fmt.pcie_link(pcie.max_gen, pcie.max_width)}"
+        )
         table.add_row(
             name,
             Text(fmt.pair(g.temperature_c, g.temperature_slowdown_c), style=_temp_style(g)),
@@ -60,7 +62,9 @@ def gpu_table(snap: Snapshot) -> Table:
             f"{fmt.num(g.utilization_gpu_pct)}/{fmt.num(g.utilization_memory_pct)}",
             ",".join(fmt.num(f) for f in g.fans_pct) if g.fans_pct else "no fans",
             fmt.pstate(g.pstate),
-            Text(link, style="yellow" if pcie.below_max and (g.utilization_gpu_pct or 0) > 0 else ""),
+            Text(
+                link, style="yellow" if pcie.below_max and (g.utilization_gpu_pct or 0) > 0 else ""
+            ),
             _throttle_text(g),
         )
     return table

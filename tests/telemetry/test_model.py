@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpustation.telemetry.model import (
+    SCHEMA,
+    GpuLink,
+    GpuPlacement,
+    GpuSample,
+    HostSample,
+    PcieInfo,
+    ProcessInfo,
+    Snapshot,
+    Topology,
+    decode_throttle,
+    encode_throttle,
+)
+
+
+def _snapshot() -> Snapshot:
+    gpu = GpuSample(
+        index=0,
+        uuid="GPU-1",
+        name="Card",
+        temperature_c=61.5,
+        power_w=300.0,
+        power_limit_w=450.0,
+        fans_pct=[40.0, 41.0],
+        fan_control=["auto", "manual"],
+        throttle_reasons=["sw_power_cap"],
+        pcie=PcieInfo(gen=3, width=16, max_gen=4, max_width=16, tx_kib_s=10.0),
+        processes=[ProcessInfo(pid=42, gpu_memory_mib=1024.0, user="alice", name="python")],
+    )
+    lost = GpuSample(index=1, uuid="GPU-2", lost=True)
+    return Snapshot(
+        hostname="box",
+        time=1234.5,
+        simulated=True,
+        driver_version="580.1",
+        gpus=[gpu, lost],
+        host=HostSample(cpu_pct=12.0, cpu_per_core_pct=[10.0, 14.0], load_avg=[0.1, 0.2, 0.3]),
+        topology=Topology(
+            links=[GpuLink(0, 1, "NV4", True, False, 4)],
+            gpus=[GpuPlacement(0, numa_node=0, cpu_affinity="0-7", pcie_below_max=True)],
+        ),
+    )
+
+
+def test_round_trip_through_json_keeps_every_field() -> None:
+    snap = _snapshot()
+    doc = json.loads(json.dumps(snap.to_dict()))
+    assert doc["schema"] == SCHEMA
+    back = Snapshot.from_dict(doc)
+    assert back == snap
+    assert back.gpus[0].pcie.below_max
+    assert back.topology.link(1, 0).level == "NV4"
+
+
+def test_missing_values_are_null_not_numbers() -> None:
+    doc = _snapshot().to_dict()
+    lost = doc["gpus"][1]
+    assert lost["lost"] is True
+    assert lost["temperature_c"] is None
+    assert lost["power_w"] is None
+    assert lost["fans_pct"] == []
+
+
+def test_from_dict_refuses_other_documents() -> None:
+    with pytest.raises(ValueError, match="schema"):
+        Snapshot.from_dict({"schema": "something/2", "hostname": "x", "time": 0})
+
+
+def test_throttle_bits_decode_to_names_and_back() -> None:
+    assert decode_throttle(0x1 | 0x4 | 0x40) == ["gpu_idle", "sw_power_cap", "hw_thermal"]
+    assert decode_throttle(0) == []
+    assert encode_throttle(decode_throttle(0x1FF)) == 0x1FF
+
+
+def test_derived_percentages_and_flags() -> None:
+    g = _snapshot().gpus[0]
+    assert g.power_pct == pytest.approx(300 / 450 * 100)
+    assert g.power_throttled and not g.thermal_throttled
+    assert GpuSample(index=0).memory_pct is None

@@ -1,0 +1,138 @@
+"""The simulated GPUs' physics and shared state."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpustation.errors import GpustationError, NotSupportedError
+from gpustation.telemetry.sampler import Sampler
+from gpustation.telemetry.sim import CARDS, SimBackend
+
+
+class Clock:
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _settle(backend: SimBackend, clock: Clock, seconds: float = 300.0):
+    clock.t += seconds
+    return backend.read_gpus([0], slow=True)[0]
+
+
+def test_power_is_capped_at_the_enforced_limit_and_throttle_reported() -> None:
+    clock = Clock()
+    sim = SimBackend(count=1, card="rtx4090", clock=clock)
+    sim.poke(0, load=1.0)
+    g = _settle(sim, clock)
+    assert g.power_w == pytest.approx(g.power_limit_w)
+    assert "sw_power_cap" in g.throttle_reasons
+    uncapped_clock = g.clock_sm_mhz
+
+    sim.set_power_limit(0, 300)
+    g = _settle(sim, clock)
+    assert g.power_w == pytest.approx(300)
+    assert g.clock_sm_mhz < uncapped_clock  # a lower cap costs clock speed
+    assert "sw_power_cap" in g.throttle_reasons
+
+
+def test_idle_card_is_not_power_capped() -> None:
+    clock = Clock()
+    sim = SimBackend(count=1, clock=clock)
+    sim.poke(0, load=0.0)
+    g = _settle(sim, clock)
+    assert g.power_w < 50
+    assert g.throttle_reasons == ["gpu_idle"]
+    assert g.processes == []
+
+
+def test_temperature_falls_with_more_fan() -> None:
+    clock = Clock()
+    sim = SimBackend(count=1, clock=clock)
+    sim.poke(0, load=0.8)
+    for fan in range(2):
+        sim.set_fan_speed(0, fan, 30)
+    slow_fans = _settle(sim, clock)
+    for fan in range(2):
+        sim.set_fan_speed(0, fan, 100)
+    fast_fans = _settle(sim, clock)
+    assert fast_fans.fans_pct == [100, 100]
+    assert fast_fans.fan_control == ["manual", "manual"]
+    assert fast_fans.temperature_c < slow_fans.temperature_c - 5
+
+
+def test_hot_card_throttles_near_slowdown() -> None:
+    clock = Clock()
+    sim = SimBackend(count=1, clock=clock)
+    sim.poke(0, load=1.0, ambient_c=55.0)
+    sim.set_power_limit(0, 600)
+    for fan in range(2):
+        sim.set_fan_speed(0, fan, 30)
+    g = _settle(sim, clock, 600)
+    assert g.temperature_c >= g.temperature_slowdown_c - 2
+    assert "sw_thermal" in g.throttle_reasons
+    assert g.clock_sm_mhz < CARDS["rtx4090"].clock_sm_max_mhz
+
+
+def test_state_is_shared_between_backends_through_the_file(tmp_path) -> None:
+    path = tmp_path / "sim.json"
+    a = SimBackend(count=2, state_path=path)
+    b = SimBackend(count=2, state_path=path)
+    a.set_power_limit(1, 333)
+    assert b.read_gpus([1], slow=False)[0].power_limit_w == 333
+    a.set_fan_speed(0, 1, 55)
+    assert b.read_gpus([0], slow=False)[0].fan_control == ["auto", "manual"]
+    a.set_fan_auto(0, 1)
+    assert b.read_gpus([0], slow=False)[0].fan_control == ["auto", "auto"]
+
+
+def test_same_seed_same_world_other_seed_other_world() -> None:
+    def utils(seed: int) -> list[float]:
+        clock = Clock()
+        sim = SimBackend(count=4, seed=seed, clock=clock)
+        out = []
+        for _ in range(20):
+            clock.t += 30
+            out += [g.utilization_gpu_pct for g in sim.read_gpus(range(4), slow=False)]
+        return out
+
+    assert utils(1) == utils(1)
+    assert utils(1) != utils(2)
+
+
+def test_datacenter_card_has_no_fans() -> None:
+    sim = SimBackend(count=1, card="h200", clock=Clock())
+    g = sim.read_gpus([0], slow=True)[0]
+    assert g.fans_pct == [] and g.fan_control == []
+    assert (g.power_min_w, g.power_max_w, g.power_default_w) == (200, 700, 700)
+    with pytest.raises(NotSupportedError):
+        sim.set_fan_speed(0, 0, 50)
+
+
+def test_limits_outside_the_card_range_are_refused() -> None:
+    sim = SimBackend(count=1, clock=Clock())
+    with pytest.raises(GpustationError, match="150-600 W"):
+        sim.set_power_limit(0, 700)
+    with pytest.raises(GpustationError, match="30-100"):
+        sim.set_fan_speed(0, 0, 10)
+
+
+def test_lost_gpu_is_marked_and_others_keep_reporting() -> None:
+    clock = Clock()
+    sim = SimBackend(count=2, clock=clock)
+    sim.poke(1, lost=True)
+    snap = Sampler(sim, with_host=False).sample()
+    assert snap.simulated
+    assert snap.gpus[1].lost and snap.gpus[1].temperature_c is None
+    assert not snap.gpus[0].lost and snap.gpus[0].temperature_c is not None
+
+
+def test_topology_pairs_and_placement() -> None:
+    sim = SimBackend(count=4, clock=Clock())
+    topo = sim.topology(range(4))
+    assert len(topo.links) == 6
+    assert topo.link(0, 1).level == "PIX"
+    assert topo.link(0, 3).level == "SYS" and topo.link(0, 3).p2p_read is False
+    assert [p.numa_node for p in topo.gpus] == [0, 0, 1, 1]

@@ -1,0 +1,124 @@
+"""`gpustation snapshot` end to end, in a child process as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from gpustation.telemetry.model import SCHEMA, Snapshot
+from tests.conftest import child_env, gpustation_cmd
+
+
+def run(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        gpustation_cmd(*args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(**env),
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_table_without_a_terminal_names_every_gpu_and_says_simulated() -> None:
+    result = run("snapshot", "--simulate", "3")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "SIMULATED" in out
+    gpu_rows = [line for line in out.splitlines() if "RTX 4090 (simulated)" in line]
+    assert [row.split()[0] for row in gpu_rows] == ["0", "1", "2"]
+    assert "host " in out and "load" in out
+
+
+def test_json_is_one_schema_document_with_units_in_names() -> None:
+    result = run("snapshot", "--simulate", "2", "--sim-card", "h200", "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["schema"] == SCHEMA
+    assert doc["simulated"] is True
+    snap = Snapshot.from_dict(doc)
+    assert [g.index for g in snap.gpus] == [0, 1]
+    g = snap.gpus[0]
+    assert g.fans_pct == []  # a datacenter card: no fans
+    assert g.power_max_w == 700 and g.power_min_w == 200
+    assert g.pcie.max_gen == 5
+    assert snap.host.memory_total_mib and snap.host.memory_total_mib > 0
+    assert snap.topology.link(0, 1) is not None
+
+
+def test_gpus_option_selects_gpus() -> None:
+    result = run("snapshot", "--simulate", "4", "--gpus", "1,3", "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert [g["index"] for g in doc["gpus"]] == [1, 3]
+
+
+def test_watch_json_streams_one_flushed_document_per_line() -> None:
+    proc = subprocess.Popen(
+        gpustation_cmd("snapshot", "--simulate", "1", "--json", "--watch", "0.2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        lines = []
+        deadline = time.monotonic() + 60
+        while len(lines) < 3 and time.monotonic() < deadline:
+            line = proc.stdout.readline()  # returns as soon as a line is flushed
+            if not line:
+                break
+            lines.append(line)
+        assert len(lines) == 3
+        docs = [json.loads(line) for line in lines]
+        assert all(d["schema"] == SCHEMA for d in docs)
+        assert docs[0]["time"] < docs[1]["time"] < docs[2]["time"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("snapshot", "--watch", "nope"),
+        ("snapshot", "--no-such-option"),
+        ("snapshot", "--simulate", "2", "--gpus", "x"),
+        ("snapshot", "--simulate", "2", "--gpus", "5"),
+        ("snapshot", "--simulate", "2", "--watch", "-1"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(args: tuple[str, ...]) -> None:
+    result = run(*args)
+    assert result.returncode == 2
+    assert "gpustation" in result.stderr
+    assert result.stdout == ""
+
+
+def test_snapshot_path_imports_neither_textual_nor_torch() -> None:
+    for extra in ((), ("--json",)):
+        result = subprocess.run(
+            [
+                *gpustation_cmd("snapshot", "--simulate", "1", *extra)[:1],
+                "-X",
+                "importtime",
+                *gpustation_cmd("snapshot", "--simulate", "1", *extra)[1:],
+            ],
+            capture_output=True,
+            text=True,
+            env=child_env(),
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        imported = {
+            line.split("|")[-1].strip().split(".")[0]
+            for line in result.stderr.splitlines()
+            if line.startswith("import time:")
+        }
+        assert "gpustation" in imported  # the check sees our own imports
+        assert not imported & {"textual", "torch", "transformers", "plotext"}
+        if extra:
+            assert "rich" not in imported
