@@ -89,7 +89,9 @@ _console = None
 def _emit(snap, as_json: bool, watching: bool = False) -> None:  # type: ignore[no-untyped-def]
     global _console
     if as_json:
-        sys.stdout.write(_json_line(snap.to_dict()) if watching else json.dumps(snap.to_dict(), indent=2))
+        sys.stdout.write(
+            _json_line(snap.to_dict()) if watching else json.dumps(snap.to_dict(), indent=2)
+        )
         sys.stdout.write("\n")
         sys.stdout.flush()
         return

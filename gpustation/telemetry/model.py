@@ -53,14 +53,8 @@ class PcieInfo:
     @property
     def below_max(self) -> bool:
         """True when the link runs at a lower gen or width than it can."""
-        return (
-            self.gen is not None
-            and self.max_gen is not None
-            and self.gen < self.max_gen
-        ) or (
-            self.width is not None
-            and self.max_width is not None
-            and self.width < self.max_width
+        return (self.gen is not None and self.max_gen is not None and self.gen < self.max_gen) or (
+            self.width is not None and self.max_width is not None and self.width < self.max_width
         )
 
 
