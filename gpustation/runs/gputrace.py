@@ -1,0 +1,145 @@
+"""The GPU telemetry of a run: recorded at 1 Hz, summed up at the end.
+
+The supervisor appends one compact JSON line per sample to
+``telemetry.jsonl``::
+
+    {"t": 12.0, "gpus": [{"index": 0, "power_w": 301.2, "temperature_c": 64,
+      "memory_used_mib": 20480, "utilization_gpu_pct": 99, "energy_j": 123456.0,
+      "throttle": ["sw_power_cap"]}]}
+
+:func:`summarize_telemetry` turns the file into the figures the run store
+keeps: energy (from the cards' energy counters when they move, else power
+integrated over time), average and peak power of the run's GPUs together, peak
+temperature and VRAM of any one of them, and the seconds during which any of
+them was held back by a power, thermal or slowdown limit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpustation.runs.tail import parse_metric_line
+from gpustation.telemetry.model import LIMITING_REASONS, Snapshot
+
+
+def compact_sample(snapshot: Snapshot, t: float) -> dict[str, Any]:
+    """The line recorded for one snapshot, ``t`` seconds into the run."""
+    gpus = []
+    for gpu in snapshot.gpus:
+        gpus.append(
+            {
+                "index": gpu.index,
+                "power_w": gpu.power_w,
+                "temperature_c": gpu.temperature_c,
+                "memory_used_mib": gpu.memory_used_mib,
+                "utilization_gpu_pct": gpu.utilization_gpu_pct,
+                "energy_j": gpu.energy_j,
+                "throttle": [r for r in gpu.throttle_reasons or () if r in LIMITING_REASONS],
+            }
+        )
+    return {"t": round(t, 3), "gpus": gpus}
+
+
+def write_sample(path: Path, sample: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(sample, separators=(",", ":")) + "\n")
+
+
+@dataclass
+class TelemetrySummary:
+    samples: int = 0
+    duration_s: float = 0.0
+    energy_j: float | None = None
+    avg_power_w: float | None = None
+    peak_power_w: float | None = None
+    peak_temp_c: float | None = None
+    peak_vram_mib: float | None = None
+    throttled_s: float | None = None
+
+
+def _max(current: float | None, value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return current
+    return float(value) if current is None else max(current, float(value))
+
+
+def summarize_telemetry(path: Path) -> TelemetrySummary:
+    """Energy, power, temperature, VRAM and throttle time from ``telemetry.jsonl``."""
+    summary = TelemetrySummary()
+    samples: list[dict[str, Any]] = []
+    try:
+        with open(path, "rb") as fh:
+            for line in fh:
+                event = parse_metric_line(line)
+                if event is not None and isinstance(event.get("gpus"), list):
+                    samples.append(event)
+    except OSError:
+        return summary
+    if not samples:
+        return summary
+    summary.samples = len(samples)
+    first_t = float(samples[0].get("t") or 0.0)
+    summary.duration_s = max(0.0, float(samples[-1].get("t") or 0.0) - first_t)
+
+    # Per GPU: energy counter at the first and last sample; power integrated.
+    counter_first: dict[int, float] = {}
+    counter_last: dict[int, float] = {}
+    integrated: dict[int, float] = {}
+    prev_t: float | None = None
+    prev_power: dict[int, float] = {}
+    throttled = 0.0
+    any_throttle_info = False
+    for sample in samples:
+        t = float(sample.get("t") or 0.0)
+        dt = t - prev_t if prev_t is not None else 0.0
+        total_power: float | None = None
+        now_throttled = False
+        for gpu in sample["gpus"]:
+            if not isinstance(gpu, dict):
+                continue
+            index = int(gpu.get("index", -1))
+            power = gpu.get("power_w")
+            if isinstance(power, (int, float)):
+                total_power = (total_power or 0.0) + float(power)
+                if index in prev_power and dt > 0:
+                    integrated[index] = (
+                        integrated.get(index, 0.0) + dt * (prev_power[index] + float(power)) / 2.0
+                    )
+                prev_power[index] = float(power)
+            energy = gpu.get("energy_j")
+            if isinstance(energy, (int, float)):
+                counter_first.setdefault(index, float(energy))
+                counter_last[index] = float(energy)
+            summary.peak_temp_c = _max(summary.peak_temp_c, gpu.get("temperature_c"))
+            summary.peak_vram_mib = _max(summary.peak_vram_mib, gpu.get("memory_used_mib"))
+            if "throttle" in gpu:
+                any_throttle_info = True
+                now_throttled = now_throttled or bool(gpu.get("throttle"))
+        summary.peak_power_w = _max(summary.peak_power_w, total_power)
+        # An interval counts as throttled when it ends throttled (1 s resolution).
+        if dt > 0 and now_throttled:
+            throttled += dt
+        prev_t = t
+
+    indices = set(prev_power) | set(counter_last)
+    if indices:
+        energy = 0.0
+        known = False
+        for index in indices:
+            moved = counter_last.get(index, 0.0) - counter_first.get(index, 0.0)
+            if index in counter_last and moved > 0:
+                energy += moved
+                known = True
+            elif index in integrated:
+                energy += integrated[index]
+                known = True
+        summary.energy_j = energy if known else None
+    if summary.energy_j is not None and summary.duration_s > 0:
+        summary.avg_power_w = summary.energy_j / summary.duration_s
+    elif summary.peak_power_w is not None:
+        summary.avg_power_w = summary.peak_power_w if summary.samples == 1 else None
+    summary.throttled_s = throttled if any_throttle_info else None
+    return summary

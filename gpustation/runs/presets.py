@@ -1,0 +1,418 @@
+"""Run presets: TOML files that say what to run, how, and on which GPUs.
+
+Presets are read from the package (``gpustation/presets/runs/*.toml``) and then
+from the user's config dir (``<config dir>/presets/runs/*.toml``); a user preset
+with the same name replaces the shipped one. Keys::
+
+    name = "resnet50-bf16"          # defaults to the file name
+    title = "ResNet-50, bf16"
+    description = "..."
+    runner = "resnet"               # a module under gpustation.runners ...
+    command = ["python", "x.py"]    # ... or any argv list instead (no shell)
+    launcher = "python"             # python | torchrun | accelerate
+    nproc_per_node = 2              # torchrun / accelerate processes per node
+    nnodes = 1                      # multi-node settings, passed through:
+    node_rank = 0                   #   node_rank, rdzv_backend, rdzv_endpoint,
+    rdzv_endpoint = "host:29400"    #   rdzv_id, master_addr, master_port
+    gpus = 2                        # a count (first N) or a list: [0, 2]
+    tags = ["vision", "bench"]
+
+    [args]                          # passed as --key value (underscores -> dashes)
+    batch_size = 256
+    compile = true                  # true -> --compile, false -> --no-compile
+
+    [env]
+    NCCL_DEBUG = "WARN"
+
+A bad file never stops the others from loading: :func:`load_presets` returns
+the good presets and a list of :class:`PresetProblem` naming file, line or key
+and what was expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import re
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gpustation import paths
+from gpustation.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+LAUNCHERS = ("python", "torchrun", "accelerate")
+RUNNER_PACKAGE = "gpustation.runners"
+
+ArgValue = str | int | float | bool | list[str | int | float | bool]
+
+
+@dataclass
+class RunPreset:
+    """One run preset, validated. ``source`` is the file it came from."""
+
+    name: str
+    title: str = ""
+    description: str = ""
+    runner: str | None = None
+    command: list[str] | None = None
+    launcher: str = "python"
+    nproc_per_node: int | None = None
+    nnodes: int | None = None
+    node_rank: int | None = None
+    rdzv_backend: str | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    gpus: int | list[int] | None = None
+    tags: list[str] = field(default_factory=list)
+    args: dict[str, ArgValue] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    source: str = ""
+    #: "package" or "user"
+    origin: str = "package"
+
+    @property
+    def display_title(self) -> str:
+        return self.title or self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (what ``presets show --json`` and ``run.json`` hold)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunPreset:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class PresetProblem:
+    """Why one preset file (or one key in it) could not be used."""
+
+    path: str
+    message: str
+    line: int | None = None
+    key: str | None = None
+
+    def __str__(self) -> str:
+        where = self.path if self.line is None else f"{self.path}:{self.line}"
+        key = f" [{self.key}]" if self.key else ""
+        return f"{where}:{key} {self.message}"
+
+
+# key -> (accepted python types, description of what is expected)
+_SCALAR_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
+    "name": ((str,), "a string"),
+    "title": ((str,), "a string"),
+    "description": ((str,), "a string"),
+    "runner": ((str,), 'a module name under gpustation.runners, e.g. "resnet"'),
+    "launcher": ((str,), "one of " + ", ".join(LAUNCHERS)),
+    "nproc_per_node": ((int,), "a whole number of processes (1 or more)"),
+    "nnodes": ((int,), "a whole number of nodes (1 or more)"),
+    "node_rank": ((int,), "a whole number (0 or more)"),
+    "rdzv_backend": ((str,), 'a string, e.g. "c10d"'),
+    "rdzv_endpoint": ((str,), "a string host:port"),
+    "rdzv_id": ((str, int), "a string"),
+    "master_addr": ((str,), "a host name or address"),
+    "master_port": ((int,), "a port number"),
+}
+_OTHER_KEYS = ("command", "gpus", "tags", "args", "env")
+ALL_KEYS = tuple(_SCALAR_KEYS) + _OTHER_KEYS
+
+
+def preset_dirs() -> list[tuple[str, Path]]:
+    """Where presets are read from, in order; later ones win on a name clash."""
+    return [
+        ("package", paths.package_dir() / "presets" / "runs"),
+        ("user", paths.user_run_presets_dir()),
+    ]
+
+
+def _key_line(text: str, key: str, table: str | None = None) -> int | None:
+    """The line a key is written on (best effort; tomllib gives no positions)."""
+    current: str | None = None
+    pattern = re.compile(r"^\s*(\"?)" + re.escape(key) + r"\1\s*=")
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = re.match(r"^\s*\[\s*([^\]]+?)\s*\]", line)
+        if header:
+            current = header.group(1)
+            continue
+        if current == table and pattern.match(line):
+            return number
+    return None
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _check_type(value: Any, types: tuple[type, ...]) -> bool:
+    # bool is an int subclass; a preset saying `nnodes = true` is a mistake.
+    if _is_bool(value) and bool not in types:
+        return False
+    return isinstance(value, types)
+
+
+def runner_exists(runner: str) -> bool:
+    """Whether ``gpustation.runners.<runner>`` can be found, without importing it.
+
+    Importing a runner would import torch; ``find_spec`` only looks on disk.
+    """
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", runner):
+        return False
+    try:
+        return importlib.util.find_spec(f"{RUNNER_PACKAGE}.{runner}") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def parse_preset(
+    data: dict[str, Any], path: Path, text: str = "", origin: str = "package"
+) -> tuple[RunPreset | None, list[PresetProblem]]:
+    """Validate one decoded TOML document; every problem in it is reported."""
+    problems: list[PresetProblem] = []
+    where = str(path)
+
+    def problem(message: str, key: str, table: str | None = None) -> None:
+        problems.append(
+            PresetProblem(where, message, line=_key_line(text, key.split(".")[-1], table), key=key)
+        )
+
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _SCALAR_KEYS:
+            types, expected = _SCALAR_KEYS[key]
+            if not _check_type(value, types):
+                problem(f"expected {expected}, got {value!r}", key)
+                continue
+            values[key] = str(value) if key == "rdzv_id" else value
+        elif key == "command":
+            if (
+                not isinstance(value, list)
+                or not value
+                or not all(isinstance(v, str) and v for v in value)
+            ):
+                problem(
+                    f"expected a non-empty list of strings (an argv list; no shell), got {value!r}",
+                    key,
+                )
+                continue
+            values[key] = list(value)
+        elif key == "gpus":
+            if _check_type(value, (int,)) and value >= 0:
+                values[key] = value
+            elif isinstance(value, list) and all(_check_type(v, (int,)) and v >= 0 for v in value):
+                values[key] = list(value)
+            else:
+                problem(f"expected a GPU count or a list of GPU indices, got {value!r}", key)
+        elif key == "tags":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                problem(f"expected a list of strings, got {value!r}", key)
+                continue
+            values[key] = list(value)
+        elif key == "args":
+            if not isinstance(value, dict):
+                problem("expected a table [args] of option = value", key)
+                continue
+            args: dict[str, ArgValue] = {}
+            for name, arg in value.items():
+                ok = _check_type(arg, (str, int, float, bool)) or (
+                    isinstance(arg, list)
+                    and all(_check_type(v, (str, int, float, bool)) for v in arg)
+                )
+                if not ok:
+                    problem(
+                        f"expected a string, number, true/false or a list of those, got {arg!r}",
+                        f"args.{name}",
+                        table="args",
+                    )
+                    continue
+                args[name] = arg
+            values[key] = args
+        elif key == "env":
+            if not isinstance(value, dict):
+                problem('expected a table [env] of NAME = "value"', key)
+                continue
+            env: dict[str, str] = {}
+            for name, var in value.items():
+                if not isinstance(var, str):
+                    problem(
+                        f'expected a string (quote numbers: "{var}"), got {var!r}',
+                        f"env.{name}",
+                        table="env",
+                    )
+                    continue
+                env[name] = var
+            values[key] = env
+        else:
+            close = difflib.get_close_matches(key, ALL_KEYS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problem(f"unknown key {key!r} (known keys: {', '.join(ALL_KEYS)}){hint}", key)
+
+    values.setdefault("name", path.stem)
+    if "launcher" in values and values["launcher"] not in LAUNCHERS:
+        problem(
+            f"expected one of {', '.join(LAUNCHERS)}, got {values.pop('launcher')!r}",
+            "launcher",
+        )
+    for key in ("nproc_per_node", "nnodes"):
+        if key in values and values[key] < 1:
+            problem(f"expected 1 or more, got {values.pop(key)}", key)
+    has_runner = "runner" in values or "runner" in data
+    has_command = "command" in values or "command" in data
+    if has_runner and has_command:
+        problem("give either runner or command, not both", "runner")
+    elif not has_runner and not has_command:
+        problems.append(
+            PresetProblem(
+                where,
+                'missing runner: give runner = "<module under gpustation.runners>" '
+                'or command = ["argv", ...]',
+                key="runner",
+            )
+        )
+    elif "runner" in values and not runner_exists(values["runner"]):
+        problem(
+            f"no runner module gpustation.runners.{values['runner']} "
+            f"(expected a file gpustation/runners/{values['runner']}.py)",
+            "runner",
+        )
+    if problems:
+        return None, problems
+    return RunPreset(source=where, origin=origin, **values), []
+
+
+def load_preset_file(
+    path: Path, origin: str = "user"
+) -> tuple[RunPreset | None, list[PresetProblem]]:
+    """Read and validate one preset file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        return None, [PresetProblem(str(path), f"cannot read the file: {err}")]
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        # The message ends with "(at line N, column M)"; keep the line apart.
+        message = str(err)
+        match = re.search(r"\(at line (\d+), column (\d+)\)", message)
+        line = int(match.group(1)) if match else None
+        if match:
+            message = message[: match.start()].strip() + f" (column {match.group(2)})"
+        return None, [PresetProblem(str(path), f"TOML syntax error: {message}", line=line)]
+    return parse_preset(data, path, text, origin=origin)
+
+
+def load_presets(
+    dirs: list[tuple[str, Path]] | None = None,
+) -> tuple[dict[str, RunPreset], list[PresetProblem]]:
+    """Load every preset; the good ones by name, and the problems of the bad ones."""
+    presets: dict[str, RunPreset] = {}
+    problems: list[PresetProblem] = []
+    for origin, directory in dirs if dirs is not None else preset_dirs():
+        if not directory.is_dir():
+            continue
+        for path in sorted(directory.glob("*.toml")):
+            preset, found = load_preset_file(path, origin=origin)
+            problems.extend(found)
+            if preset is not None:
+                presets[preset.name] = preset
+    return dict(sorted(presets.items())), problems
+
+
+def find_preset(name: str, presets: dict[str, RunPreset]) -> RunPreset:
+    """The preset called ``name``, or a UsageError listing near names."""
+    if name in presets:
+        return presets[name]
+    near = difflib.get_close_matches(name, list(presets), n=5, cutoff=0.4)
+    near += [p for p in presets if name in p and p not in near]
+    if near:
+        hint = "did you mean: " + ", ".join(near[:5])
+    elif presets:
+        hint = "presets: " + ", ".join(presets)
+    else:
+        hint = "no presets found; see `gpustation presets list`"
+    raise UsageError(f"no run preset named {name!r}; {hint}")
+
+
+def _parse_bool(text: str) -> bool | None:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    return None
+
+
+def _typed(key: str, text: str, default: ArgValue) -> ArgValue:
+    expected: str
+    if isinstance(default, bool):
+        value = _parse_bool(text)
+        if value is not None:
+            return value
+        expected = "true or false"
+    elif isinstance(default, int):
+        try:
+            return int(text)
+        except ValueError:
+            expected = "a whole number"
+    elif isinstance(default, float):
+        try:
+            return float(text)
+        except ValueError:
+            expected = "a number"
+    elif isinstance(default, list):
+        items = [p.strip() for p in text.split(",") if p.strip()]
+        if not default:
+            return list(items)
+        return [_typed(key, item, default[0]) for item in items]  # type: ignore[misc]
+    else:
+        return text
+    raise UsageError(
+        f"--set {key}={text}: expected {expected} (the preset's default is {default!r})"
+    )
+
+
+def apply_overrides(
+    preset: RunPreset, overrides: list[str]
+) -> tuple[RunPreset, dict[str, ArgValue], list[str]]:
+    """Apply ``--set key=value`` to a preset's ``[args]``.
+
+    Each value is typed by the preset's own default (int, float, bool, list or
+    string). A key the preset does not have is passed as a string, with a
+    warning. Returns the new preset, the parsed overrides and the warnings.
+    """
+    args = dict(preset.args)
+    parsed: dict[str, ArgValue] = {}
+    warnings: list[str] = []
+    by_norm = {k.replace("-", "_"): k for k in args}
+    for item in overrides:
+        if "=" not in item:
+            raise UsageError(f"--set {item!r}: expected key=value, e.g. --set batch_size=64")
+        raw_key, text = item.split("=", 1)
+        raw_key = raw_key.strip()
+        if not raw_key:
+            raise UsageError(f"--set {item!r}: the key is empty")
+        key = by_norm.get(raw_key.replace("-", "_"))
+        if key is None:
+            key = raw_key.replace("-", "_")
+            near = difflib.get_close_matches(key, list(args), n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            warnings.append(
+                f"--set {raw_key}: preset {preset.name!r} has no argument {raw_key!r}{hint}; "
+                "passing it as a string"
+            )
+            value: ArgValue = text
+        else:
+            value = _typed(raw_key, text, args[key])
+        args[key] = value
+        parsed[key] = value
+    return replace(preset, args=args), parsed, warnings

@@ -1,0 +1,176 @@
+"""The files of one run directory, and the process identity checks on them.
+
+``runs/<id>/`` holds ``run.json`` (what was launched: the resolved preset,
+argv, GPUs, the environment gpustation set), ``state.json`` (where the run
+stands: PIDs, status, exit code), ``output.log``, ``metrics.jsonl``,
+``telemetry.jsonl``, ``supervisor.log`` and, once someone asks for a stop, a
+``stop_requested`` marker. Every file is written atomically so a reader in
+another process never sees half a JSON document.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpustation import paths
+
+RUN_JSON = "run.json"
+STATE_JSON = "state.json"
+OUTPUT_LOG = "output.log"
+METRICS_FILE = "metrics.jsonl"
+TELEMETRY_FILE = "telemetry.jsonl"
+SUPERVISOR_LOG = "supervisor.log"
+STOP_MARKER = "stop_requested"
+
+#: statuses of a run that has not ended
+ACTIVE_STATUSES = ("starting", "running")
+#: statuses of a run that has ended
+FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
+
+
+@dataclass
+class RunState:
+    """Where a run stands: the content of ``state.json``."""
+
+    id: str
+    status: str = "starting"
+    supervisor_pid: int | None = None
+    supervisor_create_time: float | None = None
+    child_pid: int | None = None
+    child_create_time: float | None = None
+    pgid: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    oom: bool = False
+    reason: str | None = None
+    error_tail: list[str] = field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE_STATUSES
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunState:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def run_dir(run_id: str) -> Path:
+    return paths.runs_dir() / run_id
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON atomically: a reader sees the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_state(directory: Path) -> RunState | None:
+    data = read_json(directory / STATE_JSON)
+    if data is None:
+        return None
+    return RunState.from_dict(data)
+
+
+def write_state(directory: Path, state: RunState) -> None:
+    write_json(directory / STATE_JSON, state.to_dict())
+
+
+def read_run(directory: Path) -> dict[str, Any] | None:
+    return read_json(directory / RUN_JSON)
+
+
+def stop_requested(directory: Path) -> bool:
+    return (directory / STOP_MARKER).exists()
+
+
+def request_stop(directory: Path, by: str) -> None:
+    """Leave the marker that makes the run's end count as ``stopped``."""
+    marker = directory / STOP_MARKER
+    if not marker.exists():
+        write_json(marker, {"time": time.time(), "by": by, "pid": os.getpid()})
+
+
+def process_matches(pid: int | None, create_time: float | None) -> bool:
+    """True when ``pid`` is alive, not a zombie, and started at ``create_time``.
+
+    The start time guards against PID reuse: after a reboot or a long time a
+    recorded PID can belong to an unrelated process.
+    """
+    if not pid:
+        return False
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return create_time is None or abs(proc.create_time() - create_time) <= 0.05
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+        return False
+
+
+def create_time_of(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def group_members(pgid: int | None) -> list[int]:
+    """Live (non-zombie) processes in process group ``pgid``."""
+    if not pgid:
+        return []
+    import psutil
+
+    members: list[int] = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if os.getpgid(proc.pid) == pgid:
+                members.append(proc.pid)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def tail_lines(path: Path, count: int = 20, max_bytes: int = 64 * 1024) -> list[str]:
+    """The last ``count`` lines of a text file, reading only its end."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except OSError:
+        return []
+    text = data.decode("utf-8", errors="replace")
+    # Progress bars redraw with \r; keep what the line finally showed.
+    lines = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n")]
+    if lines and not lines[-1]:
+        lines.pop()
+    if size > max_bytes and lines:
+        lines = lines[1:]  # the first one is probably cut
+    return lines[-count:]

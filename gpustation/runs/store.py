@@ -1,0 +1,302 @@
+"""Run history: one SQLite row per run, in ``<data dir>/runs.db``.
+
+A row is built from the run directory (:func:`record_from_dir`): what was
+launched (``run.json``), how it ended (``state.json``), what the run reported
+(``metrics.jsonl``) and what its GPUs did meanwhile (``telemetry.jsonl``).
+Building it again from the files is always safe, so the launcher writes the
+row when a run starts and the supervisor rewrites it when the run ends.
+
+Each call opens its own connection, so any thread (a UI worker, the
+supervisor) may use a :class:`RunStore`; WAL mode lets readers and the one
+writer of a finishing run work at once.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from gpustation import paths
+from gpustation.errors import UsageError
+from gpustation.runs import rundir
+from gpustation.runs.gputrace import summarize_telemetry
+from gpustation.runs.tail import MetricsAccumulator, parse_metric_line
+
+
+@dataclass
+class RunRecord:
+    """One run in the history (all units in the names; None = not known)."""
+
+    id: str
+    preset: str | None = None
+    title: str | None = None
+    runner: str | None = None
+    launcher: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    gpus: list[int] = field(default_factory=list)
+    argv: list[str] = field(default_factory=list)
+    run_dir: str | None = None
+    simulated: bool = False
+    started_at: float | None = None
+    ended_at: float | None = None
+    duration_s: float | None = None
+    status: str = "starting"
+    exit_code: int | None = None
+    signal: str | None = None
+    oom: bool = False
+    reason: str | None = None
+    steps: int | None = None
+    total_steps: int | None = None
+    epochs: float | None = None
+    final_loss: float | None = None
+    best_loss: float | None = None
+    final_eval_loss: float | None = None
+    best_throughput: float | None = None
+    throughput_unit: str | None = None
+    work: float | None = None
+    work_unit: str | None = None
+    peak_vram_mib: float | None = None
+    energy_j: float | None = None
+    energy_per_unit_j: float | None = None
+    avg_power_w: float | None = None
+    peak_power_w: float | None = None
+    peak_temp_c: float | None = None
+    throttled_s: float | None = None
+    malformed_metrics: int = 0
+    summary: dict[str, Any] = field(default_factory=dict)
+    error_tail: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_JSON_FIELDS = {"overrides", "gpus", "argv", "summary", "error_tail"}
+_BOOL_FIELDS = {"simulated", "oom"}
+
+
+def _sql_type(name: str) -> str:
+    if name in _JSON_FIELDS or name in {
+        "id",
+        "preset",
+        "title",
+        "runner",
+        "launcher",
+        "run_dir",
+        "status",
+        "signal",
+        "reason",
+        "throughput_unit",
+        "work_unit",
+    }:
+        return "TEXT"
+    if name in _BOOL_FIELDS or name in {"exit_code", "steps", "total_steps", "malformed_metrics"}:
+        return "INTEGER"
+    return "REAL"
+
+
+COLUMNS = [f.name for f in fields(RunRecord)]
+
+
+def db_path() -> Path:
+    return paths.data_dir() / "runs.db"
+
+
+class RunStore:
+    """The run history database. Cheap to create: it connects on first use."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self._ready = False
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        path = self.path or db_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path, timeout=10.0)
+        try:
+            if not self._ready:
+                self._setup(conn)
+                self._ready = True
+            yield conn
+            conn.commit()
+        finally:
+            conn.close()
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        conn.execute("PRAGMA journal_mode=WAL")
+        cols = ", ".join(
+            f"{name} {_sql_type(name)}" + (" PRIMARY KEY" if name == "id" else "")
+            for name in COLUMNS
+        )
+        conn.execute(f"CREATE TABLE IF NOT EXISTS runs ({cols})")
+        # A database written by an older version gains the new columns.
+        have = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+        for name in COLUMNS:
+            if name not in have:
+                conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {_sql_type(name)}")
+        conn.execute("CREATE INDEX IF NOT EXISTS runs_started ON runs(started_at)")
+
+    def upsert(self, record: RunRecord) -> None:
+        values = []
+        for name in COLUMNS:
+            value = getattr(record, name)
+            if name in _JSON_FIELDS:
+                value = json.dumps(value)
+            elif name in _BOOL_FIELDS:
+                value = int(bool(value))
+            values.append(value)
+        placeholders = ", ".join("?" for _ in COLUMNS)
+        updates = ", ".join(f"{n}=excluded.{n}" for n in COLUMNS if n != "id")
+        with self._connect() as conn:
+            conn.execute(
+                f"INSERT INTO runs ({', '.join(COLUMNS)}) VALUES ({placeholders}) "
+                f"ON CONFLICT(id) DO UPDATE SET {updates}",
+                values,
+            )
+
+    @staticmethod
+    def _record(row: sqlite3.Row) -> RunRecord:
+        data: dict[str, Any] = {}
+        for name in COLUMNS:
+            value = row[name]
+            if name in _JSON_FIELDS:
+                try:
+                    value = json.loads(value) if value else None
+                except ValueError:
+                    value = None
+                if value is None:
+                    value = {} if name in ("overrides", "summary") else []
+            elif name in _BOOL_FIELDS:
+                value = bool(value)
+            elif name == "malformed_metrics":
+                value = value or 0
+            data[name] = value
+        return RunRecord(**data)
+
+    def get(self, run_id: str) -> RunRecord | None:
+        with self._connect() as conn:
+            conn.row_factory = sqlite3.Row
+            row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return self._record(row) if row else None
+
+    def list_runs(self, limit: int | None = None, status: str | None = None) -> list[RunRecord]:
+        """Runs, newest first."""
+        query = "SELECT * FROM runs"
+        params: list[Any] = []
+        if status:
+            query += " WHERE status = ?"
+            params.append(status)
+        query += " ORDER BY started_at DESC, id DESC"
+        if limit:
+            query += " LIMIT ?"
+            params.append(limit)
+        with self._connect() as conn:
+            conn.row_factory = sqlite3.Row
+            rows = conn.execute(query, params).fetchall()
+        return [self._record(r) for r in rows]
+
+    def resolve_id(self, text: str) -> str:
+        """A run id from what the user typed: the id, ``last``, or a unique part of it."""
+        with self._connect() as conn:
+            ids = [r[0] for r in conn.execute("SELECT id FROM runs ORDER BY started_at DESC")]
+        if text == "last" and ids:
+            return ids[0]
+        if text in ids:
+            return text
+        matches = [i for i in ids if i.startswith(text)] or [i for i in ids if text in i]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise UsageError(f"no run {text!r}; see `gpustation runs list`")
+        raise UsageError(
+            f"{text!r} matches {len(matches)} runs ({', '.join(matches[:4])}...); "
+            "give more of the id"
+        )
+
+
+def record_from_dir(directory: Path) -> RunRecord:
+    """Build a run's history row from its run directory."""
+    run = rundir.read_run(directory) or {}
+    state = rundir.read_state(directory)
+    preset = run.get("preset") or {}
+    record = RunRecord(
+        id=run.get("id") or directory.name,
+        preset=preset.get("name"),
+        title=preset.get("title") or preset.get("name"),
+        runner=preset.get("runner"),
+        launcher=preset.get("launcher"),
+        overrides=run.get("overrides") or {},
+        gpus=run.get("gpus") or [],
+        argv=run.get("argv") or [],
+        run_dir=str(directory),
+        simulated=bool((run.get("backend") or {}).get("simulated")),
+        started_at=run.get("created_at"),
+    )
+    if state is not None:
+        record.status = state.status
+        record.started_at = state.started_at or record.started_at
+        record.ended_at = state.ended_at
+        record.exit_code = state.exit_code
+        record.signal = state.signal
+        record.oom = state.oom
+        record.reason = state.reason
+        record.error_tail = list(state.error_tail)
+    if record.started_at is not None:
+        end = record.ended_at if record.ended_at is not None else time.time()
+        record.duration_s = max(0.0, end - record.started_at)
+
+    acc = MetricsAccumulator()
+    malformed = 0
+    try:
+        with open(directory / rundir.METRICS_FILE, "rb") as fh:
+            for line in fh:
+                if not line.strip():
+                    continue
+                event = parse_metric_line(line)
+                if event is None:
+                    malformed += 1
+                else:
+                    acc.add(event)
+    except OSError:
+        pass
+    record.malformed_metrics = malformed
+    record.steps = acc.step
+    record.total_steps = acc.total_steps
+    record.epochs = acc.epoch
+    record.final_loss = acc.final_loss
+    record.best_loss = acc.best_loss
+    record.final_eval_loss = acc.last_eval_loss
+    record.best_throughput = acc.best_throughput
+    record.throughput_unit = acc.unit
+    record.summary = dict(acc.summary)
+    # A summary may state its own final figures; they beat the running ones.
+    for key, attr in (("final_loss", "final_loss"), ("best_loss", "best_loss")):
+        value = acc.summary.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            setattr(record, attr, float(value))
+    record.work, record.work_unit = acc.work_done()
+
+    tele = summarize_telemetry(directory / rundir.TELEMETRY_FILE)
+    record.energy_j = tele.energy_j
+    record.avg_power_w = tele.avg_power_w
+    record.peak_power_w = tele.peak_power_w
+    record.peak_temp_c = tele.peak_temp_c
+    record.throttled_s = tele.throttled_s
+    peaks = [v for v in (acc.mem_peak_mib, tele.peak_vram_mib) if v is not None]
+    record.peak_vram_mib = max(peaks) if peaks else None
+    if record.energy_j is not None and record.work:
+        record.energy_per_unit_j = record.energy_j / record.work
+    return record
+
+
+def sync_run(directory: Path, store: RunStore | None = None) -> RunRecord:
+    """Rebuild a run's row from its directory and save it."""
+    record = record_from_dir(directory)
+    (store or RunStore()).upsert(record)
+    return record
