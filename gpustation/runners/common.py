@@ -124,7 +124,7 @@ def parse_int_list(text: str) -> list[int]:
 
 
 def output_dir(args: argparse.Namespace) -> Path:
-    """The directory results are saved in: ``--output-dir``, the run directory, or ./gpustation-out."""
+    """Where results are saved: ``--output-dir``, the run directory, or ./gpustation-out."""
     path = Path(args.output_dir or os.environ.get(RUN_DIR_ENV) or "gpustation-out")
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -134,7 +134,7 @@ def output_dir(args: argparse.Namespace) -> Path:
 
 
 def pick_device(name: str | None, local_rank: int = 0) -> torch.device:
-    """The device asked for, or cuda when available; an error if cuda was asked for and is absent."""
+    """The device asked for, else cuda when available; an error if cuda is asked for but absent."""
     if name is None:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
@@ -313,8 +313,8 @@ def oom_advice(what: str, batch_size: int | None, extra: Sequence[str] = ()) -> 
     if batch_size:
         half = max(1, batch_size // 2)
         tips.append(
-            f"a smaller batch: --batch-size {half} (with --grad-accum 2 to keep the "
-            f"effective batch of {batch_size})"
+            f"a smaller batch (--batch-size {half}), or keep the batch of {batch_size} and "
+            "split it into micro-batches (--grad-accum 2: half the activation memory)"
         )
     tips.extend(extra)
     tips.append("bf16 (--precision bf16) halves activation memory against fp32")
@@ -432,7 +432,8 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     for n, row in enumerate(cells):
         print(
             "  ".join(
-                c.rjust(w) if n and i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))
+                c.rjust(w) if n and i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
             )
         )
         if n == 0:

@@ -138,7 +138,7 @@ def make_trainer(
         images = images.to(device, non_blocking=True, memory_format=memory_format)
         labels = labels.to(device, non_blocking=True)
         total = torch.zeros((), device=device)
-        for img, lab in zip(images.chunk(accum), labels.chunk(accum)):
+        for img, lab in zip(images.chunk(accum), labels.chunk(accum), strict=True):
             with prec.autocast():
                 loss = criterion(model(img), lab) / accum
             scaler.scale(loss).backward()
