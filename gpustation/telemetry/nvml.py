@@ -234,12 +234,13 @@ class NvmlBackend(Backend):
     def __init__(self, nvml: Any = None, sysfs_pci_root: str = "/sys/bus/pci/devices") -> None:
         if nvml is None:
             try:
-                import pynvml as nvml
+                import pynvml
             except ImportError as err:
                 raise NoDriverError(
                     f"NVML could not start: the pynvml module is missing ({err}). "
                     "Install nvidia-ml-py. To try gpustation without a GPU, use --simulate."
                 ) from None
+            nvml = pynvml
         self.nvml = nvml
         self._error_type: type[BaseException] = getattr(nvml, "NVMLError", Exception)
         self._sysfs_pci_root = sysfs_pci_root
