@@ -1,8 +1,10 @@
 """Command-line entry point: parses arguments and dispatches to the layers.
 
 Each subcommand lives in a module that offers ``add_parser(subparsers)`` and
-``run(args) -> int``; this file only lists them, so ``gpustation snapshot``
-pays for nothing but its own imports. With no subcommand the dashboard opens.
+``run(args) -> int``; this file only lists them. Only the module of the
+command being run is imported (the others get a placeholder parser), so
+``gpustation snapshot`` pays for nothing but its own imports. With no
+subcommand the dashboard opens.
 """
 
 from __future__ import annotations
@@ -18,7 +20,29 @@ from gpustation.errors import EXIT_INTERRUPTED, EXIT_USAGE, GpustationError
 # subcommand -> module that implements it
 COMMANDS: dict[str, str] = {
     "snapshot": "gpustation.telemetry.cmd",
+    "power": "gpustation.control.cmd_power",
+    "fan": "gpustation.control.cmd_fan",
+    "profile": "gpustation.control.cmd_profile",
+    "serve": "gpustation.telemetry.serve_cmd",
+    "presets": "gpustation.runs.presets_cmd",
+    "runs": "gpustation.runs.runs_cmd",
+    "run": "gpustation.runs.run_cmd",
 }
+
+
+# Top-level options that take a value (so a value is not mistaken for a command).
+_VALUE_OPTIONS = {"--gpus", "--refresh", "--host", "--sim-card"}
+
+
+def _command_in(argv: Sequence[str]) -> str | None:
+    previous = ""
+    for token in argv:
+        if token == "--":
+            return None
+        if token in COMMANDS and previous not in _VALUE_OPTIONS:
+            return token
+        previous = token
+    return None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,7 +51,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"gpustation: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, or one where only command ``only`` is fully defined."""
     from gpustation.telemetry.backend import add_gpu_options
 
     parser = _Parser(
@@ -53,13 +78,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="show a fleet of hosts read over ssh (repeatable)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in COMMANDS.values():
-        importlib.import_module(module).add_parser(sub)
+    for name, module in COMMANDS.items():
+        if only is None or name == only:
+            importlib.import_module(module).add_parser(sub)
+        else:
+            sub.add_parser(name, add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = _command_in(argv)
+    if command is None and ({"-h", "--help"} & set(argv)):
+        parser = build_parser()  # the full help lists every command
+    else:
+        parser = build_parser(only=command or "")
     args = parser.parse_args(argv)
     try:
         if args.command is None:
