@@ -1,0 +1,436 @@
+"""The Prometheus endpoint: the latest Snapshot rendered as metrics at scrape time.
+
+Sampling and scraping are decoupled. A sampler thread takes a Snapshot every
+``interval_s`` and keeps only the latest one; the :class:`SnapshotCollector`
+turns that Snapshot into metric families when Prometheus asks. A scrape never
+samples, so a slow or stuck scraper cannot stall sampling, and many scrapers
+cost no more GPU reads than one.
+
+Metric names follow dcgm-exporter where DCGM has the field, with its labels
+(``gpu``, ``UUID``, ``pci_bus_id``, ``modelName``, ``hostname``) and its units
+(W, MHz, MiB, mJ, °C, %), so existing Grafana dashboards work unchanged. What
+DCGM lacks carries the ``gpustation_`` prefix. A value the card does not report
+is left out, never exported as 0.
+
+dcgm-exporter types the energy and PCIe replay series as counters without a
+``_total`` suffix. prometheus_client always appends ``_total`` to counters in
+the text format, so those two are exported as gauges under DCGM's exact names:
+dashboards select by name, and ``rate()``/``increase()`` work on them alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from gpustation import paths
+from gpustation.errors import GpustationError, UsageError
+from gpustation.telemetry.model import THROTTLE_REASONS, GpuSample, Snapshot, encode_throttle
+
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "hostname")
+
+# (metric name, help text, how to read the value from a GpuSample)
+_DCGM_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | None]], ...] = (
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda g: g.temperature_c),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda g: g.power_w),
+    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda g: g.clock_sm_mhz),
+    ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", lambda g: g.clock_mem_mhz),
+    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda g: g.memory_used_mib),
+    (
+        "DCGM_FI_DEV_FB_FREE",
+        "Framebuffer memory free (in MiB).",
+        lambda g: (
+            None
+            if g.memory_total_mib is None or g.memory_used_mib is None
+            else max(0.0, g.memory_total_mib - g.memory_used_mib)
+        ),
+    ),
+    ("DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory total (in MiB).", lambda g: g.memory_total_mib),
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda g: g.utilization_gpu_pct),
+    (
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "Memory utilization (in %).",
+        lambda g: g.utilization_memory_pct,
+    ),
+    (
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "Total energy consumption since boot (in mJ); only ever increases.",
+        lambda g: None if g.energy_j is None else g.energy_j * 1000.0,
+    ),
+    (
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "Total number of PCIe retries; only ever increases.",
+        lambda g: None if g.pcie.replay_errors is None else float(g.pcie.replay_errors),
+    ),
+    (
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        "Current clocks event (throttle) reasons as an NVML bitmask.",
+        lambda g: (
+            None if g.throttle_reasons is None else float(encode_throttle(g.throttle_reasons))
+        ),
+    ),
+)
+
+_OWN_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | None]], ...] = (
+    ("gpustation_power_limit_watts", "Enforced power limit (W).", lambda g: g.power_limit_w),
+    (
+        "gpustation_power_default_limit_watts",
+        "Default power limit of the card (W).",
+        lambda g: g.power_default_w,
+    ),
+    (
+        "gpustation_power_min_limit_watts",
+        "Lowest settable power limit (W).",
+        lambda g: g.power_min_w,
+    ),
+    (
+        "gpustation_power_max_limit_watts",
+        "Highest settable power limit (W).",
+        lambda g: g.power_max_w,
+    ),
+    (
+        "gpustation_temperature_slowdown_celsius",
+        "Temperature at which the card slows itself down (C).",
+        lambda g: g.temperature_slowdown_c,
+    ),
+    ("gpustation_sm_clock_max_mhz", "Highest SM clock (MHz).", lambda g: g.clock_sm_max_mhz),
+    ("gpustation_pcie_link_gen", "Current PCIe link generation.", lambda g: g.pcie.gen),
+    ("gpustation_pcie_link_width", "Current PCIe link width (lanes).", lambda g: g.pcie.width),
+    ("gpustation_pcie_link_gen_max", "Highest PCIe link generation.", lambda g: g.pcie.max_gen),
+    ("gpustation_pcie_link_width_max", "Widest PCIe link (lanes).", lambda g: g.pcie.max_width),
+    (
+        "gpustation_pcie_tx_bytes_per_second",
+        "PCIe transmit throughput (bytes/s).",
+        lambda g: None if g.pcie.tx_kib_s is None else g.pcie.tx_kib_s * 1024.0,
+    ),
+    (
+        "gpustation_pcie_rx_bytes_per_second",
+        "PCIe receive throughput (bytes/s).",
+        lambda g: None if g.pcie.rx_kib_s is None else g.pcie.rx_kib_s * 1024.0,
+    ),
+    ("gpustation_pstate", "Performance state (0 = fastest).", lambda g: g.pstate),
+    (
+        "gpustation_ecc_uncorrected_errors",
+        "Uncorrected ECC errors reported by the card.",
+        lambda g: g.ecc_uncorrected,
+    ),
+    ("gpustation_gpu_processes", "Processes using the GPU.", lambda g: float(len(g.processes))),
+)
+
+
+def gpu_labels(snap: Snapshot, gpu: GpuSample) -> list[str]:
+    """Label values in :data:`GPU_LABELS` order (missing values become "")."""
+    return [str(gpu.index), gpu.uuid or "", gpu.pci_bus_id or "", gpu.name or "", snap.hostname]
+
+
+def snapshot_metrics(
+    snap: Snapshot,
+    profile: str | None = None,
+    runs_by_status: dict[str, int] | None = None,
+) -> list[Metric]:
+    """Render one Snapshot (plus the active profile and run counts) as metric families.
+
+    Pure: no I/O, so it can be called at every scrape and tested exactly.
+    """
+    families: list[Metric] = []
+    live = [g for g in snap.gpus if not g.lost]
+    for name, doc, read in (*_DCGM_GAUGES, *_OWN_GAUGES):
+        fam = GaugeMetricFamily(name, doc, labels=GPU_LABELS)
+        for gpu in live:
+            value = read(gpu)
+            if value is not None:
+                fam.add_metric(gpu_labels(snap, gpu), float(value))
+        if fam.samples:
+            families.append(fam)
+
+    lost = GaugeMetricFamily(
+        "gpustation_gpu_lost", "1 when the GPU fell off the bus.", labels=GPU_LABELS
+    )
+    for gpu in snap.gpus:
+        lost.add_metric(gpu_labels(snap, gpu), 1.0 if gpu.lost else 0.0)
+    families.append(lost)
+
+    fans = GaugeMetricFamily(
+        "gpustation_fan_speed_percent",
+        "Fan speed as a percentage of its maximum.",
+        labels=(*GPU_LABELS, "fan"),
+    )
+    for gpu in live:
+        for i, pct in enumerate(gpu.fans_pct):
+            if pct is not None:
+                fans.add_metric([*gpu_labels(snap, gpu), str(i)], float(pct))
+    if fans.samples:
+        families.append(fans)
+
+    throttle = GaugeMetricFamily(
+        "gpustation_throttle_reason",
+        "1 while the clocks event (throttle) reason is active, else 0.",
+        labels=(*GPU_LABELS, "reason"),
+    )
+    for gpu in live:
+        if gpu.throttle_reasons is None:
+            continue
+        active = set(gpu.throttle_reasons)
+        for _, reason in THROTTLE_REASONS:
+            throttle.add_metric([*gpu_labels(snap, gpu), reason], 1.0 if reason in active else 0.0)
+    if throttle.samples:
+        families.append(throttle)
+
+    families.append(
+        GaugeMetricFamily(
+            "gpustation_gpus", "GPUs this exporter reads.", value=float(len(snap.gpus))
+        )
+    )
+    families.append(
+        GaugeMetricFamily(
+            "gpustation_snapshot_timestamp_seconds",
+            "When the exported values were sampled (Unix time).",
+            value=snap.time,
+        )
+    )
+    if snap.simulated:
+        families.append(
+            GaugeMetricFamily(
+                "gpustation_simulated", "1: these GPUs are simulated, not real.", value=1.0
+            )
+        )
+    if profile:
+        fam = GaugeMetricFamily(
+            "gpustation_hardware_profile",
+            "The hardware profile last applied (value 1, name in the label).",
+            labels=("hostname", "profile"),
+        )
+        fam.add_metric([snap.hostname, profile], 1.0)
+        families.append(fam)
+    if runs_by_status:
+        fam = GaugeMetricFamily(
+            "gpustation_runs", "Runs in the run history by status.", labels=("status",)
+        )
+        for status, count in sorted(runs_by_status.items()):
+            fam.add_metric([status], float(count))
+        families.append(fam)
+    return families
+
+
+# ---- what the other layers record -------------------------------------------
+
+
+def active_profile(journal: Path | None = None) -> str | None:
+    """The hardware profile last applied, from the control journal; None if unknown.
+
+    Read defensively: the journal is JSON Lines written by the control layer, and
+    a torn or foreign line must not break the endpoint.
+    """
+    path = journal or paths.state_dir() / "control-journal.jsonl"
+    try:
+        with open(path, "rb") as fh:
+            # The journal only grows; its tail holds the latest entries.
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - 256 * 1024))
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for raw in reversed(lines):
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and "profile" in entry:
+            value = entry["profile"]
+            return str(value) if value else None
+    return None
+
+
+def runs_by_status(db: Path | None = None) -> dict[str, int]:
+    """How many runs the run history holds per status; {} when there is none.
+
+    Opened read-only so the endpoint never creates or locks the database.
+    """
+    path = db or paths.data_dir() / "runs.db"
+    if not path.exists():
+        return {}
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
+    except sqlite3.Error:
+        return {}
+    try:
+        rows = conn.execute("SELECT status, COUNT(*) FROM runs GROUP BY status").fetchall()
+    except sqlite3.Error:
+        return {}
+    finally:
+        conn.close()
+    return {str(status): int(count) for status, count in rows if status}
+
+
+# ---- collector and server ---------------------------------------------------
+
+
+@dataclass
+class _Latest:
+    snapshot: Snapshot | None = None
+    profile: str | None = None
+    runs: dict[str, int] | None = None
+    error: str | None = None
+
+
+class SnapshotCollector(Collector):
+    """Renders whatever the sampler stored last; never samples itself."""
+
+    def __init__(self, latest: Callable[[], _Latest]) -> None:
+        self._latest = latest
+
+    def collect(self) -> Iterator[Metric]:
+        latest = self._latest()
+        ok = latest.snapshot is not None and latest.error is None
+        yield GaugeMetricFamily(
+            "gpustation_up", "1 when the last sampling attempt succeeded.", value=float(ok)
+        )
+        if latest.snapshot is not None:
+            yield from snapshot_metrics(latest.snapshot, latest.profile, latest.runs)
+
+
+class Exporter:
+    """A sampler thread plus a collector that reads its latest result.
+
+    ``sample`` is any callable returning a Snapshot (usually
+    ``Sampler(backend).sample``). ``extras`` (profile and run counts) are read
+    on the sampler thread too, every ``extras_interval_s``.
+    """
+
+    def __init__(
+        self,
+        sample: Callable[[], Snapshot],
+        interval_s: float = 1.0,
+        with_extras: bool = True,
+        extras_interval_s: float = 10.0,
+    ) -> None:
+        self._sample = sample
+        self.interval_s = interval_s
+        self._with_extras = with_extras
+        self._extras_interval_s = extras_interval_s
+        self._latest = _Latest()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(SnapshotCollector(self.latest))
+        self.samples_taken = 0
+
+    def latest(self) -> _Latest:
+        # One attribute read: the sampler swaps in a new object, never mutates it.
+        return self._latest
+
+    def sample_once(self) -> None:
+        """Take one sample and publish it (the sampler thread calls this)."""
+        previous = self._latest
+        profile, runs = previous.profile, previous.runs
+        try:
+            snap = self._sample()
+        except Exception as err:  # keep serving the last values, and say so
+            self._latest = _Latest(previous.snapshot, profile, runs, error=str(err) or repr(err))
+            return
+        self._latest = _Latest(snap, profile, runs)
+        self.samples_taken += 1
+
+    def _refresh_extras(self) -> None:
+        profile: str | None = None
+        runs: dict[str, int] = {}
+        with contextlib.suppress(Exception):
+            profile = active_profile()
+        with contextlib.suppress(Exception):
+            runs = runs_by_status()
+        cur = self._latest
+        self._latest = _Latest(cur.snapshot, profile, runs, cur.error)
+
+    def _loop(self) -> None:
+        next_at = time.monotonic()
+        next_extras = next_at
+        while not self._stop.is_set():
+            if self._with_extras and time.monotonic() >= next_extras:
+                self._refresh_extras()
+                next_extras = time.monotonic() + self._extras_interval_s
+            self.sample_once()
+            self._ready.set()
+            next_at += self.interval_s
+            delay = next_at - time.monotonic()
+            if delay <= 0:  # sampling took longer than the interval: don't pile up
+                next_at = time.monotonic()
+                delay = 0
+            self._stop.wait(delay)
+
+    def start(self) -> None:
+        """Start sampling; returns once the first sample is published."""
+        self._thread = threading.Thread(target=self._loop, name="gpustation-exporter", daemon=True)
+        self._thread.start()
+        self._ready.wait(timeout=30)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[V6]:PORT`` or ``:PORT`` -> (host, port); UsageError if malformed."""
+    text = text.strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        raise UsageError(f"--listen: expected HOST:PORT (e.g. 127.0.0.1:9400), got {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise UsageError(f"--listen: {host!r} is not an IPv6 address") from None
+    elif ":" in host:
+        raise UsageError(
+            f"--listen: put an IPv6 address in brackets, e.g. [::1]:9400, got {text!r}"
+        )
+    try:
+        port = int(port_text)
+    except ValueError:
+        port = -1
+    if not 0 < port < 65536:
+        raise UsageError(f"--listen: port must be 1-65535, got {port_text!r}")
+    if not host:
+        host = "0.0.0.0"  # ":9400" means every interface, as in most exporters
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` names only this machine (so nothing else can scrape it)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(registry: CollectorRegistry, host: str, port: int) -> tuple[Any, threading.Thread]:
+    """Serve ``registry`` over HTTP in a daemon thread; GpustationError if the port is taken."""
+    from prometheus_client import start_http_server
+
+    try:
+        return start_http_server(port, addr=host, registry=registry)
+    except OSError as err:
+        import errno
+
+        if err.errno == errno.EADDRINUSE:
+            raise GpustationError(
+                f"cannot listen on {host}:{port}: the port is already in use; "
+                "choose another with --listen HOST:PORT"
+            ) from None
+        raise GpustationError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None

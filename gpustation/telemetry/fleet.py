@@ -1,0 +1,527 @@
+"""A fleet of hosts read over ssh: configuration, one row per GPU, ``snapshot --host``.
+
+:class:`Fleet` owns one :class:`~gpustation.telemetry.remote.HostStream` per
+host and turns their latest states into :class:`FleetRow` objects: one per GPU
+across all hosts, or one row carrying the error for a host that is down. The
+fleet screen and ``gpustation snapshot --host A --host B`` both render those
+rows, with the same cells (:func:`row_cells`) and sort orders (:data:`SORT_KEYS`).
+
+Configuration, in ``config.toml`` in the config directory::
+
+    [fleet]
+    hosts = ["alice@box1", "box2", "gpu-node:2222"]
+    interval = 1                       # seconds between snapshots from each host
+    remote_command = "gpustation"      # how to start gpustation on the hosts
+    ssh_config = "~/.ssh/config-lab"   # optional: ssh -F FILE
+
+``gpustation --fleet`` opens the hosts listed there; ``--host`` names hosts on
+the command line instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpustation import paths
+from gpustation.errors import EXIT_UNREACHABLE, UsageError
+from gpustation.telemetry import format as fmt
+from gpustation.telemetry.model import LIMITING_REASONS, GpuSample
+from gpustation.telemetry.remote import (
+    CONNECTING,
+    DOWN,
+    GARBAGE,
+    UP,
+    HostState,
+    HostStream,
+    parse_host,
+    ssh_argv,
+)
+
+FLEET_SCHEMA = "gpustation.fleet/1"
+FIRST_SNAPSHOT_TIMEOUT_S = 10.0
+
+# ---- configuration ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """The ``[fleet]`` table of config.toml (every key optional)."""
+
+    hosts: list[str] = field(default_factory=list)
+    interval: float = 1.0
+    remote_command: str | None = None
+    ssh_config: str | None = None
+
+
+def load_fleet_config(path: Path | None = None) -> FleetConfig:
+    """Read ``[fleet]`` from config.toml; a missing file means the defaults.
+
+    Every problem in the table is collected and reported at once.
+    """
+    path = path or paths.config_dir() / "config.toml"
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return FleetConfig()
+    except OSError as err:
+        raise UsageError(f"cannot read {path}: {err.strerror or err}") from None
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(raw.decode("utf-8", errors="replace"))
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"{path}: not valid TOML ({err})") from None
+    table = data.get("fleet", {})
+    if not isinstance(table, dict):
+        raise UsageError(f"{path}: [fleet] must be a table")
+    problems: list[str] = []
+    hosts = table.get("hosts", [])
+    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+        problems.append("hosts must be a list of strings")
+        hosts = []
+    else:
+        for h in hosts:
+            try:
+                parse_host(h)
+            except UsageError as err:
+                problems.append(str(err).replace("--host: ", "hosts: "))
+    interval = table.get("interval", 1.0)
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)):
+        problems.append("interval must be a number of seconds")
+        interval = 1.0
+    elif not 0.1 <= interval <= 3600:
+        problems.append(f"interval must be between 0.1 and 3600 seconds, got {interval}")
+    command = table.get("remote_command")
+    if command is not None and (not isinstance(command, str) or not command.strip()):
+        problems.append("remote_command must be a non-empty string")
+        command = None
+    ssh_config = table.get("ssh_config")
+    if ssh_config is not None and not isinstance(ssh_config, str):
+        problems.append("ssh_config must be a path")
+        ssh_config = None
+    unknown = sorted(set(table) - {"hosts", "interval", "remote_command", "ssh_config"})
+    if unknown:
+        problems.append(f"unknown key(s): {', '.join(unknown)}")
+    if problems:
+        raise UsageError(f"{path} [fleet]: " + "; ".join(problems))
+    if ssh_config:
+        ssh_config = str(Path(ssh_config).expanduser())
+    return FleetConfig(list(hosts), float(interval), command, ssh_config)
+
+
+def add_fleet_options(parser: argparse.ArgumentParser) -> None:
+    """``--fleet`` and ``--ssh-config`` (unset defaults, read with getattr)."""
+    parser.add_argument(
+        "--fleet",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show the hosts listed under [fleet] in config.toml",
+    )
+    parser.add_argument(
+        "--ssh-config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="ssh client config for reaching fleet hosts (ssh -F FILE)",
+    )
+
+
+def fleet_hosts(args: argparse.Namespace, config: FleetConfig | None = None) -> list[str]:
+    """Hosts named with ``--host``, else those of ``[fleet]`` when ``--fleet`` is given."""
+    hosts = list(getattr(args, "host", None) or [])
+    if not hosts and getattr(args, "fleet", False):
+        config = config or load_fleet_config()
+        if not config.hosts:
+            raise UsageError(
+                f"--fleet: no hosts listed; add [fleet] hosts = [...] to "
+                f"{paths.config_dir() / 'config.toml'} or use --host"
+            )
+        hosts = list(config.hosts)
+    return hosts
+
+
+# ---- the fleet ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FleetRow:
+    """One GPU of one host, or (``gpu is None``) one host with no GPU to show."""
+
+    host: str
+    status: str  # up | stale | connecting | down | garbage | no GPUs
+    error: str | None
+    age_s: float | None
+    gpu: GpuSample | None
+    simulated: bool = False
+    hostname: str | None = None  # what the host calls itself
+
+    @property
+    def key(self) -> str:
+        return f"{self.host}#{self.gpu.index if self.gpu is not None else '-'}"
+
+    @property
+    def run(self) -> str | None:
+        """What runs on the GPU: the process using the most memory, and how many more."""
+        if self.gpu is None or not self.gpu.processes:
+            return None
+        procs = sorted(self.gpu.processes, key=lambda p: -(p.gpu_memory_mib or 0))
+        top = procs[0]
+        text = top.command or top.name or f"pid {top.pid}"
+        if len(procs) > 1:
+            text += f" (+{len(procs) - 1})"
+        return text
+
+
+def _status(state: HostState, now: float) -> str:
+    if state.state == UP:
+        if state.stale(now):
+            return f"stale {state.age_s(now):.0f}s"
+        return "up"
+    return state.state
+
+
+def rows_from_states(states: Sequence[HostState], now: float | None = None) -> list[FleetRow]:
+    """One row per GPU across hosts (host order kept), or one row per host without GPUs."""
+    now = time.time() if now is None else now
+    rows: list[FleetRow] = []
+    for st in states:
+        status = _status(st, now)
+        snap = st.snapshot
+        if st.state == UP and snap is not None:
+            if not snap.gpus:
+                rows.append(
+                    FleetRow(
+                        st.name, "no GPUs", None, st.age_s(now), None, snap.simulated, snap.hostname
+                    )
+                )
+            for gpu in snap.gpus:
+                rows.append(
+                    FleetRow(
+                        st.name, status, None, st.age_s(now), gpu, snap.simulated, snap.hostname
+                    )
+                )
+            continue
+        error = st.error
+        if st.state in (DOWN, GARBAGE) and st.retry_at is not None:
+            wait = max(0.0, st.retry_at - now)
+            error = f"{error or st.state} (retry in {wait:.0f}s)"
+        elif st.state == CONNECTING and st.attempts > 1 and st.error:
+            error = f"reconnecting; last error: {st.error}"
+        rows.append(FleetRow(st.name, status, error, st.age_s(now), None))
+    return rows
+
+
+class Fleet:
+    """One stream per host; thread-safe reads of the latest state of each.
+
+    ``argv_for`` builds the command for a host (default: :func:`ssh_argv`);
+    tests and demos can stream from a local command instead.
+    """
+
+    def __init__(
+        self,
+        hosts: Sequence[str],
+        interval: float = 1.0,
+        remote_command: str | None = None,
+        ssh_config: str | None = None,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 30.0,
+        retry: bool = True,
+        on_update: Callable[[HostStream, HostState], None] | None = None,
+        argv_for: Callable[[str], list[str]] | None = None,
+    ) -> None:
+        problems = []
+        for h in hosts:
+            try:
+                parse_host(h)
+            except UsageError as err:
+                problems.append(str(err))
+        if problems:
+            raise UsageError("; ".join(problems))
+        if not hosts:
+            raise UsageError("no hosts given")
+        self.interval = interval
+        if argv_for is None:
+
+            def argv_for(host: str) -> list[str]:
+                return ssh_argv(host, interval, remote_command, ssh_config)
+
+        self.streams: dict[str, HostStream] = {}
+        for h in dict.fromkeys(hosts):  # a host named twice is read once
+            self.streams[h] = HostStream(
+                h,
+                argv_for(h),
+                interval=interval,
+                backoff_initial_s=backoff_initial_s,
+                backoff_max_s=backoff_max_s,
+                retry=retry,
+                on_update=on_update,
+            )
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(self.streams)
+
+    def start(self) -> Fleet:
+        for stream in self.streams.values():
+            stream.start()
+        return self
+
+    def close(self) -> None:
+        """Stop every stream and end every ssh child."""
+        for stream in self.streams.values():
+            stream._stop.set()  # ask all first, so the hosts wind down in parallel
+        for stream in self.streams.values():
+            stream.close()
+
+    def __enter__(self) -> Fleet:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def states(self) -> list[HostState]:
+        return [s.state() for s in self.streams.values()]
+
+    def state(self, host: str) -> HostState:
+        return self.streams[host].state()
+
+    def rows(self, now: float | None = None) -> list[FleetRow]:
+        return rows_from_states(self.states(), now)
+
+    def wait_first(self, timeout: float = FIRST_SNAPSHOT_TIMEOUT_S) -> list[HostState]:
+        """Wait until every host has sent a snapshot or failed (or ``timeout`` passes)."""
+        deadline = time.monotonic() + timeout
+
+        def settled(st: HostState) -> bool:
+            return (st.state == UP and st.snapshot is not None) or st.state in (DOWN, GARBAGE)
+
+        for stream in self.streams.values():
+            stream.wait(settled, max(0.0, deadline - time.monotonic()))
+        return self.states()
+
+
+# ---- cells and sorting shared by every renderer -------------------------------
+
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("host", "Host"),
+    ("status", "Status"),
+    ("gpu", "GPU"),
+    ("temp", "Temp °C"),
+    ("power", "Power W"),
+    ("util", "Util %"),
+    ("vram", "VRAM"),
+    ("throttle", "Throttle"),
+    ("run", "Run"),
+)
+
+
+def row_cells(row: FleetRow) -> dict[str, str]:
+    """The text of each column for one row (a missing value reads n/a)."""
+    g = row.gpu
+    cells = {"host": row.host, "status": row.status}
+    if g is None:
+        cells.update({k: "" for k, _ in COLUMNS if k not in cells})
+        cells["run"] = row.error or ""
+        return cells
+    name = (g.name or fmt.NA).replace("NVIDIA ", "").replace("GeForce ", "")
+    if g.lost:
+        cells.update({k: "" for k, _ in COLUMNS if k not in cells})
+        cells["gpu"] = f"{g.index} {name}"
+        cells["run"] = "GPU LOST (fell off the bus)"
+        return cells
+    cells.update(
+        {
+            "gpu": f"{g.index} {name}",
+            "temp": fmt.num(g.temperature_c),
+            "power": fmt.pair(g.power_w, g.power_limit_w),
+            "util": fmt.num(g.utilization_gpu_pct),
+            "vram": f"{fmt.mib(g.memory_used_mib)}/{fmt.mib(g.memory_total_mib)}",
+            "throttle": fmt.throttle(g.throttle_reasons),
+            "run": row.run or "-",
+        }
+    )
+    return cells
+
+
+def is_limiting(row: FleetRow) -> bool:
+    """True when the GPU is held back (power cap, thermal, HW slowdown)."""
+    g = row.gpu
+    return bool(g and g.throttle_reasons and LIMITING_REASONS.intersection(g.throttle_reasons))
+
+
+def _gpu_value(read: Callable[[GpuSample], Any]) -> Callable[[FleetRow], Any]:
+    return lambda r: None if r.gpu is None or r.gpu.lost else read(r.gpu)
+
+
+# column -> sort key; None means "no value" and always sorts last.
+SORT_KEYS: dict[str, Callable[[FleetRow], Any]] = {
+    "host": lambda r: (r.host, r.gpu.index if r.gpu else -1),
+    "status": lambda r: (r.status != "up", r.status, r.host),
+    "gpu": _gpu_value(lambda g: (g.index, g.name or "")),
+    "temp": _gpu_value(lambda g: g.temperature_c),
+    "power": _gpu_value(lambda g: g.power_w),
+    "util": _gpu_value(lambda g: g.utilization_gpu_pct),
+    "vram": _gpu_value(lambda g: g.memory_used_mib),
+    "throttle": lambda r: None if r.gpu is None else (is_limiting(r), row_cells(r)["throttle"]),
+    "run": lambda r: r.run,
+}
+
+
+def sort_rows(rows: Sequence[FleetRow], column: str, descending: bool = False) -> list[FleetRow]:
+    """Rows ordered by ``column``; rows without a value stay last in both directions."""
+    key = SORT_KEYS[column]
+    have = [r for r in rows if key(r) is not None]
+    missing = [r for r in rows if key(r) is None]
+    have.sort(key=key, reverse=descending)
+    return have + sorted(missing, key=SORT_KEYS["host"])
+
+
+# ---- gpustation snapshot --host ... ------------------------------------------------
+
+
+def fleet_document(states: Sequence[HostState]) -> dict[str, Any]:
+    """The ``gpustation.fleet/1`` document: every host, with its snapshot or its error."""
+    hosts: list[dict[str, Any]] = []
+    for st in states:
+        if st.state == UP and st.snapshot is not None:
+            hosts.append({"host": st.name, "ok": True, "snapshot": st.snapshot.to_dict()})
+        else:
+            error = st.error or ("no snapshot yet" if st.state == CONNECTING else st.state)
+            hosts.append({"host": st.name, "ok": False, "error": error})
+    return {"schema": FLEET_SCHEMA, "hosts": hosts}
+
+
+def fleet_table(rows: Sequence[FleetRow]) -> Any:
+    """A Rich table of fleet rows (host column first)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for key, title in COLUMNS:
+        right = key in ("temp", "power", "util", "vram")
+        table.add_column(title, justify="right" if right else "left", no_wrap=key != "run")
+    for row in rows:
+        cells = row_cells(row)
+        rendered: list[Any] = []
+        for key, _ in COLUMNS:
+            style = ""
+            if key == "status" and row.status != "up":
+                style = "bold red" if row.gpu is None else "yellow"
+            elif key == "throttle" and is_limiting(row):
+                style = "bold red"
+            elif key == "run" and row.gpu is None:
+                style = "red"
+            elif key == "host" and row.simulated:
+                style = "yellow"
+            rendered.append(Text(cells[key], style=style))
+        table.add_row(*rendered)
+    return table
+
+
+def _fleet_settings(args: argparse.Namespace) -> tuple[FleetConfig, str | None]:
+    config = load_fleet_config()
+    ssh_config = getattr(args, "ssh_config", None) or config.ssh_config
+    return config, ssh_config
+
+
+def run_snapshot_fleet(args: argparse.Namespace, hosts: list[str]) -> int:
+    """``gpustation snapshot --host A --host B``: the fleet as one table or JSON document.
+
+    Exit status 0 when every host answered, 6 when any could not be read (the
+    others are still printed).
+    """
+    for h in hosts:  # refuse a bad host before any ssh starts
+        parse_host(h)
+    config, ssh_config = _fleet_settings(args)
+    watch = getattr(args, "watch", None)
+    as_json = bool(getattr(args, "json", False))
+    interval = watch if watch is not None else 1.0
+    fleet = Fleet(
+        hosts,
+        interval=interval,
+        remote_command=config.remote_command,
+        ssh_config=ssh_config,
+        retry=watch is not None,
+    )
+    try:
+        fleet.start()
+        if watch is None:
+            states = fleet.wait_first(FIRST_SNAPSHOT_TIMEOUT_S + 5)
+            states = [_timed_out(st) for st in states]
+            _emit(states, as_json, watching=False)
+            return 0 if all(st.state == UP for st in states) else EXIT_UNREACHABLE
+        fleet.wait_first(min(FIRST_SNAPSHOT_TIMEOUT_S, 3 * interval + 5))
+        for _ in _ticks(interval):
+            _emit(fleet.states(), as_json, watching=True)
+        return 0  # pragma: no cover - _ticks only ends by an exception
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        fleet.close()
+
+
+def _timed_out(st: HostState) -> HostState:
+    if st.state == UP and st.snapshot is not None:
+        return st
+    if st.state in (DOWN, GARBAGE):
+        return st
+    from dataclasses import replace
+
+    return replace(st, state=DOWN, error=f"no snapshot within {FIRST_SNAPSHOT_TIMEOUT_S + 5:.0f} s")
+
+
+def _ticks(interval: float) -> Iterator[None]:
+    next_at = time.monotonic()
+    while True:
+        yield
+        next_at += interval
+        delay = next_at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            next_at = time.monotonic()
+
+
+_console: Any = None
+
+
+def _emit(states: Sequence[HostState], as_json: bool, watching: bool) -> None:
+    global _console
+    if as_json:
+        doc = fleet_document(states)
+        if watching:
+            sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
+        else:
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        sys.stdout.flush()
+        return
+    from rich.console import Console
+    from rich.text import Text
+
+    if _console is None:
+        _console = Console(highlight=False, soft_wrap=False)
+        if not _console.is_terminal:
+            _console.width = max(_console.width, 160)
+    if watching and _console.is_terminal:
+        _console.clear()
+    rows = rows_from_states(states)
+    up = sum(1 for st in states if st.state == UP)
+    title = Text(
+        f"fleet: {up}/{len(states)} hosts up, {sum(1 for r in rows if r.gpu)} GPUs", style="bold"
+    )
+    if any(r.simulated for r in rows):
+        title.append("  SIMULATED GPUs on some hosts", style="bold black on yellow")
+    _console.print(title)
+    _console.print(fleet_table(rows))
+    if watching and not _console.is_terminal:
+        _console.print()
+    sys.stdout.flush()

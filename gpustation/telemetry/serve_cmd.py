@@ -1,0 +1,105 @@
+"""``gpustation serve``: the Prometheus ``/metrics`` endpoint.
+
+Binds to loopback unless told otherwise: exposing GPU and process telemetry to
+the network is the user's explicit choice, and the command says so on start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from types import FrameType
+
+from gpustation.errors import UsageError
+from gpustation.telemetry.backend import add_gpu_options, backend_from_args, parse_gpu_list
+
+# prometheus_client is imported only when serving, so that building the
+# command-line parser (which every `gpustation snapshot` does) stays cheap.
+DEFAULT_LISTEN = "127.0.0.1:9400"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``serve`` and its options."""
+    p = sub.add_parser(
+        "serve",
+        help="serve GPU metrics for Prometheus at /metrics",
+        description="Serve the GPUs' telemetry at http://HOST:PORT/metrics in the Prometheus "
+        "text format, with dcgm-exporter's metric names and labels where DCGM has the "
+        "field and gpustation_* metrics for the rest. Sampling runs on its own interval; "
+        "a scrape only renders the latest sample.",
+    )
+    add_gpu_options(p)
+    p.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help=f"address to listen on (default {DEFAULT_LISTEN}; a non-loopback address "
+        "makes the unauthenticated endpoint reachable from the network)",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="sampling interval (0.1 to 3600, default 1)",
+    )
+
+
+def _warning(host: str, port: int) -> str:
+    return (
+        f"gpustation: warning: listening on {host}:{port}, which is not a loopback address: "
+        "the metrics endpoint is reachable from the network and has no authentication. "
+        "Anyone who can reach this port can read GPU, process and host telemetry."
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Sample and serve until interrupted (Ctrl-C or SIGTERM)."""
+    from gpustation.telemetry.exporter import Exporter, is_loopback, parse_listen, serve
+    from gpustation.telemetry.sampler import Sampler
+
+    host, port = parse_listen(args.listen)
+    if not 0.1 <= args.interval <= 3600:
+        raise UsageError(f"--interval: between 0.1 and 3600 seconds, got {args.interval:g}")
+    backend = backend_from_args(args)
+    stop = threading.Event()
+
+    def _on_term(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = signal.signal(signal.SIGTERM, _on_term)
+    exporter: Exporter | None = None
+    server = None
+    try:
+        sampler = Sampler(backend, gpus=parse_gpu_list(getattr(args, "gpus", None)))
+        exporter = Exporter(sampler.sample, interval_s=args.interval)
+        # Bind before sampling starts so a taken port fails fast.
+        server, _ = serve(exporter.registry, host, port)
+        bound_port = server.server_address[1]
+        if not is_loopback(host):
+            print(_warning(host, bound_port), file=sys.stderr, flush=True)
+        exporter.start()
+        shown = f"[{host}]" if ":" in host else host
+        note = " (SIMULATED GPUs)" if backend.simulated else ""
+        print(
+            f"gpustation: serving http://{shown}:{bound_port}/metrics{note}, "
+            f"sampling every {args.interval:g} s; Ctrl-C to stop",
+            file=sys.stderr,
+            flush=True,
+        )
+        # Wake up now and then so Ctrl-C is handled promptly on every platform.
+        while not stop.wait(0.5):
+            pass
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if exporter is not None:
+            exporter.stop()
+        backend.close()
