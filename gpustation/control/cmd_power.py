@@ -1,0 +1,182 @@
+"""``gpustation power show | set VALUE | reset | journal``."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from gpustation.control import journal
+from gpustation.control.cmdutil import (
+    add_control_options,
+    command_text,
+    gpus_suffix,
+    open_gpus,
+    print_json,
+    simulated_banner,
+)
+from gpustation.control.power import NOT_PERSISTENT, PowerChange, apply_power, plan_power
+from gpustation.control.profiles import PowerValue, parse_power_value
+from gpustation.errors import UsageError
+from gpustation.telemetry.backend import add_gpu_options
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "power",
+        help="show, set or reset the GPUs' power limits",
+        description="Show, set or reset power limits. Each change is checked against the "
+        "card's own range and written to the control journal before it is made. " + NOT_PERSISTENT,
+    )
+    actions = p.add_subparsers(dest="power_action", metavar="ACTION", required=True)
+
+    show = actions.add_parser("show", help="current, default, min and max limit per GPU")
+    add_gpu_options(show)
+    show.add_argument("--json", action="store_true", help="print JSON")
+
+    set_ = actions.add_parser(
+        "set",
+        help="set the power limit: watts (350, 350W) or %% of the default (80%%)",
+        description="Set the power limit of the selected GPUs. VALUE is watts (350, 350W) or "
+        "a percentage of each card's default limit (80%%), so one value fits different cards. "
+        "A value outside a card's range is refused and nothing is changed.",
+    )
+    set_.add_argument("value", metavar="VALUE", help="watts (350, 350W) or %% of default (80%%)")
+    add_control_options(set_)
+
+    reset = actions.add_parser("reset", help="put every selected card back on its default limit")
+    add_control_options(reset)
+
+    log = actions.add_parser("journal", help="print the control journal (every change made)")
+    log.add_argument("--json", action="store_true", help="print JSON Lines, one entry a line")
+    log.add_argument("--last", type=int, metavar="N", help="only the last N entries")
+
+
+def run(args: argparse.Namespace) -> int:
+    action = args.power_action
+    if action == "journal":
+        return print_journal(args)
+    if action == "set":
+        try:
+            value = parse_power_value(args.value)
+        except ValueError as err:
+            raise UsageError(f"power set: {err}") from None
+        if value.kind == "default":
+            return _change(args, value, command_text("power reset", gpus_suffix(args)))
+        return _change(args, value, command_text("power set", args.value, gpus_suffix(args)))
+    if action == "reset":
+        return _change(args, PowerValue("default"), command_text("power reset", gpus_suffix(args)))
+    return _show(args)
+
+
+def _fmt(watts: float | None) -> str:
+    return "n/a" if watts is None else f"{watts:g} W"
+
+
+def _show(args: argparse.Namespace) -> int:
+    with open_gpus(args) as (backend, indices):
+        samples = backend.read_gpus(indices, slow=False)
+        if args.json:
+            print_json(
+                {
+                    "simulated": backend.simulated,
+                    "persistent": False,
+                    "note": NOT_PERSISTENT,
+                    "gpus": [
+                        {
+                            "index": s.index,
+                            "uuid": s.uuid,
+                            "name": s.name,
+                            "power_w": s.power_w,
+                            "power_limit_w": s.power_limit_w,
+                            "power_default_w": s.power_default_w,
+                            "power_min_w": s.power_min_w,
+                            "power_max_w": s.power_max_w,
+                        }
+                        for s in samples
+                    ],
+                }
+            )
+            return 0
+        simulated_banner(backend)
+        rows = [("GPU", "Name", "Limit", "Default", "Range", "Draw")]
+        for s in samples:
+            rng = (
+                f"{s.power_min_w:g}-{s.power_max_w:g} W"
+                if s.power_min_w is not None and s.power_max_w is not None
+                else "n/a"
+            )
+            limit = _fmt(s.power_limit_w)
+            if (
+                s.power_limit_w is not None
+                and s.power_default_w is not None
+                and abs(s.power_limit_w - s.power_default_w) >= 0.5
+            ):
+                limit += f" ({100 * s.power_limit_w / s.power_default_w:.0f}%)"
+            rows.append(
+                (
+                    str(s.index),
+                    s.name or "n/a",
+                    limit,
+                    _fmt(s.power_default_w),
+                    rng,
+                    _fmt(s.power_w),
+                )
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip())
+        print(NOT_PERSISTENT)
+    return 0
+
+
+def _change(args: argparse.Namespace, value: PowerValue, command: str) -> int:
+    with open_gpus(args) as (backend, indices):
+        samples = backend.read_gpus(indices, slow=False)
+        changes = plan_power(samples, value)
+        simulated_banner(backend)
+        if args.dry_run:
+            print("Dry run: nothing is changed.")
+            for change in changes:
+                print(
+                    f"would set {change.describe()}" + (" (unchanged)" if change.unchanged else "")
+                )
+            return 0
+
+        def report(change: PowerChange) -> None:
+            print(f"set {change.describe()}", flush=True)
+
+        done = apply_power(backend, changes, command, on_change=report)
+        for change in changes:
+            if change.unchanged:
+                print(f"GPU {change.gpu}: already at {change.new_w:g} W, unchanged")
+        if done:
+            print(NOT_PERSISTENT)
+    return 0
+
+
+def print_journal(args: argparse.Namespace) -> int:
+    """Print the control journal, oldest first."""
+    entries = list(journal.read_entries())
+    if args.last is not None:
+        if args.last < 1:
+            raise UsageError(f"--last: a number of entries above 0, got {args.last}")
+        entries = entries[-args.last :]
+    if args.json:
+        import json
+
+        for e in entries:
+            print(json.dumps(e.to_dict(), separators=(",", ":")))
+        return 0
+    if not entries:
+        print(f"The control journal is empty ({journal.journal_path()}).")
+        return 0
+    for e in entries:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time))
+        fan = f" fan {e.fan}" if e.fan is not None else ""
+        sim = " [SIMULATED]" if e.simulated else ""
+        print(
+            f"{stamp}  {e.host}  GPU {e.gpu}{fan}  {e.what}: "
+            f"{journal.describe_value(e.what, e.previous)} -> "
+            f"{journal.describe_value(e.what, e.new)}  ({e.command}){sim}"
+        )
+    return 0
