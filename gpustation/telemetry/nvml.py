@@ -251,6 +251,10 @@ class NvmlBackend(Backend):
         self._fns: dict[str, Callable[..., Any] | None] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        # One read at a time: some pynvml getters pass a shared default ctypes
+        # object (e.g. nvmlDeviceGetFanControlPolicy_v2), so two threads reading
+        # the fast fields at once could see each other's answers.
+        self._lock = threading.RLock()
         self._closed = False
 
         try:
@@ -284,6 +288,7 @@ class NvmlBackend(Backend):
         self._P2P_WRITE = c("NVML_P2P_CAPS_INDEX_WRITE", 1)
         self._P2P_OK = c("NVML_P2P_STATUS_OK", 0)
         self._NVLINK_MAX = c("NVML_NVLINK_MAX_LINKS", 18)
+        self._NVLINK_SWITCH = c("NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
         self._PSTATE_UNKNOWN = c("NVML_PSTATE_UNKNOWN", 32)
 
         self._driver = _text(self._sys_call("driver_version", "nvmlSystemGetDriverVersion"))
@@ -514,6 +519,10 @@ class NvmlBackend(Backend):
 
     def read_gpus(self, indices: Sequence[int], slow: bool) -> list[GpuSample]:
         """Read the fast fields of each GPU; the slow ones too when ``slow``."""
+        with self._lock:
+            return self._read_gpus(indices, slow)
+
+    def _read_gpus(self, indices: Sequence[int], slow: bool) -> list[GpuSample]:
         gpus = [self._gpu(i) for i in indices]
         live = [g for g in gpus if self._available(g)]
         pending: list[tuple[_Gpu, str, Future[Any]]] = []
@@ -708,17 +717,34 @@ class NvmlBackend(Backend):
 
     def topology(self, indices: Sequence[int]) -> Topology:
         """Links between each pair of GPUs and where each GPU sits (NUMA, CPUs)."""
+        with self._lock:
+            return self._topology(indices)
+
+    def _topology(self, indices: Sequence[int]) -> Topology:
         gpus = [self._gpu(i) for i in indices]
         live = [g for g in gpus if self._available(g)]
-        by_bus = {normalize_bus_id(g.pci_bus_id): g.index for g in live if g.pci_bus_id}
+        by_bus = {normalize_bus_id(g.pci_bus_id): g.index for g in self._gpus if g.pci_bus_id}
         nvlinks: dict[tuple[int, int], int] = {}
+        switch_links: dict[int, int] = {}
         for gpu in live:
             try:
-                for remote, count in self._nvlink_peers(gpu, by_bus).items():
-                    key = (min(gpu.index, remote), max(gpu.index, remote))
-                    nvlinks[key] = max(nvlinks.get(key, 0), count)
+                peers, to_switches = self._nvlink_peers(gpu, by_bus)
             except _GpuLost as err:
                 self._mark_lost(gpu, str(err))
+                continue
+            switch_links[gpu.index] = to_switches
+            for remote, count in peers.items():
+                key = (min(gpu.index, remote), max(gpu.index, remote))
+                nvlinks[key] = max(nvlinks.get(key, 0), count)
+        # On NVSwitch systems (HGX) every GPU's links go to the switches, and any
+        # two GPUs talk over as many links as the lesser of them has, which is
+        # what ``nvidia-smi topo -m`` prints as NV18 on an 8-GPU H100/H200 box.
+        for i, a in enumerate(live):
+            for b in live[i + 1 :]:
+                via_switch = min(switch_links.get(a.index, 0), switch_links.get(b.index, 0))
+                key = (min(a.index, b.index), max(a.index, b.index))
+                if via_switch > nvlinks.get(key, 0):
+                    nvlinks[key] = via_switch
         topo = Topology()
         for i, a in enumerate(gpus):
             for b in gpus[i + 1 :]:
@@ -727,12 +753,13 @@ class NvmlBackend(Backend):
             topo.gpus.append(self._placement(gpu))
         return topo
 
-    def _nvlink_peers(self, gpu: _Gpu, by_bus: dict[str | None, int]) -> dict[int, int]:
-        """Active NVLinks of one GPU counted per peer GPU index."""
+    def _nvlink_peers(self, gpu: _Gpu, by_bus: dict[str | None, int]) -> tuple[dict[int, int], int]:
+        """Active NVLinks of one GPU: counted per peer GPU index, and to NVSwitches."""
+        peers: dict[int, int] = {}
+        to_switches = 0
         state_fn = self._resolve("nvmlDeviceGetNvLinkState")
         if state_fn is None or "nvmlDeviceGetNvLinkState" in gpu.unsupported:
-            return {}
-        peers: dict[int, int] = {}
+            return peers, to_switches
         for link in range(self._NVLINK_MAX):
             try:
                 active = state_fn(gpu.handle, link)
@@ -750,11 +777,17 @@ class NvmlBackend(Backend):
                 break
             if not active:
                 continue
+            kind = self._call(
+                gpu, "nvlink_remote_type", "nvmlDeviceGetNvLinkRemoteDeviceType", link
+            )
+            if kind is not None and int(kind) == self._NVLINK_SWITCH:
+                to_switches += 1
+                continue
             info = self._call_first(gpu, "nvlink_remote", _REMOTE_PCI, link)
             remote = by_bus.get(normalize_bus_id(_text(getattr(info, "busId", None))))
             if remote is not None and remote != gpu.index:
                 peers[remote] = peers.get(remote, 0) + 1
-        return peers
+        return peers, to_switches
 
     def _link(self, a: _Gpu, b: _Gpu, nvlinks: dict[tuple[int, int], int]) -> GpuLink:
         link = GpuLink(gpu_a=a.index, gpu_b=b.index)
@@ -831,7 +864,8 @@ class NvmlBackend(Backend):
                 "Update the NVIDIA driver and nvidia-ml-py."
             )
         try:
-            fn(gpu.handle, *args)
+            with self._lock:
+                fn(gpu.handle, *args)
         except self._error_type as err:
             code = getattr(err, "value", None)
             if code == _ERR_NO_PERMISSION:
@@ -885,6 +919,16 @@ class NvmlBackend(Backend):
     def fan_speed_range(self, index: int) -> tuple[int, int]:
         gpu = self._gpu(index)
         self._check_fan(gpu, 0, "control")
+        if gpu.fan_min is None and not gpu.lost:
+            # Not read when the backend opened (a passing error): ask again.
+            with self._lock:
+                try:
+                    fan_range = self._call(gpu, "fan_range", "nvmlDeviceGetMinMaxFanSpeed")
+                except _GpuLost as err:
+                    self._mark_lost(gpu, str(err))
+                    fan_range = None
+            if fan_range is not None:
+                gpu.fan_min, gpu.fan_max = int(fan_range[0]), int(fan_range[1])
         if gpu.fan_min is None or gpu.fan_max is None:
             raise NotSupportedError(
                 f"GPU {index} does not report the fan speeds it accepts "

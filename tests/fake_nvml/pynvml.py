@@ -79,6 +79,11 @@ NVML_P2P_STATUS_OK = 0
 NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED = 1
 NVML_P2P_STATUS_NOT_SUPPORTED = 5
 NVML_NVLINK_MAX_LINKS = 18
+NVML_NVLINK_DEVICE_TYPE_GPU = 0x00
+NVML_NVLINK_DEVICE_TYPE_SWITCH = 0x02
+# In a device's "nvlinks" list: a link to an NVSwitch rather than to a GPU.
+SWITCH = "switch"
+_SWITCH_BUS_ID = "00000000:05:00.0"
 NVML_FEATURE_DISABLED = 0
 NVML_FEATURE_ENABLED = 1
 nvmlMemory_v2 = 0x02000028
@@ -732,12 +737,24 @@ def nvmlDeviceGetNvLinkState(handle: Handle, link: int) -> int:
     return NVML_FEATURE_ENABLED if links[link] else NVML_FEATURE_DISABLED
 
 
-def nvmlDeviceGetNvLinkRemotePciInfo(handle: Handle, link: int) -> SimpleNamespace:
-    _enter("nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+def _active_link(handle: Handle, link: int) -> str:
     links = _dev(handle)["nvlinks"]
     if not 0 <= link < len(links) or not links[link]:
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-    return SimpleNamespace(busId=links[link].encode())
+    return str(links[link])
+
+
+def nvmlDeviceGetNvLinkRemotePciInfo(handle: Handle, link: int) -> SimpleNamespace:
+    _enter("nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+    remote = _active_link(handle, link)
+    return SimpleNamespace(busId=(_SWITCH_BUS_ID if remote == SWITCH else remote).encode())
+
+
+def nvmlDeviceGetNvLinkRemoteDeviceType(handle: Handle, link: int) -> int:
+    _enter("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+    if _active_link(handle, link) == SWITCH:
+        return NVML_NVLINK_DEVICE_TYPE_SWITCH
+    return NVML_NVLINK_DEVICE_TYPE_GPU
 
 
 def nvmlDeviceGetNumaNodeId(handle: Handle) -> int:

@@ -532,6 +532,22 @@ def test_topology_levels_nvlink_and_p2p(
     assert topo.gpus[1].cpu_affinity == "16-31"
 
 
+def test_gpus_on_nvswitches_are_linked_through_them(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    sw = fake_nvml.SWITCH
+    fake_nvml.reset(
+        devices=[
+            {"card": "h200", "bus_id": BUS[i], "nvlinks": [sw] * 18, "errors": {}} for i in range(3)
+        ]
+        + [{"card": "h200", "bus_id": BUS[3], "nvlinks": [sw] * 12 + [""] * 6, "errors": {}}]
+    )
+    topo = open_backend().topology([0, 1, 2, 3])
+    counts = {(link.gpu_a, link.gpu_b): (link.level, link.nvlink_count) for link in topo.links}
+    assert counts[(0, 1)] == counts[(1, 2)] == ("NV18", 18)
+    assert counts[(0, 3)] == ("NV12", 12)  # the lesser side decides
+
+
 def test_topology_not_supported_leaves_levels_unknown(
     fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
 ) -> None:
@@ -708,3 +724,14 @@ def test_fake_is_what_pynvml_imports_on_the_path(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert str(FAKE_NVML_DIR) in result.stdout
+
+
+def test_fan_range_unread_at_open_is_asked_again(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    fake_nvml.fail(0, "nvmlDeviceGetMinMaxFanSpeed", fake_nvml.NVML_ERROR_UNKNOWN)
+    backend = open_backend()
+    with pytest.raises(NotSupportedError):
+        backend.fan_speed_range(0)
+    fake_nvml.heal(0, "nvmlDeviceGetMinMaxFanSpeed")
+    assert backend.fan_speed_range(0) == (30, 100)
