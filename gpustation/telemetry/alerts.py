@@ -1,0 +1,230 @@
+"""Alert rules over consecutive snapshots: pure functions, no UI.
+
+:func:`conditions` says which alert conditions hold in one snapshot;
+:func:`evaluate` compares two consecutive snapshots and returns only the
+alerts that have just started (a condition that holds on every tick is raised
+once, when it appears). :class:`AlertLog` keeps the log and the set of
+active alerts that a status line shows. :func:`topology_findings` puts the
+topology's weak spots into words.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from gpustation.telemetry.format import pcie_link
+from gpustation.telemetry.model import GpuSample, Snapshot
+
+#: within this many degrees of the slowdown temperature is an alert
+TEMP_MARGIN_C = 5.0
+#: VRAM use above this share of the total is an alert
+VRAM_PCT = 95.0
+#: a PCIe link below its maximum only matters when the GPU is busy (idle cards
+#: drop to a lower gen on purpose to save power)
+PCIE_BUSY_UTIL_PCT = 20.0
+#: a condition that clears and comes back within this time is not logged again
+REPEAT_QUIET_S = 60.0
+
+RULES: dict[str, str] = {
+    "temp_near_slowdown": "temperature near slowdown",
+    "thermal_throttle": "thermal throttling",
+    "power_cap": "power-cap throttling",
+    "pcie_below_max": "PCIe link below maximum under load",
+    "vram_high": "VRAM almost full",
+    "ecc_uncorrected": "new uncorrected ECC error",
+    "gpu_lost": "GPU lost",
+}
+CRITICAL = frozenset({"gpu_lost", "ecc_uncorrected", "thermal_throttle"})
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    rule: str  # a key of RULES
+    gpu: int
+    message: str
+    time: float
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.rule, self.gpu)
+
+    @property
+    def severity(self) -> str:
+        return "critical" if self.rule in CRITICAL else "warning"
+
+    @property
+    def short(self) -> str:
+        """A few words for a status line: ``GPU0 power cap``."""
+        words = {
+            "temp_near_slowdown": "hot",
+            "thermal_throttle": "thermal throttle",
+            "power_cap": "power cap",
+            "pcie_below_max": "PCIe slow",
+            "vram_high": "VRAM full",
+            "ecc_uncorrected": "ECC error",
+            "gpu_lost": "LOST",
+        }
+        return f"GPU{self.gpu} {words.get(self.rule, self.rule)}"
+
+
+def _gpu_conditions(gpu: GpuSample, t: float) -> list[Alert]:
+    i = gpu.index
+    if gpu.lost:
+        return [Alert("gpu_lost", i, f"GPU {i} is lost: the driver no longer answers for it", t)]
+    out: list[Alert] = []
+    margin = gpu.slowdown_margin_c
+    if margin is not None and margin <= TEMP_MARGIN_C:
+        out.append(
+            Alert(
+                "temp_near_slowdown",
+                i,
+                f"GPU {i} at {gpu.temperature_c:.0f} C, {max(margin, 0):.0f} C from its "
+                f"slowdown temperature {gpu.temperature_slowdown_c:.0f} C",
+                t,
+            )
+        )
+    if gpu.thermal_throttled:
+        out.append(Alert("thermal_throttle", i, f"GPU {i} is slowing its clocks: too hot", t))
+    if gpu.power_throttled:
+        limit = f" of {gpu.power_limit_w:.0f} W" if gpu.power_limit_w else ""
+        out.append(Alert("power_cap", i, f"GPU {i} is held back by its power limit{limit}", t))
+    util = gpu.utilization_gpu_pct
+    if gpu.pcie.below_max and util is not None and util > PCIE_BUSY_UTIL_PCT:
+        p = gpu.pcie
+        out.append(
+            Alert(
+                "pcie_below_max",
+                i,
+                f"GPU {i} PCIe link runs at {pcie_link(p.gen, p.width)}, below its maximum "
+                f"{pcie_link(p.max_gen, p.max_width)}, while {util:.0f} % busy",
+                t,
+            )
+        )
+    pct = gpu.memory_pct
+    if pct is not None and pct > VRAM_PCT:
+        out.append(Alert("vram_high", i, f"GPU {i} VRAM {pct:.0f} % used", t))
+    return out
+
+
+def conditions(snapshot: Snapshot) -> list[Alert]:
+    """Every alert condition that holds in ``snapshot`` (ECC needs two; see evaluate)."""
+    out: list[Alert] = []
+    for gpu in snapshot.gpus:
+        out.extend(_gpu_conditions(gpu, snapshot.time))
+    return out
+
+
+def evaluate(prev: Snapshot | None, cur: Snapshot) -> list[Alert]:
+    """The alerts that start with ``cur``: conditions that did not hold in ``prev``.
+
+    Also: a GPU in ``prev`` missing from ``cur`` is lost, and an uncorrected ECC
+    count that went up is a new error. With ``prev=None`` every condition that
+    holds is new (the ECC rule needs a previous count and stays quiet).
+    """
+    before = {a.key for a in conditions(prev)} if prev is not None else set()
+    new = [a for a in conditions(cur) if a.key not in before]
+    if prev is None:
+        return new
+    now_by_index = {g.index: g for g in cur.gpus}
+    for old in prev.gpus:
+        g = now_by_index.get(old.index)
+        if g is None and not old.lost:
+            new.append(
+                Alert(
+                    "gpu_lost", old.index, f"GPU {old.index} disappeared from the driver", cur.time
+                )
+            )
+            continue
+        if g is None or g.lost:
+            continue
+        if (
+            g.ecc_uncorrected is not None
+            and old.ecc_uncorrected is not None
+            and g.ecc_uncorrected > old.ecc_uncorrected
+        ):
+            n = g.ecc_uncorrected - old.ecc_uncorrected
+            new.append(
+                Alert(
+                    "ecc_uncorrected",
+                    g.index,
+                    f"GPU {g.index}: {n} new uncorrected ECC error{'s' if n > 1 else ''} "
+                    f"({g.ecc_uncorrected} in total): results on this GPU may be wrong",
+                    cur.time,
+                )
+            )
+    return new
+
+
+class AlertLog:
+    """Feeds snapshots through :func:`evaluate`; keeps the log and active alerts."""
+
+    def __init__(self, length: int = 500, repeat_quiet_s: float = REPEAT_QUIET_S) -> None:
+        self.log: deque[Alert] = deque(maxlen=length)
+        self.repeat_quiet_s = repeat_quiet_s
+        self._prev: Snapshot | None = None
+        self._active: dict[tuple[str, int], Alert] = {}
+        self._cleared_at: dict[tuple[str, int], float] = {}
+        self._vanished: dict[int, Alert] = {}
+        self._ecc_events: dict[int, Alert] = {}
+
+    def update(self, snapshot: Snapshot) -> list[Alert]:
+        """Take the next snapshot; return the alerts newly written to the log."""
+        raised = evaluate(self._prev, snapshot)
+        self._prev = snapshot
+        now = {a.key: a for a in conditions(snapshot)}
+        present = {g.index for g in snapshot.gpus}
+        for index in list(self._vanished):
+            if index in present:
+                del self._vanished[index]
+        logged: list[Alert] = []
+        for alert in raised:
+            if alert.rule == "ecc_uncorrected":
+                self._ecc_events[alert.gpu] = alert
+            elif alert.rule == "gpu_lost" and alert.gpu not in present:
+                self._vanished[alert.gpu] = alert
+            cleared = self._cleared_at.get(alert.key)
+            if cleared is not None and snapshot.time - cleared < self.repeat_quiet_s:
+                continue  # flapping around a threshold: keep the log readable
+            self.log.append(alert)
+            logged.append(alert)
+        for key in set(self._active) - set(now):
+            self._cleared_at[key] = snapshot.time
+        # keep the first alert of an ongoing condition (its start time)
+        self._active = {k: self._active.get(k, a) for k, a in now.items()}
+        return logged
+
+    @property
+    def active(self) -> list[Alert]:
+        """Conditions holding now, plus ECC errors since the dashboard started."""
+        out = [
+            *self._active.values(),
+            *self._vanished.values(),
+            *self._ecc_events.values(),
+        ]
+        return sorted(out, key=lambda a: (a.severity != "critical", a.gpu, a.rule))
+
+
+def topology_findings(snapshot: Snapshot) -> list[str]:
+    """The topology's weak spots in words: slow PCIe links under load, SYS pairs."""
+    out: list[str] = []
+    for gpu in snapshot.gpus:
+        p = gpu.pcie
+        if gpu.lost or not p.below_max:
+            continue
+        util = gpu.utilization_gpu_pct
+        busy = util is not None and util > PCIE_BUSY_UTIL_PCT
+        state = f"while {util:.0f} % busy" if busy else "(idle: likely power saving)"
+        out.append(
+            f"GPU {gpu.index} PCIe runs at {pcie_link(p.gen, p.width)}, below its maximum "
+            f"{pcie_link(p.max_gen, p.max_width)} {state}."
+        )
+    for link in snapshot.topology.links:
+        if link.level == "SYS":
+            out.append(
+                f"GPU {link.gpu_a} and GPU {link.gpu_b} only meet across the CPU interconnect "
+                "(SYS): traffic between them crosses sockets; keep a job's GPUs on one NUMA node."
+            )
+        elif link.p2p_read is False or link.p2p_write is False:
+            out.append(f"GPU {link.gpu_a} and GPU {link.gpu_b} cannot use peer-to-peer access.")
+    return out

@@ -1,0 +1,444 @@
+"""The full-screen dashboard: ``gpustation`` with no subcommand.
+
+Data flow: one worker thread samples (:class:`~gpustation.tui.source.DataSource`:
+backend, :class:`~gpustation.telemetry.sampler.Sampler`, process CPU/RSS) and
+hands a :class:`~gpustation.tui.source.Frame` to the UI thread, which feeds the
+ring buffers (:class:`~gpustation.telemetry.history.History`) and alert rules
+(:class:`~gpustation.telemetry.alerts.AlertLog`) and repaints the visible
+screen. The worker re-arms itself with ``set_timer`` when a pass ends, so
+passes never overlap and a slow pass never delays a frame; ``p`` stops the
+re-arming. The UI thread never calls NVML.
+
+Extension points (for new screens: runs, hardware control, fleet):
+
+* ``SCREENS_BY_MODE`` below: one :class:`ScreenEntry` per screen. Each is a
+  Textual mode with its own key, footer label, command-palette entry and help
+  line; ``factory`` is a class or a ``"module:Class"`` string imported when the
+  screen is first shown (a missing module leaves the entry out).
+* Screens showing live data subclass :class:`~gpustation.tui.screens.LiveScreen`
+  and implement ``show_frame(frame)``.
+* ``app.latest`` is the newest :class:`~gpustation.telemetry.model.Snapshot`,
+  ``app.frame`` the newest frame, ``app.backend`` the open backend (``None``
+  until the first pass). Control actions must run in a worker
+  (``app.run_worker(fn, thread=True)``), never on the UI thread.
+* Bindings all carry ids (``app.quit``, ``dashboard.kill`` ...) so keys can be
+  remapped with ``App.set_keymap``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import App, SystemCommand
+from textual.binding import Binding, BindingType
+from textual.screen import Screen
+from textual.timer import Timer
+
+from gpustation.errors import GpustationError
+from gpustation.telemetry.alerts import AlertLog
+from gpustation.telemetry.backend import Backend, open_backend, parse_gpu_list
+from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
+from gpustation.telemetry.model import Snapshot
+from gpustation.tui.dialogs import KillDialog
+from gpustation.tui.screens import (
+    AlertLogScreen,
+    DashboardScreen,
+    HelpScreen,
+    LiveScreen,
+    TopologyScreen,
+)
+from gpustation.tui.source import DataSource, Frame
+from gpustation.tui.widgets import LiveText, ProcRow
+
+#: refresh intervals ``+``/``-`` step through, in seconds
+REFRESH_STEPS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
+MIN_REFRESH_S, MAX_REFRESH_S = REFRESH_STEPS[0], REFRESH_STEPS[-1]
+#: how much history the graphs show
+GRAPH_WINDOW_S = 600.0
+
+
+@dataclass(frozen=True)
+class ScreenEntry:
+    """A screen of the dashboard: its mode name, key and how to build it."""
+
+    mode: str
+    key: str
+    title: str
+    help: str
+    factory: type[Screen[Any]] | str
+
+
+SCREENS_BY_MODE: list[ScreenEntry] = [
+    ScreenEntry(
+        "dashboard", "d", "Dashboard", "GPU cards, history, host, processes", DashboardScreen
+    ),
+    ScreenEntry("topology", "t", "Topology", "GPU matrix, P2P, NUMA, PCIe links", TopologyScreen),
+    ScreenEntry("alerts", "a", "Alerts", "the alert log", AlertLogScreen),
+    ScreenEntry("help", "question_mark", "Help", "keys and what they do", HelpScreen),
+]
+
+
+def _resolve(factory: type[Screen[Any]] | str) -> type[Screen[Any]] | None:
+    if not isinstance(factory, str):
+        return factory
+    module, _, name = factory.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+    except (ImportError, AttributeError):
+        return None
+
+
+class DashboardApp(App[int]):
+    """The gpustation dashboard. See the module docstring for extension points."""
+
+    TITLE = "gpustation"
+    CSS_PATH = "dashboard.tcss"
+    ENABLE_COMMAND_PALETTE = True
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit", id="app.quit"),
+        Binding("question_mark", "show_help", "Help", key_display="?", id="app.help"),
+        Binding("t", "show_topology", "Topology", id="app.topology"),
+        Binding("a", "show_alerts", "Alerts", id="app.alerts"),
+        Binding("m", "cycle_metric", "Metric", id="app.metric"),
+        Binding("plus", "slower", "Slower", key_display="+", id="app.slower"),
+        Binding("minus", "faster", "Faster", key_display="-", id="app.faster"),
+        Binding("p", "toggle_pause", "Pause", id="app.pause"),
+    ]
+
+    def __init__(
+        self,
+        source: DataSource | None = None,
+        refresh_s: float = 1.0,
+        kill: Callable[[int, int], None] = os.kill,
+        metric: str = "util",
+        autostart: bool = True,
+    ) -> None:
+        self.source = source or DataSource()
+        self.refresh_s = min(MAX_REFRESH_S, max(MIN_REFRESH_S, refresh_s))
+        self.metric = metric if metric in METRICS else "util"
+        self.graph_window_s = GRAPH_WINDOW_S
+        self.history = History()
+        self.alerts = AlertLog()
+        self.frame: Frame | None = None
+        self.paused = False
+        self.error: str | None = None
+        self.passes = 0
+        self._kill = kill
+        self._timer: Timer | None = None
+        self._autostart = autostart
+        self._modes_in_use = [e for e in SCREENS_BY_MODE if _resolve(e.factory) is not None]
+        self.MODES = {e.mode: _resolve(e.factory) for e in self._modes_in_use}  # type: ignore[misc]
+        super().__init__()
+        for entry in self._modes_in_use:
+            if entry.mode not in ("dashboard", "topology", "alerts", "help"):
+                self.bind(entry.key, f"switch_to('{entry.mode}')", description=entry.title)
+
+    # ---- public state ------------------------------------------------------
+    @property
+    def latest(self) -> Snapshot | None:
+        """The newest snapshot, or None before the first sample."""
+        return self.frame.snapshot if self.frame is not None else None
+
+    @property
+    def backend(self) -> Backend | None:
+        """The open backend (None until the worker has opened it)."""
+        return self.source.backend
+
+    # ---- sampling ----------------------------------------------------------
+    def on_mount(self) -> None:
+        self.switch_mode("dashboard")
+        if self._autostart:
+            self.sample_now()
+
+    def sample_now(self) -> None:
+        """Start a sampling pass now (cancels a pending re-arm)."""
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        self._sample_pass()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="sampler")
+    def _sample_pass(self) -> None:
+        try:
+            frame = self.source.sample()
+        except GpustationError as err:
+            self._post(self._sample_failed, str(err), fatal=True)
+            return
+        except Exception as err:  # a driver hiccup must not end the dashboard
+            self._post(self._sample_failed, f"{type(err).__name__}: {err}", fatal=False)
+            return
+        self._post(self._take_frame, frame)
+
+    def _post(self, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        try:
+            self.call_from_thread(fn, *args, **kwargs)
+        except RuntimeError:
+            pass  # the app is shutting down
+
+    def _rearm(self, delay: float) -> None:
+        if not self.paused and self.is_running:
+            self._timer = self.set_timer(delay, self._sample_pass)
+
+    def _sample_failed(self, message: str, fatal: bool) -> None:
+        self.error = message
+        self.notify(message, title="Sampling failed", severity="error", timeout=8)
+        self.update_chrome(self.screen)
+        if not fatal:
+            self._rearm(max(self.refresh_s, 2.0))
+
+    def _take_frame(self, frame: Frame) -> None:
+        self.passes += 1
+        self.error = None
+        self.frame = frame
+        self.history.add(frame.snapshot)
+        for alert in self.alerts.update(frame.snapshot):
+            self.notify(
+                alert.message,
+                title="Alert",
+                severity="error" if alert.severity == "critical" else "warning",
+                timeout=6,
+            )
+        screen = self.screen
+        if isinstance(screen, LiveScreen):
+            screen.show_frame(frame)
+        self.update_chrome(screen)
+        self._rearm(self.refresh_s)
+
+    # ---- banner and status line ----------------------------------------------
+    def banner_text(self) -> Text:
+        snap = self.latest
+        t = Text()
+        if snap is None:
+            t.append(" gpustation ", style="bold reverse")
+            t.append(" " + (self.error or "starting: opening the GPU driver…"))
+            return t
+        if snap.simulated:
+            t.append(" SIMULATED ", style="bold black on yellow")
+            t.append(" ")
+        else:
+            t.append(" gpustation ", style="bold reverse")
+            t.append(" ")
+        t.append(snap.hostname, style="bold")
+        t.append(
+            f" · {len(snap.gpus)} GPU{'s' if len(snap.gpus) != 1 else ''}"
+            f" · driver {snap.driver_version or 'n/a'}"
+            + (f" · CUDA {snap.cuda_driver_version}" if snap.cuda_driver_version else "")
+        )
+        if snap.note:
+            t.append(f"\n{snap.note}", style="bold yellow")
+        elif snap.simulated:
+            t.append("  (simulated GPUs: not your hardware)", style="dim")
+        if self.error:
+            t.append(f"\nsampling failed: {self.error}", style="bold red")
+        return t
+
+    def status_text(self, width: int) -> Text:
+        active = self.alerts.active
+        left = Text()
+        if active:
+            critical = any(a.severity == "critical" for a in active)
+            left.append(
+                f" ⚠ {len(active)} ",
+                style="bold white on red" if critical else "bold black on yellow",
+            )
+            left.append(" " + ", ".join(a.short for a in active[:6]))
+            if len(active) > 6:
+                left.append(f" +{len(active) - 6}")
+        else:
+            left.append(" ✓ no alerts", style="green")
+        right = f"{METRICS[self.metric].label} · every {self.refresh_s:g} s "
+        if self.paused:
+            right = "PAUSED · " + right
+        left.truncate(max(10, width - len(right) - 1))
+        pad = max(1, width - left.cell_len - len(right))
+        left.append(" " * pad)
+        left.append(right, style="bold reverse" if self.paused else "dim")
+        return left
+
+    def update_chrome(self, screen: Screen[Any]) -> None:
+        """Refresh the banner and status line of ``screen`` (if it has them)."""
+        for widget in screen.query("#banner").results(LiveText):
+            if widget.show(self.banner_text(), layout=True):
+                lines = widget._shown.plain.count("\n") + 1 if widget._shown else 1
+                widget.styles.height = lines
+        for widget in screen.query("#status").results(LiveText):
+            widget.show(self.status_text(screen.size.width or 80))
+
+    # ---- actions -----------------------------------------------------------
+    def action_switch_to(self, mode: str) -> None:
+        self.switch_mode("dashboard" if self.current_mode == mode else mode)
+
+    def action_show_dashboard(self) -> None:
+        self.switch_mode("dashboard")
+
+    def action_show_topology(self) -> None:
+        self.action_switch_to("topology")
+
+    def action_show_alerts(self) -> None:
+        self.action_switch_to("alerts")
+
+    def action_show_help(self) -> None:
+        self.action_switch_to("help")
+
+    def set_metric(self, metric: str) -> None:
+        """Graph ``metric`` (a key of :data:`~gpustation.telemetry.history.METRICS`)."""
+        if metric not in METRICS:
+            return
+        self.metric = metric
+        for screen in self.screen_stack:
+            if isinstance(screen, DashboardScreen):
+                screen.set_metric(metric)
+        self.update_chrome(self.screen)
+
+    def action_cycle_metric(self) -> None:
+        keys = METRIC_KEYS
+        self.set_metric(keys[(keys.index(self.metric) + 1) % len(keys)])
+
+    def set_refresh(self, seconds: float) -> None:
+        """Change the refresh interval (clamped to 0.25..10 s); re-arms the worker."""
+        self.refresh_s = min(MAX_REFRESH_S, max(MIN_REFRESH_S, seconds))
+        if self._timer is not None and not self.paused:
+            self._timer.stop()
+            self._timer = self.set_timer(self.refresh_s, self._sample_pass)
+        self.update_chrome(self.screen)
+
+    def action_slower(self) -> None:
+        bigger = [s for s in REFRESH_STEPS if s > self.refresh_s]
+        self.set_refresh(bigger[0] if bigger else MAX_REFRESH_S)
+
+    def action_faster(self) -> None:
+        smaller = [s for s in REFRESH_STEPS if s < self.refresh_s]
+        self.set_refresh(smaller[-1] if smaller else MIN_REFRESH_S)
+
+    def action_toggle_pause(self) -> None:
+        self.paused = not self.paused
+        if self.paused:
+            if self._timer is not None:
+                self._timer.stop()
+                self._timer = None
+        else:
+            self.sample_now()
+        self.update_chrome(self.screen)
+
+    # ---- killing a process ---------------------------------------------------
+    def confirm_kill(self, row: ProcRow) -> None:
+        """Ask, then send the chosen signal to ``row``'s process."""
+        simulated = bool(self.latest and self.latest.simulated)
+
+        def done(sig: int | None) -> None:
+            if sig is not None:
+                self.send_signal(row, sig, simulated)
+
+        self.push_screen(KillDialog(row, simulated), done)
+
+    def send_signal(self, row: ProcRow, sig: int, simulated: bool) -> None:
+        name = signal.Signals(sig).name
+        if simulated:
+            # A simulated PID may be a real, unrelated process: never signal it.
+            self.notify(f"PID {row.pid} is a simulated process: no signal was sent.")
+            return
+        try:
+            self._kill(row.pid, sig)
+        except PermissionError:
+            self.notify(
+                f"not permitted: PID {row.pid} belongs to {row.user}; "
+                "run gpustation as that user or as root",
+                title=f"{name} refused",
+                severity="error",
+                timeout=8,
+            )
+        except ProcessLookupError:
+            self.notify(f"PID {row.pid} is already gone.", severity="warning")
+        else:
+            self.notify(f"Sent {name} to PID {row.pid} ({row.command[:60]}).")
+
+    # ---- command palette and help ------------------------------------------------
+    def all_bindings(self) -> list[Binding]:
+        out = [b for b in self.BINDINGS if isinstance(b, Binding)]
+        for entry in self._modes_in_use:
+            if entry.mode not in ("dashboard", "topology", "alerts", "help"):
+                out.append(Binding(entry.key, f"switch_to('{entry.mode}')", entry.title))
+        return out
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for entry in self._modes_in_use:
+            yield SystemCommand(
+                f"Show {entry.title.lower()}",
+                entry.help,
+                lambda mode=entry.mode: self.switch_mode(mode),  # type: ignore[misc]
+            )
+        for key in METRIC_KEYS:
+            yield SystemCommand(
+                f"Graph {METRICS[key].label}",
+                "change the metric of the history graphs",
+                lambda key=key: self.set_metric(key),  # type: ignore[misc]
+            )
+        yield SystemCommand(
+            "Refresh slower", "lengthen the refresh interval (+)", self.action_slower
+        )
+        yield SystemCommand(
+            "Refresh faster", "shorten the refresh interval (-)", self.action_faster
+        )
+        yield SystemCommand(
+            "Pause / resume sampling", "stop or restart sampling (p)", self.action_toggle_pause
+        )
+        if isinstance(screen, DashboardScreen):
+            yield SystemCommand(
+                "Kill selected process", "SIGTERM or SIGKILL after asking (k)", screen.action_kill
+            )
+            yield SystemCommand(
+                "Filter processes", "filter the process table (/)", screen.action_filter
+            )
+            yield SystemCommand("Sort processes", "sort by the next column (s)", screen.action_sort)
+
+    def on_unmount(self) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+        self.workers.cancel_group(self, "sampler")
+
+    def close_source(self) -> None:
+        self.source.close()
+
+
+def run_dashboard(args: argparse.Namespace) -> int:
+    """Entry point from ``gpustation`` with no subcommand."""
+    gpus = parse_gpu_list(getattr(args, "gpus", None))
+    hosts: Sequence[str] = getattr(args, "host", None) or []
+    if hosts:
+        fleet = _resolve("gpustation.tui.fleet:FleetApp")
+        if fleet is not None:
+            return int(fleet(list(hosts), args).run() or 0)  # type: ignore[call-arg]
+    refresh = float(getattr(args, "refresh", 1.0) or 1.0)
+    simulate = getattr(args, "simulate", None)
+    sim_card = getattr(args, "sim_card", None)
+
+    def factory() -> Backend:
+        return open_backend(simulate=simulate, sim_card=sim_card, fallback_to_sim=True)
+
+    source = DataSource(factory, gpus)
+    app = DashboardApp(source, refresh_s=refresh)
+    if hosts:
+        app.call_later(
+            app.notify,
+            "The fleet view is not available in this version; showing this machine.",
+            severity="warning",
+        )
+    try:
+        result = app.run()
+    finally:
+        source.close()
+    return int(result or 0)
+
+
+def main() -> None:  # pragma: no cover - for `python -m gpustation.tui.app`
+    raise SystemExit(run_dashboard(argparse.Namespace(gpus=None, simulate=None, refresh=1.0)))

@@ -1,0 +1,357 @@
+"""Text for the dashboard's widgets, built from the telemetry model.
+
+Pure functions from samples to Rich ``Text``: no widgets here, so they are
+cheap to test and the widgets only compare the result with what they show
+and repaint when it changed. The graphs are block characters drawn from the
+ring buffers (a plotext figure costs ~45 ms of CPU per redraw; these cost a
+fraction of a millisecond).
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from gpustation.telemetry import format as fmt
+from gpustation.telemetry.alerts import TEMP_MARGIN_C, topology_findings
+from gpustation.telemetry.history import METRICS, History, bucket
+from gpustation.telemetry.model import GpuSample, HostSample, Snapshot
+
+BLOCKS = " ▁▂▃▄▅▆▇█"
+EIGHTHS = " ▏▎▍▌▋▊▉█"
+
+
+def short_name(name: str | None) -> str:
+    """``NVIDIA GeForce RTX 4090 (simulated)`` -> ``RTX 4090 (sim)``."""
+    if not name:
+        return "unknown GPU"
+    for word in ("NVIDIA ", "GeForce ", "Tesla "):
+        name = name.replace(word, "")
+    return name.replace("(simulated)", "(sim)")
+
+
+def temp_style(gpu: GpuSample) -> str:
+    """Colour by the distance to the card's slowdown temperature."""
+    margin = gpu.slowdown_margin_c
+    if margin is None:
+        return "bold" if gpu.temperature_c is not None else "dim"
+    if margin <= TEMP_MARGIN_C:
+        return "bold white on red"
+    if margin <= 15:
+        return "bold yellow"
+    if margin <= 30:
+        return "green"
+    return "cyan"
+
+
+def pct_style(pct: float | None) -> str:
+    if pct is None:
+        return "dim"
+    if pct >= 95:
+        return "red"
+    if pct >= 80:
+        return "yellow"
+    return "green"
+
+
+def bar(frac: float | None, width: int, style: str) -> Text:
+    """A horizontal bar ``width`` cells wide, in eighths of a cell."""
+    if width <= 0:
+        return Text()
+    if frac is None:
+        return Text("·" * width, style="dim")
+    frac = max(0.0, min(1.0, frac))
+    eighths = round(frac * width * 8)
+    full, part = divmod(eighths, 8)
+    filled = "█" * full + (EIGHTHS[part] if part and full < width else "")
+    return Text.assemble((filled, style), ("·" * (width - len(filled)), "bright_black"))
+
+
+def _frac(cur: float | None, top: float | None) -> float | None:
+    if cur is None or not top:
+        return None
+    return cur / top
+
+
+def throttle_text(gpu: GpuSample) -> Text:
+    """Throttle reasons in words; thermal and power cap stand out in colour."""
+    reasons = gpu.throttle_reasons
+    if reasons is None:
+        return Text(fmt.NA, style="dim")
+    limiting = [r for r in reasons if r != "gpu_idle"]
+    if not limiting:
+        return Text("idle" if reasons else "none", style="dim")
+    out = Text()
+    for n, reason in enumerate(limiting):
+        if n:
+            out.append(", ")
+        word = fmt.THROTTLE_WORDS.get(reason, reason)
+        if reason in ("sw_thermal", "hw_thermal", "hw_slowdown"):
+            out.append(f"{word} throttling", style="bold white on red")
+        elif reason in ("sw_power_cap", "hw_power_brake"):
+            out.append(f"{word} throttling", style="bold black on yellow")
+        else:
+            out.append(word, style="yellow")
+    return out
+
+
+def fans_text(gpu: GpuSample) -> str:
+    if not gpu.fans_pct:
+        return "no fans"
+    manual = any(c == "manual" for c in gpu.fan_control)
+    return " ".join(f"{f:.0f}" for f in gpu.fans_pct) + " %" + (" manual" if manual else "")
+
+
+def pcie_text(gpu: GpuSample, arrows: bool = True) -> Text:
+    p = gpu.pcie
+    out = Text(fmt.pcie_link(p.gen, p.width))
+    if p.max_gen is not None or p.max_width is not None:
+        out.append(f" of {fmt.pcie_link(p.max_gen, p.max_width)}", style="dim")
+    if p.below_max and (gpu.utilization_gpu_pct or 0) > 20:
+        out.stylize("bold yellow")
+    if arrows:
+        out.append(f"  rx {fmt.kib_rate(p.rx_kib_s)} tx {fmt.kib_rate(p.tx_kib_s)}")
+    return out
+
+
+def card_text(gpu: GpuSample, width: int, focused: bool = False) -> Text:
+    """The full card: seven lines; focus adds the default and range of the power limit."""
+    title = Text.assemble((f"GPU {gpu.index} ", "bold"), (short_name(gpu.name), "bold cyan"))
+    if gpu.lost:
+        title.append("  LOST: the driver no longer answers for this GPU", style="bold white on red")
+        return title
+    title.append(f"  {fmt.pstate(gpu.pstate)}", style="dim")
+    barw = max(6, min(30, width - (70 if focused else 44)))
+    t = Text()
+    t.append_text(title)
+    t.append("\nTemp  ")
+    t.append(f"{fmt.num(gpu.temperature_c)} C", style=temp_style(gpu))
+    if gpu.temperature_slowdown_c is not None:
+        t.append(f" (slowdown {gpu.temperature_slowdown_c:.0f} C)", style="dim")
+    t.append("  Fans ")
+    t.append(fans_text(gpu), style="dim" if not gpu.fans_pct else "")
+    t.append("\nPower ")
+    t.append_text(bar(_frac(gpu.power_w, gpu.power_limit_w), barw, pct_style(gpu.power_pct)))
+    t.append(f" {fmt.pair(gpu.power_w, gpu.power_limit_w, ' W')}")
+    if focused:
+        # On focus the power range joins the line (no extra row, no relayout).
+        t.append(
+            f"  default {fmt.num(gpu.power_default_w)},"
+            f" {fmt.num(gpu.power_min_w)}-{fmt.num(gpu.power_max_w, unit=' W')}",
+            style="italic",
+        )
+    t.append("\nSM    ")
+    t.append_text(bar(_frac(gpu.clock_sm_mhz, gpu.clock_sm_max_mhz), barw, "blue"))
+    t.append(f" {fmt.pair(gpu.clock_sm_mhz, gpu.clock_sm_max_mhz, ' MHz')}")
+    t.append(f"  mem {fmt.pair(gpu.clock_mem_mhz, gpu.clock_mem_max_mhz, ' MHz')}", style="dim")
+    t.append("\nVRAM  ")
+    t.append_text(
+        bar(_frac(gpu.memory_used_mib, gpu.memory_total_mib), barw, pct_style(gpu.memory_pct))
+    )
+    t.append(f" {fmt.mib(gpu.memory_used_mib)}/{fmt.mib(gpu.memory_total_mib)}")
+    t.append(
+        f"  util {fmt.num(gpu.utilization_gpu_pct, unit=' %')}"
+        f" mem {fmt.num(gpu.utilization_memory_pct, unit=' %')}"
+    )
+    t.append("\nPCIe  ")
+    t.append_text(pcie_text(gpu))
+    t.append("\nThrottle ")
+    t.append_text(throttle_text(gpu))
+    return t
+
+
+def compact_text(gpu: GpuSample, width: int) -> Text:
+    """Two lines per GPU for small terminals and many GPUs."""
+    t = Text()
+    t.append(f"{gpu.index} ", style="bold")
+    t.append(f"{short_name(gpu.name)[:18]:<18}", style="bold cyan")
+    if gpu.lost:
+        t.append(" LOST: the driver no longer answers", style="bold white on red")
+        return t
+    t.append(" ")
+    t.append(f"{fmt.num(gpu.temperature_c):>3}C", style=temp_style(gpu))
+    barw = max(4, min(16, width - 66))
+    t.append(f" {fmt.pair(gpu.power_w, gpu.power_limit_w, 'W'):>9} ")
+    t.append_text(bar(_frac(gpu.power_w, gpu.power_limit_w), barw, pct_style(gpu.power_pct)))
+    t.append(f" util {fmt.num(gpu.utilization_gpu_pct):>3}%")
+    t.append(f" SM {fmt.pair(gpu.clock_sm_mhz, gpu.clock_sm_max_mhz)}")
+    t.append(f" {fmt.pstate(gpu.pstate)}", style="dim")
+    t.append("\n  VRAM ")
+    t.append(f"{fmt.mib(gpu.memory_used_mib):>6}/{fmt.mib(gpu.memory_total_mib):<6} ")
+    t.append_text(
+        bar(_frac(gpu.memory_used_mib, gpu.memory_total_mib), barw, pct_style(gpu.memory_pct))
+    )
+    t.append(f" fan {fans_text(gpu)}" if gpu.fans_pct else " no fans", style="dim")
+    t.append(" ")
+    t.append_text(pcie_text(gpu, arrows=False))
+    t.append(" ")
+    t.append_text(throttle_text(gpu))
+    t.truncate(width * 2 + 1)
+    return t
+
+
+def graph_rows(values: list[float | None], top: float, width: int, height: int) -> list[str]:
+    """Block-character columns, ``height`` rows, newest on the right."""
+    cols = bucket(values, width)
+    pad = width - len(cols)
+    levels: list[int] = []
+    for v in cols:
+        if v is None or top <= 0:
+            levels.append(-1)
+        else:
+            levels.append(max(0, min(height * 8, round(v / top * height * 8))))
+    rows = []
+    for r in range(height - 1, -1, -1):
+        base = r * 8
+        line = "".join(
+            "·" if lv < 0 and r == 0 else BLOCKS[max(0, min(8, lv - base))] if lv >= 0 else " "
+            for lv in levels
+        )
+        rows.append(" " * pad + line)
+    return rows
+
+
+METRIC_STYLE = {
+    "util": "green",
+    "power": "yellow",
+    "temp": "red",
+    "sm_clock": "blue",
+    "vram": "magenta",
+}
+
+
+def history_text(
+    history: History,
+    gpus: list[int],
+    metric: str,
+    width: int,
+    rows_per_gpu: int,
+    window_s: float,
+) -> Text:
+    """One labelled graph per GPU of the chosen metric over ``window_s``."""
+    m = METRICS[metric]
+    out = Text()
+    style = METRIC_STYLE.get(metric, "green")
+    graph_w = max(8, width)
+    for n, index in enumerate(gpus):
+        values = history.window(index, metric, window_s)
+        scale = history.scale(index, metric) or max((v for v in values if v), default=1.0)
+        last = values[-1] if values else None
+        if n:
+            out.append("\n")
+        label = f"GPU {index} {m.label} {fmt.num(last, m.digits)} {m.unit}"
+        right = f"scale {fmt.num(scale)} {m.unit}"
+        out.append(label, style="bold")
+        out.append(" " * max(1, graph_w - len(label) - len(right)) + right, style="dim")
+        for row in graph_rows(values, scale, graph_w, rows_per_gpu):
+            out.append("\n")
+            out.append(row, style=style)
+    return out
+
+
+def host_text(host: HostSample, hostname: str, width: int) -> Text:
+    """CPU total and per core, load, RAM/swap, disk and network."""
+    t = Text()
+    t.append(f"{hostname}\n", style="bold")
+    barw = max(6, min(20, width - 22))
+    t.append("CPU  ")
+    t.append_text(bar(None if host.cpu_pct is None else host.cpu_pct / 100, barw, "green"))
+    t.append(f" {fmt.num(host.cpu_pct, unit=' %')}")
+    if host.load_avg:
+        t.append("\nload " + " ".join(f"{x:.2f}" for x in host.load_avg))
+    cores = host.cpu_per_core_pct
+    if cores:
+        t.append("\ncores ", style="dim")
+        line_w = max(8, width - 6)
+        for n, pct in enumerate(cores):
+            if n and n % line_w == 0:
+                t.append("\n      ")
+            t.append(BLOCKS[max(1, min(8, round(pct / 100 * 8)))], style=pct_style(pct))
+    t.append("\nRAM  ")
+    used, total = host.memory_used_mib, host.memory_total_mib
+    t.append_text(bar(_frac(used, total), barw, "magenta"))
+    t.append(f" {fmt.mib(used)}/{fmt.mib(total)}")
+    t.append(f"\nswap {fmt.mib(host.swap_used_mib)}/{fmt.mib(host.swap_total_mib)}")
+    t.append(f"\ndisk r {fmt.rate(host.disk_read_bytes_s)} w {fmt.rate(host.disk_write_bytes_s)}")
+    t.append(f"\nnet  rx {fmt.rate(host.net_rx_bytes_s)} tx {fmt.rate(host.net_tx_bytes_s)}")
+    return t
+
+
+LEVEL_WORDS = {
+    "X": "self",
+    "SYS": "across the CPU interconnect between NUMA nodes (SYS)",
+    "NODE": "across PCIe host bridges within a NUMA node (NODE)",
+    "PHB": "through a PCIe host bridge (PHB)",
+    "PXB": "through several PCIe bridges (PXB)",
+    "PIX": "through one PCIe bridge (PIX)",
+}
+
+
+def topology_text(snapshot: Snapshot) -> Text:
+    """The GPU matrix as ``nvidia-smi topo -m`` shows it, then P2P, NUMA and PCIe."""
+    topo = snapshot.topology
+    gpus = [g.index for g in snapshot.gpus]
+    t = Text()
+    t.append("GPU interconnect\n", style="bold underline")
+    head = "      " + "".join(f"{'GPU' + str(i):>7}" for i in gpus)
+    t.append(head + "   CPU affinity    NUMA\n", style="bold")
+    placements = {p.index: p for p in topo.gpus}
+    for a in gpus:
+        t.append(f"GPU{a:<3}", style="bold")
+        for b in gpus:
+            if a == b:
+                t.append(f"{'X':>7}", style="dim")
+                continue
+            link = topo.link(a, b)
+            level = (link.level if link else None) or "?"
+            style = "bold red" if level == "SYS" else "green" if level.startswith("NV") else ""
+            t.append(f"{level:>7}", style=style)
+        p = placements.get(a)
+        aff = (p.cpu_affinity if p else None) or fmt.NA
+        numa = fmt.num(p.numa_node) if p else fmt.NA
+        t.append(f"   {aff:<15} {numa}\n")
+    t.append("\nPeer-to-peer (read/write) and NVLink\n", style="bold underline")
+    t.append("      " + "".join(f"{'GPU' + str(i):>7}" for i in gpus) + "\n", style="bold")
+    for a in gpus:
+        t.append(f"GPU{a:<3}", style="bold")
+        for b in gpus:
+            if a == b:
+                t.append(f"{'X':>7}", style="dim")
+                continue
+            link = topo.link(a, b)
+            if link is None:
+                t.append(f"{fmt.NA:>7}", style="dim")
+                continue
+            rw = "".join(
+                "?" if v is None else ("R" if k == "r" else "W") if v else "-"
+                for k, v in (("r", link.p2p_read), ("w", link.p2p_write))
+            )
+            cell = rw + (f" NV{link.nvlink_count}" if link.nvlink_count else "")
+            t.append(f"{cell:>7}", style="green" if "-" not in rw else "yellow")
+        t.append("\n")
+    t.append("\nPCIe links (current of maximum)\n", style="bold underline")
+    for gpu in snapshot.gpus:
+        p = gpu.pcie
+        t.append(f"GPU{gpu.index:<3}", style="bold")
+        t.append(f"{gpu.pci_bus_id or fmt.NA:<18} ")
+        t.append_text(pcie_text(gpu, arrows=False))
+        if p.below_max:
+            t.append("  below maximum", style="bold yellow")
+        t.append(f"  rx {fmt.kib_rate(p.rx_kib_s)} tx {fmt.kib_rate(p.tx_kib_s)}\n")
+    t.append("\nLegend: ", style="bold")
+    t.append(
+        "X self; SYS across the CPU interconnect (QPI/UPI) between NUMA nodes; NODE across "
+        "host bridges in one NUMA node; PHB through a host bridge; PXB several PCIe bridges; "
+        "PIX one PCIe bridge; NV# that many NVLinks. R/W peer read/write supported.\n",
+        style="dim",
+    )
+    findings = topology_findings(snapshot)
+    t.append("\nFindings\n", style="bold underline")
+    if not findings:
+        t.append(
+            "Every link runs at its maximum and every pair of GPUs can reach each other "
+            "without crossing sockets.\n",
+            style="green",
+        )
+    for line in findings:
+        t.append(f"• {line}\n", style="yellow")
+    return t

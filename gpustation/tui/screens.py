@@ -1,0 +1,268 @@
+"""The dashboard's screens: main, topology, alert log and help.
+
+A screen that shows live data implements ``show_frame(frame)``; the app calls
+it on the visible screen after every sample and once when the screen becomes
+visible again, so hidden screens cost nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Label, Select
+
+from gpustation.telemetry.history import METRIC_KEYS, METRICS
+from gpustation.tui import render
+from gpustation.tui.source import Frame
+from gpustation.tui.widgets import (
+    GpuCard,
+    HistoryGraph,
+    HostPane,
+    LiveText,
+    ProcessTable,
+    process_rows,
+)
+
+if TYPE_CHECKING:
+    from gpustation.tui.app import DashboardApp
+
+
+class LiveScreen(Screen[None]):
+    """A screen fed with frames by the app; shows the banner and status line."""
+
+    @property
+    def dash(self) -> DashboardApp:
+        return self.app  # type: ignore[return-value]
+
+    def show_frame(self, frame: Frame) -> None:  # pragma: no cover - overridden
+        pass
+
+    def on_screen_resume(self) -> None:
+        if self.dash.frame is not None:
+            self.show_frame(self.dash.frame)
+        self.dash.update_chrome(self)
+
+
+class DashboardScreen(LiveScreen):
+    """GPU cards, the history graph, the host pane and the process table."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("k", "kill", "Kill", id="dashboard.kill"),
+        Binding("slash", "filter", "Filter", id="dashboard.filter"),
+        Binding("s", "sort", "Sort", id="dashboard.sort"),
+        Binding("escape", "close_filter", "Close filter", show=False, id="dashboard.close_filter"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield LiveText(id="banner")
+        with VerticalScroll(id="body"):
+            yield Grid(id="cards")
+            with Horizontal(id="middle"):
+                with Vertical(id="graph-pane"):
+                    with Horizontal(id="graph-bar"):
+                        yield Label("History", id="graph-title")
+                        yield Select(
+                            [(METRICS[k].label, k) for k in METRIC_KEYS],
+                            value=self.dash.metric,
+                            allow_blank=False,
+                            id="metric",
+                            compact=True,
+                        )
+                    yield HistoryGraph(self.dash.history, id="graph")
+                yield HostPane(id="host")
+            yield ProcessTable(id="procs")
+        yield LiveText(id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._cards: dict[int, GpuCard] = {}
+        self._layout_key: tuple[object, ...] | None = None
+
+    # ---- data ----------------------------------------------------------
+    def show_frame(self, frame: Frame) -> None:
+        snap = frame.snapshot
+        indices = [g.index for g in snap.gpus]
+        missing = [i for i in indices if i not in self._cards]
+        if missing:
+            cards = [GpuCard(i) for i in missing]
+            self._cards.update({c.index: c for c in cards})
+            self.query_one("#cards", Grid).mount_all(cards)
+            self._layout_key = None
+        if self._layout_key is None or missing:
+            self.apply_layout()
+        for gpu in snap.gpus:
+            self._cards[gpu.index].set_sample(gpu)
+        graph = self.query_one(HistoryGraph)
+        graph.gpus = indices
+        graph.metric = self.dash.metric
+        graph.window_s = self.dash.graph_window_s
+        graph.redraw()
+        self.query_one(HostPane).set_snapshot(snap)
+        self.query_one(ProcessTable).set_rows(process_rows(snap, frame.procs))
+
+    def set_metric(self, metric: str) -> None:
+        select = self.query_one("#metric", Select)
+        if select.value != metric:
+            select.value = metric
+        graph = self.query_one(HistoryGraph)
+        graph.metric = metric
+        graph.redraw()
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        if event.select.id == "metric" and isinstance(event.value, str):
+            self.dash.set_metric(event.value)
+
+    # ---- layout ----------------------------------------------------------
+    def on_resize(self) -> None:
+        self.apply_layout()
+
+    def apply_layout(self) -> None:
+        """Choose full or compact cards, columns and graph height for the size.
+
+        Runs on resize and when the GPU count changes, never per sample.
+        """
+        w, h = self.size.width, self.size.height
+        n = max(1, len(self._cards))
+        key = (w, h, n)
+        if key == self._layout_key or w == 0:
+            return
+        self._layout_key = key
+        cols = 2 if n > 1 and w >= 150 else 1
+        full_rows = math.ceil(n / cols) * 9
+        compact = w < 100 or full_rows > h * 0.45
+        if compact:
+            cols = 2 if n > 1 and w >= 164 else 1
+        cards = self.query_one("#cards", Grid)
+        cards.styles.grid_size_columns = cols
+        card_h = 2 if compact else 9
+        cards.styles.grid_rows = str(card_h)
+        cards.styles.height = math.ceil(n / cols) * card_h
+        cards.set_class(compact, "-compact")
+        for card in self._cards.values():
+            card.compact = compact
+            card.set_class(compact, "-compact")
+            card._shown = None
+            card.redraw()
+        rows = 3 if (h >= 40 and n <= 4) else 2 if n <= 4 else 1
+        graph = self.query_one(HistoryGraph)
+        graph.rows_per_gpu = rows
+        graph.styles.height = n * (rows + 1)
+        host = self.query_one(HostPane)
+        cores = 0
+        if self.dash.frame is not None:
+            cores = len(self.dash.frame.snapshot.host.cpu_per_core_pct)
+        narrow = w < 110
+        self.query_one("#middle").set_class(narrow, "-narrow")
+        host_w = w - 2 if narrow else 38
+        host.styles.height = 8 + max(0, math.ceil(cores / max(8, host_w - 8)) - 1)
+        self.query_one("#graph-pane").styles.height = n * (rows + 1) + 1
+        graph.redraw()
+
+    # ---- actions ---------------------------------------------------------
+    def action_kill(self) -> None:
+        row = self.query_one(ProcessTable).selected()
+        if row is None:
+            self.notify("Select a process in the table first.", severity="warning")
+            return
+        self.dash.confirm_kill(row)
+
+    def action_filter(self) -> None:
+        self.query_one(ProcessTable).open_filter()
+
+    def action_close_filter(self) -> None:
+        self.query_one(ProcessTable).close_filter()
+
+    def action_sort(self) -> None:
+        self.query_one(ProcessTable).cycle_sort()
+
+
+class TopologyScreen(LiveScreen):
+    """The GPU-to-GPU matrix, P2P, NVLink, NUMA affinity and every PCIe link."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "app.show_dashboard", "Back", id="topology.back")
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield LiveText(id="banner")
+        with VerticalScroll(id="topology-body"):
+            yield LiveText(id="topology")
+        yield LiveText(id="status")
+        yield Footer()
+
+    def show_frame(self, frame: Frame) -> None:
+        self.query_one("#topology", LiveText).show(
+            render.topology_text(frame.snapshot), layout=True
+        )
+
+
+class AlertLogScreen(LiveScreen):
+    """Every alert raised since the dashboard started, newest first."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "app.show_dashboard", "Back", id="alerts.back")
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield LiveText(id="banner")
+        with VerticalScroll(id="alert-body"):
+            yield LiveText(id="alert-log")
+        yield LiveText(id="status")
+        yield Footer()
+
+    def show_frame(self, frame: Frame) -> None:
+        log = list(self.dash.alerts.log)
+        t = Text()
+        if not log:
+            t.append("No alerts so far.", style="green")
+        for alert in reversed(log):
+            stamp = time.strftime("%H:%M:%S", time.localtime(alert.time))
+            style = "bold red" if alert.severity == "critical" else "yellow"
+            t.append(f"{stamp}  ", style="dim")
+            t.append(f"{alert.severity:<8} ", style=style)
+            t.append(alert.message + "\n")
+        self.query_one("#alert-log", LiveText).show(t, layout=True)
+
+
+class HelpScreen(LiveScreen):
+    """Keys and what they do; every action is also in the command palette (Ctrl+P)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "app.show_dashboard", "Back", id="help.back")
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield LiveText(id="banner")
+        with VerticalScroll(id="help-body"):
+            yield LiveText(self.help_text(), id="help")
+        yield LiveText(id="status")
+        yield Footer()
+
+    def help_text(self) -> Text:
+        t = Text()
+        t.append("gpustation dashboard\n\n", style="bold underline")
+        t.append("Everywhere\n", style="bold")
+        for b in self.dash.all_bindings():
+            t.append(f"  {b.key_display or b.key:<10}", style="bold cyan")
+            t.append(f"{b.description}\n")
+        t.append("\nOn the main screen\n", style="bold")
+        for b in DashboardScreen.BINDINGS:
+            if isinstance(b, Binding):
+                t.append(f"  {b.key:<10}", style="bold cyan")
+                t.append(f"{b.description}\n")
+        t.append(
+            "\nCtrl+P opens the command palette with every action. Mouse: click a card to see "
+            "its power range, a column header to sort, a row to select a process.\n"
+            "Alerts: temperature within 5 C of slowdown, thermal or power-cap throttling, "
+            "PCIe link below maximum under load, VRAM above 95 %, a new uncorrected ECC "
+            "error, a GPU lost.\n",
+            style="dim",
+        )
+        return t

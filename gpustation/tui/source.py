@@ -1,0 +1,114 @@
+"""Where the dashboard's data comes from; everything here runs in the worker.
+
+:class:`DataSource` opens the backend (NVML init can take a while, so never
+on the UI thread), builds a :class:`Sampler` and adds what the process table
+needs beyond the model: CPU % and RSS of each GPU process, read through
+psutil for GPU processes only. Tests inject a backend factory, a fixed host
+sample, a hostname and a clock so screenshots are deterministic.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import psutil
+
+from gpustation.telemetry.backend import Backend, open_backend
+from gpustation.telemetry.model import HostSample, Snapshot
+from gpustation.telemetry.sampler import Sampler
+
+
+@dataclass(slots=True)
+class ProcStat:
+    cpu_pct: float | None = None
+    rss_bytes: int | None = None
+
+
+@dataclass(slots=True)
+class Frame:
+    """One sampling pass: the snapshot and what the worker measured around it."""
+
+    snapshot: Snapshot
+    procs: dict[int, ProcStat] = field(default_factory=dict)
+    sample_s: float = 0.0
+
+
+class DataSource:
+    """Opens the backend lazily and samples it (call only from the worker)."""
+
+    def __init__(
+        self,
+        backend_factory: Callable[[], Backend] | None = None,
+        gpus: Sequence[int] | None = None,
+        host_source: Callable[[], HostSample] | None = None,
+        hostname: str | None = None,
+        clock: Callable[[], float] = time.time,
+        slow_interval_s: float = 5.0,
+    ) -> None:
+        self._factory = backend_factory or (lambda: open_backend(fallback_to_sim=True))
+        self._gpus = gpus
+        self._host_source = host_source
+        self._hostname = hostname
+        self._clock = clock
+        self._slow_interval_s = slow_interval_s
+        self.backend: Backend | None = None
+        self.sampler: Sampler | None = None
+        self._procs: dict[int, psutil.Process] = {}
+
+    def open(self) -> Backend:
+        if self.backend is None:
+            backend = self._factory()
+            try:
+                self.sampler = Sampler(
+                    backend,
+                    self._gpus,
+                    slow_interval_s=self._slow_interval_s,
+                    with_host=self._host_source is None,
+                    clock=self._clock,
+                )
+            except BaseException:
+                backend.close()
+                raise
+            self.backend = backend
+        return self.backend
+
+    def sample(self) -> Frame:
+        """One pass: GPUs, host, process CPU/RSS. Raises what the backend raises."""
+        self.open()
+        assert self.sampler is not None and self.backend is not None
+        t0 = time.perf_counter()
+        snap = self.sampler.sample()
+        if self._host_source is not None:
+            snap.host = self._host_source()
+        if self._hostname is not None:
+            snap.hostname = self._hostname
+        procs = {} if self.backend.simulated else self._proc_stats(snap)
+        return Frame(snap, procs, time.perf_counter() - t0)
+
+    def _proc_stats(self, snap: Snapshot) -> dict[int, ProcStat]:
+        # Only the GPU processes: walking every process on the host each tick
+        # is what makes some monitors expensive.
+        pids = {p.pid for g in snap.gpus for p in g.processes}
+        out: dict[int, ProcStat] = {}
+        for pid in pids:
+            proc = self._procs.get(pid)
+            try:
+                fresh = proc is None
+                if proc is None:
+                    proc = self._procs[pid] = psutil.Process(pid)
+                with proc.oneshot():
+                    cpu = proc.cpu_percent(None)
+                    # The first reading only sets the baseline: show n/a, not 0.
+                    out[pid] = ProcStat(None if fresh else cpu, proc.memory_info().rss)
+            except (psutil.Error, OSError):
+                out[pid] = ProcStat()
+        for pid in set(self._procs) - pids:
+            del self._procs[pid]
+        return out
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None

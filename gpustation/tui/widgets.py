@@ -1,0 +1,312 @@
+"""The dashboard's widgets. Each repaints only when its text changed.
+
+Sizes are fixed by the stylesheet wherever possible so that a new sample
+repaints a widget without a relayout of the screen: that is most of what
+keeps the dashboard's CPU use low.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import DataTable, Input, Static
+
+from gpustation.telemetry import format as fmt
+from gpustation.telemetry.history import History
+from gpustation.telemetry.model import GpuSample, ProcessInfo, Snapshot
+from gpustation.tui import render
+from gpustation.tui.source import ProcStat
+
+
+class LiveText(Static):
+    """A Static that repaints only when the new text differs from the shown one."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._shown: Text | str | None = None
+
+    def show(self, content: Text | str, layout: bool = False) -> bool:
+        """Show ``content``; return whether anything had to be repainted."""
+        if content == self._shown:
+            return False
+        self._shown = content
+        self.update(content, layout=layout)
+        return True
+
+
+class GpuCard(LiveText):
+    """One GPU: a full card, or two lines when space is short."""
+
+    can_focus = True
+
+    def __init__(self, index: int, **kwargs: object) -> None:
+        super().__init__(id=f"gpu-{index}", classes="gpu-card", **kwargs)  # type: ignore[arg-type]
+        self.index = index
+        self.sample: GpuSample | None = None
+        self.compact = False
+
+    def set_sample(self, sample: GpuSample | None) -> None:
+        self.sample = sample
+        self.redraw()
+
+    def redraw(self) -> None:
+        g = self.sample
+        if g is None:
+            self.show(f"GPU {self.index}: waiting for the first sample")
+            return
+        width = self.content_region.width or 78
+        if self.compact:
+            self.show(render.compact_text(g, width))
+        else:
+            self.show(render.card_text(g, width, focused=self.has_focus))
+            self.border_title = None
+
+    def on_focus(self) -> None:
+        # Focus shows the power range; that adds a line, so lay out again.
+        if not self.compact:
+            self.add_class("-focused")
+        self.redraw()
+
+    def on_blur(self) -> None:
+        self.remove_class("-focused")
+        self.redraw()
+
+    def on_resize(self) -> None:
+        self._shown = None
+        self.redraw()
+
+
+class HistoryGraph(LiveText):
+    """Block-character graphs of one metric, one per GPU, from the ring buffers."""
+
+    def __init__(self, history: History, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.history = history
+        self.metric = "util"
+        self.gpus: list[int] = []
+        self.rows_per_gpu = 2
+        self.window_s = 600.0
+
+    def redraw(self) -> None:
+        width = self.content_region.width
+        if not width or not self.gpus:
+            return
+        self.show(
+            render.history_text(
+                self.history, self.gpus, self.metric, width, self.rows_per_gpu, self.window_s
+            )
+        )
+
+    def on_resize(self) -> None:
+        self.redraw()
+
+
+class HostPane(LiveText):
+    def set_snapshot(self, snap: Snapshot) -> None:
+        self._snap = snap
+        self.redraw()
+
+    def redraw(self) -> None:
+        snap = getattr(self, "_snap", None)
+        if snap is None:
+            return
+        self.show(render.host_text(snap.host, snap.hostname, self.content_region.width or 30))
+
+    def on_resize(self) -> None:
+        self.redraw()
+
+
+@dataclass(frozen=True, slots=True)
+class ProcRow:
+    gpu: int
+    pid: int
+    user: str
+    gpu_memory_mib: float | None
+    cpu_pct: float | None
+    rss_bytes: int | None
+    command: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.gpu}:{self.pid}"
+
+    def cells(self) -> tuple[str, ...]:
+        rss = None if self.rss_bytes is None else self.rss_bytes / (1024 * 1024)
+        return (
+            str(self.pid),
+            self.user,
+            str(self.gpu),
+            fmt.mib(self.gpu_memory_mib),
+            fmt.num(self.cpu_pct, 0),
+            fmt.mib(rss),
+            self.command,
+        )
+
+
+SORT_KEYS: dict[str, Callable[[ProcRow], object]] = {
+    "pid": lambda r: r.pid,
+    "user": lambda r: r.user,
+    "gpu": lambda r: (r.gpu, r.pid),
+    "gpu_mem": lambda r: r.gpu_memory_mib or 0.0,
+    "cpu": lambda r: r.cpu_pct or 0.0,
+    "rss": lambda r: r.rss_bytes or 0,
+    "command": lambda r: r.command,
+}
+COLUMNS = (
+    ("PID", "pid"),
+    ("USER", "user"),
+    ("GPU", "gpu"),
+    ("GPU MEM", "gpu_mem"),
+    ("CPU %", "cpu"),
+    ("RSS", "rss"),
+    ("COMMAND", "command"),
+)
+
+
+def process_rows(snap: Snapshot, stats: dict[int, ProcStat]) -> list[ProcRow]:
+    rows = []
+    for gpu in snap.gpus:
+        for p in gpu.processes:
+            st = stats.get(p.pid, ProcStat())
+            rows.append(
+                ProcRow(
+                    gpu=gpu.index,
+                    pid=p.pid,
+                    user=p.user or fmt.NA,
+                    gpu_memory_mib=p.gpu_memory_mib,
+                    cpu_pct=st.cpu_pct,
+                    rss_bytes=st.rss_bytes,
+                    command=p.command or p.name or fmt.NA,
+                )
+            )
+    return rows
+
+
+class ProcessTable(Vertical):
+    """GPU processes: sortable (``s`` or a click on a header), filterable (``/``)."""
+
+    class KillRequested(Message):
+        def __init__(self, row: ProcRow) -> None:
+            super().__init__()
+            self.row = row
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.sort_key = "gpu_mem"
+        self.sort_reverse = True
+        self.filter_text = ""
+        self._all: list[ProcRow] = []
+        self._shown_rows: list[ProcRow] | None = None
+        self.infos: dict[str, ProcessInfo] = {}
+
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder="filter: pid, user or command (Esc to close)", id="proc-filter")
+        table: DataTable[str] = DataTable(id="proc-table", cursor_type="row", zebra_stripes=True)
+        yield table
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        for label, key in COLUMNS:
+            table.add_column(label, key=key)
+        self.query_one(Input).display = False
+        self._render_rows()
+
+    @property
+    def table(self) -> DataTable[str]:
+        return self.query_one(DataTable)
+
+    def set_rows(self, rows: list[ProcRow]) -> None:
+        self._all = rows
+        self._render_rows()
+
+    def visible_rows(self) -> list[ProcRow]:
+        needle = self.filter_text.lower()
+        rows = [
+            r
+            for r in self._all
+            if not needle
+            or needle in str(r.pid)
+            or needle in r.user.lower()
+            or needle in r.command.lower()
+        ]
+        rows.sort(key=SORT_KEYS[self.sort_key], reverse=self.sort_reverse)  # type: ignore[arg-type, return-value]
+        return rows
+
+    def _render_rows(self) -> None:
+        rows = self.visible_rows()
+        if rows == self._shown_rows:
+            return  # nothing changed: no repaint
+        table = self.table
+        selected = self.selected()
+        table.clear()
+        for r in rows:
+            table.add_row(*r.cells(), key=r.key)
+        if not rows:
+            table.add_row(
+                "", "", "", "", "", "", "no GPU processes" if not self._all else "no match"
+            )
+        self._shown_rows = rows
+        if selected is not None:
+            for n, r in enumerate(rows):
+                if r.key == selected.key:
+                    table.move_cursor(row=n, animate=False)
+                    break
+        self.refresh_header()
+
+    def refresh_header(self) -> None:
+        arrow = "▼" if self.sort_reverse else "▲"
+        table = self.table
+        for label, key in COLUMNS:
+            col = table.columns.get(key)  # type: ignore[call-overload]
+            if col is not None:
+                col.label = Text(label + (arrow if key == self.sort_key else ""))
+        table.refresh()
+
+    def selected(self) -> ProcRow | None:
+        rows = self._shown_rows or []
+        row = self.table.cursor_row
+        if 0 <= row < len(rows):
+            return rows[row]
+        return None
+
+    def cycle_sort(self) -> None:
+        keys = [k for _, k in COLUMNS]
+        self.sort_key = keys[(keys.index(self.sort_key) + 1) % len(keys)]
+        self.sort_reverse = self.sort_key in ("gpu_mem", "cpu", "rss")
+        self._shown_rows = None
+        self._render_rows()
+
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        key = str(event.column_key.value)
+        if key == self.sort_key:
+            self.sort_reverse = not self.sort_reverse
+        else:
+            self.sort_key = key
+            self.sort_reverse = key in ("gpu_mem", "cpu", "rss")
+        self._shown_rows = None
+        self._render_rows()
+
+    def open_filter(self) -> None:
+        box = self.query_one(Input)
+        box.display = True
+        box.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.filter_text = event.value.strip()
+        self._render_rows()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.table.focus()
+
+    def close_filter(self) -> None:
+        box = self.query_one(Input)
+        box.value = ""
+        box.display = False
+        self.filter_text = ""
+        self._render_rows()
+        self.table.focus()
