@@ -303,11 +303,15 @@ class NvmlBackend(Backend):
         self._gpus = [_Gpu(i) for i in range(count)]
         # Static values cost up to a few ms per call on first use; read the
         # GPUs side by side so opening an 8-GPU node stays quick.
-        if count > 1:
-            list(self._executor().map(self._open_gpu, self._gpus))
-        else:
-            for gpu in self._gpus:
-                self._open_gpu(gpu)
+        try:
+            if count > 1:
+                list(self._executor().map(self._open_gpu, self._gpus))
+            else:
+                for gpu in self._gpus:
+                    self._open_gpu(gpu)
+        except BaseException:
+            self.close()  # leave no worker threads or NVML session behind
+            raise
 
     # ---- plumbing -----------------------------------------------------------
 
