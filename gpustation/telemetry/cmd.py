@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from gpustation.errors import UsageError
+
+if TYPE_CHECKING:
+    from gpustation.telemetry.model import Snapshot
+
 from gpustation.telemetry.backend import (
     add_gpu_options,
     backend_from_args,
@@ -41,10 +47,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="[USER@]HOST",
         help="read these hosts over ssh instead of this machine (repeatable)",
     )
-
-
-def _json_line(snap_dict: dict) -> str:
-    return json.dumps(snap_dict, separators=(",", ":"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,30 +85,20 @@ def run(args: argparse.Namespace) -> int:
         backend.close()
 
 
-_console = None
-
-
-def _emit(snap, as_json: bool, watching: bool = False) -> None:  # type: ignore[no-untyped-def]
-    global _console
+def _emit(snap: Snapshot, as_json: bool, watching: bool = False) -> None:
+    out = sys.stdout
     if as_json:
-        sys.stdout.write(
-            _json_line(snap.to_dict()) if watching else json.dumps(snap.to_dict(), indent=2)
-        )
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        doc = snap.to_dict()
+        out.write(json.dumps(doc, separators=(",", ":")) if watching else json.dumps(doc, indent=2))
+        out.write("\n")
+        out.flush()
         return
-    from rich.console import Console
-
     from gpustation.telemetry.table import render_snapshot
 
-    if _console is None:
-        _console = Console(highlight=False, soft_wrap=False)
-        if not _console.is_terminal:
-            # No terminal: keep lines whole rather than wrapping at 80 columns.
-            _console.width = max(_console.width, 160)
-    if watching and _console.is_terminal:
-        _console.clear()
-    _console.print(render_snapshot(snap))
-    if watching and not _console.is_terminal:
-        _console.print()
-    sys.stdout.flush()
+    tty = out.isatty()
+    color = tty and not os.environ.get("NO_COLOR")
+    if watching and tty:
+        out.write("\x1b[H\x1b[2J")  # clear the screen, like watch(1)
+    out.write(render_snapshot(snap, color=color))
+    out.write("\n\n" if watching and not tty else "\n")
+    out.flush()

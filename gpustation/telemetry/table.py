@@ -1,79 +1,115 @@
-"""Rich rendering of a Snapshot for ``gpustation snapshot`` (works with no TTY)."""
+"""Plain-text rendering of a Snapshot for ``gpustation snapshot``.
+
+Deliberately free of rich and of any terminal library: a one-shot snapshot
+should cost the time of reading the GPUs, not of importing a renderer. Colour
+(ANSI) is used only when asked for — the command asks when stdout is a
+terminal and ``NO_COLOR`` is unset — so pipes, ssh and cron get clean text.
+"""
 
 from __future__ import annotations
 
-from rich.console import Group, RenderableType
-from rich.table import Table
-from rich.text import Text
+import time
 
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry.model import LIMITING_REASONS, GpuSample, Snapshot
 
+Cell = tuple[str, str]  # (text, style name)
 
-def _temp_style(gpu: GpuSample) -> str:
+_ANSI = {
+    "": "",
+    "bold": "\x1b[1m",
+    "dim": "\x1b[2m",
+    "red": "\x1b[1;31m",
+    "yellow": "\x1b[33m",
+    "green": "\x1b[32m",
+    "banner": "\x1b[1;30;43m",
+}
+_RESET = "\x1b[0m"
+
+
+def _paint(text: str, style: str, color: bool) -> str:
+    if not color or not style:
+        return text
+    return f"{_ANSI[style]}{text}{_RESET}"
+
+
+def _table(header: list[str], rows: list[list[Cell]], right: set[int], color: bool) -> list[str]:
+    """Align cells in columns two spaces apart; ``right`` holds right-aligned columns."""
+    widths = [len(h) for h in header]
+    for row in rows:
+        for i, (text, _) in enumerate(row):
+            widths[i] = max(widths[i], len(text))
+
+    def line(cells: list[Cell]) -> str:
+        out = []
+        for i, (text, style) in enumerate(cells):
+            pad = widths[i] - len(text)
+            padded = " " * pad + text if i in right else text + " " * pad
+            out.append(_paint(padded, style, color))
+        return "  ".join(out).rstrip()
+
+    lines = [line([(h, "bold") for h in header])]
+    lines += [line(row) for row in rows]
+    return lines
+
+
+def temperature_style(gpu: GpuSample) -> str:
+    """Colour by the distance to the card's slowdown temperature."""
     margin = gpu.slowdown_margin_c
     if margin is None:
         return ""
     if margin <= 5:
-        return "bold red"
+        return "red"
     if margin <= 15:
         return "yellow"
     return "green"
 
 
-def _throttle_text(gpu: GpuSample) -> Text:
-    text = fmt.throttle(gpu.throttle_reasons)
-    limiting = bool(LIMITING_REASONS.intersection(gpu.throttle_reasons or ()))
-    return Text(text, style="bold red" if limiting else "dim")
+def _gpu_row(g: GpuSample) -> list[Cell]:
+    name = f"{g.index} {g.name or fmt.NA}"
+    if g.lost:
+        return [(name, "")] + [("", "")] * 9 + [("GPU LOST (fell off the bus)", "red")]
+    pcie = g.pcie
+    link = f"{fmt.pcie_link(pcie.gen, pcie.width)}/{fmt.pcie_link(pcie.max_gen, pcie.max_width)}"
+    slow_link = pcie.below_max and (g.utilization_gpu_pct or 0) > 0
+    limiting = bool(LIMITING_REASONS.intersection(g.throttle_reasons or ()))
+    return [
+        (name, ""),
+        (fmt.pair(g.temperature_c, g.temperature_slowdown_c), temperature_style(g)),
+        (fmt.pair(g.power_w, g.power_limit_w), "red" if g.power_throttled else ""),
+        (fmt.pair(g.clock_sm_mhz, g.clock_sm_max_mhz), ""),
+        (fmt.pair(g.clock_mem_mhz, g.clock_mem_max_mhz), ""),
+        (f"{fmt.mib(g.memory_used_mib)}/{fmt.mib(g.memory_total_mib)}", ""),
+        (f"{fmt.num(g.utilization_gpu_pct)}/{fmt.num(g.utilization_memory_pct)}", ""),
+        (",".join(fmt.num(f) for f in g.fans_pct) if g.fans_pct else "no fans", ""),
+        (fmt.pstate(g.pstate), ""),
+        (link, "yellow" if slow_link else ""),
+        (fmt.throttle(g.throttle_reasons), "red" if limiting else "dim"),
+    ]
 
 
-def gpu_table(snap: Snapshot) -> Table:
-    table = Table(box=None, pad_edge=False, header_style="bold", expand=False)
-    for column, justify in (
-        ("GPU", "left"),
-        ("Temp °C", "right"),
-        ("Power W", "right"),
-        ("SM MHz", "right"),
-        ("Mem MHz", "right"),
-        ("VRAM", "right"),
-        ("Util %", "right"),
-        ("Fans %", "right"),
-        ("P", "right"),
-        ("PCIe", "left"),
-        ("Throttle", "left"),
-    ):
-        table.add_column(column, justify=justify, no_wrap=column != "Throttle")  # type: ignore[arg-type]
-    for g in snap.gpus:
-        name = f"{g.index} {g.name or fmt.NA}"
-        if g.lost:
-            table.add_row(name, Text("GPU LOST (fell off the bus)", style="bold red"))
-            continue
-        pcie = g.pcie
-        link = (
-            f"{fmt.pcie_link(pcie.gen, pcie.width)}/{fmt.pcie_link(pcie.max_gen, pcie.max_width)}"
-        )
-        table.add_row(
-            name,
-            Text(fmt.pair(g.temperature_c, g.temperature_slowdown_c), style=_temp_style(g)),
-            fmt.pair(g.power_w, g.power_limit_w),
-            fmt.pair(g.clock_sm_mhz, g.clock_sm_max_mhz),
-            fmt.pair(g.clock_mem_mhz, g.clock_mem_max_mhz),
-            f"{fmt.mib(g.memory_used_mib)}/{fmt.mib(g.memory_total_mib)}",
-            f"{fmt.num(g.utilization_gpu_pct)}/{fmt.num(g.utilization_memory_pct)}",
-            ",".join(fmt.num(f) for f in g.fans_pct) if g.fans_pct else "no fans",
-            fmt.pstate(g.pstate),
-            Text(
-                link, style="yellow" if pcie.below_max and (g.utilization_gpu_pct or 0) > 0 else ""
-            ),
-            _throttle_text(g),
-        )
-    return table
+def gpu_lines(snap: Snapshot, color: bool = False) -> list[str]:
+    header = [
+        "GPU",
+        "Temp °C",
+        "Power W",
+        "SM MHz",
+        "Mem MHz",
+        "VRAM",
+        "Util %",
+        "Fans %",
+        "P",
+        "PCIe",
+        "Throttle",
+    ]
+    rows = [_gpu_row(g) for g in snap.gpus]
+    return _table(header, rows, right={1, 2, 3, 4, 5, 6, 7, 8}, color=color)
 
 
-def host_line(snap: Snapshot) -> Text:
+def host_line(snap: Snapshot) -> str:
     h = snap.host
     load = " ".join(f"{x:.2f}" for x in h.load_avg) if h.load_avg else fmt.NA
-    return Text(
+    return (
         f"host {snap.hostname}: CPU {fmt.num(h.cpu_pct, 0, '%')} ({len(h.cpu_per_core_pct)} cores)"
         f"  load {load}"
         f"  RAM {fmt.mib(h.memory_used_mib)}/{fmt.mib(h.memory_total_mib)}"
@@ -83,48 +119,46 @@ def host_line(snap: Snapshot) -> Text:
     )
 
 
-def process_table(snap: Snapshot) -> Table | None:
-    rows = [(g.index, p) for g in snap.gpus for p in g.processes]
-    if not rows:
-        return None
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    table.add_column("GPU", justify="right")
-    table.add_column("PID", justify="right")
-    table.add_column("User")
-    table.add_column("VRAM", justify="right")
-    table.add_column("Command", overflow="ellipsis", no_wrap=True, max_width=80)
-    for index, p in sorted(rows, key=lambda r: (r[0], -(r[1].gpu_memory_mib or 0))):
-        table.add_row(
-            str(index),
-            str(p.pid),
-            p.user or fmt.NA,
-            fmt.mib(p.gpu_memory_mib),
-            p.command or p.name or fmt.NA,
+def process_lines(snap: Snapshot, color: bool = False, command_width: int = 100) -> list[str]:
+    found = [(g.index, p) for g in snap.gpus for p in g.processes]
+    found.sort(key=lambda r: (r[0], -(r[1].gpu_memory_mib or 0)))
+    rows: list[list[Cell]] = []
+    for index, p in found:
+        command = p.command or p.name or fmt.NA
+        if len(command) > command_width:
+            command = command[: command_width - 1] + "…"
+        rows.append(
+            [
+                (str(index), ""),
+                (str(p.pid), ""),
+                (p.user or fmt.NA, ""),
+                (fmt.mib(p.gpu_memory_mib), ""),
+                (command, ""),
+            ]
         )
-    return table
+    return _table(["GPU", "PID", "User", "VRAM", "Command"], rows, right={0, 1, 3}, color=color)
 
 
-def header(snap: Snapshot) -> Text:
-    import time
-
+def header_line(snap: Snapshot, color: bool = False) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap.time))
-    text = Text()
-    if snap.simulated:
-        text.append(" SIMULATED ", style="bold black on yellow")
-        text.append(" ")
-    text.append(f"{snap.hostname}  {when}  driver {snap.driver_version or fmt.NA}", style="bold")
+    text = f"{snap.hostname}  {when}  driver {snap.driver_version or fmt.NA}"
     if snap.cuda_driver_version:
-        text.append(f"  CUDA {snap.cuda_driver_version}")
-    if snap.note:
-        text.append(f"\n{snap.note}", style="yellow")
+        text += f"  CUDA {snap.cuda_driver_version}"
+    text = _paint(text, "bold", color)
+    if snap.simulated:
+        text = _paint(" SIMULATED ", "banner", color) + " " + text
     return text
 
 
-def render_snapshot(snap: Snapshot) -> RenderableType:
-    parts: list[RenderableType] = [header(snap), gpu_table(snap), host_line(snap)]
-    procs = process_table(snap)
-    if procs is not None:
-        parts.append(procs)
+def render_snapshot(snap: Snapshot, color: bool = False) -> str:
+    """The whole snapshot as text: header, GPU table, host line, processes."""
+    lines = [header_line(snap, color)]
+    if snap.note:
+        lines.append(_paint(snap.note, "yellow", color))
+    lines += gpu_lines(snap, color)
+    lines.append(host_line(snap))
+    if any(g.processes for g in snap.gpus):
+        lines += process_lines(snap, color)
     elif snap.gpus:
-        parts.append(Text("no GPU processes", style="dim"))
-    return Group(*parts)
+        lines.append(_paint("no GPU processes", "dim", color))
+    return "\n".join(lines)
