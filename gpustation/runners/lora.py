@@ -376,9 +376,9 @@ def _limits(
         )
     if args.grad_accum > 1:
         tips.append("micro-batches (--grad-accum) save memory but run smaller, slower kernels")
-    if summary.get("final_loss") is not None and summary.get("first_loss") is not None:
-        if summary["final_loss"] >= summary["first_loss"]:
-            tips.append("the loss did not fall: try a lower --lr or more --steps")
+    first, final = summary.get("first_loss"), summary.get("final_loss")
+    if first is not None and final is not None and final >= first:
+        tips.append("the loss did not fall: try a lower --lr or more --steps")
     if not tips:
         tips.append("compute-bound on the matmuls: this is close to what the card can do")
     return tips
