@@ -481,7 +481,10 @@ class NvmlBackend(Backend):
             gpu.memory_total_mib = mem.total / _MIB
         gpu.num_fans = int(call(gpu, "fan_count", "nvmlDeviceGetNumFans") or 0)
         if gpu.num_fans:
-            fan_range = call(gpu, "fan_range", "nvmlDeviceGetMinMaxFanSpeed")
+            # pynvml fills a shared default ctypes object here, and GPUs are
+            # opened side by side: one at a time for this call.
+            with self._lock:
+                fan_range = call(gpu, "fan_range", "nvmlDeviceGetMinMaxFanSpeed")
             if fan_range is not None:
                 gpu.fan_min, gpu.fan_max = int(fan_range[0]), int(fan_range[1])
         gpu.pcie_max_gen = _int_or_none(
