@@ -387,6 +387,7 @@ def terminate_group(
     grace_s: float = DEFAULT_GRACE_S,
     log: Callable[[str], None] | None = None,
     force_now: Callable[[], bool] | None = None,
+    on_signal: Callable[[str], None] | None = None,
 ) -> str | None:
     """SIGINT, wait, SIGTERM, wait, SIGKILL to a process group until none is left.
 
@@ -441,6 +442,8 @@ def terminate_group(
         last = _signal_name(sig)
         if log:
             log(f"sending {last} to process group {pgid}")
+        if on_signal:
+            on_signal(last)
         try:
             os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
@@ -514,7 +517,12 @@ def stop_run(
         state = rundir.read_state(directory)
     if state is not None and state.active and state.pgid:
         terminate_group(
-            state.pgid, state.child_pid, state.child_create_time, grace_s, force_now=force_now
+            state.pgid,
+            state.child_pid,
+            state.child_create_time,
+            grace_s,
+            force_now=force_now,
+            on_signal=lambda name: rundir.note_stop_signal(directory, name),
         )
     final = wait_for_end(directory, timeout=wait_s)
     if final is not None and final.active:

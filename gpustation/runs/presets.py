@@ -305,6 +305,8 @@ def load_preset_file(
         message = str(err)
         match = re.search(r"\(at line (\d+), column (\d+)\)", message)
         line = int(match.group(1)) if match else None
+        if match is None and "end of document" in message:
+            line = max(1, len(text.splitlines()))
         if match:
             message = message[: match.start()].strip() + f" (column {match.group(2)})"
         return None, [PresetProblem(str(path), f"TOML syntax error: {message}", line=line)]

@@ -110,6 +110,18 @@ def request_stop(directory: Path, by: str) -> None:
         write_json(marker, {"time": time.time(), "by": by, "pid": os.getpid()})
 
 
+def read_stop(directory: Path) -> dict[str, Any] | None:
+    """The stop marker: who asked, and the signals sent so far (None: no stop)."""
+    return read_json(directory / STOP_MARKER)
+
+
+def note_stop_signal(directory: Path, signal_name: str) -> None:
+    """Record in the stop marker that ``signal_name`` was sent to the run."""
+    marker = read_stop(directory) or {"time": time.time(), "by": "unknown"}
+    marker.setdefault("signals", []).append(signal_name)
+    write_json(directory / STOP_MARKER, marker)
+
+
 def process_matches(pid: int | None, create_time: float | None) -> bool:
     """True when ``pid`` is alive, not a zombie, and started at ``create_time``.
 

@@ -179,15 +179,19 @@ def supervise(directory: Path) -> int:
     grace_s = float(run.get("stop_grace_s", DEFAULT_GRACE_S))
     next_sample = time.monotonic()
     stopping = False
-    sent: str | None = None
     while True:
         if stop_signal and not stopping:
             stopping = True
             _log(f"got {stop_signal[0]}: stopping the run")
             rundir.request_stop(directory, f"supervisor {stop_signal[0]}")
             telemetry.sample()
-            sent = terminate_group(
-                state.pgid, child.pid, state.child_create_time, grace_s, log=_log
+            terminate_group(
+                state.pgid,
+                child.pid,
+                state.child_create_time,
+                grace_s,
+                log=_log,
+                on_signal=lambda name: rundir.note_stop_signal(directory, name),
             )
         now = time.monotonic()
         if now >= next_sample:
@@ -212,10 +216,13 @@ def supervise(directory: Path) -> int:
     else:
         state.exit_code = code
         state.signal = None
-    stopped = rundir.stop_requested(directory)
-    if stopped:
+    stop = rundir.read_stop(directory)
+    if stop is not None:
         state.status = "stopped"
-        state.reason = "stopped" + (f" ({sent})" if sent else "")
+        signals = stop.get("signals") or []
+        state.reason = f"stopped by {stop.get('by', 'request')}" + (
+            f" ({signals[-1]})" if signals else ""
+        )
     elif code == 0:
         state.status = "succeeded"
     else:

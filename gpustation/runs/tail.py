@@ -158,7 +158,8 @@ def work_unit(throughput_unit: str | None) -> str | None:
     if not throughput_unit or not throughput_unit.endswith("/s"):
         return None
     unit = throughput_unit[:-2].strip()
-    return unit or None
+    singular = {"tokens": "token", "samples": "sample", "images": "img", "imgs": "img"}
+    return singular.get(unit, unit) or None
 
 
 @dataclass

@@ -1,0 +1,291 @@
+"""``gpustation run PRESET``: start a run and follow it from a terminal (or over ssh).
+
+The log streams to stdout; when the run reports ``total_steps`` a progress bar
+with an ETA goes to stderr (plain progress lines when stderr is not a
+terminal). Ctrl-C stops the run gracefully; a second Ctrl-C skips the waits.
+The exit status is 0 when the run succeeded, 1 when it failed and 130 when it
+was stopped. With ``--detach`` the run id is printed and the run goes on alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, UsageError
+from gpustation.runs import rundir
+from gpustation.runs.tail import MetricsAccumulator, MetricsReader, Tailer
+from gpustation.telemetry.backend import add_gpu_options, parse_gpu_list
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="start a run from a preset and follow its log",
+        description="Start a run from a preset and stream its log. Ctrl-C stops "
+        "the run (SIGINT, then SIGTERM, then SIGKILL); exit status 0 when it "
+        "succeeded, 1 when it failed, 130 when it was stopped.",
+    )
+    p.add_argument("preset", metavar="PRESET", help="preset name (see `gpustation presets list`)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override an [args] value, typed by the preset's default (repeatable)",
+    )
+    add_gpu_options(p)
+    p.add_argument(
+        "--detach", action="store_true", help="print the run id and return; the run goes on"
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on stop, wait this long after SIGINT and after SIGTERM (default 10)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpustation.runs.launcher import launch
+    from gpustation.runs.presets import find_preset, load_presets
+
+    if args.grace < 0:
+        raise UsageError(f"--grace: 0 or more seconds, got {args.grace:g}")
+    presets, problems = load_presets()
+    if args.preset not in presets:
+        # A preset that failed to load says why, rather than "not found".
+        bad = [p for p in problems if Path(p.path).stem == args.preset]
+        if bad:
+            raise UsageError(
+                f"preset {args.preset!r} has problems:\n  " + "\n  ".join(str(p) for p in bad)
+            )
+    preset = find_preset(args.preset, presets)
+    handle = launch(
+        preset,
+        args.set,
+        parse_gpu_list(args.gpus),
+        simulate=args.simulate,
+        sim_card=args.sim_card,
+        stop_grace_s=args.grace,
+    )
+    for warning in handle.warnings:
+        print(f"gpustation: warning: {warning}", file=sys.stderr)
+    if args.detach:
+        print(handle.id)
+        return EXIT_OK
+    gpus = ",".join(map(str, handle.gpus)) or "none"
+    print(
+        f"gpustation: run {handle.id} ({preset.display_title}) on GPUs {gpus}; "
+        f"files in {handle.run_dir}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return follow(handle.run_dir, grace_s=args.grace)
+
+
+class _Progress:
+    """A Rich bar on a terminal; otherwise a plain line every 10 % (or minute)."""
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+        self.bar: Any = None
+        self.task: Any = None
+        self.fancy = sys.stderr.isatty()
+        self._last_decile = -1
+        self._last_print = 0.0
+        self._first: tuple[float, int] | None = None  # (t, step) of the first report
+
+    def start(self, total: int) -> None:
+        if not self.fancy or self.bar is not None:
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[info]}"),
+            console=Console(stderr=True),
+            transient=False,
+        )
+        self.bar.start()
+        self.task = self.bar.add_task(self.title, total=total, info="")
+
+    def write_log(self, data: bytes) -> None:
+        if self.bar is not None and sys.stdout.isatty():
+            # One terminal: print above the bar so the two do not tangle.
+            text = data.decode("utf-8", errors="replace").rstrip("\n")
+            for line in text.split("\n"):
+                self.bar.console.print(line.rsplit("\r", 1)[-1], markup=False, highlight=False)
+        else:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+
+    def update(self, acc: MetricsAccumulator) -> None:
+        if acc.step is None or not acc.total_steps:
+            return
+        info = []
+        if acc.final_loss is not None:
+            info.append(f"loss {acc.final_loss:.4g}")
+        if acc.throughput is not None:
+            info.append(f"{acc.throughput:.1f} {acc.unit or '/s'}")
+        if self.fancy:
+            self.start(acc.total_steps)
+            self.bar.update(
+                self.task, completed=acc.step, total=acc.total_steps, info="  ".join(info)
+            )
+            return
+        if acc.last_t is not None and self._first is None:
+            self._first = (acc.last_t, acc.step)
+        decile = int(10 * acc.step / acc.total_steps)
+        now = time.monotonic()
+        if decile == self._last_decile and now - self._last_print < 60:
+            return
+        self._last_decile, self._last_print = decile, now
+        eta = ""
+        if self._first is not None and acc.last_t is not None:
+            t0, s0 = self._first
+            if acc.step > s0 and acc.last_t > t0:
+                rate = (acc.step - s0) / (acc.last_t - t0)
+                remaining = (acc.total_steps - acc.step) / rate
+                eta = f"  ETA {_clock(remaining)}"
+        pct = 100.0 * acc.step / acc.total_steps
+        line = f"gpustation: step {acc.step}/{acc.total_steps} ({pct:.0f} %){eta}"
+        if info:
+            line += "  " + "  ".join(info)
+        print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def follow(directory: Path, grace_s: float = 10.0, poll_s: float = 0.1) -> int:
+    """Stream a run's log and progress until it ends; return the exit status."""
+    from gpustation.runs.launcher import check_run, stop_run
+
+    state = rundir.read_state(directory)
+    title = directory.name
+    log = Tailer(directory / rundir.OUTPUT_LOG)
+    metrics = MetricsReader(directory / rundir.METRICS_FILE)
+    acc = MetricsAccumulator()
+    progress = _Progress(title)
+    interrupts: list[float] = []
+    stopper: threading.Thread | None = None
+
+    def on_sigint(_signum: int, _frame: object) -> None:
+        interrupts.append(time.monotonic())
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    next_check = 0.0
+    try:
+        while True:
+            if interrupts and stopper is None:
+                print(
+                    f"\ngpustation: stopping run {directory.name} (Ctrl-C again to skip the waits)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                stopper = threading.Thread(
+                    target=stop_run,
+                    args=(directory,),
+                    kwargs={
+                        "grace_s": grace_s,
+                        "by": "gpustation run (Ctrl-C)",
+                        "force_now": lambda: len(interrupts) > 1,
+                    },
+                    daemon=True,
+                )
+                stopper.start()
+            lines = log.read_new(max_bytes=1 << 20)
+            if lines:
+                progress.write_log(b"\n".join(lines) + b"\n")
+            events = metrics.read_new()
+            for event in events:
+                acc.add(event)
+            if events:
+                progress.update(acc)
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + 0.5
+                state = check_run(directory)
+                if state is not None and not state.active:
+                    break
+            if not lines and not events:
+                time.sleep(poll_s)
+        # The run has ended: take what is left, including an unfinished last line.
+        while True:
+            lines = log.read_new()
+            if not lines:
+                break
+            progress.write_log(b"\n".join(lines) + b"\n")
+        rest = log.read_partial()
+        if rest:
+            progress.write_log(rest + b"\n")
+        for event in metrics.finish():
+            acc.add(event)
+        progress.update(acc)
+    finally:
+        progress.close()
+        log.close()
+        metrics.close()
+        signal.signal(signal.SIGINT, previous)
+    if stopper is not None:
+        stopper.join(timeout=30)
+    state = rundir.read_state(directory) or state
+    return _report(directory, state, acc)
+
+
+def _report(directory: Path, state: rundir.RunState | None, acc: MetricsAccumulator) -> int:
+    if state is None:
+        print(f"gpustation: run {directory.name}: no state recorded", file=sys.stderr)
+        return EXIT_FAILURE
+    parts = [f"gpustation: run {state.id} {state.status}"]
+    if state.started_at and state.ended_at:
+        parts.append(f"after {_clock(state.ended_at - state.started_at)}")
+    if state.reason and state.status != "succeeded":
+        parts.append(f"- {state.reason}")
+    if acc.final_loss is not None:
+        parts.append(f"- final loss {acc.final_loss:.4g}")
+    if acc.best_throughput is not None:
+        parts.append(f"- best {acc.best_throughput:.1f} {acc.unit or '/s'}")
+    try:
+        from gpustation.runs.store import RunStore
+
+        record = RunStore().get(state.id)
+        if record is not None and record.energy_j is not None:
+            parts.append(f"- GPU energy {record.energy_j / 3600:.2f} Wh")
+    except Exception:
+        pass
+    print(" ".join(parts), file=sys.stderr, flush=True)
+    if state.status == "succeeded":
+        return EXIT_OK
+    if state.status == "stopped":
+        return EXIT_INTERRUPTED
+    return EXIT_FAILURE

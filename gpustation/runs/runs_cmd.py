@@ -1,0 +1,380 @@
+"""``gpustation runs list | show ID | stop ID | compare ID ID...``: the run history."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpustation.errors import UsageError
+from gpustation.runs.store import RunRecord, RunStore
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "runs",
+        help="list, show, stop and compare runs",
+        description="The run history: every run with its preset, GPUs, result and "
+        "the energy, power and temperature of its GPUs. A run ID may be shortened "
+        "to any unique part of it, or given as `last`.",
+    )
+    actions = p.add_subparsers(dest="runs_action", metavar="ACTION")
+    lst = actions.add_parser("list", help="list runs, newest first")
+    lst.add_argument("--limit", type=int, default=50, metavar="N", help="at most N runs (50)")
+    lst.add_argument("--status", help="only runs with this status (running, failed ...)")
+    lst.add_argument("--json", action="store_true", help="print JSON")
+    show = actions.add_parser("show", help="show one run")
+    show.add_argument("id", metavar="ID")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    stop = actions.add_parser("stop", help="stop a run: SIGINT, then SIGTERM, then SIGKILL")
+    stop.add_argument("id", metavar="ID")
+    stop.add_argument(
+        "--grace",
+        type=float,
+        metavar="SECONDS",
+        help="wait this long after SIGINT and after SIGTERM (default: the run's, 10)",
+    )
+    stop.add_argument("--json", action="store_true", help="print the final state as JSON")
+    cmp_ = actions.add_parser("compare", help="put runs side by side, with changes from the first")
+    cmp_.add_argument("ids", nargs="+", metavar="ID")
+    cmp_.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _refresh() -> None:
+    """Mark runs whose supervisor vanished as lost before showing the history."""
+    from gpustation.runs.launcher import list_active_runs
+
+    list_active_runs()
+
+
+def run(args: argparse.Namespace) -> int:
+    action = getattr(args, "runs_action", None) or "list"
+    store = RunStore()
+    _refresh()
+    if action == "list":
+        records = store.list_runs(
+            limit=getattr(args, "limit", 50), status=getattr(args, "status", None)
+        )
+        if getattr(args, "json", False):
+            print(json.dumps([r.to_dict() for r in records], indent=2))
+        else:
+            _print_list(records)
+        return 0
+    if action == "show":
+        record = _get(store, args.id)
+        if args.json:
+            print(json.dumps(record.to_dict(), indent=2))
+        else:
+            _print_show(record)
+        return 0
+    if action == "stop":
+        from gpustation.runs.launcher import stop_run
+
+        run_id = store.resolve_id(args.id)
+        state = stop_run(run_id, grace_s=args.grace)
+        record = _get(store, run_id)
+        if args.json:
+            print(json.dumps(record.to_dict(), indent=2))
+        else:
+            status = state.status if state else record.status
+            print(f"{run_id}: {status}" + (f" ({state.reason})" if state and state.reason else ""))
+        return 0
+    if action == "compare":
+        records = [_get(store, i) for i in args.ids]
+        table = compare_rows(records)
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "runs": [r.to_dict() for r in records],
+                        "rows": [
+                            {"name": row.name, "values": row.values, "change_pct": row.changes()}
+                            for row in table
+                        ],
+                    },
+                    indent=2,
+                )
+            )
+        else:
+            _print_compare(records, table)
+        return 0
+    raise UsageError(f"unknown action {action!r}")
+
+
+def _get(store: RunStore, text: str) -> RunRecord:
+    run_id = store.resolve_id(text)
+    record = store.get(run_id)
+    if record is None:
+        raise UsageError(f"no run {text!r}; see `gpustation runs list`")
+    if record.status in ("starting", "running") and record.run_dir:
+        # A running run's row is refreshed from its files on every look.
+        from pathlib import Path
+
+        from gpustation.runs.store import record_from_dir
+
+        record = record_from_dir(Path(record.run_dir))
+    return record
+
+
+# ---- formatting -----------------------------------------------------------------
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}:{minutes:02d}:{secs:02d}"
+    return f"{minutes}:{secs:02d}"
+
+
+def fmt_num(value: float | None, digits: int = 1, unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if abs(value) >= 10000:
+        text = f"{value:,.0f}"
+    elif abs(value) < 0.01 and value != 0:
+        text = f"{value:.3g}"
+    else:
+        text = f"{value:.{digits}f}"
+    return f"{text} {unit}".rstrip()
+
+
+def fmt_energy(joules: float | None) -> str:
+    if joules is None:
+        return "-"
+    if joules >= 3.6e6:
+        return f"{joules / 3.6e6:.2f} kWh"
+    if joules >= 3600:
+        return f"{joules / 3600:.1f} Wh"
+    return f"{joules:.0f} J"
+
+
+def _status_text(record: RunRecord) -> str:
+    text = record.status
+    if record.status == "failed":
+        if record.oom:
+            text += " (OOM)"
+        elif record.signal:
+            text += f" ({record.signal})"
+        elif record.exit_code is not None:
+            text += f" (exit {record.exit_code})"
+    return text
+
+
+def _started(record: RunRecord) -> str:
+    if record.started_at is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(record.started_at))
+
+
+def _print_list(records: list[RunRecord]) -> None:
+    if not records:
+        print("no runs yet; start one with `gpustation run PRESET`")
+        return
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column, justify in (
+        ("ID", "left"),
+        ("PRESET", "left"),
+        ("STATUS", "left"),
+        ("STARTED", "left"),
+        ("TIME", "right"),
+        ("GPUS", "left"),
+        ("STEPS", "right"),
+        ("LOSS", "right"),
+        ("THROUGHPUT", "right"),
+        ("ENERGY", "right"),
+    ):
+        table.add_column(column, justify=justify, no_wrap=column == "ID")  # type: ignore[arg-type]
+    for r in records:
+        table.add_row(
+            r.id,
+            r.preset or "-",
+            _status_text(r),
+            _started(r),
+            fmt_duration(r.duration_s),
+            ",".join(map(str, r.gpus)) or "-",
+            "-" if r.steps is None else str(r.steps),
+            fmt_num(r.final_loss, 4),
+            fmt_num(r.best_throughput, 1, r.throughput_unit or ""),
+            fmt_energy(r.energy_j),
+        )
+    _console().print(table)
+
+
+def _print_show(r: RunRecord) -> None:
+    from rich.table import Table
+
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("id", r.id),
+        ("preset", f"{r.preset} ({r.title})" if r.title and r.title != r.preset else r.preset),
+        ("status", _status_text(r) + (" [simulated GPUs]" if r.simulated else "")),
+        ("reason", r.reason),
+        ("started", _started(r)),
+        ("duration", fmt_duration(r.duration_s)),
+        ("gpus", ",".join(map(str, r.gpus)) or "none"),
+        ("overrides", " ".join(f"{k}={v}" for k, v in r.overrides.items())),
+        ("command", " ".join(r.argv)),
+        (
+            "steps",
+            None
+            if r.steps is None
+            else f"{r.steps}" + (f"/{r.total_steps}" if r.total_steps else ""),
+        ),
+        ("final loss", fmt_num(r.final_loss, 4)),
+        ("best loss", fmt_num(r.best_loss, 4)),
+        ("eval loss", fmt_num(r.final_eval_loss, 4) if r.final_eval_loss is not None else None),
+        ("best throughput", fmt_num(r.best_throughput, 1, r.throughput_unit or "")),
+        ("peak VRAM", fmt_num(r.peak_vram_mib, 0, "MiB")),
+        ("energy", fmt_energy(r.energy_j)),
+        (
+            f"energy per {r.work_unit}" if r.work_unit else "energy per unit",
+            fmt_num(r.energy_per_unit_j, 3, "J") if r.energy_per_unit_j is not None else None,
+        ),
+        (
+            "power avg / peak",
+            f"{fmt_num(r.avg_power_w, 0, 'W')} / {fmt_num(r.peak_power_w, 0, 'W')}",
+        ),
+        ("peak temperature", fmt_num(r.peak_temp_c, 0, "°C")),
+        ("throttled", fmt_num(r.throttled_s, 0, "s")),
+        ("malformed metric lines", str(r.malformed_metrics) if r.malformed_metrics else None),
+        ("run directory", r.run_dir),
+    ]
+    for key, value in rows:
+        if value not in (None, ""):
+            table.add_row(key, str(value))
+    console = _console()
+    console.print(table)
+    if r.summary:
+        console.print("[bold]summary[/bold] " + json.dumps(r.summary))
+    if r.error_tail:
+        console.print("[bold]last lines of the log[/bold]")
+        for line in r.error_tail:
+            console.print("  " + line, markup=False)
+
+
+# ---- compare ------------------------------------------------------------------------
+
+
+@dataclass
+class CompareRow:
+    """One row of ``runs compare``: a value per run, shown with its change."""
+
+    name: str
+    values: list[Any]
+    fmt: Callable[[Any], str] = str
+    numeric: bool = True
+
+    def changes(self) -> list[float | None]:
+        """Percent change of each value from the first run's (None when not comparable)."""
+        if not self.numeric:
+            return [None for _ in self.values]
+        base = self.values[0] if self.values else None
+        out: list[float | None] = []
+        for value in self.values:
+            if isinstance(base, (int, float)) and isinstance(value, (int, float)) and base != 0:
+                out.append(100.0 * (value - base) / abs(base))
+            else:
+                out.append(None)
+        return out
+
+
+def _epoch_time(r: RunRecord) -> float | None:
+    value = r.summary.get("epoch_time_s")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if r.epochs and r.duration_s:
+        return r.duration_s / r.epochs
+    return None
+
+
+def compare_rows(records: list[RunRecord]) -> list[CompareRow]:
+    """The rows of the comparison, leaving out rows no run has a value for."""
+    unit = next((r.throughput_unit for r in records if r.throughput_unit), None)
+    work_unit = next((r.work_unit for r in records if r.work_unit), None)
+    rows = [
+        CompareRow("preset", [r.preset for r in records], numeric=False),
+        CompareRow("status", [_status_text(r) for r in records], numeric=False),
+        CompareRow("gpus", [",".join(map(str, r.gpus)) or "-" for r in records], numeric=False),
+        CompareRow("duration", [r.duration_s for r in records], fmt_duration),
+        CompareRow("epoch time", [_epoch_time(r) for r in records], lambda v: fmt_num(v, 1, "s")),
+        CompareRow("steps", [r.steps for r in records], lambda v: "-" if v is None else str(v)),
+        CompareRow("final loss", [r.final_loss for r in records], lambda v: fmt_num(v, 4)),
+        CompareRow("best loss", [r.best_loss for r in records], lambda v: fmt_num(v, 4)),
+        CompareRow("eval loss", [r.final_eval_loss for r in records], lambda v: fmt_num(v, 4)),
+        CompareRow(
+            f"throughput ({unit})" if unit else "throughput",
+            [r.best_throughput for r in records],
+            lambda v: fmt_num(v, 1),
+        ),
+        CompareRow("peak VRAM", [r.peak_vram_mib for r in records], lambda v: fmt_num(v, 0, "MiB")),
+        CompareRow("energy", [r.energy_j for r in records], fmt_energy),
+        CompareRow(
+            f"energy per {work_unit}" if work_unit else "energy per unit",
+            [r.energy_per_unit_j for r in records],
+            lambda v: fmt_num(v, 3, "J"),
+        ),
+        CompareRow("avg power", [r.avg_power_w for r in records], lambda v: fmt_num(v, 0, "W")),
+        CompareRow("peak power", [r.peak_power_w for r in records], lambda v: fmt_num(v, 0, "W")),
+        CompareRow("peak temp", [r.peak_temp_c for r in records], lambda v: fmt_num(v, 0, "°C")),
+        CompareRow("throttled", [r.throttled_s for r in records], lambda v: fmt_num(v, 0, "s")),
+    ]
+    # Final figures a run chose to report in its summary (accuracy, perplexity ...).
+    keys: list[str] = []
+    for r in records:
+        for key, value in r.summary.items():
+            if (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and key not in ("final_loss", "best_loss", "epoch_time_s")
+                and key not in keys
+            ):
+                keys.append(key)
+    for key in keys:
+        rows.append(
+            CompareRow(
+                key,
+                [r.summary.get(key) for r in records],
+                lambda v: fmt_num(v, 4) if isinstance(v, float) else ("-" if v is None else str(v)),
+            )
+        )
+    return [row for row in rows if any(v not in (None, "-") for v in row.values)]
+
+
+def _print_compare(records: list[RunRecord], rows: list[CompareRow]) -> None:
+    from rich.table import Table
+
+    table = Table(header_style="bold", box=None, pad_edge=False)
+    table.add_column("")
+    for r in records:
+        table.add_column(r.id, justify="right", overflow="fold")
+    for row in rows:
+        cells = []
+        for i, (value, change) in enumerate(zip(row.values, row.changes(), strict=True)):
+            text = "-" if value is None else row.fmt(value)
+            if i > 0 and change is not None:
+                text += f" ({change:+.1f} %)"
+            cells.append(text)
+        table.add_row(row.name, *cells)
+    _console(max(100, 30 + 34 * len(records))).print(table)
+    if sys.stdout.isatty():
+        print("changes in brackets are from the first run", file=sys.stderr)
+
+
+def _console(width: int = 200) -> Any:
+    """A console for stdout; when piped (no terminal), wide enough not to fold."""
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else width)
