@@ -31,7 +31,7 @@ COMMANDS: dict[str, str] = {
 
 
 # Top-level options that take a value (so a value is not mistaken for a command).
-_VALUE_OPTIONS = {"--gpus", "--refresh", "--host", "--sim-card"}
+_VALUE_OPTIONS = {"--gpus", "--refresh", "--host", "--sim-card", "--ssh-config"}
 
 
 def _command_in(argv: Sequence[str]) -> str | None:
@@ -77,6 +77,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         metavar="[USER@]HOST",
         help="show a fleet of hosts read over ssh (repeatable)",
     )
+    from gpustation.telemetry.fleet import add_fleet_options
+
+    add_fleet_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, module in COMMANDS.items():
         if only is None or name == only:

@@ -47,6 +47,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="[USER@]HOST",
         help="read these hosts over ssh instead of this machine (repeatable)",
     )
+    from gpustation.telemetry.fleet import add_fleet_options
+
+    add_fleet_options(p)
 
 
 def run(args: argparse.Namespace) -> int:

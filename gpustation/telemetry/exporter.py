@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -226,11 +227,17 @@ def snapshot_metrics(
 # ---- what the other layers record -------------------------------------------
 
 
-def active_profile(journal: Path | None = None) -> str | None:
-    """The hardware profile last applied, from the control journal; None if unknown.
+_PROFILE_COMMAND = re.compile(r"^gpustation profile apply (\S+)")
 
-    Read defensively: the journal is JSON Lines written by the control layer, and
-    a torn or foreign line must not break the endpoint.
+
+def active_profile(journal: Path | None = None) -> str | None:
+    """The hardware profile in force, from the control journal; None if unknown.
+
+    The journal (JSON Lines in the state directory, written by the control
+    layer) attributes each change to the command that made it. When the latest
+    change came from ``gpustation profile apply NAME``, NAME is in force; a
+    later manual change (``power set``, ``fan``...) means no profile is.
+    Read defensively: a torn or foreign line must not break the endpoint.
     """
     path = journal or paths.state_dir() / "control-journal.jsonl"
     try:
@@ -247,9 +254,12 @@ def active_profile(journal: Path | None = None) -> str | None:
             entry = json.loads(raw)
         except ValueError:
             continue
-        if isinstance(entry, dict) and "profile" in entry:
-            value = entry["profile"]
-            return str(value) if value else None
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("profile"):
+            return str(entry["profile"])
+        m = _PROFILE_COMMAND.match(str(entry.get("command") or ""))
+        return m.group(1) if m else None
     return None
 
 

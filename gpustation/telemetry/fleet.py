@@ -14,8 +14,8 @@ Configuration, in ``config.toml`` in the config directory::
     remote_command = "gpustation"      # how to start gpustation on the hosts
     ssh_config = "~/.ssh/config-lab"   # optional: ssh -F FILE
 
-``gpustation --fleet`` opens the hosts listed there; ``--host`` names hosts on
-the command line instead.
+``gpustation --fleet`` (and ``gpustation snapshot --fleet``) reads the hosts
+listed there, as if each were given with ``--host``.
 """
 
 from __future__ import annotations
@@ -118,34 +118,51 @@ def load_fleet_config(path: Path | None = None) -> FleetConfig:
     return FleetConfig(list(hosts), float(interval), command, ssh_config)
 
 
+class _FleetAction(argparse.Action):
+    """``--fleet``: add the ``[fleet]`` hosts of config.toml to ``--host``.
+
+    Done while parsing so that every consumer of ``args.host`` (the dashboard,
+    ``snapshot``) sees the configured hosts without knowing about the config.
+    """
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        try:
+            config = load_fleet_config()
+        except UsageError as err:
+            parser.error(str(err))
+        if not config.hosts:
+            parser.error(
+                "--fleet: no hosts listed; add [fleet] hosts = [...] to "
+                f"{paths.config_dir() / 'config.toml'}, or name hosts with --host"
+            )
+        hosts = list(getattr(namespace, "host", None) or [])
+        namespace.host = hosts + [h for h in config.hosts if h not in hosts]
+        namespace.fleet = True
+
+
 def add_fleet_options(parser: argparse.ArgumentParser) -> None:
     """``--fleet`` and ``--ssh-config`` (unset defaults, read with getattr)."""
     parser.add_argument(
         "--fleet",
-        action="store_true",
+        action=_FleetAction,
         default=argparse.SUPPRESS,
-        help="show the hosts listed under [fleet] in config.toml",
+        help="also read the hosts listed under [fleet] in config.toml",
     )
     parser.add_argument(
         "--ssh-config",
         metavar="FILE",
         default=argparse.SUPPRESS,
-        help="ssh client config for reaching fleet hosts (ssh -F FILE)",
+        help="ssh client config for reaching the hosts (ssh -F FILE)",
     )
-
-
-def fleet_hosts(args: argparse.Namespace, config: FleetConfig | None = None) -> list[str]:
-    """Hosts named with ``--host``, else those of ``[fleet]`` when ``--fleet`` is given."""
-    hosts = list(getattr(args, "host", None) or [])
-    if not hosts and getattr(args, "fleet", False):
-        config = config or load_fleet_config()
-        if not config.hosts:
-            raise UsageError(
-                f"--fleet: no hosts listed; add [fleet] hosts = [...] to "
-                f"{paths.config_dir() / 'config.toml'} or use --host"
-            )
-        hosts = list(config.hosts)
-    return hosts
 
 
 # ---- the fleet ----------------------------------------------------------------
