@@ -1,0 +1,66 @@
+"""Fixtures for the control tests: simulated cards and the fake pynvml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpustation.cli import main
+from gpustation.control import cmdutil, journal
+from gpustation.telemetry.sim import SimBackend
+from tests.telemetry.conftest import fake_nvml  # noqa: F401 - re-exported fixture
+
+
+class RecordingSim(SimBackend):
+    """Simulated cards that also remember every control call made on them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.set_calls: list[tuple[Any, ...]] = []
+        super().__init__(*args, **kwargs)
+
+    def set_power_limit(self, index: int, watts: float) -> None:
+        self.set_calls.append(("power", index, watts))
+        super().set_power_limit(index, watts)
+
+    def set_fan_speed(self, index: int, fan: int, pct: int) -> None:
+        self.set_calls.append(("fan", index, fan, pct))
+        super().set_fan_speed(index, fan, pct)
+
+    def set_fan_auto(self, index: int, fan: int) -> None:
+        self.set_calls.append(("auto", index, fan))
+        super().set_fan_auto(index, fan)
+
+
+def _recording_sim(
+    card: str, count: int, state: Path, monkeypatch: pytest.MonkeyPatch
+) -> RecordingSim:
+    backend = RecordingSim(count=count, card=card, state_path=state / "sim-state.json")
+    # Commands run in this process act on this very object, so its record of
+    # set calls covers them; child processes share its state file instead.
+    monkeypatch.setattr(cmdutil, "backend_from_args", lambda args: backend)
+    return backend
+
+
+@pytest.fixture
+def sim(gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> RecordingSim:
+    """Two simulated RTX 4090s in the test's state directory (shared with the CLI)."""
+    return _recording_sim("rtx4090", 2, gpustation_dirs["state"], monkeypatch)
+
+
+@pytest.fixture
+def sim_h200(gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> RecordingSim:
+    """One simulated H200: no fans, 200-700 W."""
+    return _recording_sim("h200", 1, gpustation_dirs["state"], monkeypatch)
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run gpustation in this process; return (exit code, stdout, stderr)."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def journal_entries() -> list[journal.JournalEntry]:
+    return list(journal.read_entries())
