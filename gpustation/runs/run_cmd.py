@@ -40,6 +40,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="override an [args] value, typed by the preset's default (repeatable)",
     )
     add_gpu_options(p)
+    for action in p._actions:
+        # Given before the command (`gpustation --simulate 2 run x`), the
+        # top-level value stands; the sub-parser's None must not replace it.
+        if action.dest in ("gpus", "simulate", "sim_card"):
+            action.default = argparse.SUPPRESS
     p.add_argument(
         "--detach", action="store_true", help="print the run id and return; the run goes on"
     )
@@ -70,9 +75,9 @@ def run(args: argparse.Namespace) -> int:
     handle = launch(
         preset,
         args.set,
-        parse_gpu_list(args.gpus),
-        simulate=args.simulate,
-        sim_card=args.sim_card,
+        parse_gpu_list(getattr(args, "gpus", None)),
+        simulate=getattr(args, "simulate", None),
+        sim_card=getattr(args, "sim_card", None),
         stop_grace_s=args.grace,
     )
     for warning in handle.warnings:
