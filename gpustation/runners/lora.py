@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -132,7 +133,10 @@ def prepare_model(args: argparse.Namespace, device: torch.device) -> tuple[Any, 
         )
     elif args.gradient_checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model = get_peft_model(base, lora_config(args))
+    with warnings.catch_warnings():
+        # peft calls a transformers property that transformers 5 deprecates; not ours to fix.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+        model = get_peft_model(base, lora_config(args))
     return model, loaded
 
 
