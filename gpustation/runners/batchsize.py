@@ -79,7 +79,7 @@ def _lora_trial(args: argparse.Namespace, device: torch.device) -> Callable[[int
 
     prec = common.Precision(args.precision, device)
     prec.apply_backend_flags()
-    model, loaded = lora.prepare_model(args, device)
+    model, _ = lora.prepare_model(args, device)
     model.train()
     if args.compile:
         model = torch.compile(model)

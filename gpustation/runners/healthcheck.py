@@ -139,10 +139,10 @@ def torch_checks(facts: dict[str, Any], size: int) -> list[Check]:
         )
         return checks
     n = torch.cuda.device_count()
-    names = [
-        f"{i}: {torch.cuda.get_device_name(i)} (sm_{''.join(map(str, torch.cuda.get_device_capability(i)))})"
-        for i in range(n)
-    ]
+    names = []
+    for i in range(n):
+        major, minor = torch.cuda.get_device_capability(i)
+        names.append(f"{i}: {torch.cuda.get_device_name(i)} (sm_{major}{minor})")
     facts["devices"] = names
     checks.append(Check("torch.cuda.is_available()", PASS, f"{n} GPU(s): " + "; ".join(names)))
     arch_list = torch.cuda.get_arch_list()
