@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -469,6 +471,7 @@ def run_snapshot_fleet(args: argparse.Namespace, hosts: list[str]) -> int:
         ssh_config=ssh_config,
         retry=watch is not None,
     )
+    previous = _interrupt_on_sigterm()
     try:
         fleet.start()
         if watch is None:
@@ -484,6 +487,19 @@ def run_snapshot_fleet(args: argparse.Namespace, hosts: list[str]) -> int:
         return 0
     finally:
         fleet.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt_on_sigterm() -> Any:
+    """Make SIGTERM end a watch like Ctrl-C, so the ssh children are closed too."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, _raise)
 
 
 def _timed_out(st: HostState) -> HostState:
