@@ -388,18 +388,22 @@ def terminate_group(
     log: Callable[[str], None] | None = None,
     force_now: Callable[[], bool] | None = None,
     on_signal: Callable[[str], None] | None = None,
+    known: Sequence[Sequence[float]] = (),
 ) -> str | None:
     """SIGINT, wait, SIGTERM, wait, SIGKILL to a process group until none is left.
 
     Returns the name of the last signal sent (None when nothing was running).
-    Processes that left the group (``setsid``) but descend from its leader
-    are signalled too. ``force_now`` cuts the waits short (a second Ctrl-C).
+    Processes that left the group (``setsid``; torchrun's workers do) are
+    signalled too: the leader's descendants now, and ``known``, the
+    ``(pid, create_time)`` pairs of descendants seen earlier (the supervisor
+    records them, so they are found even once their parent has died).
+    ``force_now`` cuts the waits short (a second Ctrl-C).
     """
     import psutil
 
-    if not pgid:
-        return None
-    if leader_pid:
+    group_ok = bool(pgid)
+    leader = None
+    if pgid and leader_pid:
         try:
             leader = psutil.Process(leader_pid)
             if (
@@ -407,21 +411,34 @@ def terminate_group(
                 and abs(leader.create_time() - leader_create_time) > 0.05
             ):
                 # The PID was reused: the group we started no longer exists.
-                return None
+                leader, group_ok = None, False
         except psutil.NoSuchProcess:
             leader = None
-    else:
-        leader = None
-    strays: list[psutil.Process] = []
+    strays: dict[int, psutil.Process] = {}
     if leader is not None:
         try:
-            strays = [p for p in leader.children(recursive=True) if os.getpgid(p.pid) != pgid]
+            for proc in leader.children(recursive=True):
+                strays[proc.pid] = proc
         except (psutil.Error, ProcessLookupError):
-            strays = []
+            pass
+    for pid, create_time in known:
+        if int(pid) not in strays and rundir.process_matches(int(pid), float(create_time)):
+            try:
+                strays[int(pid)] = psutil.Process(int(pid))
+            except psutil.Error:
+                continue
+    for pid in list(strays):
+        try:
+            if group_ok and os.getpgid(pid) == pgid:
+                del strays[pid]  # reached through the group
+        except ProcessLookupError:
+            del strays[pid]
+    if not group_ok and not strays:
+        return None
 
     def alive() -> list[int]:
-        pids = rundir.group_members(pgid)
-        for proc in strays:
+        pids = rundir.group_members(pgid) if group_ok else []
+        for proc in strays.values():
             try:
                 if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
                     pids.append(proc.pid)
@@ -445,10 +462,11 @@ def terminate_group(
         if on_signal:
             on_signal(last)
         try:
-            os.killpg(pgid, sig)
+            if group_ok and pgid:
+                os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-        for proc in strays:
+        for proc in strays.values():
             try:
                 proc.send_signal(sig)
             except psutil.Error:
@@ -523,6 +541,7 @@ def stop_run(
             grace_s,
             force_now=force_now,
             on_signal=lambda name: rundir.note_stop_signal(directory, name),
+            known=state.descendants,
         )
     final = wait_for_end(directory, timeout=wait_s)
     if final is not None and final.active:

@@ -44,6 +44,9 @@ class RunState:
     child_pid: int | None = None
     child_create_time: float | None = None
     pgid: int | None = None
+    #: [pid, create_time] of the child's descendants seen so far (torchrun's
+    #: workers run in sessions of their own; these let a stop find them)
+    descendants: list[list[float]] = field(default_factory=list)
     started_at: float | None = None
     ended_at: float | None = None
     exit_code: int | None = None

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(record.to_dict(), indent=2))
         else:
             status = state.status if state else record.status
-            print(f"{run_id}: {status}" + (f" ({state.reason})" if state and state.reason else ""))
+            print(f"{run_id}: {(state.reason if state else None) or status}")
         return 0
     if action == "compare":
         records = [_get(store, i) for i in args.ids]

@@ -106,6 +106,27 @@ class _Telemetry:
             self.sampler = None
 
 
+def _note_descendants(pid: int, state: RunState) -> bool:
+    """Add the child's current descendants to the state; True when there are new ones."""
+    import psutil
+
+    try:
+        found = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return False
+    seen = {int(entry[0]) for entry in state.descendants}
+    added = False
+    for proc in found:
+        if proc.pid in seen:
+            continue
+        try:
+            state.descendants.append([proc.pid, proc.create_time()])
+            added = True
+        except psutil.Error:
+            continue
+    return added
+
+
 def _finish(directory: Path, state: RunState) -> None:
     rundir.write_state(directory, state)
     try:
@@ -192,11 +213,14 @@ def supervise(directory: Path) -> int:
                 grace_s,
                 log=_log,
                 on_signal=lambda name: rundir.note_stop_signal(directory, name),
+                known=state.descendants,
             )
         now = time.monotonic()
         if now >= next_sample:
             telemetry.sample()
             next_sample = now + SAMPLE_INTERVAL_S
+        if _note_descendants(child.pid, state):
+            rundir.write_state(directory, state)
         try:
             child.wait(timeout=max(0.01, min(0.5, next_sample - time.monotonic())))
             break
@@ -204,9 +228,9 @@ def supervise(directory: Path) -> int:
             continue
     telemetry.sample()  # the state the GPUs were left in
     telemetry.close()
-    # Anything the child left behind in its group goes with it.
-    if rundir.group_members(state.pgid):
-        terminate_group(state.pgid, None, None, grace_s=1.0, log=_log)
+    # Anything the child left behind (in its group, or workers in sessions of
+    # their own) goes with it: no orphan outlives its run.
+    terminate_group(state.pgid, None, None, grace_s=1.0, log=_log, known=state.descendants)
 
     code = child.returncode
     state.ended_at = time.time()

@@ -80,9 +80,15 @@ def test_missing_program_is_a_failed_run(runs_env: dict) -> None:
     assert "/no/such/program-xyz" in (state.reason or "")
 
 
-def test_stubborn_child_ends_by_sigkill_with_nothing_left(runs_env: dict, tmp_path: Path) -> None:
+@pytest.mark.parametrize("own_session", [False, True], ids=["same-group", "setsid-grandchild"])
+def test_stubborn_child_ends_by_sigkill_with_nothing_left(
+    runs_env: dict, tmp_path: Path, own_session: bool
+) -> None:
     pids_file = tmp_path / "pids"
-    runs_env["write_preset"]("stubborn", command_preset("stubborn", "stubborn", str(pids_file)))
+    extra = ["--setsid"] if own_session else []
+    runs_env["write_preset"](
+        "stubborn", command_preset("stubborn", "stubborn", str(pids_file), *extra)
+    )
     handle = launch(preset_named("stubborn"), stop_grace_s=0.5)
     wait_until(pids_file.exists, TIMEOUT, "the child to start its grandchild")
     child, grandchild = map(int, pids_file.read_text().split())
@@ -94,6 +100,25 @@ def test_stubborn_child_ends_by_sigkill_with_nothing_left(runs_env: dict, tmp_pa
     assert_no_process([child, grandchild])
     record = RunStore().get(handle.id)
     assert record is not None and record.status == "stopped"
+
+
+def test_grandchild_in_its_own_session_dies_with_its_run(runs_env: dict, tmp_path: Path) -> None:
+    # The child exits on its own, leaving a worker that escaped its process group.
+    pids_file = tmp_path / "pids"
+    runs_env["write_preset"](
+        "orphan",
+        command_preset("orphan", "stubborn", str(pids_file), "--setsid", "--exit-after", "1.5"),
+    )
+    handle = launch(preset_named("orphan"))
+    wait_until(pids_file.exists, TIMEOUT, "the child")
+    child, grandchild = map(int, pids_file.read_text().split())
+    state = wait_for_end(handle.run_dir, TIMEOUT)
+    assert state is not None and state.status == "failed" and state.exit_code == 1
+    assert [int(pid) for pid, _ in state.descendants] == [grandchild]
+    wait_until(
+        lambda: not rundir.process_matches(grandchild, None), TIMEOUT, "the orphan to be killed"
+    )
+    assert_no_process([child, grandchild])
 
 
 def test_graceful_stop_is_stopped_not_failed(runs_env: dict, tmp_path: Path) -> None:
