@@ -75,12 +75,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         sampler = Sampler(backend, gpus=parse_gpu_list(getattr(args, "gpus", None)))
         exporter = Exporter(sampler.sample, interval_s=args.interval)
-        # Bind before sampling starts so a taken port fails fast.
+        # The first sample is taken before the port opens, so no scrape ever
+        # sees an endpoint without GPU series.
+        exporter.start()
         server, _ = serve(exporter.registry, host, port)
         bound_port = server.server_address[1]
         if not is_loopback(host):
             print(_warning(host, bound_port), file=sys.stderr, flush=True)
-        exporter.start()
         shown = f"[{host}]" if ":" in host else host
         note = " (SIMULATED GPUs)" if backend.simulated else ""
         print(

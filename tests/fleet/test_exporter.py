@@ -1,0 +1,353 @@
+"""The Prometheus endpoint: names, labels and units, values, cadence, serving."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpustation import cli
+from gpustation.errors import EXIT_USAGE, UsageError
+from gpustation.runs.store import RunRecord, RunStore
+from gpustation.telemetry.exporter import (
+    GPU_LABELS,
+    Exporter,
+    active_profile,
+    is_loopback,
+    parse_listen,
+    runs_by_status,
+    serve,
+)
+from gpustation.telemetry.model import THROTTLE_REASONS, Snapshot, encode_throttle
+from gpustation.telemetry.sampler import Sampler
+from gpustation.telemetry.sim import SimBackend
+from tests.conftest import child_env, gpustation_cmd
+from tests.fleet.sshd import free_port
+
+FROZEN = 1e6
+DCGM = {
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+}
+
+
+def _frozen(count: int = 2, card: str = "rtx4090") -> tuple[SimBackend, Sampler]:
+    backend = SimBackend(count=count, card=card, state_path=None, clock=lambda: FROZEN)
+    return backend, Sampler(backend, with_host=False, clock=lambda: FROZEN)
+
+
+def _scrape(exporter: Exporter) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """name -> {sorted label pairs -> value}, through the text format and its parser."""
+    text = generate_latest(exporter.registry).decode()
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def _gpu_series(series: dict, gpu: int, **extra: str) -> float | None:
+    for labels, value in series.items():
+        d = dict(labels)
+        if d.get("gpu") == str(gpu) and all(d.get(k) == v for k, v in extra.items()):
+            return value
+    return None
+
+
+def test_values_match_the_snapshot_exactly() -> None:
+    backend, sampler = _frozen()
+    backend.poke(1, load=1.0)  # busy and power-capped: throttle reasons, processes
+    exporter = Exporter(sampler.sample, with_extras=False)
+    exporter.sample_once()
+    m = _scrape(exporter)
+    snap = sampler.sample()  # the frozen clock makes this the same moment
+    assert set(m) >= DCGM
+    for gpu in snap.gpus:
+        i = gpu.index
+        labels = dict(next(k for k in m["DCGM_FI_DEV_GPU_TEMP"] if dict(k)["gpu"] == str(i)))
+        assert labels == {
+            "gpu": str(i),
+            "UUID": gpu.uuid,
+            "pci_bus_id": gpu.pci_bus_id,
+            "modelName": gpu.name,
+            "hostname": snap.hostname,
+        }
+        assert _gpu_series(m["DCGM_FI_DEV_GPU_TEMP"], i) == gpu.temperature_c
+        assert _gpu_series(m["DCGM_FI_DEV_POWER_USAGE"], i) == gpu.power_w
+        assert _gpu_series(m["DCGM_FI_DEV_SM_CLOCK"], i) == gpu.clock_sm_mhz
+        assert _gpu_series(m["DCGM_FI_DEV_MEM_CLOCK"], i) == gpu.clock_mem_mhz
+        assert _gpu_series(m["DCGM_FI_DEV_FB_USED"], i) == gpu.memory_used_mib
+        assert (
+            _gpu_series(m["DCGM_FI_DEV_FB_FREE"], i) == gpu.memory_total_mib - gpu.memory_used_mib
+        )
+        assert _gpu_series(m["DCGM_FI_DEV_GPU_UTIL"], i) == gpu.utilization_gpu_pct
+        assert _gpu_series(m["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"], i) == pytest.approx(
+            gpu.energy_j * 1000.0
+        )
+        assert _gpu_series(m["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"], i) == gpu.pcie.replay_errors
+        assert _gpu_series(m["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"], i) == encode_throttle(
+            gpu.throttle_reasons
+        )
+        assert _gpu_series(m["gpustation_power_limit_watts"], i) == gpu.power_limit_w
+        assert _gpu_series(m["gpustation_pcie_link_gen"], i) == gpu.pcie.gen
+        assert _gpu_series(m["gpustation_pcie_link_width"], i) == gpu.pcie.width
+        for fan, pct in enumerate(gpu.fans_pct):
+            assert _gpu_series(m["gpustation_fan_speed_percent"], i, fan=str(fan)) == pct
+        for _, reason in THROTTLE_REASONS:
+            want = 1.0 if reason in gpu.throttle_reasons else 0.0
+            assert _gpu_series(m["gpustation_throttle_reason"], i, reason=reason) == want
+    busy = snap.gpus[1]
+    assert "sw_power_cap" in busy.throttle_reasons  # the check above covered a live reason
+    assert _gpu_series(m["gpustation_throttle_reason"], 1, reason="sw_power_cap") == 1.0
+    assert m["gpustation_simulated"][()] == 1.0
+    assert m["gpustation_snapshot_timestamp_seconds"][()] == FROZEN
+    assert m["gpustation_up"][()] == 1.0
+
+
+def test_missing_values_are_omitted_not_zero() -> None:
+    backend, sampler = _frozen(count=3, card="h200")  # datacenter card: no fans
+    backend.poke(0, temperature_fails=True)
+    backend.poke(1, lost=True)
+    exporter = Exporter(sampler.sample, with_extras=False)
+    exporter.sample_once()
+    m = _scrape(exporter)
+    assert [dict(k)["gpu"] for k in m["DCGM_FI_DEV_GPU_TEMP"]] == ["2"]  # 0 unread, 1 lost
+    assert sorted(dict(k)["gpu"] for k in m["DCGM_FI_DEV_POWER_USAGE"]) == ["0", "2"]
+    assert "gpustation_fan_speed_percent" not in m
+    assert _gpu_series(m["gpustation_gpu_lost"], 1) == 1.0
+    assert _gpu_series(m["gpustation_gpu_lost"], 0) == 0.0
+
+
+def test_scrapes_never_sample_and_failures_keep_the_last_values() -> None:
+    calls = []
+    _, sampler = _frozen()
+
+    def sample() -> Snapshot:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("driver hiccup")
+        return sampler.sample()
+
+    exporter = Exporter(sample, with_extras=False)
+    exporter.sample_once()
+    for _ in range(20):
+        _scrape(exporter)
+    assert len(calls) == 1
+    exporter.sample_once()  # fails
+    m = _scrape(exporter)
+    assert m["gpustation_up"][()] == 0.0
+    assert "DCGM_FI_DEV_GPU_TEMP" in m  # last good values still served
+
+
+def test_a_stuck_scraper_does_not_stall_sampling_or_other_scrapers() -> None:
+    _, sampler = _frozen()
+    exporter = Exporter(sampler.sample, interval_s=0.1, with_extras=False)
+    server, _ = serve(exporter.registry, "127.0.0.1", 0)
+    port = server.server_address[1]
+    stuck = socket.create_connection(("127.0.0.1", port))
+    try:
+        exporter.start()
+        stuck.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finishes its request
+        before = exporter.samples_taken
+        deadline = time.monotonic() + 30
+        while exporter.samples_taken < before + 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert exporter.samples_taken >= before + 5
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+            assert b"DCGM_FI_DEV_GPU_TEMP" in resp.read()
+    finally:
+        stuck.close()
+        exporter.stop()
+        server.shutdown()
+        server.server_close()
+
+
+def test_active_profile_from_the_control_journal(gpustation_dirs: dict[str, Path]) -> None:
+    journal = gpustation_dirs["state"] / "control-journal.jsonl"
+    assert active_profile() is None
+    entry = {"what": "power_limit", "gpu": 0, "command": "gpustation profile apply quiet --gpus 0"}
+    journal.write_text(json.dumps(entry) + "\n" + '{"torn": ')
+    assert active_profile() == "quiet"
+    manual = {"what": "power_limit", "gpu": 0, "command": "gpustation power set 300"}
+    with journal.open("a") as fh:
+        fh.write("\n" + json.dumps(manual) + "\n")
+    assert active_profile() is None
+
+
+def test_runs_by_status_from_the_run_store() -> None:
+    assert runs_by_status() == {}
+    store = RunStore()
+    for i, status in enumerate(["finished", "finished", "failed", "running"]):
+        store.upsert(RunRecord(id=f"run-{i}", status=status, started_at=float(i)))
+    assert runs_by_status() == {"finished": 2, "failed": 1, "running": 1}
+    _, sampler = _frozen()
+    exporter = Exporter(sampler.sample)
+    exporter._refresh_extras()
+    exporter.sample_once()
+    m = _scrape(exporter)
+    assert m["gpustation_runs"][(("status", "finished"),)] == 2.0
+    assert "gpustation_hardware_profile" not in m
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("127.0.0.1:9400", ("127.0.0.1", 9400)),
+        ("[::1]:9500", ("::1", 9500)),
+        (":9400", ("0.0.0.0", 9400)),
+        ("box.lan:80", ("box.lan", 80)),
+    ],
+)
+def test_parse_listen(text: str, want: tuple[str, int]) -> None:
+    assert parse_listen(text) == want
+
+
+@pytest.mark.parametrize("text", ["9400", "host:", "host:0", "host:70000", "::1:9400", "[x]:1"])
+def test_parse_listen_refuses(text: str) -> None:
+    with pytest.raises(UsageError):
+        parse_listen(text)
+
+
+def test_loopback_detection() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5")
+
+
+def test_serve_bad_listen_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["serve", "--simulate", "1", "--listen", "nowhere"]) == EXIT_USAGE
+    assert "--listen" in capsys.readouterr().err
+
+
+def test_serve_port_in_use_names_the_port(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = cli.main(["serve", "--simulate", "1", "--listen", f"127.0.0.1:{port}"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"127.0.0.1:{port}" in err and "already in use" in err
+
+
+# ---- the real command, over loopback --------------------------------------------
+
+
+def _start_serve(listen: str, tmp_path: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        gpustation_cmd("serve", "--simulate", "2", "--interval", "0.2", "--listen", listen),
+        env=child_env(GPUSTATION_STATE_DIR=str(tmp_path)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _fetch(port: int, proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"serve exited with {proc.returncode}: {proc.stderr.read()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+                return resp.read().decode()
+        except OSError:
+            time.sleep(0.1)
+    pytest.fail("no /metrics within the timeout")
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
+    return proc.stderr.read() if proc.stderr else ""
+
+
+# promtool lints names and labels against Prometheus' own conventions. dcgm-exporter's
+# names break two of them (camelCase labels modelName/UUID, "COUNTER" in a name);
+# gpustation keeps those names on purpose so existing dashboards work.
+DCGM_LINTS = (
+    "label names should be written in 'snake_case' not 'camelCase'",
+    "metric name should not include type 'counter'",
+)
+
+
+def test_metrics_over_loopback_pass_promtool_and_the_parser(tmp_path: Path) -> None:
+    port = free_port()
+    proc = _start_serve(f"127.0.0.1:{port}", tmp_path)
+    try:
+        text = _fetch(port, proc)
+        snap_proc = subprocess.run(
+            gpustation_cmd("snapshot", "--json", "--simulate", "2"),
+            env=child_env(GPUSTATION_STATE_DIR=str(tmp_path)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        stderr = _stop(proc)
+    assert proc.returncode == 0, stderr
+    assert "serving http://127.0.0.1:" in stderr and "warning" not in stderr
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert set(families) >= DCGM
+    for name in DCGM:
+        for sample in families[name].samples:
+            assert set(sample.labels) == set(GPU_LABELS)
+    # plausibility against a snapshot of the same simulated machine
+    snap = Snapshot.from_dict(json.loads(snap_proc.stdout))
+    temp = families["DCGM_FI_DEV_GPU_TEMP"].samples
+    assert sorted(s.labels["UUID"] for s in temp) == sorted(g.uuid for g in snap.gpus)
+    for g in snap.gpus:
+        power = next(
+            s.value
+            for s in families["DCGM_FI_DEV_POWER_USAGE"].samples
+            if s.labels["gpu"] == str(g.index)
+        )
+        assert 0 < power <= g.power_limit_w
+        limit = next(
+            s.value
+            for s in families["gpustation_power_limit_watts"].samples
+            if s.labels["gpu"] == str(g.index)
+        )
+        assert limit == g.power_limit_w
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool not installed (Debian: prometheus); parser checks passed")
+    check = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
+    problems = [
+        line
+        for line in (check.stdout + check.stderr).splitlines()
+        if line.strip() and not any(lint in line for lint in DCGM_LINTS)
+    ]
+    assert check.returncode in (0, 3), check.stderr  # 1 would mean it did not parse
+    assert problems == []
+
+
+def test_non_loopback_listen_warns(tmp_path: Path) -> None:
+    port = free_port()
+    proc = _start_serve(f"0.0.0.0:{port}", tmp_path)
+    try:
+        _fetch(port, proc)
+    finally:
+        stderr = _stop(proc)
+    assert f"listening on 0.0.0.0:{port}, which is not a loopback address" in stderr
+    assert "no authentication" in stderr
