@@ -69,7 +69,8 @@ class MetricsWriter:
         self._start = time.monotonic()
         self._fh: IO[str] | None = None
         if self.path:
-            self._fh = open(self.path, "a", encoding="utf-8", buffering=1)
+            # Line-buffered and kept open for the run; closed by close().
+            self._fh = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
 
     @classmethod
     def from_env(cls, rank: int | None = None, echo: bool = False) -> MetricsWriter:
