@@ -34,7 +34,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from gpustation.errors import UsageError
 from gpustation.telemetry.model import Snapshot
@@ -243,24 +244,10 @@ class HostStream:
         self._publish(state=STOPPED)
 
     # -- internals -------------------------------------------------------
-    def _publish(self, **changes: object) -> None:
+    def _publish(self, **changes: Any) -> None:
         with self._changed:
-            cur = self._state
-            values = {
-                "name": cur.name,
-                "state": cur.state,
-                "snapshot": cur.snapshot,
-                "error": cur.error,
-                "received_at": cur.received_at,
-                "connected_at": cur.connected_at,
-                "retry_at": cur.retry_at,
-                "attempts": cur.attempts,
-                "interval": cur.interval,
-            }
-            values.update(changes)
-            self._state = HostState(**values)  # type: ignore[arg-type]
+            self._state = new = replace(self._state, **changes)
             self._changed.notify_all()
-            new = self._state
         if self.on_update is not None:
             with contextlib.suppress(Exception):
                 self.on_update(self, new)
