@@ -196,7 +196,8 @@ def follow(directory: Path, grace_s: float = 10.0, poll_s: float = 0.1) -> int:
     from gpustation.runs.launcher import check_run, stop_run
 
     state = rundir.read_state(directory)
-    title = directory.name
+    run = rundir.read_run(directory) or {}
+    title = (run.get("preset") or {}).get("name") or directory.name
     log = Tailer(directory / rundir.OUTPUT_LOG)
     metrics = MetricsReader(directory / rundir.METRICS_FILE)
     acc = MetricsAccumulator()
