@@ -1,0 +1,144 @@
+"""The fleet screen and the per-host drill-down, driven with Textual's Pilot."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from textual.widgets import DataTable
+
+from gpustation.telemetry.fleet import Fleet
+from gpustation.telemetry.model import GpuSample, Snapshot
+from gpustation.tui.fleet import FleetApp, FleetScreen, HostScreen
+from gpustation.tui.widgets import GpuCard
+
+pytestmark = pytest.mark.timeout(180)
+TIMEOUT_S = 60.0
+
+
+def _line(host: str, temps: list[float]) -> str:
+    gpus = [
+        GpuSample(index=i, name="Test GPU", temperature_c=t, power_w=100.0 + i, power_limit_w=450.0)
+        for i, t in enumerate(temps)
+    ]
+    return json.dumps(Snapshot(hostname=host, time=1.0, simulated=True, gpus=gpus).to_dict())
+
+
+def _argv_for(tmp: Path) -> Callable[[str], list[str]]:
+    """Hosts played by local commands: fixed temperatures, and one host that fails."""
+    temps = {"a": [40.0, 70.0], "b": [55.0]}
+
+    def argv_for(host: str) -> list[str]:
+        if host == "down":
+            return [
+                "sh",
+                "-c",
+                "echo 'ssh: connect to host down port 22: Connection refused' >&2; exit 255",
+            ]
+        f = tmp / f"{host}.json"
+        f.write_text(_line(host, temps[host]) + "\n")
+        # repeat the line so the stream stays fresh, as a real host would
+        return ["sh", "-c", f"while :; do cat {f}; sleep 0.3; done"]
+
+    return argv_for
+
+
+async def _wait(pilot, condition: Callable[[], bool]) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(int(TIMEOUT_S / 0.1)):
+        if condition():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError("condition not met in time")
+
+
+def _keys(screen: FleetScreen) -> list[str]:
+    return [r.key for r in screen.rows]
+
+
+def test_rows_sorting_and_drill_down(tmp_path: Path) -> None:
+    asyncio.run(_rows_sorting_and_drill_down(tmp_path))
+
+
+async def _rows_sorting_and_drill_down(tmp_path: Path) -> None:
+    fleet = Fleet(
+        ["a", "b", "down"], interval=0.3, argv_for=_argv_for(tmp_path), backoff_initial_s=5
+    )
+    app = FleetApp([], fleet=fleet)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _wait(
+            pilot, lambda: isinstance(app.screen, FleetScreen) and len(app.screen.rows) == 4
+        )
+        screen = app.screen
+        assert isinstance(screen, FleetScreen)
+        await _wait(pilot, lambda: "down" in {r.status for r in screen.rows})
+        assert _keys(screen) == ["a#0", "a#1", "b#0", "down#-"]
+        table = screen.query_one(DataTable)
+        assert table.row_count == 4
+        down_row = table.get_row("down#-")
+        assert any("Connection refused" in str(cell) for cell in down_row)
+
+        # sort by temperature: hottest first, the host without GPUs last
+        screen.sort_by("temp")
+        await pilot.pause(0.1)
+        assert _keys(screen) == ["a#1", "b#0", "a#0", "down#-"]
+        assert [str(table.get_row_at(i)[0]) for i in range(4)] == ["a", "b", "a", "down"]
+        await pilot.press("r")
+        await pilot.pause(0.1)
+        assert _keys(screen) == ["a#0", "b#0", "a#1", "down#-"]
+        # "s" moves on to the next column (power)
+        await pilot.press("s")
+        await pilot.pause(0.1)
+        assert screen.sort_key == "power"
+
+        # Enter on b's row opens b
+        table.move_cursor(row=_keys(screen).index("b#0"))
+        await pilot.press("enter")
+        await _wait(pilot, lambda: isinstance(app.screen, HostScreen))
+        host_screen = app.screen
+        assert isinstance(host_screen, HostScreen) and host_screen.host == "b"
+        await _wait(pilot, lambda: len(host_screen.query(GpuCard)) == 1)
+        await pilot.press("escape")
+        await _wait(pilot, lambda: isinstance(app.screen, FleetScreen))
+    assert all(s._proc is None for s in fleet.streams.values())
+
+
+def test_real_streams_from_simulated_hosts(tmp_path: Path) -> None:
+    asyncio.run(_real_streams_from_simulated_hosts(tmp_path))
+
+
+async def _real_streams_from_simulated_hosts(tmp_path: Path) -> None:
+    # the real remote command, run locally (the ssh tests cover the transport)
+    def argv_for(host: str) -> list[str]:
+        state = tmp_path / host
+        return [
+            "env",
+            f"GPUSTATION_STATE_DIR={state}",
+            sys.executable,
+            "-m",
+            "gpustation",
+            "snapshot",
+            "--json",
+            "--watch",
+            "0.5",
+            "--simulate",
+            "2",
+        ]
+
+    fleet = Fleet(["h1", "h2"], interval=0.5, argv_for=argv_for)
+    app = FleetApp([], fleet=fleet)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _wait(
+            pilot,
+            lambda: (
+                isinstance(app.screen, FleetScreen)
+                and sum(1 for r in app.screen.rows if r.gpu is not None) == 4
+            ),
+        )
+        screen = app.screen
+        assert isinstance(screen, FleetScreen)
+        first = screen.histories["h1"]
+        await _wait(pilot, lambda: len(first._times.get(0, ())) >= 2)
