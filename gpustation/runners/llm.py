@@ -22,8 +22,11 @@ from gpustation.runners import common
 
 # Llama-style shapes. "default" trains visibly within a few hundred steps on a
 # GPU; "1b" is a ~1B-parameter config for benchmarks; "tiny" is for CPU tests.
-MODEL_PRESETS: dict[str, dict[str, int]] = {
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
+        # A frozen random lm_head caps the logits at about init_std * hidden:
+        # at hidden 64 the usual 0.02 would leave LoRA unable to move the loss.
+        "initializer_range": 0.1,
         "hidden_size": 64,
         "intermediate_size": 176,
         "num_hidden_layers": 2,

@@ -15,10 +15,11 @@ check it reproduces the trained model's logits.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,9 +134,7 @@ def prepare_model(args: argparse.Namespace, device: torch.device) -> tuple[Any, 
         )
     elif args.gradient_checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    with warnings.catch_warnings():
-        # peft calls a transformers property that transformers 5 deprecates; not ours to fix.
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+    with _quiet_peft():
         model = get_peft_model(base, lora_config(args))
     return model, loaded
 
@@ -283,7 +282,7 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     if dist.is_main:
         print(
             f"\nLoRA: {tokens_per_s:,.0f} tokens/s "
-            f"({summary['model_tflops_per_s']:.1f} model TFLOP/s) over {args.steps - warmup} "
+            f"({summary['model_tflops_per_s']:.3g} model TFLOP/s) over {args.steps - warmup} "
             f"timed steps, loss {summary['first_loss']:.3f} -> {loss_val:.3f}, "
             f"peak memory {mem:,.0f} MiB"
         )
@@ -355,7 +354,16 @@ def load_adapter(
     device = torch.device(device)
     info = llm.read_base_info(adapter_dir)
     base = llm.rebuild_base(info, device, dtype or torch.float32).model
-    return PeftModel.from_pretrained(base, adapter_dir).to(device)
+    with _quiet_peft():
+        return PeftModel.from_pretrained(base, adapter_dir).to(device)
+
+
+@contextlib.contextmanager
+def _quiet_peft() -> Iterator[None]:
+    with warnings.catch_warnings():
+        # peft reads a transformers property that transformers 5 deprecates; not ours to fix.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+        yield
 
 
 def _limits(

@@ -1,0 +1,36 @@
+"""Data-parallel runs with two processes on gloo write one metrics stream (rank 0)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _one_stream(r) -> None:  # type: ignore[no-untyped-def]
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [e["step"] for e in r.steps]
+    assert steps == sorted(set(steps)), f"duplicate step lines from several ranks: {steps}"
+    assert r.summary["world_size"] == 2
+
+
+def test_ddp_resnet_two_processes(run_runner) -> None:
+    r = run_runner(
+        "resnet", "--device", "cpu", "--model", "resnet18", "--image-size", "32",
+        "--num-classes", "10", "--batch-size", "4", "--steps", "4", "--warmup-steps", "1",
+        "--log-every", "2", "--no-compile", "--precision", "fp32", torchrun=2,
+    )  # fmt: skip
+    _one_stream(r)
+    assert r.summary["global_batch"] == 8
+    assert r.stdout.count("What limits you") == 1  # only rank 0 talks
+
+
+def test_ddp_lora_two_processes(run_runner) -> None:
+    r = run_runner(
+        "lora", "--device", "cpu", "--model-preset", "tiny", "--seq-len", "32",
+        "--batch-size", "4", "--steps", "4", "--warmup-steps", "1", "--log-every", "2",
+        "--no-compile", "--precision", "fp32", torchrun=2,
+    )  # fmt: skip
+    _one_stream(r)
+    assert r.summary["adapter_reload_ok"] is True
+    assert r.stdout.count("saved adapter to") == 1

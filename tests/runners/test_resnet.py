@@ -1,0 +1,57 @@
+"""ResNet runner end to end on the CPU at tiny sizes, and its out-of-memory path."""
+
+from __future__ import annotations
+
+import math
+
+from gpustation.runners.common import EXIT_OOM
+
+TINY = (
+    "--device", "cpu", "--model", "resnet18", "--image-size", "32", "--num-classes", "10",
+    "--batch-size", "4", "--no-compile", "--log-every", "2", "--warmup-steps", "1",
+)  # fmt: skip
+
+
+def test_resnet_reports_throughput_loss_and_memory(run_runner) -> None:
+    r = run_runner("resnet", *TINY, "--steps", "6", "--precision", "fp32")
+    assert r.returncode == 0, r.stderr
+    s = r.summary
+    assert s["img_per_s"] > 0
+    assert s["world_size"] == 1 and s["batch_size"] == 4
+    assert s["mem_peak_mib"] > 0
+    # One fixed synthetic batch: the network memorises it, so the loss must fall.
+    assert s["final_loss"] < s["first_loss"]
+    steps = [e["step"] for e in r.steps]
+    assert steps == [1, 2, 4, 6]
+    assert all(e["total_steps"] == 6 and e["unit"] == "img/s" for e in r.steps)
+    # Warm-up steps are not timed, so the first line has no throughput.
+    assert r.steps[0]["throughput"] is None and r.steps[-1]["throughput"] > 0
+    assert "What limits you" in r.stdout and "--precision bf16" in r.stdout
+
+
+def test_resnet_bf16_with_accumulation(run_runner) -> None:
+    r = run_runner(
+        "resnet", *TINY, "--steps", "3", "--precision", "bf16", "--grad-accum", "2",
+        "--no-channels-last",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.summary["precision"] == "bf16" and r.summary["channels_last"] is False
+    assert math.isfinite(r.summary["final_loss"])
+
+
+def test_out_of_memory_gives_advice_and_its_own_exit_status(run_runner) -> None:
+    r = run_runner("resnet", *TINY, "--steps", "5", "--simulate-oom-at-step", "3")
+    assert r.returncode == EXIT_OOM
+    assert "out of memory while training resnet18 at batch 4" in r.stderr
+    assert "--batch-size 2" in r.stderr and "--grad-accum 2" in r.stderr
+    errors = [e for e in r.events if e.get("error") == "out_of_memory"]
+    assert len(errors) == 1 and "--batch-size 2" in errors[0]["message"]
+    # Steps before the failure were recorded; no summary was written.
+    assert [e["step"] for e in r.steps] == [1, 2]
+    assert not any("summary" in e for e in r.events)
+
+
+def test_grad_accum_must_divide_batch(run_runner) -> None:
+    r = run_runner("resnet", *TINY, "--steps", "2", "--grad-accum", "3")
+    assert r.returncode == 2
+    assert "multiple of --grad-accum" in r.stderr
