@@ -19,8 +19,11 @@ How it stays robust and cheap:
   read only when ``slow=True``, in worker threads while the fast fields are
   read, so a one-shot snapshot pays for about one slow call.
 
-The module itself imports nothing heavy: ``pynvml`` is imported when the
-backend is created, so ``import gpustation.telemetry.nvml`` stays cheap.
+The module itself imports nothing heavy. By default the backend talks to NVML
+through :mod:`gpustation.telemetry.nvml_lite`, a small ctypes binding with
+pynvml's names and answers: ``import pynvml`` alone costs 50-80 ms, most of a
+one-shot snapshot. ``GPUSTATION_NVML=pynvml`` selects nvidia-ml-py instead, and
+it is also used, when installed, if the lite binding cannot load the library.
 """
 
 from __future__ import annotations
@@ -153,6 +156,67 @@ def cpu_mask_to_ranges(words: Sequence[int]) -> str | None:
     return ",".join(parts)
 
 
+def _import_pynvml() -> Any:
+    try:
+        import pynvml
+    except ImportError as err:
+        raise NoDriverError(
+            f"NVML could not start: the pynvml module is missing ({err}). "
+            "Install nvidia-ml-py. To try gpustation without a GPU, use --simulate."
+        ) from None
+    return pynvml
+
+
+def _start_nvml(nvml: Any) -> None:
+    """``nvmlInit()``; a library or driver that cannot start is a :class:`NoDriverError`."""
+    try:
+        nvml.nvmlInit()
+    except getattr(nvml, "NVMLError", Exception) as err:
+        raise NoDriverError(NvmlBackend._no_driver_message(err)) from None
+    except (OSError, AttributeError) as err:
+        raise NoDriverError(
+            f"NVML could not start: {err} ({type(err).__name__}). Is the NVIDIA driver "
+            "installed and loaded? To try gpustation without a GPU, use --simulate."
+        ) from None
+
+
+def _start_default_nvml() -> Any:
+    """Start NVML through the binding the environment asks for; return that module.
+
+    ``GPUSTATION_NVML=pynvml`` asks for nvidia-ml-py. Otherwise (unset or
+    ``lite``) the lite binding is used, and nvidia-ml-py stands in, when
+    installed, if the lite binding cannot load the library or breaks. A driver
+    that answers with an error would answer pynvml the same way: no fallback then.
+    """
+    choice = os.environ.get("GPUSTATION_NVML", "").strip().lower()
+    if choice == "pynvml":
+        module = _import_pynvml()
+        _start_nvml(module)
+        return module
+    if choice not in ("", "lite"):
+        raise UsageError(
+            f"GPUSTATION_NVML={choice!r} names no NVML binding: use 'lite' "
+            "(the default) or 'pynvml' (nvidia-ml-py)."
+        )
+    from gpustation.telemetry import nvml_lite
+
+    try:
+        nvml_lite.nvmlInit()
+        return nvml_lite
+    except nvml_lite.NVMLError as err:
+        if err.value != nvml_lite.NVML_ERROR_LIBRARY_NOT_FOUND:
+            raise NoDriverError(NvmlBackend._no_driver_message(err)) from None
+        first: Exception = err
+    except Exception as err:  # a binding that breaks must not hide the GPUs
+        first = err
+    try:
+        import pynvml
+    except ImportError:
+        raise NoDriverError(NvmlBackend._no_driver_message(first)) from None
+    _start_nvml(pynvml)
+    return pynvml
+
+
 def _sudo_hint() -> str:
     """The command line to run again as root, when we can tell what it was."""
     argv0 = os.path.basename(sys.argv[0]) if sys.argv else ""
@@ -227,20 +291,20 @@ class _Gpu:
 
 
 class NvmlBackend(Backend):
-    """Reads real GPUs through NVML. ``nvml`` is the pynvml module (or a fake)."""
+    """Reads real GPUs through NVML.
+
+    ``nvml`` is a module with pynvml's functions (pynvml, the lite binding or a
+    fake); when it is not given, the environment picks one (see
+    :func:`_start_default_nvml`).
+    """
 
     simulated = False
 
     def __init__(self, nvml: Any = None, sysfs_pci_root: str = "/sys/bus/pci/devices") -> None:
+        started = False
         if nvml is None:
-            try:
-                import pynvml
-            except ImportError as err:
-                raise NoDriverError(
-                    f"NVML could not start: the pynvml module is missing ({err}). "
-                    "Install nvidia-ml-py. To try gpustation without a GPU, use --simulate."
-                ) from None
-            nvml = pynvml
+            nvml = _start_default_nvml()
+            started = True
         self.nvml = nvml
         self._error_type: type[BaseException] = getattr(nvml, "NVMLError", Exception)
         self._sysfs_pci_root = sysfs_pci_root
@@ -257,15 +321,8 @@ class NvmlBackend(Backend):
         self._lock = threading.RLock()
         self._closed = False
 
-        try:
-            nvml.nvmlInit()
-        except self._error_type as err:
-            raise NoDriverError(self._no_driver_message(err)) from None
-        except (OSError, AttributeError) as err:
-            raise NoDriverError(
-                f"NVML could not start: {err} ({type(err).__name__}). Is the NVIDIA driver "
-                "installed and loaded? To try gpustation without a GPU, use --simulate."
-            ) from None
+        if not started:
+            _start_nvml(nvml)
         try:
             count = int(nvml.nvmlDeviceGetCount())
         except self._error_type as err:
