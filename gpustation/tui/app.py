@@ -56,7 +56,7 @@ from gpustation.tui.screens import (
     TopologyScreen,
 )
 from gpustation.tui.source import DataSource, Frame
-from gpustation.tui.widgets import LiveText, ProcRow
+from gpustation.tui.widgets import ProcRow
 
 #: refresh intervals ``+``/``-`` step through, in seconds
 REFRESH_STEPS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
@@ -83,6 +83,13 @@ SCREENS_BY_MODE: list[ScreenEntry] = [
     ScreenEntry("topology", "t", "Topology", "GPU matrix, P2P, NUMA, PCIe links", TopologyScreen),
     ScreenEntry("alerts", "a", "Alerts", "the alert log", AlertLogScreen),
     ScreenEntry("help", "question_mark", "Help", "keys and what they do", HelpScreen),
+    ScreenEntry(
+        "control",
+        "c",
+        "Control",
+        "power limits, fan curve, hardware profiles (keys 1-9), journal",
+        "gpustation.tui.control:ControlScreen",
+    ),
 ]
 
 
@@ -121,6 +128,7 @@ class DashboardApp(App[int]):
         kill: Callable[[int, int], None] = os.kill,
         metric: str = "util",
         autostart: bool = True,
+        notify_alerts: bool = True,
     ) -> None:
         self.source = source or DataSource()
         self.refresh_s = min(MAX_REFRESH_S, max(MIN_REFRESH_S, refresh_s))
@@ -135,6 +143,7 @@ class DashboardApp(App[int]):
         self._kill = kill
         self._timer: Timer | None = None
         self._autostart = autostart
+        self._notify_alerts = notify_alerts
         self._modes_in_use = [e for e in SCREENS_BY_MODE if _resolve(e.factory) is not None]
         self.MODES = {e.mode: _resolve(e.factory) for e in self._modes_in_use}  # type: ignore[misc]
         super().__init__()
@@ -201,17 +210,23 @@ class DashboardApp(App[int]):
         self.frame = frame
         self.history.add(frame.snapshot)
         for alert in self.alerts.update(frame.snapshot):
+            if not self._notify_alerts:
+                continue
             self.notify(
                 alert.message,
                 title="Alert",
                 severity="error" if alert.severity == "critical" else "warning",
                 timeout=6,
             )
-        screen = self.screen
-        if isinstance(screen, LiveScreen):
-            screen.show_frame(frame)
-        self.update_chrome(screen)
-        self._rearm(self.refresh_s)
+        try:
+            screen = self.screen
+            if isinstance(screen, LiveScreen):
+                screen.show_frame(frame)
+            self.update_chrome(screen)
+        except Exception as err:  # a drawing bug must not stop the sampling
+            self.notify(f"{type(err).__name__}: {err}", title="Display error", severity="error")
+        finally:
+            self._rearm(self.refresh_s)
 
     # ---- banner and status line ----------------------------------------------
     def banner_text(self) -> Text:
@@ -266,12 +281,14 @@ class DashboardApp(App[int]):
 
     def update_chrome(self, screen: Screen[Any]) -> None:
         """Refresh the banner and status line of ``screen`` (if it has them)."""
-        for widget in screen.query("#banner").results(LiveText):
-            if widget.show(self.banner_text(), layout=True):
-                lines = widget._shown.plain.count("\n") + 1 if widget._shown else 1
-                widget.styles.height = lines
-        for widget in screen.query("#status").results(LiveText):
-            widget.show(self.status_text(screen.size.width or 80))
+        chrome = getattr(screen, "chrome", None)
+        if chrome is None:
+            return
+        banner, status = chrome()
+        if banner is not None and banner.show(self.banner_text(), layout=True):
+            banner.styles.height = banner.plain.count("\n") + 1
+        if status is not None:
+            status.show(self.status_text(screen.size.width or 80))
 
     # ---- actions -----------------------------------------------------------
     def action_switch_to(self, mode: str) -> None:
@@ -371,6 +388,9 @@ class DashboardApp(App[int]):
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
+        control_commands = _resolve("gpustation.tui.control:system_commands")  # type: ignore[arg-type]
+        if control_commands is not None:
+            yield from control_commands(self, screen)  # type: ignore[call-arg]
         for entry in self._modes_in_use:
             yield SystemCommand(
                 f"Show {entry.title.lower()}",

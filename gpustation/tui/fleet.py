@@ -16,6 +16,7 @@ latest in-memory state on a timer, so a slow or dead host never blocks the UI.
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -83,6 +84,9 @@ class FleetScreen(Screen[None]):
         self._shown_cells: dict[str, dict[str, str]] = {}
         self.histories: dict[str, History] = {h: History() for h in fleet.hosts}
         self._history_time: dict[str, float] = {}
+        self._signature_shown: tuple[object, ...] | None = None
+        self._title_shown: Text | None = None
+        self._sort_shown: tuple[str, bool] | None = None
         self.ticks = 0
 
     def compose(self) -> ComposeResult:
@@ -109,9 +113,27 @@ class FleetScreen(Screen[None]):
             self._history_time[st.name] = snap.time
             self.histories[st.name].add(snap)
 
-    def refresh_rows(self) -> None:
+    def _signature(self) -> tuple[object, ...]:
+        """What the rows depend on; equal signatures mean nothing to redraw."""
+        states = self.fleet.states()
+        now = time.time()
+        # Ages and retry countdowns are shown in whole seconds: they need a
+        # redraw each second only while some host is stale or down.
+        ticking = any(st.state != UP or st.stale(now) for st in states)
+        return (
+            self.sort_key,
+            self.descending,
+            int(now) if ticking else None,
+            *((st.state, st.received_at, st.error, st.retry_at) for st in states),
+        )
+
+    def refresh_rows(self, force: bool = False) -> None:
         """Re-read the fleet's state and update only the cells that changed."""
         self.ticks += 1
+        signature = self._signature()
+        if signature == self._signature_shown and not force:
+            return
+        self._signature_shown = signature
         self._feed_histories()
         self.rows = sort_rows(self.fleet.rows(), self.sort_key, self.descending)
         table = self.query_one(DataTable)
@@ -146,7 +168,12 @@ class FleetScreen(Screen[None]):
         text.append(f"   sorted by {title} {arrow}   Enter: open host", style="dim")
         if any(r.simulated for r in self.rows):
             text.append("  SIMULATED ", style="bold black on yellow")
-        self.query_one("#fleet-title", Static).update(text)
+        if text != self._title_shown:
+            self._title_shown = text
+            self.query_one("#fleet-title", Static).update(text)
+        if self._sort_shown == (self.sort_key, self.descending):
+            return
+        self._sort_shown = (self.sort_key, self.descending)
         table = self.query_one(DataTable)
         for key, label in COLUMNS:
             col = table.columns.get(key)  # type: ignore[call-overload]

@@ -202,8 +202,11 @@ def graph_rows(values: list[float | None], top: float, width: int, height: int) 
     rows = []
     for r in range(height - 1, -1, -1):
         base = r * 8
+        # Bottom row: a zero still draws a thin baseline (an empty graph reads as
+        # "no data"); a missing value draws a dot.
+        floor = 1 if r == 0 else 0
         line = "".join(
-            "·" if lv < 0 and r == 0 else BLOCKS[max(0, min(8, lv - base))] if lv >= 0 else " "
+            BLOCKS[max(floor, min(8, lv - base))] if lv >= 0 else ("·" if r == 0 else " ")
             for lv in levels
         )
         rows.append(" " * pad + line)

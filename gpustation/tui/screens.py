@@ -41,8 +41,23 @@ class LiveScreen(Screen[None]):
     def dash(self) -> DashboardApp:
         return self.app  # type: ignore[return-value]
 
+    _chrome: tuple[LiveText | None, LiveText | None] | None = None
+
     def show_frame(self, frame: Frame) -> None:  # pragma: no cover - overridden
         pass
+
+    def chrome(self) -> tuple[LiveText | None, LiveText | None]:
+        """The banner and status line (looked up once: queries cost per tick)."""
+        if self._chrome is None:
+            if not self.is_mounted:
+                return None, None
+            banner = self.query("#banner").results(LiveText)
+            status = self.query("#status").results(LiveText)
+            self._chrome = (next(banner, None), next(status, None))
+        return self._chrome
+
+    def on_mount(self) -> None:
+        self.call_after_refresh(self.on_screen_resume)
 
     def on_screen_resume(self) -> None:
         if self.dash.frame is not None:
@@ -81,12 +96,15 @@ class DashboardScreen(LiveScreen):
         yield LiveText(id="status")
         yield Footer()
 
-    def on_mount(self) -> None:
+    def __init__(self) -> None:
+        super().__init__()
         self._cards: dict[int, GpuCard] = {}
         self._layout_key: tuple[object, ...] | None = None
 
     # ---- data ----------------------------------------------------------
     def show_frame(self, frame: Frame) -> None:
+        if not self.is_mounted:
+            return  # the first frame can beat the first paint; resume shows it
         snap = frame.snapshot
         indices = [g.index for g in snap.gpus]
         missing = [i for i in indices if i not in self._cards]
@@ -198,6 +216,8 @@ class TopologyScreen(LiveScreen):
         yield Footer()
 
     def show_frame(self, frame: Frame) -> None:
+        if not self.is_mounted:
+            return
         self.query_one("#topology", LiveText).show(
             render.topology_text(frame.snapshot), layout=True
         )
@@ -218,6 +238,8 @@ class AlertLogScreen(LiveScreen):
         yield Footer()
 
     def show_frame(self, frame: Frame) -> None:
+        if not self.is_mounted:
+            return
         log = list(self.dash.alerts.log)
         t = Text()
         if not log:

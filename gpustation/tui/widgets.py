@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.geometry import Region, Size
 from textual.message import Message
-from textual.widgets import DataTable, Input, Static
+from textual.strip import Strip
+from textual.widget import Widget
+from textual.widgets import DataTable, Input
 
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry.history import History
@@ -23,20 +27,76 @@ from gpustation.tui import render
 from gpustation.tui.source import ProcStat
 
 
-class LiveText(Static):
-    """A Static that repaints only when the new text differs from the shown one."""
+class LiveText(Widget):
+    """Text that repaints only the lines that changed.
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._shown: Text | str | None = None
+    A new sample usually changes a few numbers: comparing line by line and
+    refreshing only those lines keeps the compositor's work per tick small
+    (a whole-widget ``Static.update`` re-wraps and repaints everything).
+    """
+
+    DEFAULT_CSS = "LiveText { height: auto; }"
+
+    def __init__(self, content: Text | str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._shown: Text | None = None
+        self._lines: list[Text] = []
+        self._strips: dict[int, Strip] = {}
+        if content:
+            self.show(content)
 
     def show(self, content: Text | str, layout: bool = False) -> bool:
         """Show ``content``; return whether anything had to be repainted."""
-        if content == self._shown:
+        text = Text(content) if isinstance(content, str) else content
+        if self._shown is not None and text == self._shown:
             return False
-        self._shown = content
-        self.update(content, layout=layout)
+        self._shown = text
+        lines = text.split("\n", allow_blank=True)
+        old = self._lines
+        self._lines = lines
+        if layout or not self.is_mounted:
+            self._strips.clear()
+            self.refresh(layout=layout)
+            return True
+        width = self.content_region.width
+        changed = [
+            y
+            for y in range(max(len(lines), len(old)))
+            if y >= len(lines) or y >= len(old) or lines[y] != old[y]
+        ]
+        for y in changed:
+            self._strips.pop(y, None)
+        if changed:
+            self.refresh(*(Region(0, y, width, 1) for y in changed))
         return True
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._lines)
+
+    def get_content_width(self, container: Size, viewport: Size) -> int:
+        return max((line.cell_len for line in self._lines), default=0)
+
+    def render_line(self, y: int) -> Strip:
+        width = self.content_region.width
+        strip = self._strips.get(y)
+        if strip is None or strip.cell_length != width:
+            if y < len(self._lines):
+                line = self._lines[y]
+                segments = list(line.render(self.app.console))
+                strip = Strip(segments, line.cell_len)
+            else:
+                strip = Strip.blank(0)
+            strip = strip.crop_extend(0, width, None).apply_style(self.rich_style)
+            self._strips[y] = strip
+        return strip
+
+    def on_resize(self) -> None:
+        self._strips.clear()
+
+    @property
+    def plain(self) -> str:
+        """The text shown, without styles (handy in tests)."""
+        return self._shown.plain if self._shown is not None else ""
 
 
 class GpuCard(LiveText):
@@ -44,8 +104,8 @@ class GpuCard(LiveText):
 
     can_focus = True
 
-    def __init__(self, index: int, **kwargs: object) -> None:
-        super().__init__(id=f"gpu-{index}", classes="gpu-card", **kwargs)  # type: ignore[arg-type]
+    def __init__(self, index: int, **kwargs: Any) -> None:
+        super().__init__(id=f"gpu-{index}", classes="gpu-card", **kwargs)
         self.index = index
         self.sample: GpuSample | None = None
         self.compact = False
@@ -77,6 +137,7 @@ class GpuCard(LiveText):
         self.redraw()
 
     def on_resize(self) -> None:
+        super().on_resize()
         self._shown = None
         self.redraw()
 
@@ -84,8 +145,8 @@ class GpuCard(LiveText):
 class HistoryGraph(LiveText):
     """Block-character graphs of one metric, one per GPU, from the ring buffers."""
 
-    def __init__(self, history: History, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, history: History, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.history = history
         self.metric = "util"
         self.gpus: list[int] = []
@@ -103,6 +164,8 @@ class HistoryGraph(LiveText):
         )
 
     def on_resize(self) -> None:
+        super().on_resize()
+        self._shown = None
         self.redraw()
 
 
@@ -118,6 +181,8 @@ class HostPane(LiveText):
         self.show(render.host_text(snap.host, snap.hostname, self.content_region.width or 30))
 
     def on_resize(self) -> None:
+        super().on_resize()
+        self._shown = None
         self.redraw()
 
 
