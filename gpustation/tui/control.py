@@ -65,8 +65,10 @@ class ControlUI:
         self.live: LiveControl | None = None
         self.confirm_timeout_s = CONFIRM_TIMEOUT_S
         self.pending: Change | None = None
-        #: what happened last, for the screen's status line and for tests
+        #: what happened last, for the screen's status line
         self.last_outcome: str | None = None
+        #: every step of every change: ("asked" | "kept" | "reverted" | "error", text)
+        self.events: list[tuple[str, str]] = []
         self._profiles: list[Profile] | None = None
         self._signals_installed: dict[int, Any] = {}
         # Made on the UI thread, so this is the app's event loop and context.
@@ -125,6 +127,7 @@ class ControlUI:
 
     def _error(self, message: str) -> None:
         self.last_outcome = message
+        self.events.append(("error", message))
         self.app.notify(message, title="Control", severity="error", timeout=10)
         self._refresh_screens()
 
@@ -168,6 +171,7 @@ class ControlUI:
 
     def _ask_keep(self, change: Change) -> None:
         self.pending = change
+        self.events.append(("asked", change.description))
         for note in change.notes:
             self.app.notify(note, title="Control", severity="warning", timeout=8)
         self._refresh_screens()
@@ -176,6 +180,7 @@ class ControlUI:
             if keep:
                 self.pending = None
                 self.last_outcome = f"kept {change.description}"
+                self.events.append(("kept", change.description))
                 self.app.notify(f"Kept {change.description}.", title="Control")
                 self._refresh_screens()
             else:
@@ -198,6 +203,7 @@ class ControlUI:
 
     def _reverted(self, change: Change) -> None:
         self.last_outcome = f"reverted {change.description}"
+        self.events.append(("reverted", change.description))
         self.app.notify(f"Reverted {change.description}.", title="Control", severity="warning")
         self._refresh_screens()
 

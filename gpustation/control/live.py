@@ -1,0 +1,209 @@
+"""Control from a long-running program (the dashboard): changes that can be undone.
+
+Every change made here returns a :class:`Change` whose ``revert()`` puts the
+previous state back through the same journalled control functions, so the
+dashboard can apply a change at once and undo it unless the user confirms it.
+A fan curve runs in a thread of its own (:class:`FanController` in a plain,
+non-daemon thread) until another change replaces it or :meth:`LiveControl.close`
+stops it; the controller hands the fans back to automatic control as it ends.
+
+Nothing here may run on a UI thread: every method can block on the driver.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gpustation.control.fancurve import FanController, stop_controllers
+from gpustation.control.fans import fan_gpus, set_fans_auto
+from gpustation.control.power import PowerChange, apply_power, plan_power
+from gpustation.control.profiles import PowerValue, Profile
+from gpustation.errors import GpustationError
+from gpustation.telemetry.backend import Backend
+
+#: (GPU index -> (temperature C or None, fan % or None)) after each controller poll
+PollReport = dict[int, tuple[float | None, int | None]]
+
+
+@dataclass
+class Change:
+    """A change that has been made, with how to undo it."""
+
+    description: str
+    revert: Callable[[], None]
+    notes: list[str] = field(default_factory=list)
+
+
+class LiveControl:
+    """Profiles, power limits and a fan curve for one program's GPUs."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        indices: Sequence[int],
+        command: str = "gpustation dashboard",
+        on_poll: Callable[[PollReport], None] | None = None,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.indices = list(indices)
+        self.command = command
+        self.on_poll = on_poll
+        self.on_error = on_error
+        #: the profile whose fan curve runs now (None: fans are the card's)
+        self.curve_profile: Profile | None = None
+        #: the last profile applied (for display)
+        self.applied_profile: str | None = None
+        self.last_poll: PollReport = {}
+        self._controller: FanController | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.RLock()
+
+    # ---- the fan curve thread ------------------------------------------------
+    @property
+    def curve_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _start_curve(self, profile: Profile, indices: Sequence[int]) -> None:
+        assert profile.curve is not None
+        controller = FanController(
+            backend=self.backend,
+            indices=list(indices),
+            curve=profile.curve,
+            command=f"{self.command}: profile {profile.name}",
+            on_poll=self._polled,
+        )
+        controller.check()
+
+        def run() -> None:
+            try:
+                controller.run()
+            except Exception as err:  # reported; the controller already restored the fans
+                if self.on_error is not None:
+                    self.on_error(f"fan curve {profile.name!r} stopped: {err}")
+            finally:
+                # No lock here: stop_curve() may hold it while it waits for this thread.
+                if self._controller is controller:
+                    self.curve_profile = None
+
+        thread = threading.Thread(target=run, name=f"gpustation-fan-curve-{profile.name}")
+        self._controller, self._thread = controller, thread
+        self.curve_profile = profile
+        thread.start()
+
+    def _polled(self, report: PollReport) -> None:
+        self.last_poll = dict(report)
+        if self.on_poll is not None:
+            self.on_poll(report)
+
+    def stop_curve(self, timeout_s: float = 30.0) -> None:
+        """Stop the running fan curve (its fans go back to automatic) and wait."""
+        with self._lock:
+            controller, thread = self._controller, self._thread
+            self._controller = self._thread = None
+            self.curve_profile = None
+            self.last_poll = {}
+        if controller is not None:
+            controller.request_stop()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+            if thread.is_alive():
+                raise GpustationError(
+                    f"the fan curve did not stop within {timeout_s:g} s; run `gpustation fan auto`."
+                )
+
+    def close(self) -> None:
+        """Stop the fan curve; the fans go back to automatic control."""
+        self.stop_curve()
+
+    # ---- changes ---------------------------------------------------------------
+    def _restore_power(self, changes: Sequence[PowerChange], why: str) -> None:
+        back = [
+            PowerChange(
+                gpu=c.gpu,
+                uuid=c.uuid,
+                name=c.name,
+                current_w=c.new_w,
+                new_w=c.current_w,
+                default_w=c.default_w,
+                min_w=c.min_w,
+                max_w=c.max_w,
+            )
+            for c in changes
+            if c.current_w is not None and not c.unchanged
+        ]
+        apply_power(self.backend, back, f"{self.command}: {why}")
+
+    def _restore_fans(self, previous: Profile | None, fan_indices: Sequence[int]) -> None:
+        self.stop_curve()
+        if previous is not None and previous.curve is not None:
+            self._start_curve(previous, fan_indices)
+
+    def set_power_limit(self, index: int, watts: float) -> Change:
+        """Set one GPU's limit; the change's revert puts the old limit back."""
+        with self._lock:
+            samples = self.backend.read_gpus([index], slow=False)
+            changes = plan_power(samples, PowerValue("watts", watts))
+            apply_power(self.backend, changes, f"{self.command}: power limit {watts:g} W")
+        old = changes[0].current_w
+        was = f"{old:g} W" if old is not None else "n/a"
+        return Change(
+            description=f"GPU {index} power limit {was} -> {watts:g} W",
+            revert=lambda: self._restore_power(changes, "revert power limit"),
+        )
+
+    def apply_profile(self, profile: Profile) -> Change:
+        """Apply power and fans; check everything first.
+
+        Cards without fans get the power part only (said in the notes). A fan
+        curve runs in a thread until replaced, reverted or closed.
+        """
+        with self._lock:
+            notes: list[str] = []
+            samples = self.backend.read_gpus(self.indices, slow=False)
+            changes = plan_power(samples, profile.power) if profile.power is not None else []
+            fan_indices = [s.index for s in fan_gpus(self.backend, samples)]
+            no_fans = [s.index for s in samples if s.index not in fan_indices]
+            if profile.fan_mode is not None and no_fans:
+                notes.append(
+                    "no controllable fans on GPU "
+                    + ", ".join(map(str, no_fans))
+                    + ": power only there"
+                )
+            if profile.fan_mode == "curve" and fan_indices:
+                assert profile.curve is not None
+                FanController(self.backend, fan_indices, profile.curve, self.command).check()
+            previous_curve = self.curve_profile
+
+            apply_power(self.backend, changes, f"{self.command}: profile {profile.name}")
+            try:
+                if profile.fan_mode is not None and fan_indices:
+                    self.stop_curve()
+                    stop_controllers(fan_indices, self.backend.simulated)
+                    if profile.fan_mode == "curve":
+                        self._start_curve(profile, fan_indices)
+                    else:
+                        set_fans_auto(
+                            self.backend,
+                            fan_indices,
+                            f"{self.command}: profile {profile.name}",
+                            require_fans=False,
+                        )
+            except BaseException:
+                self._restore_power(changes, f"undo profile {profile.name} after a failure")
+                raise
+            previous_name = self.applied_profile
+            self.applied_profile = profile.name
+
+        def revert() -> None:
+            with self._lock:
+                self._restore_power(changes, f"revert profile {profile.name}")
+                if profile.fan_mode is not None and fan_indices:
+                    # Stopping this profile's curve puts the fans back on automatic;
+                    # a curve the dashboard ran before comes back.
+                    self._restore_fans(previous_curve, fan_indices)
+                self.applied_profile = previous_name
+
+        return Change(description=f"profile {profile.name}", revert=revert, notes=notes)

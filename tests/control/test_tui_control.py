@@ -1,0 +1,183 @@
+"""The control screen of the dashboard: changes revert unless confirmed."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from unittest.mock import ANY
+
+import pytest
+from textual.pilot import Pilot
+
+from gpustation.telemetry.model import HostSample
+from gpustation.tui.app import DashboardApp
+from gpustation.tui.control import (
+    ControlScreen,
+    JournalScreen,
+    KeepChangeDialog,
+    PowerCapDialog,
+    control_ui,
+)
+from gpustation.tui.source import DataSource
+from gpustation.tui.widgets import LiveText
+from tests.control.conftest import RecordingSim, journal_entries
+
+TIMEOUT_S = 30.0
+
+
+def make_app(sim: RecordingSim) -> DashboardApp:
+    source = DataSource(lambda: sim, host_source=HostSample, hostname="test-host")
+    return DashboardApp(source, refresh_s=0.25)
+
+
+async def wait_until(pilot: Pilot[object], condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        await pilot.pause(0.05)
+    app = pilot.app
+    notes = [n.message for n in app._notifications]
+    pytest.fail(f"timed out waiting for {what}; notifications: {notes}")
+
+
+def limits(sim: RecordingSim) -> list[float | None]:
+    return [g.power_limit_w for g in sim.read_gpus([0, 1], slow=False)]
+
+
+def fan_modes(sim: RecordingSim) -> set[str]:
+    return {m for g in sim.read_gpus([0, 1], slow=False) for m in g.fan_control}
+
+
+def curve_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("gpustation-fan-curve")]
+
+
+async def open_control(pilot: Pilot[object], app: DashboardApp) -> None:
+    await wait_until(pilot, lambda: app.latest is not None, "the first sample")
+    await pilot.press("c")
+    await wait_until(pilot, lambda: isinstance(app.screen, ControlScreen), "the control screen")
+
+
+def test_an_unconfirmed_profile_reverts_by_itself(sim: RecordingSim) -> None:
+    async def scenario() -> None:
+        app = make_app(sim)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await open_control(pilot, app)
+            ui = control_ui(app)
+            ui.confirm_timeout_s = 1.0
+            await pilot.press("3")  # balanced: 78 % power and its fan curve
+            await wait_until(pilot, lambda: ("reverted", "profile balanced") in ui.events, "revert")
+            assert ui.events == [("asked", "profile balanced"), ("reverted", "profile balanced")]
+            assert limits(sim) == [450.0, 450.0]
+            assert fan_modes(sim) == {"auto"}
+            assert ui.pending is None
+            assert not curve_threads()
+        # It took effect at once (power, then the curve took the fans), then came back.
+        entries = [(e.gpu, e.what, e.previous, e.new) for e in journal_entries()]
+        assert entries[:2] == [
+            (0, "power_limit", 450.0, 351.0),
+            (1, "power_limit", 450.0, 351.0),
+        ]
+        assert any(what == "fan_speed" for _, what, _, _ in entries)
+        power_back = [e for e in entries if e[1] == "power_limit"][2:]
+        assert power_back == [(0, "power_limit", 351.0, 450.0), (1, "power_limit", 351.0, 450.0)]
+        assert sum(what == "fan_auto" for _, what, _, _ in entries) == 4
+
+    asyncio.run(scenario())
+
+
+def test_a_confirmed_profile_stays_and_the_curve_stops_with_the_app(
+    sim: RecordingSim,
+) -> None:
+    async def scenario() -> None:
+        app = make_app(sim)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await open_control(pilot, app)
+            ui = control_ui(app)
+            await pilot.press("3")
+            await wait_until(pilot, lambda: isinstance(app.screen, KeepChangeDialog), "the dialog")
+            await pilot.press("y")
+            await wait_until(pilot, lambda: ui.events[-1:] == [("kept", ANY)], "keep")
+            assert limits(sim) == [351.0, 351.0]
+            await wait_until(
+                pilot, lambda: fan_modes(sim) == {"manual"}, "the curve to take the fans"
+            )
+            assert ui.live is not None and ui.live.curve_running
+            await wait_until(pilot, lambda: bool(ui.live and ui.live.last_poll), "a curve poll")
+            state = app.screen.query_one("#control-state", LiveText)
+            assert state._shown is not None
+            assert "Fan curve 'balanced' running" in state._shown.plain
+        # Closing the dashboard handed the fans back; the power cap stays (it was kept).
+        assert fan_modes(sim) == {"auto"}
+        assert limits(sim) == [351.0, 351.0]
+        assert not curve_threads()
+
+    asyncio.run(scenario())
+
+
+def test_power_cap_dialog_steps_within_the_range(sim: RecordingSim) -> None:
+    async def scenario() -> None:
+        app = make_app(sim)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await open_control(pilot, app)
+            ui = control_ui(app)
+            await pilot.press("g")  # select GPU 1
+            await pilot.press("w")
+            await wait_until(pilot, lambda: isinstance(app.screen, PowerCapDialog), "the dialog")
+            dialog = app.screen
+            assert isinstance(dialog, PowerCapDialog)
+            assert "Valid range 150-600 W" in str(dialog.query_one("#power-range").content)
+            await pilot.press("minus", "minus", "minus")
+            assert dialog.watts == 420.0
+            for _ in range(30):  # far past the top: held at the card's maximum
+                await pilot.press("plus")
+            assert dialog.watts == 600.0
+            await pilot.press("minus", "enter")
+            await wait_until(pilot, lambda: isinstance(app.screen, KeepChangeDialog), "confirm")
+            await pilot.press("y")
+            await wait_until(pilot, lambda: ui.events[-1:] == [("kept", ANY)], "keep")
+        assert limits(sim) == [450.0, 590.0]
+        assert sim.set_calls == [("power", 1, 590.0)]
+
+    asyncio.run(scenario())
+
+
+def test_revert_now_and_the_journal_screen(sim: RecordingSim) -> None:
+    async def scenario() -> None:
+        app = make_app(sim)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await open_control(pilot, app)
+            ui = control_ui(app)
+            await pilot.press("w", "minus", "enter")
+            await wait_until(pilot, lambda: isinstance(app.screen, KeepChangeDialog), "confirm")
+            assert limits(sim)[0] == 440.0
+            await pilot.press("n")
+            await wait_until(
+                pilot, lambda: (ui.last_outcome or "").startswith("reverted"), "revert"
+            )
+            assert limits(sim)[0] == 450.0
+            await pilot.press("j")
+            await wait_until(pilot, lambda: isinstance(app.screen, JournalScreen), "the journal")
+            await wait_until(
+                pilot,
+                lambda: "440 W -> 450 W" in str(app.screen.query_one("#journal-text").content),
+                "the journal text",
+            )
+
+    asyncio.run(scenario())
+
+
+def test_profiles_are_in_the_command_palette(sim: RecordingSim) -> None:
+    async def scenario() -> None:
+        app = make_app(sim)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_until(pilot, lambda: app.latest is not None, "the first sample")
+            titles = [c.title for c in app.get_system_commands(app.screen)]
+            for name in ("stock", "quiet", "balanced", "performance"):
+                assert f"Apply profile {name}" in titles
+            assert "Set power cap" in titles and "Show control journal" in titles
+
+    asyncio.run(scenario())
