@@ -228,3 +228,24 @@ def test_garbage_and_partial_metric_lines(runs_env: dict) -> None:
     assert record.steps == 3 and record.final_loss == 1.5 and record.best_loss == 1.5
     assert record.best_throughput == 50.0 and record.throughput_unit == "tokens/s"
     assert record.malformed_metrics == 3
+
+
+@pytest.mark.slow
+def test_torchrun_run_stops_with_all_its_workers(runs_env: dict, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pids_file = tmp_path / "pids"
+    script = str(Path(__file__).resolve().parent / "children" / "ddp_wait.py")
+    runs_env["write_preset"](
+        "ddp",
+        f'command = ["{script}", "{pids_file}"]\nlauncher = "torchrun"\nnproc_per_node = 2\n'
+        "gpus = 0\n",
+    )
+    handle = launch(preset_named("ddp"), stop_grace_s=2)
+    assert "--standalone" in handle.argv
+    wait_until(pids_file.exists, 120, "both workers to join")
+    workers = [int(p) for p in pids_file.read_text().split()]
+    assert len(workers) == 2
+    state = stop_run(handle.id, grace_s=2)
+    assert state is not None and state.status == "stopped"
+    assert_no_process(workers)
+    assert rundir.group_members(state.pgid) == []
