@@ -31,8 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def sshd_available() -> bool:
-    return Path(SSHD).exists() and shutil.which("ssh") is not None and bool(
-        shutil.which("ssh-keygen")
+    return (
+        Path(SSHD).exists() and shutil.which("ssh") is not None and bool(shutil.which("ssh-keygen"))
     )
 
 
@@ -179,16 +179,34 @@ class LoopbackSshd:
                     f"sshd exited with {self.proc.returncode}: "
                     + (self.root / "sshd.log").read_text(errors="replace")
                 )
-            with contextlib.suppress(OSError), socket.create_connection(
-                ("127.0.0.1", self.port), timeout=1
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=1),
             ):
                 return self
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"sshd did not listen on port {self.port} within {timeout} s")
 
+    def remote_pids(self) -> list[int]:
+        """PIDs of the fake hosts' remote commands that are still running."""
+        pids = []
+        for pid_file in (self.root / "hosts").glob("*/pid"):
+            with contextlib.suppress(OSError, ValueError):
+                pid = int(pid_file.read_text().strip())
+                # only a process that is still one of ours (PIDs get reused)
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+                if b"GPUSTATION_FAKE_HOST=" in environ:
+                    pids.append(pid)
+        return pids
+
     def stop(self) -> None:
-        """Stop sshd and every session it started (they share its process group)."""
+        """Stop sshd, then any remote command still running.
+
+        sshd starts each session in a session of its own, so ending sshd's
+        process group does not reach them; a remote command would end at its
+        next write anyway, but nothing should outlive the server.
+        """
         if self.proc is None:
             return
         with contextlib.suppress(ProcessLookupError):
@@ -200,6 +218,12 @@ class LoopbackSshd:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=5)
         self.proc = None
+        for pid in self.remote_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while self.remote_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def __enter__(self) -> LoopbackSshd:
         return self.start()

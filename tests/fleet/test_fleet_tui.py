@@ -9,11 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from textual.widgets import DataTable
 
 from gpustation.telemetry.fleet import Fleet
 from gpustation.telemetry.model import GpuSample, Snapshot
-from gpustation.tui.fleet import FleetApp, FleetScreen, HostScreen
+from gpustation.tui.fleet import FleetApp, FleetScreen, FleetTable, HostScreen
 from gpustation.tui.widgets import GpuCard
 
 pytestmark = pytest.mark.timeout(180)
@@ -76,16 +75,17 @@ async def _rows_sorting_and_drill_down(tmp_path: Path) -> None:
         assert isinstance(screen, FleetScreen)
         await _wait(pilot, lambda: "down" in {r.status for r in screen.rows})
         assert _keys(screen) == ["a#0", "a#1", "b#0", "down#-"]
-        table = screen.query_one(DataTable)
-        assert table.row_count == 4
-        down_row = table.get_row("down#-")
-        assert any("Connection refused" in str(cell) for cell in down_row)
+        table = screen.query_one(FleetTable)
+        assert table.keys == ["a#0", "a#1", "b#0", "down#-"]
+        down_row = table.row_text("down#-")
+        assert down_row[0] == "down" and "Connection refused" in down_row[-1]
+        assert table.row_text("a#1")[3] == "70"
 
         # sort by temperature: hottest first, the host without GPUs last
         screen.sort_by("temp")
         await pilot.pause(0.1)
         assert _keys(screen) == ["a#1", "b#0", "a#0", "down#-"]
-        assert [str(table.get_row_at(i)[0]) for i in range(4)] == ["a", "b", "a", "down"]
+        assert table.keys == _keys(screen)
         await pilot.press("r")
         await pilot.pause(0.1)
         assert _keys(screen) == ["a#0", "b#0", "a#1", "down#-"]
@@ -93,9 +93,15 @@ async def _rows_sorting_and_drill_down(tmp_path: Path) -> None:
         await pilot.press("s")
         await pilot.pause(0.1)
         assert screen.sort_key == "power"
+        # a click on a column header sorts by that column
+        x = sum(w + 2 for w in table.widths[:2]) + 1  # inside the third column, GPU
+        await pilot.click(FleetTable, offset=(x, 0))
+        await pilot.pause(0.1)
+        assert screen.sort_key == "gpu"
 
         # Enter on b's row opens b
-        table.move_cursor(row=_keys(screen).index("b#0"))
+        table.action_cursor_to(table.keys.index("b#0"))
+        assert screen.selected_row().key == "b#0"
         await pilot.press("enter")
         await _wait(pilot, lambda: isinstance(app.screen, HostScreen))
         host_screen = app.screen
