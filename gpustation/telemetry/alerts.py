@@ -219,12 +219,19 @@ def topology_findings(snapshot: Snapshot) -> list[str]:
             f"GPU {gpu.index} PCIe runs at {pcie_link(p.gen, p.width)}, below its maximum "
             f"{pcie_link(p.max_gen, p.max_width)} {state}."
         )
-    for link in snapshot.topology.links:
-        if link.level == "SYS":
-            out.append(
-                f"GPU {link.gpu_a} and GPU {link.gpu_b} only meet across the CPU interconnect "
-                "(SYS): traffic between them crosses sockets; keep a job's GPUs on one NUMA node."
-            )
-        elif link.p2p_read is False or link.p2p_write is False:
-            out.append(f"GPU {link.gpu_a} and GPU {link.gpu_b} cannot use peer-to-peer access.")
+    sys_pairs = [
+        f"GPU {k.gpu_a} and GPU {k.gpu_b}" for k in snapshot.topology.links if k.level == "SYS"
+    ]
+    if sys_pairs:
+        out.append(
+            f"{'; '.join(sys_pairs)} only meet across the CPU interconnect (SYS): traffic "
+            "between them crosses sockets, so keep a job's GPUs on one NUMA node."
+        )
+    no_p2p = [
+        f"GPU {k.gpu_a} and GPU {k.gpu_b}"
+        for k in snapshot.topology.links
+        if k.level != "SYS" and (k.p2p_read is False or k.p2p_write is False)
+    ]
+    if no_p2p:
+        out.append(f"{'; '.join(no_p2p)} cannot use peer-to-peer access.")
     return out

@@ -183,8 +183,9 @@ def compact_text(gpu: GpuSample, width: int) -> Text:
     t.append(f" fan {fans_text(gpu)}" if gpu.fans_pct else " no fans", style="dim")
     t.append(" ")
     t.append_text(pcie_text(gpu, arrows=False))
-    t.append(" ")
-    t.append_text(throttle_text(gpu))
+    if any(r != "gpu_idle" for r in gpu.throttle_reasons or ()):
+        t.append(" ")
+        t.append_text(throttle_text(gpu))
     t.truncate(width * 2 + 1)
     return t
 

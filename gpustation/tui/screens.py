@@ -168,7 +168,10 @@ class DashboardScreen(LiveScreen):
             card.set_class(compact, "-compact")
             card._shown = None
             card.redraw()
-        rows = 3 if (h >= 40 and n <= 4) else 2 if n <= 4 else 1
+        # Graph rows per GPU from the height left after the fixed parts (banner,
+        # cards, status, footer, a few process rows), between 1 and 5.
+        spare = h - 4 - cards.styles.height.value - 8  # type: ignore[union-attr]
+        rows = int(max(1, min(5, spare // n - 1)))
         graph = self.query_one(HistoryGraph)
         graph.rows_per_gpu = rows
         graph.styles.height = n * (rows + 1)
@@ -211,7 +214,7 @@ class TopologyScreen(LiveScreen):
     def compose(self) -> ComposeResult:
         yield LiveText(id="banner")
         with VerticalScroll(id="topology-body"):
-            yield LiveText(id="topology")
+            yield LiveText(id="topology", wrap=True)
         yield LiveText(id="status")
         yield Footer()
 
@@ -233,7 +236,7 @@ class AlertLogScreen(LiveScreen):
     def compose(self) -> ComposeResult:
         yield LiveText(id="banner")
         with VerticalScroll(id="alert-body"):
-            yield LiveText(id="alert-log")
+            yield LiveText(id="alert-log", wrap=True)
         yield LiveText(id="status")
         yield Footer()
 
@@ -263,7 +266,7 @@ class HelpScreen(LiveScreen):
     def compose(self) -> ComposeResult:
         yield LiveText(id="banner")
         with VerticalScroll(id="help-body"):
-            yield LiveText(self.help_text(), id="help")
+            yield LiveText(self.help_text(), id="help", wrap=True)
         yield LiveText(id="status")
         yield Footer()
 

@@ -37,8 +37,10 @@ class LiveText(Widget):
 
     DEFAULT_CSS = "LiveText { height: auto; }"
 
-    def __init__(self, content: Text | str = "", **kwargs: Any) -> None:
+    def __init__(self, content: Text | str = "", wrap: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        #: wrap long lines at the widget's width (for prose; costs a little more)
+        self.wrap = wrap
         self._shown: Text | None = None
         self._lines: list[Text] = []
         self._strips: dict[int, Strip] = {}
@@ -51,14 +53,19 @@ class LiveText(Widget):
         if self._shown is not None and text == self._shown:
             return False
         self._shown = text
-        lines = text.split("\n", allow_blank=True)
+        width = self.content_region.width
+        if self.wrap and width:
+            lines = list(text.wrap(self.app.console, width, overflow="fold"))
+        else:
+            lines = list(text.split("\n", allow_blank=True))
         old = self._lines
         self._lines = lines
         if layout or not self.is_mounted:
             self._strips.clear()
             self.refresh(layout=layout)
             return True
-        width = self.content_region.width
+        if len(lines) != len(old) and self.styles.height is not None and self.styles.height.is_auto:
+            self.refresh(layout=True)  # an auto-height widget grew or shrank
         changed = [
             y
             for y in range(max(len(lines), len(old)))
@@ -92,6 +99,9 @@ class LiveText(Widget):
 
     def on_resize(self) -> None:
         self._strips.clear()
+        if self.wrap and self._shown is not None:
+            shown, self._shown = self._shown, None
+            self.show(shown, layout=True)
 
     @property
     def plain(self) -> str:

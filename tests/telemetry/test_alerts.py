@@ -1,0 +1,128 @@
+"""Alert rules: raised when a condition starts, not on every tick."""
+
+from __future__ import annotations
+
+from gpustation.telemetry.alerts import AlertLog, evaluate, topology_findings
+from gpustation.telemetry.model import GpuLink, GpuSample, PcieInfo, Snapshot, Topology
+
+
+def gpu(index: int = 0, **kw: object) -> GpuSample:
+    base: dict[str, object] = dict(
+        temperature_c=60.0,
+        temperature_slowdown_c=87.0,
+        power_w=200.0,
+        power_limit_w=450.0,
+        memory_used_mib=1000.0,
+        memory_total_mib=24000.0,
+        utilization_gpu_pct=50.0,
+        throttle_reasons=[],
+        pcie=PcieInfo(gen=4, width=16, max_gen=4, max_width=16),
+        ecc_uncorrected=0,
+    )
+    base.update(kw)
+    return GpuSample(index=index, **base)  # type: ignore[arg-type]
+
+
+def snap(t: float, *gpus: GpuSample, topology: Topology | None = None) -> Snapshot:
+    return Snapshot(hostname="h", time=t, gpus=list(gpus), topology=topology or Topology())
+
+
+def rules(alerts) -> set[tuple[str, int]]:  # type: ignore[no-untyped-def]
+    return {(a.rule, a.gpu) for a in alerts}
+
+
+def test_a_healthy_gpu_raises_nothing() -> None:
+    assert evaluate(None, snap(0, gpu())) == []
+
+
+def test_each_rule_fires_on_its_condition() -> None:
+    cur = snap(
+        1,
+        gpu(0, temperature_c=83.0),  # 4 C from slowdown
+        gpu(1, throttle_reasons=["sw_thermal"]),
+        gpu(2, throttle_reasons=["sw_power_cap"]),
+        gpu(3, pcie=PcieInfo(gen=1, width=16, max_gen=4, max_width=16), utilization_gpu_pct=90.0),
+        gpu(4, memory_used_mib=23_000.0),  # 95.8 %
+        gpu(5, lost=True),
+    )
+    assert rules(evaluate(None, cur)) == {
+        ("temp_near_slowdown", 0),
+        ("thermal_throttle", 1),
+        ("power_cap", 2),
+        ("pcie_below_max", 3),
+        ("vram_high", 4),
+        ("gpu_lost", 5),
+    }
+
+
+def test_thresholds_are_exclusive_where_the_issue_says_above() -> None:
+    cur = snap(
+        1,
+        gpu(0, temperature_c=81.9),  # 5.1 C away
+        gpu(1, memory_used_mib=22_800.0),  # exactly 95 %
+        gpu(2, throttle_reasons=["gpu_idle"]),  # benign reason
+    )
+    assert evaluate(None, cur) == []
+
+
+def test_slow_pcie_link_at_idle_is_power_saving_not_an_alert() -> None:
+    idle = gpu(pcie=PcieInfo(gen=1, width=16, max_gen=4, max_width=16), utilization_gpu_pct=0.0)
+    assert evaluate(None, snap(0, idle)) == []
+
+
+def test_a_condition_is_raised_once_while_it_lasts() -> None:
+    hot = gpu(throttle_reasons=["sw_power_cap"])
+    first = evaluate(snap(0, gpu()), snap(1, hot))
+    assert rules(first) == {("power_cap", 0)}
+    assert evaluate(snap(1, hot), snap(2, hot)) == []
+
+
+def test_uncorrected_ecc_alerts_only_when_the_count_grows() -> None:
+    before = snap(0, gpu(ecc_uncorrected=2))
+    assert evaluate(None, before) == []  # no baseline yet: old errors are not new
+    after = snap(1, gpu(ecc_uncorrected=5))
+    (alert,) = evaluate(before, after)
+    assert alert.rule == "ecc_uncorrected" and "3 new uncorrected ECC errors" in alert.message
+    assert evaluate(after, snap(2, gpu(ecc_uncorrected=5))) == []
+
+
+def test_a_gpu_that_disappears_is_lost() -> None:
+    before = snap(0, gpu(0), gpu(1))
+    after = snap(1, gpu(0))
+    assert rules(evaluate(before, after)) == {("gpu_lost", 1)}
+
+
+def test_alert_log_keeps_active_alerts_and_quiets_flapping() -> None:
+    log = AlertLog(repeat_quiet_s=60.0)
+    hot = gpu(throttle_reasons=["sw_power_cap"])
+    assert rules(log.update(snap(0, hot))) == {("power_cap", 0)}
+    assert rules(log.active) == {("power_cap", 0)}
+    assert log.update(snap(1, hot)) == []
+    log.update(snap(2, gpu()))
+    assert log.active == []
+    assert log.update(snap(3, hot)) == []  # back within a minute: not logged again
+    assert rules(log.active) == {("power_cap", 0)}
+    log.update(snap(4, gpu()))
+    assert rules(log.update(snap(100, hot))) == {("power_cap", 0)}
+    assert len(log.log) == 2
+
+
+def test_alert_log_keeps_a_vanished_gpu_and_ecc_errors_active() -> None:
+    log = AlertLog()
+    log.update(snap(0, gpu(0), gpu(1, ecc_uncorrected=0)))
+    log.update(snap(1, gpu(0), gpu(1, ecc_uncorrected=1)))
+    log.update(snap(2, gpu(0)))
+    log.update(snap(3, gpu(0)))
+    assert rules(log.active) == {("gpu_lost", 1), ("ecc_uncorrected", 1)}
+    assert log.active[0].severity == "critical"
+
+
+def test_topology_findings_name_sys_pairs_and_slow_links_in_words() -> None:
+    topo = Topology(links=[GpuLink(0, 1, "SYS", False, False), GpuLink(0, 2, "PIX", True, True)])
+    slow = gpu(1, pcie=PcieInfo(gen=3, width=8, max_gen=4, max_width=16), utilization_gpu_pct=80.0)
+    found = topology_findings(snap(0, gpu(0), slow, gpu(2), topology=topo))
+    text = "\n".join(found)
+    assert "GPU 0 and GPU 1 only meet across the CPU interconnect (SYS)" in text
+    assert "peer-to-peer" not in text  # said once, as SYS
+    assert "GPU 1 PCIe runs at Gen3 x8, below its maximum Gen4 x16 while 80 % busy" in text
+    assert "GPU 2" not in text
