@@ -198,7 +198,7 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
-    if args.compile:
+    if args.compile and not compile_layers(peft_model):
         model = torch.compile(model)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     opt_kwargs: dict[str, Any] = {"lr": args.lr, "weight_decay": 0.0}
@@ -292,11 +292,33 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     return common.EXIT_OK
 
 
+def compile_layers(model: Any) -> int:
+    """Compile each decoder layer in place; returns how many (0 if none were found).
+
+    Identical layers share one compiled graph, so a 16-layer model compiles in
+    the time of one layer instead of sixteen, with the same fusions inside
+    each layer (norms, rotary embedding, SiLU gate, LoRA branches).
+    """
+    layers = None
+    for name, module in model.named_modules():
+        if name.endswith(".layers") and isinstance(module, torch.nn.ModuleList):
+            layers = module
+            break
+    if layers is None:
+        return 0
+    for layer in layers:
+        layer.compile()
+    return len(layers)
+
+
 @torch.no_grad()
 def _logits(model: Any, x: torch.Tensor, prec: common.Precision) -> torch.Tensor:
     was_training = model.training
     model.eval()
-    with prec.autocast():
+    # Compiled layers round differently from eager ones; compare like with like.
+    stance = getattr(torch.compiler, "set_stance", None)
+    eager = stance("force_eager") if stance else contextlib.nullcontext()
+    with eager, prec.autocast():
         out = model(input_ids=x).logits.float()
     model.train(was_training)
     return out
@@ -330,7 +352,8 @@ def _save_and_verify(
     reloaded = load_adapter(out, device, base_dtype(args))
     diff = (_logits(reloaded, sample, prec) - logits).abs().max().item()
     scale = logits.abs().max().item() or 1.0
-    ok = diff <= 1e-3 * scale + 1e-4
+    tol = 1e-3 if args.precision in ("fp32", "tf32") else 2e-2
+    ok = diff <= tol * scale + 1e-4
     result.update(adapter_reload_max_abs_diff=diff, adapter_reload_ok=ok)
     print(
         f"adapter reload check: max |logit difference| {diff:.2e} -> "
