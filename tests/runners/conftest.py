@@ -54,7 +54,7 @@ def run_runner(tmp_path: Path):  # type: ignore[no-untyped-def]
     """``run_runner("resnet", "--steps", "3", ...)`` -> RunResult (metrics parsed)."""
     counter = [0]
 
-    def run(name: str, *args: str, torchrun: int = 0) -> RunResult:
+    def run(name: str, *args: str, torchrun: int = 0, gpu: bool = False) -> RunResult:
         counter[0] += 1
         run_dir = tmp_path / f"run{counter[0]}"
         run_dir.mkdir()
@@ -67,8 +67,9 @@ def run_runner(tmp_path: Path):  # type: ignore[no-untyped-def]
             TOKENIZERS_PARALLELISM="false",
             PYTHONUNBUFFERED="1",
         )
-        # A GPU on the test machine must not change what these CPU tests exercise.
-        env["CUDA_VISIBLE_DEVICES"] = ""
+        if not gpu:
+            # A GPU on the test machine must not change what the CPU tests exercise.
+            env["CUDA_VISIBLE_DEVICES"] = ""
         for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(var, None)
         if torchrun:
