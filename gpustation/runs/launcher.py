@@ -574,14 +574,23 @@ def _mark_ended(directory: Path, state: RunState, status: str, reason: str) -> R
         except OSError:
             state.ended_at = time.time()
     state.error_tail = rundir.tail_lines(directory / rundir.OUTPUT_LOG, 20)
-    rundir.write_state(directory, state)
+    record_end(directory, state)
+    return state
+
+
+def record_end(directory: Path, state: RunState) -> None:
+    """Save a run's state: the history row first, then ``state.json``.
+
+    In that order, whoever sees the state file change (a waiting command, a
+    UI) finds the history already up to date.
+    """
     try:
         from gpustation.runs.store import sync_run
 
-        sync_run(directory)
-    except Exception:  # the history is secondary to the state file
-        pass
-    return state
+        sync_run(directory, state=state)
+    except Exception as err:  # the history is secondary to the state file
+        print(f"gpustation: could not record run {state.id} in the history: {err}", file=sys.stderr)
+    rundir.write_state(directory, state)
 
 
 def check_run(directory: Path, starting_grace_s: float = 30.0) -> RunState | None:

@@ -72,17 +72,26 @@ def run(args: argparse.Namespace) -> int:
                 f"preset {args.preset!r} has problems:\n  " + "\n  ".join(str(p) for p in bad)
             )
     preset = find_preset(args.preset, presets)
-    handle = launch(
-        preset,
-        args.set,
-        parse_gpu_list(getattr(args, "gpus", None)),
-        simulate=getattr(args, "simulate", None),
-        sim_card=getattr(args, "sim_card", None),
-        stop_grace_s=args.grace,
-    )
+    # Catch Ctrl-C from here on: one pressed while the run starts must stop it
+    # too, not leave it running behind an interrupted command.
+    interrupts: list[float] = []
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupts.append(time.monotonic()))
+    try:
+        handle = launch(
+            preset,
+            args.set,
+            parse_gpu_list(getattr(args, "gpus", None)),
+            simulate=getattr(args, "simulate", None),
+            sim_card=getattr(args, "sim_card", None),
+            stop_grace_s=args.grace,
+        )
+    except BaseException:
+        signal.signal(signal.SIGINT, previous)
+        raise
     for warning in handle.warnings:
         print(f"gpustation: warning: {warning}", file=sys.stderr)
     if args.detach:
+        signal.signal(signal.SIGINT, previous)
         print(handle.id)
         return EXIT_OK
     gpus = ",".join(map(str, handle.gpus)) or "none"
@@ -92,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    return follow(handle.run_dir, grace_s=args.grace)
+    return follow(
+        handle.run_dir, grace_s=args.grace, interrupts=interrupts, restore_handler=previous
+    )
 
 
 class _Progress:
@@ -191,8 +202,19 @@ def _clock(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def follow(directory: Path, grace_s: float = 10.0, poll_s: float = 0.1) -> int:
-    """Stream a run's log and progress until it ends; return the exit status."""
+def follow(
+    directory: Path,
+    grace_s: float | None = 10.0,
+    poll_s: float = 0.1,
+    stop_on_interrupt: bool = True,
+    interrupts: list[float] | None = None,
+    restore_handler: Any = None,
+) -> int:
+    """Stream a run's log and progress until it ends; return the exit status.
+
+    With ``stop_on_interrupt`` Ctrl-C stops the run (graceful, then firm);
+    without it Ctrl-C only stops following and the run goes on.
+    """
     from gpustation.runs.launcher import check_run, stop_run
 
     state = rundir.read_state(directory)
@@ -202,16 +224,27 @@ def follow(directory: Path, grace_s: float = 10.0, poll_s: float = 0.1) -> int:
     metrics = MetricsReader(directory / rundir.METRICS_FILE)
     acc = MetricsAccumulator()
     progress = _Progress(title)
-    interrupts: list[float] = []
+    # Ctrl-C presses, newest last (some may have come before following began).
+    interrupts = interrupts if interrupts is not None else []
     stopper: threading.Thread | None = None
 
     def on_sigint(_signum: int, _frame: object) -> None:
         interrupts.append(time.monotonic())
 
     previous = signal.signal(signal.SIGINT, on_sigint)
+    if restore_handler is not None:
+        previous = restore_handler
     next_check = 0.0
     try:
         while True:
+            if interrupts and not stop_on_interrupt:
+                print(
+                    f"\ngpustation: no longer following run {directory.name}; it goes on "
+                    f"(`gpustation runs stop {directory.name}` stops it)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return EXIT_INTERRUPTED
             if interrupts and stopper is None:
                 print(
                     f"\ngpustation: stopping run {directory.name} (Ctrl-C again to skip the waits)",

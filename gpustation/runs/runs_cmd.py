@@ -40,6 +40,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="wait this long after SIGINT and after SIGTERM (default: the run's, 10)",
     )
     stop.add_argument("--json", action="store_true", help="print the final state as JSON")
+    fol = actions.add_parser(
+        "follow",
+        help="stream a run's log (from the start) until it ends; Ctrl-C leaves it running",
+    )
+    fol.add_argument("id", metavar="ID")
+    fol.add_argument(
+        "--stop-on-ctrl-c",
+        action="store_true",
+        help="let Ctrl-C stop the run, as `gpustation run` does",
+    )
     cmp_ = actions.add_parser("compare", help="put runs side by side, with changes from the first")
     cmp_.add_argument("ids", nargs="+", metavar="ID")
     cmp_.add_argument("--json", action="store_true", help="print JSON")
@@ -57,9 +67,12 @@ def run(args: argparse.Namespace) -> int:
     store = RunStore()
     _refresh()
     if action == "list":
-        records = store.list_runs(
-            limit=getattr(args, "limit", 50), status=getattr(args, "status", None)
-        )
+        records = [
+            _fresh(r)
+            for r in store.list_runs(
+                limit=getattr(args, "limit", 50), status=getattr(args, "status", None)
+            )
+        ]
         if getattr(args, "json", False):
             print(json.dumps([r.to_dict() for r in records], indent=2))
         else:
@@ -84,6 +97,12 @@ def run(args: argparse.Namespace) -> int:
             status = state.status if state else record.status
             print(f"{run_id}: {(state.reason if state else None) or status}")
         return 0
+    if action == "follow":
+        from gpustation.runs import rundir
+        from gpustation.runs.run_cmd import follow
+
+        run_id = store.resolve_id(args.id)
+        return follow(rundir.run_dir(run_id), grace_s=None, stop_on_interrupt=args.stop_on_ctrl_c)
     if action == "compare":
         records = [_get(store, i) for i in args.ids]
         table = compare_rows(records)
@@ -106,19 +125,23 @@ def run(args: argparse.Namespace) -> int:
     raise UsageError(f"unknown action {action!r}")
 
 
+def _fresh(record: RunRecord) -> RunRecord:
+    """A running run's row, refreshed from its files (the row is written at start and end)."""
+    if record.status in ("starting", "running") and record.run_dir:
+        from pathlib import Path
+
+        from gpustation.runs.store import record_from_dir
+
+        return record_from_dir(Path(record.run_dir))
+    return record
+
+
 def _get(store: RunStore, text: str) -> RunRecord:
     run_id = store.resolve_id(text)
     record = store.get(run_id)
     if record is None:
         raise UsageError(f"no run {text!r}; see `gpustation runs list`")
-    if record.status in ("starting", "running") and record.run_dir:
-        # A running run's row is refreshed from its files on every look.
-        from pathlib import Path
-
-        from gpustation.runs.store import record_from_dir
-
-        record = record_from_dir(Path(record.run_dir))
-    return record
+    return _fresh(record)
 
 
 # ---- formatting -----------------------------------------------------------------

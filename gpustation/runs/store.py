@@ -26,6 +26,7 @@ from gpustation import paths
 from gpustation.errors import UsageError
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import summarize_telemetry
+from gpustation.runs.rundir import RunState
 from gpustation.runs.tail import MetricsAccumulator, parse_metric_line
 
 
@@ -220,10 +221,14 @@ class RunStore:
         )
 
 
-def record_from_dir(directory: Path) -> RunRecord:
-    """Build a run's history row from its run directory."""
+def record_from_dir(directory: Path, state: RunState | None = None) -> RunRecord:
+    """Build a run's history row from its run directory.
+
+    ``state`` stands in for ``state.json`` (one about to be written).
+    """
     run = rundir.read_run(directory) or {}
-    state = rundir.read_state(directory)
+    if state is None:
+        state = rundir.read_state(directory)
     preset = run.get("preset") or {}
     record = RunRecord(
         id=run.get("id") or directory.name,
@@ -295,8 +300,10 @@ def record_from_dir(directory: Path) -> RunRecord:
     return record
 
 
-def sync_run(directory: Path, store: RunStore | None = None) -> RunRecord:
-    """Rebuild a run's row from its directory and save it."""
-    record = record_from_dir(directory)
+def sync_run(
+    directory: Path, store: RunStore | None = None, state: RunState | None = None
+) -> RunRecord:
+    """Rebuild a run's row from its directory (and ``state``, if given) and save it."""
+    record = record_from_dir(directory, state)
     (store or RunStore()).upsert(record)
     return record

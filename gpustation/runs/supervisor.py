@@ -23,7 +23,7 @@ from typing import Any
 
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import compact_sample, write_sample
-from gpustation.runs.launcher import DEFAULT_GRACE_S, terminate_group
+from gpustation.runs.launcher import DEFAULT_GRACE_S, record_end, terminate_group
 from gpustation.runs.rundir import RunState
 
 SAMPLE_INTERVAL_S = 1.0
@@ -128,13 +128,7 @@ def _note_descendants(pid: int, state: RunState) -> bool:
 
 
 def _finish(directory: Path, state: RunState) -> None:
-    rundir.write_state(directory, state)
-    try:
-        from gpustation.runs.store import sync_run
-
-        sync_run(directory)
-    except Exception as err:
-        _log(f"could not record the run in the history: {err}")
+    record_end(directory, state)
 
 
 def supervise(directory: Path) -> int:
@@ -279,7 +273,28 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m gpustation.runs.supervisor RUN_DIR", file=sys.stderr)
         return 2
-    return supervise(Path(argv[0]))
+    directory = Path(argv[0])
+    try:
+        return supervise(directory)
+    except Exception as err:
+        # A bug here must not leave a run unwatched: stop it and say why.
+        import traceback
+
+        _log("supervisor error:\n" + traceback.format_exc())
+        state = rundir.read_state(directory)
+        if state is not None and state.active:
+            from gpustation.runs.launcher import _mark_ended
+
+            terminate_group(
+                state.pgid,
+                state.child_pid,
+                state.child_create_time,
+                grace_s=2.0,
+                log=_log,
+                known=state.descendants,
+            )
+            _mark_ended(directory, state, "failed", f"the run's supervisor failed: {err!r}")
+        return 1
 
 
 if __name__ == "__main__":

@@ -168,3 +168,35 @@ def test_runs_list_show_and_compare(runs_env: dict) -> None:
     assert table.returncode == 0
     assert "+100.0 %" in table.stdout and "-50.0 %" in table.stdout
     assert first in table.stdout and second in table.stdout
+
+
+def test_follow_reattaches_and_ctrl_c_leaves_the_run_going(runs_env: dict, tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    runs_env["write_preset"]("wait", command_preset("wait", "wait_file", str(release)))
+    run_id = gs("run", "wait", "--detach").stdout.strip()
+    log = rundir.run_dir(run_id) / rundir.OUTPUT_LOG
+    wait_until(lambda: log.exists() and "ready" in log.read_text(), TIMEOUT, "the run")
+    proc = subprocess.Popen(
+        gpustation_cmd("runs", "follow", run_id),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"  # following from the start of the log
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert [a.id for a in list_active_runs()] == [run_id], "the run goes on"
+
+    release.touch()
+    done = gs("runs", "follow", "last")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["ready", "released"]
+    assert "succeeded" in done.stderr
