@@ -241,7 +241,7 @@ def _define_types(ct: Any) -> Any:
 
     c_uint, c_ulonglong, c_char = ct.c_uint, ct.c_ulonglong, ct.c_char
 
-    class _PrintableStructure(ct.Structure):  # type: ignore[misc, name-defined]
+    class _PrintableStructure(ct.Structure):
         """A Structure whose byte-string fields read as str (as in pynvml)."""
 
         def __getattribute__(self, name: str) -> Any:
@@ -257,7 +257,7 @@ def _define_types(ct: Any) -> Any:
             fields = ", ".join(f"{k}: {getattr(self, k)}" for k, *_ in self._fields_)
             return f"{type(self).__name__}({fields})"
 
-    class struct_c_nvmlDevice_t(ct.Structure):  # type: ignore[misc, name-defined]
+    class struct_c_nvmlDevice_t(ct.Structure):
         pass  # opaque handle
 
     class c_nvmlMemory_t(_PrintableStructure):
