@@ -19,7 +19,7 @@ from typing import Any
 
 from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, UsageError
 from gpustation.runs import rundir
-from gpustation.runs.tail import MetricsAccumulator, MetricsReader, Tailer
+from gpustation.runs.tail import MetricsAccumulator
 from gpustation.telemetry.backend import add_gpu_options, parse_gpu_list
 
 
@@ -215,14 +215,12 @@ def follow(
     With ``stop_on_interrupt`` Ctrl-C stops the run (graceful, then firm);
     without it Ctrl-C only stops following and the run goes on.
     """
-    from gpustation.runs.launcher import check_run, stop_run
+    from gpustation.runs.follow import RunFollower
+    from gpustation.runs.launcher import stop_run
 
-    state = rundir.read_state(directory)
     run = rundir.read_run(directory) or {}
     title = (run.get("preset") or {}).get("name") or directory.name
-    log = Tailer(directory / rundir.OUTPUT_LOG)
-    metrics = MetricsReader(directory / rundir.METRICS_FILE)
-    acc = MetricsAccumulator()
+    follower = RunFollower(directory)
     progress = _Progress(title)
     # Ctrl-C presses, newest last (some may have come before following began).
     interrupts = interrupts if interrupts is not None else []
@@ -234,7 +232,6 @@ def follow(
     previous = signal.signal(signal.SIGINT, on_sigint)
     if restore_handler is not None:
         previous = restore_handler
-    next_check = 0.0
     try:
         while True:
             if interrupts and not stop_on_interrupt:
@@ -262,43 +259,23 @@ def follow(
                     daemon=True,
                 )
                 stopper.start()
-            lines = log.read_new(max_bytes=1 << 20)
-            if lines:
-                progress.write_log(b"\n".join(lines) + b"\n")
-            events = metrics.read_new()
-            for event in events:
-                acc.add(event)
-            if events:
-                progress.update(acc)
-            now = time.monotonic()
-            if now >= next_check:
-                next_check = now + 0.5
-                state = check_run(directory)
-                if state is not None and not state.active:
-                    break
-            if not lines and not events:
-                time.sleep(poll_s)
-        # The run has ended: take what is left, including an unfinished last line.
-        while True:
-            lines = log.read_new()
-            if not lines:
+            update = follower.poll()
+            if update.lines:
+                progress.write_log(b"\n".join(update.lines) + b"\n")
+            if update.events or update.ended:
+                progress.update(follower.acc)
+            if update.ended:
                 break
-            progress.write_log(b"\n".join(lines) + b"\n")
-        rest = log.read_partial()
-        if rest:
-            progress.write_log(rest + b"\n")
-        for event in metrics.finish():
-            acc.add(event)
-        progress.update(acc)
+            if not update.lines and not update.events:
+                time.sleep(poll_s)
     finally:
         progress.close()
-        log.close()
-        metrics.close()
+        follower.close()
         signal.signal(signal.SIGINT, previous)
     if stopper is not None:
         stopper.join(timeout=30)
-    state = rundir.read_state(directory) or state
-    return _report(directory, state, acc)
+    state = rundir.read_state(directory) or follower.state
+    return _report(directory, state, follower.acc)
 
 
 def _report(directory: Path, state: rundir.RunState | None, acc: MetricsAccumulator) -> int:

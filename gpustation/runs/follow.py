@@ -1,0 +1,100 @@
+"""Following one run: its new log lines, metric events and state, poll by poll.
+
+:class:`RunFollower` is what a log pane, a loss-curve pane or ``gpustation
+run`` needs from a run directory. Creating one does no I/O; each
+:meth:`RunFollower.poll` reads only what was appended since the last (at most
+``max_bytes`` of log, so a flood is taken in bites) and returns a plain
+:class:`FollowUpdate`. A UI calls ``poll`` from a worker thread and posts the
+update to its widgets.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpustation.runs import rundir
+from gpustation.runs.rundir import RunState
+from gpustation.runs.tail import MetricsAccumulator, MetricsReader, Tailer
+
+
+@dataclass
+class FollowUpdate:
+    """What happened in a run since the previous poll."""
+
+    lines: list[bytes] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    #: the run's state when it was last checked (None before the first check)
+    state: RunState | None = None
+    #: True once the run has ended and everything it wrote has been read
+    ended: bool = False
+
+    def text_lines(self) -> list[str]:
+        """The log lines as text; a progress bar's ``\\r`` redraws keep their last frame."""
+        return [
+            line.decode("utf-8", errors="replace").rstrip("\r").rsplit("\r", 1)[-1]
+            for line in self.lines
+        ]
+
+
+class RunFollower:
+    """Reads a run directory incrementally. Not thread-safe: one poller at a time."""
+
+    def __init__(
+        self, directory: Path, max_bytes: int = 1 << 20, state_every_s: float = 0.5
+    ) -> None:
+        self.directory = Path(directory)
+        self.max_bytes = max_bytes
+        self.state_every_s = state_every_s
+        self.log = Tailer(self.directory / rundir.OUTPUT_LOG)
+        self.metrics = MetricsReader(self.directory / rundir.METRICS_FILE)
+        self.acc = MetricsAccumulator()
+        self.state: RunState | None = None
+        self._next_check = 0.0
+        self._ended = False
+
+    @property
+    def malformed_metrics(self) -> int:
+        return self.metrics.malformed_count
+
+    def poll(self) -> FollowUpdate:
+        """New lines and events, and the state (checked every ``state_every_s``)."""
+        if self._ended:
+            return FollowUpdate(state=self.state, ended=True)
+        from gpustation.runs.launcher import check_run
+
+        # The state is read before the files: when it says "ended", everything
+        # the run wrote is already on disk, and the reads below will see it.
+        now = time.monotonic()
+        final = False
+        if now >= self._next_check:
+            self._next_check = now + self.state_every_s
+            self.state = check_run(self.directory)
+            final = self.state is not None and not self.state.active
+        update = FollowUpdate(state=self.state)
+        update.lines = self.log.read_new(max_bytes=self.max_bytes)
+        update.events = self.metrics.read_new()
+        if final and self.log.at_end():
+            # Ended and drained: take a last line written without a newline.
+            rest = self.log.read_partial()
+            if rest:
+                update.lines.append(rest)
+            update.events.extend(self.metrics.finish())
+            update.ended = self._ended = True
+        elif final:
+            self._next_check = 0.0  # more to drain; stay on "final" next poll
+        for event in update.events:
+            self.acc.add(event)
+        return update
+
+    def close(self) -> None:
+        self.log.close()
+        self.metrics.close()
+
+    def __enter__(self) -> RunFollower:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
