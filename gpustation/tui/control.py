@@ -245,9 +245,19 @@ class ControlUI:
                 pass
 
     def close(self) -> None:
-        """Stop the fan curve (fans back to automatic); restore signal handlers."""
+        """Revert an unconfirmed change, stop the fan curve, restore signal handlers.
+
+        Runs as the dashboard closes; the UI no longer needs to stay responsive.
+        """
         live, self.live = self.live, None
+        pending, self.pending = self.pending, None
         try:
+            if pending is not None:
+                # Quitting is not confirming.
+                try:
+                    pending.revert()
+                except Exception:  # the fan curve below must still be stopped
+                    pass
             if live is not None:
                 live.close()
         finally:
@@ -377,6 +387,7 @@ class KeepChangeDialog(ModalScreen[bool]):
     #keep-box {
         width: 64; height: auto; border: thick $warning; background: $surface; padding: 1 2;
     }
+    #keep-box Label { width: 100%; }
     #keep-buttons { height: auto; margin-top: 1; }
     #keep-buttons Button { margin-right: 2; }
     """
@@ -392,8 +403,8 @@ class KeepChangeDialog(ModalScreen[bool]):
             yield Label(f"Applied: {self.description}", id="keep-what")
             yield Label("", id="keep-countdown")
             with Horizontal(id="keep-buttons"):
-                yield Button("Keep [y]", id="keep", variant="success")
-                yield Button("Revert now [n]", id="revert", variant="warning")
+                yield Button("Keep (y)", id="keep", variant="success")
+                yield Button("Revert now (n)", id="revert", variant="warning")
 
     def on_mount(self) -> None:
         self._deadline = time.monotonic() + self.timeout_s
@@ -433,6 +444,7 @@ class PowerCapDialog(ModalScreen[float | None]):
     #power-box {
         width: 64; height: auto; border: thick $primary; background: $surface; padding: 1 2;
     }
+    #power-box Label { width: 100%; }
     #power-value { text-style: bold; margin: 1 0; }
     #power-buttons { height: auto; }
     #power-buttons Button { margin-right: 1; min-width: 8; }
@@ -455,13 +467,17 @@ class PowerCapDialog(ModalScreen[float | None]):
             yield Label(f"Power cap for GPU {s.index} ({s.name or 'n/a'})", id="power-title")
             yield Label(f"Valid range {self.lo:g}-{self.hi:g} W{default}", id="power-range")
             yield Label("", id="power-value")
-            yield Label(NOT_PERSISTENT, id="power-note", classes="dim")
+            yield Label(
+                f"+/- steps of {self.step_w:g} W · d default · Enter apply · Esc cancel",
+                id="power-keys",
+            )
+            yield Label(NOT_PERSISTENT, id="power-note")
             with Horizontal(id="power-buttons"):
                 yield Button(f"-{self.step_w:g} W", id="down")
                 yield Button(f"+{self.step_w:g} W", id="up")
-                yield Button("Default [d]", id="default")
-                yield Button("Apply [Enter]", id="apply", variant="primary")
-                yield Button("Cancel [Esc]", id="cancel")
+                yield Button("Default", id="default")
+                yield Button("Apply", id="apply", variant="primary")
+                yield Button("Cancel", id="cancel")
 
     def on_mount(self) -> None:
         self._show()
@@ -668,7 +684,7 @@ class ControlScreen(LiveScreen):
             s.append(f"Waiting for confirmation: {self.ui.pending.description}\n", style="yellow")
         if self.ui.last_outcome:
             s.append(f"Last: {self.ui.last_outcome}\n", style="dim")
-        s.append(NOT_PERSISTENT, style="dim")
+        s.append("Power limits do not survive a reboot or a driver reload.", style="dim")
         self.query_one("#control-state", LiveText).show(s, layout=True)
 
         marks: list[tuple[int, float, int]] = []

@@ -118,6 +118,22 @@ def test_a_confirmed_profile_stays_and_the_curve_stops_with_the_app(
     asyncio.run(scenario())
 
 
+def test_quitting_during_the_countdown_reverts(sim: RecordingSim) -> None:
+    async def scenario() -> None:
+        app = make_app(sim)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await open_control(pilot, app)
+            ui = control_ui(app)
+            await pilot.press("2")  # quiet: 70 % and a fan curve
+            await wait_until(pilot, lambda: ("asked", "profile quiet") in ui.events, "the question")
+            assert limits(sim) == [315.0, 315.0]
+        assert limits(sim) == [450.0, 450.0]
+        assert fan_modes(sim) == {"auto"}
+        assert not curve_threads()
+
+    asyncio.run(scenario())
+
+
 def test_power_cap_dialog_steps_within_the_range(sim: RecordingSim) -> None:
     async def scenario() -> None:
         app = make_app(sim)
