@@ -137,9 +137,11 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
                 energy += integrated[index]
                 known = True
         summary.energy_j = energy if known else None
-    if summary.energy_j is not None and summary.duration_s > 0:
-        summary.avg_power_w = summary.energy_j / summary.duration_s
-    elif summary.peak_power_w is not None:
-        summary.avg_power_w = summary.peak_power_w if summary.samples == 1 else None
+    # Average power from the samples (time-weighted), so it never exceeds the
+    # peak; energy prefers the cards' own counters, which see between samples.
+    if summary.duration_s > 0 and integrated:
+        summary.avg_power_w = sum(integrated.values()) / summary.duration_s
+    elif summary.peak_power_w is not None and summary.samples == 1:
+        summary.avg_power_w = summary.peak_power_w
     summary.throttled_s = throttled if any_throttle_info else None
     return summary

@@ -28,7 +28,7 @@ from gpustation.runs.rundir import RunState
 
 SAMPLE_INTERVAL_S = 1.0
 _CUDA_OOM = re.compile(
-    rb"CUDA out of memory|torch\.OutOfMemoryError|torch\.cuda\.OutOfMemoryError|"
+    rb"CUDA out of memory|OutOfMemoryError|"
     rb"CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation|RESOURCE_EXHAUSTED: Out of memory"
 )
 
@@ -52,6 +52,25 @@ def cgroup_oom_kills() -> int | None:
                             return int(value)
     except (OSError, ValueError):
         return None
+    return None
+
+
+def _metrics_report_oom(path: Path, max_bytes: int = 64 * 1024) -> str | None:
+    """The message of an ``{"error": "out_of_memory"}`` event, as gpustation's runners write."""
+    from gpustation.runs.tail import parse_metric_line
+
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - max_bytes))
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        event = parse_metric_line(line)
+        if event is not None and event.get("error") == "out_of_memory":
+            message = str(event.get("message") or "").strip()
+            return message.splitlines()[0] if message else "out of memory"
     return None
 
 
@@ -245,7 +264,11 @@ def supervise(directory: Path) -> int:
         state.status = "succeeded"
     else:
         state.status = "failed"
-        if _log_mentions_cuda_oom(output):
+        reported = _metrics_report_oom(directory / rundir.METRICS_FILE)
+        if reported is not None:
+            state.oom = True
+            state.reason = f"out of memory: {reported}"
+        elif _log_mentions_cuda_oom(output):
             state.oom = True
             state.reason = "CUDA out of memory (the GPU ran out of memory)"
         elif state.signal == "SIGKILL":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,17 @@ def test_torchrun_run_stops_with_all_its_workers(runs_env: dict, tmp_path: Path)
     assert state is not None and state.status == "stopped"
     assert_no_process(workers)
     assert rundir.group_members(state.pgid) == []
+
+
+def test_runner_reported_out_of_memory_is_named(runs_env: dict) -> None:
+    # gpustation's runners exit 75 after an {"error": "out_of_memory"} event.
+    code = (
+        "from gpustation.runs.metrics import MetricsWriter\n"
+        "MetricsWriter.from_env().log(error='out_of_memory', "
+        "message='out of memory while training.\\\\nTry: --batch-size 64')\n"
+        "raise SystemExit(75)\n"
+    )
+    runs_env["write_preset"]("oom2", f'command = ["{sys.executable}", "-c", """{code}"""]\n')
+    state = wait_for_end(launch(preset_named("oom2")).run_dir, TIMEOUT)
+    assert state is not None and state.status == "failed" and state.exit_code == 75
+    assert state.oom and state.reason == "out of memory: out of memory while training."
