@@ -469,6 +469,9 @@ class FleetApp(App[int]):
         refresh = float(getattr(args, "refresh", 1.0) or 1.0)
         if fleet is None:
             config = load_fleet_config()
+            # --refresh other than its default wins over [fleet] interval.
+            if refresh == 1.0:
+                refresh = config.interval
             fleet = Fleet(
                 list(hosts),
                 interval=refresh,

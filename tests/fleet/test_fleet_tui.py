@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
@@ -148,3 +149,21 @@ async def _real_streams_from_simulated_hosts(tmp_path: Path) -> None:
         assert isinstance(screen, FleetScreen)
         first = screen.histories["h1"]
         await _wait(pilot, lambda: len(first._times.get(0, ())) >= 2)
+
+
+def test_app_takes_interval_and_ssh_config_from_config_unless_given(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    (gpustation_dirs["config"] / "config.toml").write_text(
+        "[fleet]\ninterval = 2\n"
+        'remote_command = "/opt/gs/bin/gpustation"\nssh_config = "/etc/lab"\n'
+    )
+    app = FleetApp(["box1"], argparse.Namespace(refresh=1.0))
+    argv = app.fleet.streams["box1"].argv
+    assert app.fleet.interval == 2.0
+    assert argv[1:3] == ["-F", "/etc/lab"]
+    assert argv[-5:] == ["/opt/gs/bin/gpustation", "snapshot", "--json", "--watch", "2"]
+    given = FleetApp(["box1"], argparse.Namespace(refresh=0.5, ssh_config="/mine"))
+    argv = given.fleet.streams["box1"].argv
+    assert given.fleet.interval == 0.5
+    assert argv[1:3] == ["-F", "/mine"] and argv[-1] == "0.5"
