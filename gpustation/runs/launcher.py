@@ -550,6 +550,24 @@ def stop_run(
     return final
 
 
+def stop_runs(
+    runs: Sequence[str | Path], grace_s: float | None = None, by: str = "user"
+) -> dict[str, RunState | None]:
+    """Stop several runs at once (quitting the dashboard, say); each as :func:`stop_run`.
+
+    They are stopped in parallel, so the wait is one run's grace, not the sum.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not runs:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(16, len(runs))) as pool:
+        futures = {
+            run_directory(run).name: pool.submit(stop_run, run, grace_s, by=by) for run in runs
+        }
+        return {name: future.result() for name, future in futures.items()}
+
+
 # ---- finding runs again ----------------------------------------------------------
 
 

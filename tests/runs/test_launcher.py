@@ -5,12 +5,20 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from gpustation.runs import rundir
-from gpustation.runs.launcher import check_run, launch, list_active_runs, stop_run, wait_for_end
+from gpustation.runs.launcher import (
+    check_run,
+    launch,
+    list_active_runs,
+    stop_run,
+    stop_runs,
+    wait_for_end,
+)
 from gpustation.runs.presets import load_presets
 from gpustation.runs.store import RunStore
 from tests.runs.conftest import assert_no_process, command_preset, wait_until
@@ -264,3 +272,21 @@ def test_runner_reported_out_of_memory_is_named(runs_env: dict) -> None:
     state = wait_for_end(launch(preset_named("oom2")).run_dir, TIMEOUT)
     assert state is not None and state.status == "failed" and state.exit_code == 75
     assert state.oom and state.reason == "out of memory: out of memory while training."
+
+
+def test_stop_several_runs_at_once(runs_env: dict, tmp_path: Path) -> None:
+    pids_file = tmp_path / "pids"
+    runs_env["write_preset"]("stubborn", command_preset("stubborn", "stubborn", str(pids_file)))
+    runs_env["write_preset"]("wait", command_preset("wait", "wait_file", str(tmp_path / "never")))
+    stubborn = launch(preset_named("stubborn"))
+    waiting = launch(preset_named("wait"))
+    wait_until(pids_file.exists, TIMEOUT, "the stubborn child")
+    start = time.monotonic()
+    states = stop_runs([a.id for a in list_active_runs()], grace_s=1.0)
+    # In parallel: the stubborn run's SIGINT and SIGTERM waits are not added to the other's.
+    assert time.monotonic() - start < 10
+    assert {k: v.status for k, v in states.items() if v} == {
+        stubborn.id: "stopped",
+        waiting.id: "stopped",
+    }
+    assert list_active_runs() == []
