@@ -77,7 +77,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         metavar="[USER@]HOST",
         help="show a fleet of hosts read over ssh (repeatable)",
     )
-    from gpustation.telemetry.fleet import add_fleet_options
+    from gpustation.telemetry.fleet_cli import add_fleet_options
 
     add_fleet_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)

@@ -47,7 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="[USER@]HOST",
         help="read these hosts over ssh instead of this machine (repeatable)",
     )
-    from gpustation.telemetry.fleet import add_fleet_options
+    from gpustation.telemetry.fleet_cli import add_fleet_options
 
     add_fleet_options(p)
 
