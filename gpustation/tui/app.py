@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import signal
 from collections.abc import Callable, Iterable, Sequence
@@ -93,6 +94,29 @@ SCREENS_BY_MODE: list[ScreenEntry] = [
 ]
 
 
+def _available(factory: type[Screen[Any]] | str) -> bool:
+    """Whether a screen's module exists, without importing it (start-up stays quick)."""
+    if not isinstance(factory, str):
+        return True
+    module = factory.partition(":")[0]
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _screen_maker(entry: ScreenEntry) -> Callable[[], Screen[Any]]:
+    """Build the entry's screen when its mode is first shown (imports it then)."""
+
+    def make() -> Screen[Any]:
+        cls = _resolve(entry.factory)
+        if cls is None:
+            raise GpustationError(f"the {entry.title} screen could not be loaded")
+        return cls()
+
+    return make
+
+
 def _resolve(factory: type[Screen[Any]] | str) -> type[Screen[Any]] | None:
     if not isinstance(factory, str):
         return factory
@@ -144,8 +168,8 @@ class DashboardApp(App[int]):
         self._timer: Timer | None = None
         self._autostart = autostart
         self._notify_alerts = notify_alerts
-        self._modes_in_use = [e for e in SCREENS_BY_MODE if _resolve(e.factory) is not None]
-        self.MODES = {e.mode: _resolve(e.factory) for e in self._modes_in_use}  # type: ignore[misc]
+        self._modes_in_use = [e for e in SCREENS_BY_MODE if _available(e.factory)]
+        self.MODES = {e.mode: _screen_maker(e) for e in self._modes_in_use}  # type: ignore[misc]
         super().__init__()
         for entry in self._modes_in_use:
             if entry.mode not in ("dashboard", "topology", "alerts", "help"):
@@ -434,10 +458,10 @@ def run_dashboard(args: argparse.Namespace) -> int:
     """Entry point from ``gpustation`` with no subcommand."""
     gpus = parse_gpu_list(getattr(args, "gpus", None))
     hosts: Sequence[str] = getattr(args, "host", None) or []
-    if hosts:
-        fleet = _resolve("gpustation.tui.fleet:FleetApp")
-        if fleet is not None:
-            return int(fleet(list(hosts), args).run() or 0)  # type: ignore[call-arg]
+    if hosts and _available("gpustation.tui.fleet:run_fleet"):
+        run_fleet: Any = _resolve("gpustation.tui.fleet:run_fleet")  # type: ignore[arg-type]
+        if run_fleet is not None:
+            return int(run_fleet(list(hosts), args) or 0)
     refresh = float(getattr(args, "refresh", 1.0) or 1.0)
     simulate = getattr(args, "simulate", None)
     sim_card = getattr(args, "sim_card", None)

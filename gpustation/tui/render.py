@@ -159,8 +159,11 @@ def card_text(gpu: GpuSample, width: int, focused: bool = False) -> Text:
     return t
 
 
-def compact_text(gpu: GpuSample, width: int) -> Text:
-    """Two lines per GPU for small terminals and many GPUs."""
+def compact_text(gpu: GpuSample, width: int, focused: bool = False) -> Text:
+    """Two lines per GPU for small terminals and many GPUs.
+
+    Focus swaps the PCIe link for the power limit's default and range.
+    """
     t = Text()
     t.append(f"{gpu.index} ", style="bold")
     t.append(f"{short_name(gpu.name)[:18]:<18}", style="bold cyan")
@@ -182,7 +185,14 @@ def compact_text(gpu: GpuSample, width: int) -> Text:
     )
     t.append(f" fan {fans_text(gpu)}" if gpu.fans_pct else " no fans", style="dim")
     t.append(" ")
-    t.append_text(pcie_text(gpu, arrows=False))
+    if focused:
+        t.append(
+            f"limit default {fmt.num(gpu.power_default_w)},"
+            f" {fmt.num(gpu.power_min_w)}-{fmt.num(gpu.power_max_w, unit=' W')}",
+            style="italic",
+        )
+    else:
+        t.append_text(pcie_text(gpu, arrows=False))
     if any(r != "gpu_idle" for r in gpu.throttle_reasons or ()):
         t.append(" ")
         t.append_text(throttle_text(gpu))

@@ -119,6 +119,8 @@ class GpuCard(LiveText):
         self.index = index
         self.sample: GpuSample | None = None
         self.compact = False
+        # Our own flag: on_focus runs before Textual sets has_focus.
+        self._focused = False
 
     def set_sample(self, sample: GpuSample | None) -> None:
         self.sample = sample
@@ -131,19 +133,18 @@ class GpuCard(LiveText):
             return
         width = self.content_region.width or 78
         if self.compact:
-            self.show(render.compact_text(g, width))
+            self.show(render.compact_text(g, width, focused=self._focused))
         else:
-            self.show(render.card_text(g, width, focused=self.has_focus))
+            self.show(render.card_text(g, width, focused=self._focused))
             self.border_title = None
 
     def on_focus(self) -> None:
-        # Focus shows the power range; that adds a line, so lay out again.
-        if not self.compact:
-            self.add_class("-focused")
+        # Focus shows the power limit's default and range on the card.
+        self._focused = True
         self.redraw()
 
     def on_blur(self) -> None:
-        self.remove_class("-focused")
+        self._focused = False
         self.redraw()
 
     def on_resize(self) -> None:

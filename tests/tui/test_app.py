@@ -323,3 +323,68 @@ async def test_command_palette_lists_the_dashboard_actions() -> None:
             assert title in titles
         # every app binding has an id (so keys can be remapped)
         assert all(b.id for b in DashboardApp.BINDINGS)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("size", "count"), [((160, 48), 2), ((80, 24), 2)])
+async def test_clicking_a_card_shows_the_power_limit_range(size, count) -> None:  # type: ignore[no-untyped-def]
+    app, _ = make_app(count=count)
+    async with app.run_test(size=size) as pilot:
+        await first_frame(pilot)
+        card = app.screen.query_one("#gpu-1", GpuCard)
+        assert "150-600 W" not in card.plain
+        await pilot.click("#gpu-1")
+        await pilot.pause()
+        assert card.has_focus
+        assert "default 450, 150-600 W" in card.plain
+
+
+async def test_typing_in_the_filter_does_not_trigger_dashboard_keys() -> None:
+    app, _ = make_app(count=1)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await first_frame(pilot)
+        await pilot.press("slash", "q", "t", "m", "p")
+        await pilot.pause()
+        assert app.is_running and app.current_mode == "dashboard"
+        assert app.metric == "util" and not app.paused
+        assert app.screen.query_one(ProcessTable).filter_text == "qtmp"
+
+
+async def test_a_gpu_index_the_machine_lacks_is_reported_not_retried() -> None:
+    from gpustation.telemetry.sim import SimBackend
+
+    backend = SimBackend(count=2, seed=0, state_path=None, clock=Clock())
+    app = DashboardApp(DataSource(lambda: backend, gpus=[5]), refresh_s=0.25)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.error is not None)
+        assert "no GPU 5" in text_of(app, "#banner")
+        await pilot.pause(0.6)
+        assert app.passes == 0 and app._timer is None
+
+
+def test_run_dashboard_hands_hosts_to_the_fleet_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    import gpustation.tui.fleet as fleet
+    from gpustation.tui.app import run_dashboard
+
+    seen: list[list[str]] = []
+
+    def fake_run_fleet(hosts: list[str], args: argparse.Namespace) -> int:
+        seen.append(hosts)
+        return 7
+
+    monkeypatch.setattr(fleet, "run_fleet", fake_run_fleet)
+    args = argparse.Namespace(gpus=None, simulate=None, sim_card=None, refresh=1.0, host=["a", "b"])
+    assert run_dashboard(args) == 7
+    assert seen == [["a", "b"]]
+
+
+def test_run_dashboard_rejects_a_bad_gpu_list_before_starting() -> None:
+    import argparse
+
+    from gpustation.errors import UsageError
+    from gpustation.tui.app import run_dashboard
+
+    args = argparse.Namespace(gpus="zero", simulate=1, sim_card=None, refresh=1.0, host=[])
+    with pytest.raises(UsageError, match="--gpus"):
+        run_dashboard(args)
