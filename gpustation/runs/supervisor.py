@@ -27,6 +27,7 @@ from gpustation.runs.launcher import DEFAULT_GRACE_S, record_end, terminate_grou
 from gpustation.runs.rundir import RunState
 
 SAMPLE_INTERVAL_S = 1.0
+SLOW_INTERVAL_S = 5.0
 _CUDA_OOM = re.compile(
     rb"CUDA out of memory|OutOfMemoryError|"
     rb"CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation|RESOURCE_EXHAUSTED: Out of memory"
@@ -100,17 +101,23 @@ class _Telemetry:
             simulate = backend_info.get("simulate") if backend_info.get("simulated") else None
             backend = open_backend(simulate=simulate, sim_card=backend_info.get("sim_card"))
             self.sampler = Sampler(
-                backend, gpus=gpus, slow_interval_s=0.0, with_host=False, with_topology=False
+                backend,
+                gpus=gpus,
+                # Energy is a slow field (as is PCIe throughput, ~20 ms a GPU on
+                # NVML): read every few seconds; the counter is cumulative.
+                slow_interval_s=SLOW_INTERVAL_S,
+                with_host=False,
+                with_topology=False,
             )
         except Exception as err:
             _log(f"GPU telemetry is off: {err}")
             self.sampler = None
 
-    def sample(self) -> None:
+    def sample(self, final: bool = False) -> None:
         if self.sampler is None:
             return
         try:
-            snap = self.sampler.sample(slow=True)
+            snap = self.sampler.sample(slow=True if final else None)
             write_sample(self.path, compact_sample(snap, time.monotonic() - self.t0))
         except Exception as err:
             _log(f"GPU telemetry stopped: {err}")
@@ -239,7 +246,7 @@ def supervise(directory: Path) -> int:
             break
         except subprocess.TimeoutExpired:
             continue
-    telemetry.sample()  # the state the GPUs were left in
+    telemetry.sample(final=True)  # the energy counters at the end
     telemetry.close()
     # Anything the child left behind (in its group, or workers in sessions of
     # their own) goes with it: no orphan outlives its run.
