@@ -101,3 +101,24 @@ def _few_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture
+def run_inprocess(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):  # type: ignore[no-untyped-def]
+    """``run_inprocess("matmul", ...)``: the runner's cli() in this process (cheaper)."""
+
+    def run(name: str, *args: str) -> RunResult:
+        import importlib
+
+        metrics = tmp_path / f"{name}-metrics.jsonl"
+        metrics.unlink(missing_ok=True)
+        monkeypatch.setenv("GPUSTATION_METRICS_FILE", str(metrics))
+        monkeypatch.setenv("GPUSTATION_RUN_DIR", str(tmp_path))
+        monkeypatch.delenv("RANK", raising=False)
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+        module = importlib.import_module(f"gpustation.runners.{name}")
+        rc = module.cli(list(args))
+        out = capsys.readouterr()
+        return RunResult(rc, out.out, out.err, read_events(metrics))
+
+    return run

@@ -51,7 +51,7 @@ def test_out_of_memory_gives_advice_and_its_own_exit_status(run_runner) -> None:
     assert not any("summary" in e for e in r.events)
 
 
-def test_grad_accum_must_divide_batch(run_runner) -> None:
-    r = run_runner("resnet", *TINY, "--steps", "2", "--grad-accum", "3")
+def test_grad_accum_must_divide_batch(run_inprocess) -> None:
+    r = run_inprocess("resnet", *TINY, "--steps", "2", "--grad-accum", "3")
     assert r.returncode == 2
     assert "multiple of --grad-accum" in r.stderr

@@ -7,8 +7,8 @@ import pytest
 from gpustation.runners import batchsize, dataloader, infer
 
 
-def test_healthcheck_on_cpu_passes_and_skips_gpu_checks(run_runner) -> None:
-    r = run_runner("healthcheck", "--device", "cpu", "--matmul-size", "64")
+def test_healthcheck_on_cpu_passes_and_skips_gpu_checks(run_inprocess) -> None:
+    r = run_inprocess("healthcheck", "--device", "cpu", "--matmul-size", "64")
     assert r.returncode == 0, r.stderr
     s = r.summary
     statuses = {c["name"]: c["status"] for c in s["checks"]}
@@ -28,8 +28,8 @@ def test_healthcheck_without_a_gpu_fails_with_fixes(run_runner) -> None:
     assert "fix:" in r.stdout and "What limits you" in r.stdout
 
 
-def test_matmul_reports_a_precision_table(run_runner) -> None:
-    r = run_runner(
+def test_matmul_reports_a_precision_table(run_inprocess) -> None:
+    r = run_inprocess(
         "matmul", "--device", "cpu", "--sizes", "32,64", "--precisions", "fp32,bf16,fp8",
         "--steps", "5", "--copy-mib", "8",
     )  # fmt: skip
@@ -128,8 +128,8 @@ def test_batchsize_runner_recovers_from_out_of_memory(run_runner) -> None:
     assert "largest resnet batch that fits: 5" in r.stdout
 
 
-def test_batchsize_lora_workload_and_total_failure(run_runner) -> None:
-    r = run_runner(
+def test_batchsize_lora_workload_and_total_failure(run_inprocess) -> None:
+    r = run_inprocess(
         "batchsize", "--workload", "lora", "--device", "cpu", "--model-preset", "tiny",
         "--seq-len", "16", "--batch-size", "2", "--steps", "1", "--precision", "fp32",
         "--simulate-oom-above", "0",
