@@ -97,6 +97,7 @@ def test_a_confirmed_profile_stays_and_the_curve_stops_with_the_app(
         async with app.run_test(size=(160, 48)) as pilot:
             await open_control(pilot, app)
             ui = control_ui(app)
+            ui.confirm_timeout_s = 120.0  # a loaded machine must not time out the test
             await pilot.press("3")
             await wait_until(pilot, lambda: isinstance(app.screen, KeepChangeDialog), "the dialog")
             await pilot.press("y")
@@ -124,6 +125,7 @@ def test_quitting_during_the_countdown_reverts(sim: RecordingSim) -> None:
         async with app.run_test(size=(160, 48)) as pilot:
             await open_control(pilot, app)
             ui = control_ui(app)
+            ui.confirm_timeout_s = 120.0  # a loaded machine must not time out the test
             await pilot.press("2")  # quiet: 70 % and a fan curve
             await wait_until(pilot, lambda: ("asked", "profile quiet") in ui.events, "the question")
             assert limits(sim) == [315.0, 315.0]
@@ -140,6 +142,7 @@ def test_power_cap_dialog_steps_within_the_range(sim: RecordingSim) -> None:
         async with app.run_test(size=(160, 48)) as pilot:
             await open_control(pilot, app)
             ui = control_ui(app)
+            ui.confirm_timeout_s = 120.0  # a loaded machine must not time out the test
             await pilot.press("g")  # select GPU 1
             await pilot.press("w")
             await wait_until(pilot, lambda: isinstance(app.screen, PowerCapDialog), "the dialog")
@@ -167,6 +170,7 @@ def test_revert_now_and_the_journal_screen(sim: RecordingSim) -> None:
         async with app.run_test(size=(160, 48)) as pilot:
             await open_control(pilot, app)
             ui = control_ui(app)
+            ui.confirm_timeout_s = 120.0  # a loaded machine must not time out the test
             await pilot.press("w", "minus", "enter")
             await wait_until(pilot, lambda: isinstance(app.screen, KeepChangeDialog), "confirm")
             assert limits(sim)[0] == 440.0
