@@ -133,24 +133,35 @@ class _Telemetry:
 
 
 def _note_descendants(pid: int, state: RunState) -> bool:
-    """Add the child's current descendants to the state; True when there are new ones."""
+    """Keep the state's list of the child's live descendants; True when it changed.
+
+    Only the living are kept (DataLoader workers come and go every epoch), but
+    a descendant whose parent died stays listed while it lives: it is exactly
+    the process a stop could not find any other way.
+    """
     import psutil
 
     try:
         found = psutil.Process(pid).children(recursive=True)
     except psutil.Error:
-        return False
-    seen = {int(entry[0]) for entry in state.descendants}
-    added = False
+        found = []
+    kept = [
+        entry
+        for entry in state.descendants
+        if rundir.process_matches(int(entry[0]), float(entry[1]))
+    ]
+    changed = len(kept) != len(state.descendants)
+    seen = {int(entry[0]) for entry in kept}
     for proc in found:
         if proc.pid in seen:
             continue
         try:
-            state.descendants.append([proc.pid, proc.create_time()])
-            added = True
+            kept.append([proc.pid, proc.create_time()])
+            changed = True
         except psutil.Error:
             continue
-    return added
+    state.descendants = kept
+    return changed
 
 
 def _finish(directory: Path, state: RunState) -> None:
