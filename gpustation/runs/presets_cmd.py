@@ -90,7 +90,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpustation: warning: {warning}", file=sys.stderr)
     from gpustation.runs.launcher import build_argv, format_args
 
-    gpus_hint: list[int] = preset.gpus if isinstance(preset.gpus, list) else []
+    # The GPUs a launch would pick when the machine has enough (for nproc).
+    if isinstance(preset.gpus, list):
+        gpus_hint = list(preset.gpus)
+    else:
+        gpus_hint = list(range(preset.gpus or 1))
     argv = build_argv(preset, gpus_hint)
     if args.json:
         doc = preset.to_dict()
