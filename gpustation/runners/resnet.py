@@ -152,10 +152,13 @@ def make_trainer(
 
 
 def synthetic_batches(
-    args: argparse.Namespace, device: torch.device, batch_size: int
+    args: argparse.Namespace, device: torch.device, batch_size: int, rank: int = 0
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """One fixed random batch made on the device, yielded forever (no host work per step)."""
-    g = torch.Generator(device=device).manual_seed(args.seed)
+    """One fixed random batch made on the device, yielded forever (no host work per step).
+
+    Each data-parallel rank gets its own batch, as it would its own shard of a dataset.
+    """
+    g = torch.Generator(device=device).manual_seed(args.seed + 1000 * rank)
     images = torch.randn(
         batch_size, 3, args.image_size, args.image_size, device=device, generator=g
     )
@@ -241,7 +244,7 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     batches = (
         folder_batches(args, device, dist)
         if args.data
-        else synthetic_batches(args, device, args.batch_size)
+        else synthetic_batches(args, device, args.batch_size, dist.rank)
     )
     timer = common.StepTimer(device, warmup)
     common.reset_peak_memory(device)

@@ -54,7 +54,9 @@ def run_runner(tmp_path: Path):  # type: ignore[no-untyped-def]
     """``run_runner("resnet", "--steps", "3", ...)`` -> RunResult (metrics parsed)."""
     counter = [0]
 
-    def run(name: str, *args: str, torchrun: int = 0, gpu: bool = False) -> RunResult:
+    def run(
+        name: str, *args: str, torchrun: int = 0, accelerate: int = 0, gpu: bool = False
+    ) -> RunResult:
         counter[0] += 1
         run_dir = tmp_path / f"run{counter[0]}"
         run_dir.mkdir()
@@ -78,6 +80,14 @@ def run_runner(tmp_path: Path):  # type: ignore[no-untyped-def]
                 "--nproc_per_node", str(torchrun),
                 "--master_addr", "127.0.0.1",
                 "--master_port", str(free_port()),
+                "-m", f"gpustation.runners.{name}", *args,
+            ]  # fmt: skip
+        elif accelerate:
+            cmd = [
+                sys.executable, "-m", "accelerate.commands.launch",
+                "--multi_gpu", "--num_processes", str(accelerate), "--num_machines", "1",
+                "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--main_process_port", str(free_port()),
                 "-m", f"gpustation.runners.{name}", *args,
             ]  # fmt: skip
         else:

@@ -34,3 +34,13 @@ def test_ddp_lora_two_processes(run_runner) -> None:
     _one_stream(r)
     assert r.summary["adapter_reload_ok"] is True
     assert r.stdout.count("saved adapter to") == 1
+
+
+def test_accelerate_launch_works_the_same(run_runner) -> None:
+    # accelerate launch exports the same RANK/WORLD_SIZE/MASTER_* variables as torchrun.
+    r = run_runner(
+        "resnet", "--device", "cpu", "--model", "resnet18", "--image-size", "32",
+        "--num-classes", "10", "--batch-size", "4", "--steps", "2", "--warmup-steps", "1",
+        "--log-every", "1", "--no-compile", "--precision", "fp32", accelerate=2,
+    )  # fmt: skip
+    _one_stream(r)

@@ -55,3 +55,19 @@ def test_grad_accum_must_divide_batch(run_inprocess) -> None:
     r = run_inprocess("resnet", *TINY, "--steps", "2", "--grad-accum", "3")
     assert r.returncode == 2
     assert "multiple of --grad-accum" in r.stderr
+
+
+def test_each_rank_gets_its_own_synthetic_batch() -> None:
+    import argparse
+
+    import torch
+
+    from gpustation.runners.resnet import synthetic_batches
+
+    args = argparse.Namespace(seed=0, image_size=8, num_classes=10, channels_last=False)
+    cpu = torch.device("cpu")
+    x0, _ = next(synthetic_batches(args, cpu, 2, rank=0))
+    x0_again, _ = next(synthetic_batches(args, cpu, 2, rank=0))
+    x1, _ = next(synthetic_batches(args, cpu, 2, rank=1))
+    assert torch.equal(x0, x0_again)  # reproducible from the seed
+    assert not torch.equal(x0, x1)  # but not the same data on every rank
