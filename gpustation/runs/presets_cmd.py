@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from gpustation.runs.output import console
 from gpustation.runs.presets import (
     PresetProblem,
     RunPreset,
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     for key, value in rows:
         if value:
             table.add_row(key, value)
-    _console().print(table)
+    console().print(table)
     return 0
 
 
@@ -150,11 +151,4 @@ def _print_list(presets: dict[str, RunPreset]) -> None:
             ", ".join(preset.tags),
             preset.origin,
         )
-    _console().print(table)
-
-
-def _console(width: int = 200) -> Any:
-    """A console for stdout; when piped (no terminal), wide enough not to fold."""
-    from rich.console import Console
-
-    return Console(highlight=False, width=None if sys.stdout.isatty() else width)
+    console().print(table)

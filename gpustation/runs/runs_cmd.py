@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpustation.errors import UsageError
+from gpustation.runs.output import console
 from gpustation.runs.store import RunRecord, RunStore
 
 
@@ -231,7 +232,7 @@ def _print_list(records: list[RunRecord]) -> None:
             fmt_num(r.best_throughput, 1, r.throughput_unit or ""),
             fmt_energy(r.energy_j),
         )
-    _console().print(table)
+    console().print(table)
 
 
 def _print_show(r: RunRecord) -> None:
@@ -278,14 +279,16 @@ def _print_show(r: RunRecord) -> None:
     for key, value in rows:
         if value not in (None, ""):
             table.add_row(key, str(value))
-    console = _console()
-    console.print(table)
+    out = console()
+    out.print(table)
     if r.summary:
-        console.print("[bold]summary[/bold] " + json.dumps(r.summary))
+        from rich.text import Text
+
+        out.print(Text.assemble(("summary ", "bold"), json.dumps(r.summary)))
     if r.error_tail:
-        console.print("[bold]last lines of the log[/bold]")
+        out.print("[bold]last lines of the log[/bold]")
         for line in r.error_tail:
-            console.print("  " + line, markup=False)
+            out.print("  " + line, markup=False)
 
 
 # ---- compare ------------------------------------------------------------------------
@@ -391,13 +394,6 @@ def _print_compare(records: list[RunRecord], rows: list[CompareRow]) -> None:
                 text += f" ({change:+.1f} %)"
             cells.append(text)
         table.add_row(row.name, *cells)
-    _console(max(100, 30 + 34 * len(records))).print(table)
+    console(max(100, 30 + 34 * len(records))).print(table)
     if sys.stdout.isatty():
         print("changes in brackets are from the first run", file=sys.stderr)
-
-
-def _console(width: int = 200) -> Any:
-    """A console for stdout; when piped (no terminal), wide enough not to fold."""
-    from rich.console import Console
-
-    return Console(highlight=False, width=None if sys.stdout.isatty() else width)
