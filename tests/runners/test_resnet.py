@@ -71,3 +71,28 @@ def test_each_rank_gets_its_own_synthetic_batch() -> None:
     x1, _ = next(synthetic_batches(args, cpu, 2, rank=1))
     assert torch.equal(x0, x0_again)  # reproducible from the seed
     assert not torch.equal(x0, x1)  # but not the same data on every rank
+
+
+def test_trains_from_an_image_folder_with_workers(run_runner, tmp_path) -> None:
+    import random
+
+    from PIL import Image
+
+    root = tmp_path / "images"
+    rng = random.Random(0)
+    for label in ("cats", "dogs"):
+        (root / label).mkdir(parents=True)
+        for i in range(6):
+            img = Image.new("RGB", (40, 40), tuple(rng.randrange(256) for _ in range(3)))
+            img.save(root / label / f"{i}.png")
+    r = run_runner(
+        *("resnet", "--device", "cpu", "--model", "resnet18", "--num-classes", "2"),
+        *("--image-size", "32", "--batch-size", "4", "--steps", "5", "--warmup-steps", "1"),
+        *("--no-compile", "--precision", "fp32", "--data", str(root), "--workers", "1"),
+        *("--persistent-workers", "--prefetch", "2", "--log-every", "1"),
+    )
+    assert r.returncode == 0, r.stderr
+    # 12 images make 3 batches of 4 per epoch: 5 steps cross an epoch boundary.
+    assert [e["step"] for e in r.steps] == [1, 2, 3, 4, 5]
+    assert r.summary["img_per_s"] > 0
+    assert "run gpustation.runners.dataloader" in r.stdout
