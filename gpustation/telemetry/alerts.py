@@ -122,8 +122,14 @@ def evaluate(prev: Snapshot | None, cur: Snapshot) -> list[Alert]:
     count that went up is a new error. With ``prev=None`` every condition that
     holds is new (the ECC rule needs a previous count and stays quiet).
     """
-    before = {a.key for a in conditions(prev)} if prev is not None else set()
-    new = [a for a in conditions(cur) if a.key not in before]
+    return _evaluate(prev, cur, conditions(prev) if prev is not None else [], conditions(cur))
+
+
+def _evaluate(
+    prev: Snapshot | None, cur: Snapshot, prev_conditions: list[Alert], cur_conditions: list[Alert]
+) -> list[Alert]:
+    before = {a.key for a in prev_conditions}
+    new = [a for a in cur_conditions if a.key not in before]
     if prev is None:
         return new
     now_by_index = {g.index: g for g in cur.gpus}
@@ -163,6 +169,7 @@ class AlertLog:
         self.log: deque[Alert] = deque(maxlen=length)
         self.repeat_quiet_s = repeat_quiet_s
         self._prev: Snapshot | None = None
+        self._prev_conditions: list[Alert] = []
         self._active: dict[tuple[str, int], Alert] = {}
         self._cleared_at: dict[tuple[str, int], float] = {}
         self._vanished: dict[int, Alert] = {}
@@ -170,9 +177,12 @@ class AlertLog:
 
     def update(self, snapshot: Snapshot) -> list[Alert]:
         """Take the next snapshot; return the alerts newly written to the log."""
-        raised = evaluate(self._prev, snapshot)
+        # Conditions are computed once per snapshot and kept for the next call.
+        cur_conditions = conditions(snapshot)
+        raised = _evaluate(self._prev, snapshot, self._prev_conditions, cur_conditions)
         self._prev = snapshot
-        now = {a.key: a for a in conditions(snapshot)}
+        self._prev_conditions = cur_conditions
+        now = {a.key: a for a in cur_conditions}
         present = {g.index for g in snapshot.gpus}
         for index in list(self._vanished):
             if index in present:

@@ -11,6 +11,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from gpustation.telemetry.model import GpuSample, Snapshot
 
@@ -149,10 +150,14 @@ def bucket(values: list[float | None], width: int) -> list[float | None]:
     n = len(values)
     if n <= width:
         return list(values)
+    edges = [col * n // width for col in range(width + 1)]
+    if None not in values:
+        # Prefix sums: one pass over the samples, then one subtraction per column.
+        present = cast("list[float]", values)
+        sums: list[float] = [0.0, *itertools.accumulate(present)]
+        return [(sums[hi] - sums[lo]) / (hi - lo) for lo, hi in itertools.pairwise(edges)]
     out: list[float | None] = []
-    for col in range(width):
-        lo = col * n // width
-        hi = max(lo + 1, (col + 1) * n // width)
+    for lo, hi in itertools.pairwise(edges):
         chunk = [v for v in values[lo:hi] if v is not None]
         out.append(sum(chunk) / len(chunk) if chunk else None)
     return out

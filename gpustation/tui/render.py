@@ -9,6 +9,8 @@ fraction of a millisecond).
 
 from __future__ import annotations
 
+import functools
+
 from rich.text import Text
 
 from gpustation.telemetry import format as fmt
@@ -200,28 +202,34 @@ def compact_text(gpu: GpuSample, width: int, focused: bool = False) -> Text:
     return t
 
 
+@functools.cache
+def _row_tables(height: int) -> tuple[tuple[str, ...], ...]:
+    """Per graph row (top first), the character for each level -1..8*height.
+
+    Level -1 is a missing value (a dot on the bottom row); on the bottom row a
+    zero still draws a thin baseline, since an empty graph reads as "no data".
+    """
+    tables = []
+    for r in range(height - 1, -1, -1):
+        base = r * 8
+        floor = 1 if r == 0 else 0
+        row = ["·" if r == 0 else " "]
+        row.extend(BLOCKS[max(floor, min(8, lv - base))] for lv in range(height * 8 + 1))
+        tables.append(tuple(row))
+    return tuple(tables)
+
+
 def graph_rows(values: list[float | None], top: float, width: int, height: int) -> list[str]:
     """Block-character columns, ``height`` rows, newest on the right."""
     cols = bucket(values, width)
-    pad = width - len(cols)
-    levels: list[int] = []
-    for v in cols:
-        if v is None or top <= 0:
-            levels.append(-1)
-        else:
-            levels.append(max(0, min(height * 8, round(v / top * height * 8))))
-    rows = []
-    for r in range(height - 1, -1, -1):
-        base = r * 8
-        # Bottom row: a zero still draws a thin baseline (an empty graph reads as
-        # "no data"); a missing value draws a dot.
-        floor = 1 if r == 0 else 0
-        line = "".join(
-            BLOCKS[max(floor, min(8, lv - base))] if lv >= 0 else ("·" if r == 0 else " ")
-            for lv in levels
-        )
-        rows.append(" " * pad + line)
-    return rows
+    pad = " " * (width - len(cols))
+    top_level = height * 8
+    k = top_level / top if top > 0 else 0.0
+    # index into the row tables: 0 is "missing", 1 + level otherwise
+    idx = [
+        0 if v is None else 1 + (top_level if v >= top else max(0, int(v * k + 0.5))) for v in cols
+    ]
+    return [pad + "".join(map(table.__getitem__, idx)) for table in _row_tables(height)]
 
 
 METRIC_STYLE = {
