@@ -39,7 +39,7 @@ def build_parser(workload: str) -> argparse.ArgumentParser:
         parser = lora.build_parser()
         parser.set_defaults(batch_size=4, steps=3, compile=False)
     parser.prog = "python -m gpustation.runners.batchsize"
-    parser.description = __doc__.splitlines()[0]
+    parser.description = __doc__
     parser.add_argument(
         "--workload", choices=WORKLOADS, default="resnet", help="what to find the batch for"
     )

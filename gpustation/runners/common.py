@@ -52,6 +52,16 @@ class RunnerError(Exception):
 # ----------------------------------------------------------------------------- arguments
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the module docstring's layout; shows defaults unless the help already does."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action) or text
+
+
 def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """A parser with the options every runner shares, under the same names.
 
@@ -63,7 +73,7 @@ def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
         prog=f"python -m gpustation.runners.{prog}",
         description=description,
         epilog=OOM_EPILOG,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed")
     parser.add_argument(

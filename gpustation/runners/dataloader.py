@@ -27,7 +27,7 @@ STARVED = 0.10  # waiting more than this fraction of a step counts as starving t
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = common.make_parser("dataloader", __doc__.splitlines()[0])
+    parser = common.make_parser("dataloader", __doc__)
     common.add_training_args(
         parser, steps=30, batch_size=128, precision="bf16", compile_default=False
     )

@@ -30,7 +30,7 @@ class Check:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = common.make_parser("healthcheck", __doc__.splitlines()[0])
+    parser = common.make_parser("healthcheck", __doc__)
     parser.add_argument("--matmul-size", type=int, default=1024, help="N of the check matmul")
     return parser
 

@@ -25,7 +25,7 @@ from gpustation.runs.metrics import MetricsWriter
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = common.make_parser("infer", __doc__.splitlines()[0])
+    parser = common.make_parser("infer", __doc__)
     common.add_training_args(
         parser, steps=20, batch_size=0, precision="bf16", compile_default=False
     )

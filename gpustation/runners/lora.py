@@ -33,7 +33,7 @@ CHECK_FILE = "gpustation_check.pt"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = common.make_parser("lora", __doc__.splitlines()[0])
+    parser = common.make_parser("lora", __doc__)
     common.add_training_args(
         parser, steps=200, batch_size=16, precision="bf16", compile_default=True
     )

@@ -24,7 +24,7 @@ ALL_PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = common.make_parser("matmul", __doc__.splitlines()[0])
+    parser = common.make_parser("matmul", __doc__)
     parser.add_argument(
         "--sizes",
         type=common.parse_int_list,

@@ -26,7 +26,7 @@ from gpustation.runs.metrics import MetricsWriter
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = common.make_parser("resnet", __doc__.splitlines()[0])
+    parser = common.make_parser("resnet", __doc__)
     common.add_training_args(
         parser, steps=100, batch_size=256, precision="bf16", compile_default=True
     )
