@@ -150,3 +150,15 @@ def test_one_b_preset_is_about_a_billion_parameters() -> None:
     n = sum(p.numel() for p in model.parameters())
     assert 0.9e9 < n < 1.2e9
     assert cfg.vocab_size == 32000
+
+
+def test_big_base_models_check_the_adapter_on_the_loaded_base(run_inprocess, monkeypatch) -> None:
+    # Above the size limit the check loads the saved adapter beside the trained one
+    # instead of building a second copy of the base.
+    monkeypatch.setattr(lora, "REBUILD_MAX_PARAMS", 0)
+    r = run_inprocess(
+        "lora", *TINY, "--seq-len", "32", "--batch-size", "4", "--steps", "4", "--lr", "0.01"
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.summary["adapter_reload_ok"] is True
+    assert "adapter reload check" in r.stdout
