@@ -5,9 +5,10 @@ person would run it; nothing reads its screen but this script, which drains
 the output as fast as it comes.
 
 * first frame: seconds from spawn until the output (ANSI sequences stripped)
-  contains the program's marker text: for gpustation the ``Throttle`` label of
-  a full GPU card (or the process table header ``COMMAND`` with compact
-  cards), which is drawn only once the first sample arrived.
+  contains the program's marker text: for gpustation the temperature of a GPU
+  card (``Temp  63 C`` on a full card, ``63C  381/450W`` on a compact one),
+  which is drawn only once the first sample is in; for the reference apps
+  the text of their second card; for nvitop ``MiB`` (its memory column).
 * CPU: user+sys seconds of the process from /proc/<pid>/stat, in its first
   5 s and over the following 20 s (steady state at the default refresh).
 * sampling: the time of one sampling pass (fast fields) per GPU.
@@ -172,7 +173,10 @@ def main() -> None:
         [] if args.real else ["--simulate", str(args.gpus), "--sim-card", args.card]
     )
     label = "real GPUs" if args.real else f"{args.gpus} simulated {args.card}"
-    targets = [(f"gpustation ({label})", gs, re.compile(rb"Throttle|COMMAND"))]
+    # A GPU card's temperature: drawn only once the first sample is in (the
+    # process table's header, the banner and the graph come earlier or apart).
+    card = re.compile(rb"Temp +\d+ C|\d+C +[\d.]+/[\d.]+W|LOST")
+    targets = [(f"gpustation ({label})", gs, card)]
     if not args.no_reference:
         ref = str(REPO / "bench" / "ref_textual_app.py")
         targets.append(("minimal Textual app + plotext", [py, ref], re.compile(rb"REFCARD B")))
