@@ -46,13 +46,25 @@ PARTS = ("matmul", "resnet", "lora", "infer")
 
 
 class Budget:
-    """The whole script's wall-clock allowance; each child gets min(its cap, what is left)."""
+    """A wall-clock allowance; each child gets min(its cap, what is left)."""
 
     def __init__(self, seconds: float) -> None:
         self.deadline = time.monotonic() + seconds
 
-    def cap(self, seconds: float) -> float:
-        return max(0.0, min(seconds, self.deadline - time.monotonic() - 5))
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def cap(self, seconds: float, reserve: float = 0.0) -> float:
+        """Up to ``seconds``, keeping ``reserve`` seconds for the children still to come."""
+        return max(0.0, min(seconds, self.left() - 3 - reserve))
+
+    def share(self, weight: float, weights_left: float) -> Budget:
+        """A part's allowance: its share of what is left (time saved earlier rolls over)."""
+        return Budget(max(0.0, self.left()) * weight / max(weights_left, weight))
+
+
+# Share of the whole budget each part may use (compile-heavy parts get more).
+PART_WEIGHTS = {"matmul": 0.13, "resnet": 0.36, "lora": 0.38, "infer": 0.13}
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -165,7 +177,11 @@ def ref_matmul(p: dict[str, Any]) -> dict[str, Any]:
         b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
         for _ in range(5):
             torch.matmul(a, b)
-        iters = p["iters"]
+        sync(device)
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        sync(device)
+        iters = max(5, int(p["seconds"] / max(time.perf_counter() - t0, 1e-6)))
         if device.type == "cuda":
             torch.cuda.synchronize()
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -348,25 +364,27 @@ REFERENCES = {
 
 def part_matmul(cfg: dict[str, Any], res: dict[str, Any], budget: Budget, wd: Path) -> None:
     sizes = cfg["matmul_sizes"]
-    ref = run_reference(
-        "matmul", {"device": cfg["device"], "sizes": sizes, "iters": cfg["matmul_iters"]},
-        budget.cap(90), "matmul-ref", wd,
-    )  # fmt: skip
-    res["reference_best_bf16_tflops"] = ref["best_tflops"]
-    res["reference_per_size"] = ref["per_size"]
     s = run_runner(
         "matmul",
         ["--device", cfg["device"], "--sizes", ",".join(map(str, sizes)),
          "--precisions", cfg["matmul_precisions"], "--seconds", str(cfg["matmul_seconds"]),
          "--copy-mib", str(cfg["copy_mib"])],
-        budget.cap(120), "matmul-runner", wd,
+        budget.cap(90, reserve=15), "matmul-runner", wd,
     )  # fmt: skip
     assert s is not None
     res["runner_bf16_tflops"] = s["bf16_tflops"]
-    res["ratio"] = s["bf16_tflops"] / ref["best_tflops"]
     res["runner_table"] = s["tflops"]
     res["runner_best"] = s["best_tflops"]
     res["copy_bandwidth_gbs"] = s["copy_bandwidth_gbs"]
+    # The reference runs right after, on an equally warm GPU, for the same time per size.
+    ref = run_reference(
+        "matmul",
+        {"device": cfg["device"], "sizes": sizes, "seconds": cfg["matmul_seconds"]},
+        budget.cap(60), "matmul-ref", wd,
+    )  # fmt: skip
+    res["reference_best_bf16_tflops"] = ref["best_tflops"]
+    res["reference_per_size"] = ref["per_size"]
+    res["ratio"] = s["bf16_tflops"] / ref["best_tflops"]
     res["target"] = ">= 0.95 of the best torch.matmul bf16 rate"
     res["pass"] = res["ratio"] >= 0.95
 
@@ -378,7 +396,7 @@ def part_resnet(cfg: dict[str, Any], res: dict[str, Any], budget: Budget, wd: Pa
         {"device": cfg["device"], "model": r["model"], "num_classes": r["num_classes"],
          "image_size": r["image_size"], "batch": r["batch"], "warmup": r["warmup"],
          "steps": r["steps"], "compile": r["compile"]},
-        budget.cap(r["cap"]), "resnet-ref", wd,
+        budget.cap(r["cap"], reserve=r["reserve"]), "resnet-ref", wd,
     )  # fmt: skip
     res["reference_img_per_s"] = ref["img_per_s"]
     common = ["--device", cfg["device"], "--model", r["model"],
@@ -390,7 +408,7 @@ def part_resnet(cfg: dict[str, Any], res: dict[str, Any], budget: Budget, wd: Pa
         [*common, "--precision", "bf16", "--channels-last", "--cudnn-benchmark",
          "--compile" if r["compile"] else "--no-compile",
          "--warmup-steps", str(r["warmup"]), "--steps", str(r["warmup"] + r["steps"])],
-        budget.cap(r["cap"]), "resnet-bf16-runner", wd,
+        budget.cap(r["cap"], reserve=20), "resnet-bf16-runner", wd,
     )  # fmt: skip
     assert s is not None
     res["runner_img_per_s"] = s["img_per_s"]
@@ -404,7 +422,7 @@ def part_resnet(cfg: dict[str, Any], res: dict[str, Any], budget: Budget, wd: Pa
             "resnet",
             [*common, "--precision", "fp32", "--no-channels-last", "--no-compile",
              "--cudnn-benchmark", "--warmup-steps", "5", "--steps", str(5 + r["fp32_steps"])],
-            budget.cap(90), "resnet-fp32-runner", wd,
+            budget.cap(60), "resnet-fp32-runner", wd,
         )  # fmt: skip
         assert b is not None
         res["fp32_baseline_img_per_s"] = b["img_per_s"]
@@ -438,7 +456,7 @@ def _lora_one(cfg: dict[str, Any], m: dict[str, Any], out: dict[str, Any], budge
          "--compile" if m["compile"] else "--no-compile",
          "--lora-r", "16", "--lora-alpha", "32", "--lora-dropout", "0", "--lr", "1e-3",
          "--log-every", "10", "--no-save-adapter"],
-        budget.cap(m["cap"]), f"lora-{m['preset']}-runner", wd,
+        budget.cap(m["cap"], reserve=m["reserve"][0]), f"lora-{m['preset']}-runner", wd,
     )  # fmt: skip
     assert s is not None
     out["runner_tokens_per_s"] = s["tokens_per_s"]
@@ -454,7 +472,7 @@ def _lora_one(cfg: dict[str, Any], m: dict[str, Any], out: dict[str, Any], budge
         {"device": cfg["device"], "preset": m["preset"], "seed": 0, "batch": m["batch"],
          "seq_len": m["seq_len"], "steps": m["steps"], "warmup": m["warmup"],
          "lora_r": 16, "lora_alpha": 32, "lr": 1e-3},
-        budget.cap(m["cap"]), f"lora-{m['preset']}-trainer", wd,
+        budget.cap(m["cap"], reserve=m["reserve"][1]), f"lora-{m['preset']}-trainer", wd,
     )  # fmt: skip
     out["trainer_tokens_per_s"] = ref["tokens_per_s"]
     out["trainer_mem_peak_mib"] = ref["mem_peak_mib"]
@@ -475,7 +493,7 @@ def part_infer(cfg: dict[str, Any], res: dict[str, Any], budget: Budget, wd: Pat
          "--prompt-len", str(i["prompt_len"]), "--new-tokens", str(i["new_tokens"]),
          "--steps", str(i["requests"]),
          "--precision", "bf16" if cfg["device"] == "cuda" else "fp32"],
-        budget.cap(i["cap"]), "infer-runner", wd,
+        budget.cap(i["cap"], reserve=20), "infer-runner", wd,
     )  # fmt: skip
     assert s is not None
     res["sweep"] = s["sweep"]
@@ -504,26 +522,28 @@ def config(device: str, tiny: bool) -> dict[str, Any]:
     if tiny:
         return {
             "device": device,
-            "matmul_sizes": [64, 128], "matmul_iters": 5, "matmul_seconds": 0.05,
+            "matmul_sizes": [64, 128], "matmul_seconds": 0.05,
             "matmul_precisions": "fp32,bf16", "copy_mib": 8,
             "resnet": {"model": "resnet18", "num_classes": 10, "image_size": 32, "batch": 4,
-                       "warmup": 1, "steps": 3, "fp32_steps": 2, "compile": False, "cap": 120},
+                       "warmup": 1, "steps": 3, "fp32_steps": 2, "compile": False, "cap": 120,
+                       "reserve": 0},
             "lora": [{"preset": "tiny", "batch": 4, "seq_len": 32, "warmup": 1, "steps": 3,
-                      "compile": False, "cap": 120}],
+                      "compile": False, "cap": 120, "reserve": [0, 0]}],
             "infer": {"preset": "tiny", "batch_sizes": [1, 2], "prompt_len": 8,
                       "new_tokens": 4, "requests": 2, "ref_requests": 2, "cap": 120},
         }  # fmt: skip
     return {
         "device": device,
-        "matmul_sizes": [4096, 8192, 12288, 16384], "matmul_iters": 30, "matmul_seconds": 0.4,
+        "matmul_sizes": [4096, 8192, 12288, 16384], "matmul_seconds": 0.4,
         "matmul_precisions": "fp32,tf32,fp16,bf16,fp8", "copy_mib": 2048,
         "resnet": {"model": "resnet50", "num_classes": 1000, "image_size": 224, "batch": 256,
-                   "warmup": 15, "steps": 50, "fp32_steps": 25, "compile": True, "cap": 150},
+                   "warmup": 15, "steps": 50, "fp32_steps": 25, "compile": True, "cap": 150,
+                   "reserve": 75},
         "lora": [
             {"preset": "default", "batch": 32, "seq_len": 512, "warmup": 10, "steps": 50,
-             "compile": True, "cap": 110},
+             "compile": True, "cap": 110, "reserve": [115, 95]},
             {"preset": "1b", "batch": 8, "seq_len": 1024, "warmup": 8, "steps": 30,
-             "compile": True, "cap": 140},
+             "compile": True, "cap": 140, "reserve": [35, 0]},
         ],
         "infer": {"preset": "default", "batch_sizes": [1, 4, 16, 64], "prompt_len": 128,
                   "new_tokens": 128, "requests": 8, "ref_requests": 3, "cap": 90},
@@ -627,7 +647,7 @@ def main() -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--tiny", action="store_true", help="toy sizes (check the script on a CPU)")
     ap.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of parts")
-    ap.add_argument("--budget-s", type=float, default=530, help="wall-clock cap for everything")
+    ap.add_argument("--budget-s", type=float, default=520, help="wall-clock cap for everything")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-params", default="{}", help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
@@ -639,6 +659,7 @@ def main() -> int:
         return 0
 
     budget = Budget(args.budget_s)
+
     cfg = config(args.device, args.tiny)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     out_path = Path(args.out)
@@ -652,20 +673,23 @@ def main() -> int:
         results["elapsed_s"] = round(time.monotonic() - t_start, 1)
         out_path.write_text(json.dumps(results, indent=2, default=str))
 
-    for part in parts:
+    for n, part in enumerate(parts):
+        weights_left = sum(PART_WEIGHTS.get(p, 0.1) for p in parts[n:])
+        part_budget = budget.share(PART_WEIGHTS.get(part, 0.1), weights_left)
+        print(f"\n=== {part} (up to {part_budget.left():.0f}s) ===", flush=True)
         res: dict[str, Any] = {}
         results[part] = res
         t0 = time.monotonic()
         try:
             if part == "matmul":
-                part_matmul(cfg, res, budget, workdir)
+                part_matmul(cfg, res, part_budget, workdir)
             elif part == "resnet":
-                part_resnet(cfg, res, budget, workdir)
+                part_resnet(cfg, res, part_budget, workdir)
             elif part == "lora":
                 mm = results.get("matmul", {}).get("reference_best_bf16_tflops")
-                part_lora(cfg, res, budget, workdir, mm)
+                part_lora(cfg, res, part_budget, workdir, mm)
             elif part == "infer":
-                part_infer(cfg, res, budget, workdir)
+                part_infer(cfg, res, part_budget, workdir)
             else:
                 raise ValueError(f"unknown part {part!r}; choose from {PARTS}")
         except Exception as exc:
