@@ -91,6 +91,13 @@ SCREENS_BY_MODE: list[ScreenEntry] = [
         "power limits, fan curve, hardware profiles (keys 1-9), journal",
         "gpustation.tui.control:ControlScreen",
     ),
+    ScreenEntry(
+        "runs",
+        "r",
+        "Runs",
+        "launch presets; follow, stop and compare runs",
+        "gpustation.tui.runs:RunsScreen",
+    ),
 ]
 
 
@@ -168,6 +175,8 @@ class DashboardApp(App[int]):
         self._timer: Timer | None = None
         self._autostart = autostart
         self._notify_alerts = notify_alerts
+        #: asked in turn on quit; one that returns True has taken over (asked a question)
+        self.quit_hooks: list[Callable[[], bool]] = []
         self._modes_in_use = [e for e in SCREENS_BY_MODE if _available(e.factory)]
         self.MODES = {e.mode: _screen_maker(e) for e in self._modes_in_use}  # type: ignore[misc]
         super().__init__()
@@ -315,6 +324,13 @@ class DashboardApp(App[int]):
             status.show(self.status_text(screen.size.width or 80))
 
     # ---- actions -----------------------------------------------------------
+    async def action_quit(self) -> None:
+        """Quit, unless a quit hook asks first (runs still going)."""
+        for hook in list(self.quit_hooks):
+            if hook():
+                return
+        self.exit()
+
     def action_switch_to(self, mode: str) -> None:
         self.switch_mode("dashboard" if self.current_mode == mode else mode)
 
