@@ -793,6 +793,8 @@ class RunsUI:
     # -- quitting -------------------------------------------------------------------
     def before_quit(self) -> bool:
         """Asked by the app on ``q``: True when runs are going and the question was asked."""
+        if isinstance(self.app.screen, QuitRunsDialog):
+            return True  # already asking
         active = self.live_active()
         if not active or self._quitting:
             return False
@@ -1147,6 +1149,7 @@ class CompareScreen(ModalScreen[None]):
     def __init__(self, run_ids: list[str]) -> None:
         super().__init__()
         self.run_ids = run_ids
+        self.shown: list[str] = []
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="compare-box"):
@@ -1175,9 +1178,14 @@ class CompareScreen(ModalScreen[None]):
             table.add_row(row.name, *cells)
         table.caption = "changes in brackets are from the first run · Esc closes"
         try:
-            self.app.call_from_thread(self.query_one("#compare-table", Static).update, table)
+            self.app.call_from_thread(self._show, table, [r.id for r in records])
         except RuntimeError:
             pass
+
+    def _show(self, table: Table, run_ids: list[str]) -> None:
+        #: the runs shown, in column order (read by tests)
+        self.shown = run_ids
+        self.query_one("#compare-table", Static).update(table)
 
     def action_close(self) -> None:
         self.dismiss(None)
@@ -1569,12 +1577,13 @@ class RunsScreen(LiveScreen):
         self._update_table()
 
     def action_compare(self) -> None:
-        marked = [v.id for v in self.ui.ordered() if v.marked]
+        marked = [v for v in self.ui.ordered() if v.marked]
         if len(marked) < 2:
             self.notify("Mark two or more runs with space, then press v.", severity="warning")
             return
         # Oldest first: the changes read as "from the first run".
-        self.app.push_screen(CompareScreen(list(reversed(marked))))
+        marked.sort(key=lambda v: (v.started_at or 0.0, v.id))
+        self.app.push_screen(CompareScreen([v.id for v in marked]))
 
     def action_follow(self) -> None:
         log = self.query_one("#run-log", RunLog)

@@ -1,0 +1,421 @@
+"""The runs screen driven through its keys: launch, follow, stop, history, re-attach, quit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import DataTable, Input, Label, OptionList
+
+from gpustation.runs import rundir
+from gpustation.runs.launcher import launch, stop_run
+from gpustation.runs.presets import load_presets
+from gpustation.tui.app import DashboardApp
+from gpustation.tui.runs import (
+    MAX_LOG_LINES,
+    CompareScreen,
+    LaunchDialog,
+    LossPlot,
+    QuitRunsDialog,
+    RunLog,
+    RunsScreen,
+    RunsUI,
+    RunView,
+    Series,
+    StopRunDialog,
+    ema,
+    runs_ui,
+)
+from gpustation.tui.widgets import LiveText
+
+from .conftest import make_app, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+#: a training-like child: a log line and a metric event per step, eval loss every 5 steps;
+#: on SIGINT it says so and exits 0, as a script that saves on Ctrl-C would
+TRAINER = """\
+import argparse, sys, time
+from gpustation.runs.metrics import MetricsWriter
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=100000)
+parser.add_argument("--sleep", type=float, default=0.05)
+parser.add_argument("--lr", type=float, default=0.1)
+args = parser.parse_args()
+print("trainer ready", flush=True)
+try:
+    with MetricsWriter.from_env() as metrics:
+        for step in range(1, args.steps + 1):
+            loss = 2.0 / step
+            print(f"step {step} loss {loss:.3f}", flush=True)
+            extra = {"eval_loss": loss * 1.1} if step % 5 == 0 else {}
+            metrics.log(step=step, loss=loss, throughput=50.0, unit="img/s",
+                        total_steps=args.steps, **extra)
+            time.sleep(args.sleep)
+except KeyboardInterrupt:
+    print("interrupted: saving and leaving", flush=True)
+    sys.exit(0)
+print("trainer done", flush=True)
+"""
+
+#: prints N numbered lines as fast as it can
+FLOOD = """\
+import sys
+n = int(sys.argv[1])
+w = sys.stdout.write
+for i in range(n):
+    w(f"flood {i}\\n")
+"""
+
+
+@pytest.fixture
+def presets(gpustation_dirs: dict[str, Path], tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """User presets running the children above, named to sort first in the list."""
+    preset_dir = gpustation_dirs["config"] / "presets" / "runs"
+    preset_dir.mkdir(parents=True)
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(TRAINER)
+    flood = tmp_path / "flood.py"
+    flood.write_text(FLOOD)
+    py = sys.executable
+    (preset_dir / "a-train.toml").write_text(
+        f'title = "Tiny trainer"\ncommand = ["{py}", "{trainer}"]\ngpus = 1\n'
+        "[args]\nsteps = 100000\nsleep = 0.05\n"
+    )
+    (preset_dir / "a-train2.toml").write_text(
+        f'title = "Tiny trainer on GPU 1"\ncommand = ["{py}", "{trainer}"]\ngpus = [1]\n'
+        "[args]\nsteps = 100000\nsleep = 0.05\n"
+    )
+    (preset_dir / "a-flood.toml").write_text(f'command = ["{py}", "{flood}", "30000"]\ngpus = 1\n')
+    runs_root = gpustation_dirs["data"] / "runs"
+    try:
+        yield {"dir": preset_dir, "runs": runs_root}
+    finally:
+        _stop_everything(runs_root)
+
+
+def _stop_everything(runs_root: Path) -> None:
+    """Stop whatever a test left running; fail loudly only through the tests' asserts."""
+    for state_file in runs_root.glob(f"*/{rundir.STATE_JSON}"):
+        state = rundir.read_state(state_file.parent)
+        if state is not None and state.active:
+            try:
+                stop_run(state_file.parent, grace_s=1.0, wait_s=10.0)
+            except Exception:
+                pass
+        state = rundir.read_state(state_file.parent)
+        if state is None:
+            continue
+        for pid in rundir.group_members(state.pgid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def run_pids(directory: Path) -> list[int]:
+    """The supervisor and child PIDs a run directory names."""
+    state = rundir.read_state(directory)
+    assert state is not None
+    return [p for p in (state.supervisor_pid, state.child_pid) if p]
+
+
+def alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def screen(app: DashboardApp) -> RunsScreen:
+    s = app.screen
+    assert isinstance(s, RunsScreen), type(s)
+    return s
+
+
+def log_text(app: DashboardApp) -> str:
+    return "\n".join(app.screen.query_one("#run-log", RunLog).lines)
+
+
+def plain(app: DashboardApp, selector: str) -> str:
+    return app.screen.query_one(selector, LiveText).plain
+
+
+async def open_runs(pilot: Pilot[Any]) -> RunsUI:
+    """Press r and wait until the presets are listed."""
+    app: DashboardApp = pilot.app  # type: ignore[assignment]
+    await wait_for(pilot, lambda: app.frame is not None)
+    await pilot.press("r")
+    assert app.current_mode == "runs"
+    ui = runs_ui(app)
+    await wait_for(pilot, lambda: ui.presets is not None and screen(app).is_mounted)
+    await pilot.pause()
+    return ui
+
+
+async def highlight_preset(pilot: Pilot[Any], name: str) -> None:
+    """Move the preset list's cursor to ``name`` with the arrow keys."""
+    options = pilot.app.screen.query_one("#runs-presets", OptionList)
+    options.focus()
+    await pilot.press("home")
+    for _ in range(options.option_count):
+        option = options.get_option_at_index(options.highlighted or 0)
+        if option.id == name:
+            return
+        await pilot.press("down")
+    raise AssertionError(f"preset {name} not in the list")
+
+
+async def launch_by_key(pilot: Pilot[Any], name: str, **values: str) -> RunView:
+    """Highlight ``name``, press l, fill the form, Enter; return the new run's view."""
+    app: DashboardApp = pilot.app  # type: ignore[assignment]
+    ui = runs_ui(app)
+    before = set(ui.views)
+    await highlight_preset(pilot, name)
+    await pilot.press("l")
+    await wait_for(pilot, lambda: isinstance(app.screen, LaunchDialog))
+    dialog = app.screen
+    assert isinstance(dialog, LaunchDialog)
+    for key, text in values.items():
+        dialog.query_one(f"#arg-{dialog.keys.index(key)}", Input).value = text
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: set(ui.views) - before != set(), timeout=40)
+    (new,) = set(ui.views) - before
+    return ui.views[new]
+
+
+# ---- the screen through its keys ----------------------------------------------------------
+
+
+async def test_launch_by_key_follow_log_and_curve_then_stop(presets: dict[str, Any]) -> None:
+    app, _ = make_app(count=2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        ui = await open_runs(pilot)
+        await highlight_preset(pilot, "a-train")
+        await pilot.press("l")
+        await wait_for(pilot, lambda: isinstance(app.screen, LaunchDialog))
+        dialog = app.screen
+        assert isinstance(dialog, LaunchDialog)
+        # The form lists the preset's arguments with their defaults, and the GPUs.
+        assert dialog.query_one("#arg-0", Input).value == "100000"
+        assert dialog.query_one("#launch-gpus", Input).value == "0"
+        # A bad value is refused inline, typed by the preset's default.
+        dialog.query_one("#arg-0", Input).value = "many"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, LaunchDialog)
+        error = str(dialog.query_one("#launch-error", Label).render())
+        assert "expected a whole number" in error, error
+        dialog.query_one("#arg-0", Input).value = "100000"
+        dialog.query_one("#launch-gpus", Input).value = "1"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, RunsScreen))
+        await wait_for(pilot, lambda: bool(ui.live_active()), timeout=40)
+        (view,) = ui.live_active()
+        assert view.preset == "a-train" and view.gpus == [1]
+        assert ui.selected == view.id
+        # Its log streams into the pane, its curve gets points, its GPU is shown.
+        await wait_for(pilot, lambda: "step 12 loss" in log_text(app), timeout=40)
+        assert "trainer ready" in log_text(app)
+        plot = app.screen.query_one("#run-plot", LossPlot)
+        await wait_for(pilot, lambda: plot.draws >= 1 and len(view.evals[0]) >= 2)
+        assert len(view.losses[0]) >= 10
+        header = plain(app, "#run-header")
+        assert "running" in header and "/100,000" in header and "img/s" in header, header
+        assert "ETA" in header and "eval loss" in header, header
+        assert plain(app, "#run-gpus").startswith("GPU 1 "), plain(app, "#run-gpus")
+        # The run was given the dashboard's simulated GPUs.
+        run = rundir.read_run(view.run_dir) or {}
+        assert run["backend"]["simulated"] is True and run["backend"]["simulate"] == 2
+        pids = run_pids(view.run_dir)
+        assert len(alive(pids)) == 2
+
+        # Stop: x asks, naming the run; y confirms.
+        app.screen.query_one("#runs-table", DataTable).focus()
+        await pilot.press("x")
+        await wait_for(pilot, lambda: isinstance(app.screen, StopRunDialog))
+        assert view.id in str(app.screen.query_one("#stop-id", Label).render())
+        await pilot.press("y")
+        await wait_for(pilot, lambda: view.status == "stopped", timeout=40)
+        assert "interrupted: saving and leaving" in "\n".join(view.lines)
+        await wait_for(pilot, lambda: not alive(pids), timeout=20)
+        await wait_for(pilot, lambda: view.id in ui.history_ids)
+        table = app.screen.query_one("#runs-table", DataTable)
+        assert str(table.get_cell(view.id, table.ordered_columns[1].key)) == "stopped"
+
+
+async def test_two_runs_at_once_and_a_finished_run_lands_in_the_history(
+    presets: dict[str, Any],
+) -> None:
+    app, _ = make_app(count=2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        ui = await open_runs(pilot)
+        long = await launch_by_key(pilot, "a-train2")
+        short = await launch_by_key(pilot, "a-train", steps="6", sleep="0.01")
+        assert long.gpus == [1] and short.gpus == [0]
+        await wait_for(pilot, lambda: short.status == "succeeded", timeout=40)
+        assert long.active
+        await wait_for(pilot, lambda: short.id in ui.history_ids, timeout=20)
+        table = app.screen.query_one("#runs-table", DataTable)
+        rows = [str(table.get_row_at(i)[2]) for i in range(table.row_count)]
+        status = {
+            str(table.get_row_at(i)[2]) + str(i): str(table.get_row_at(i)[1])
+            for i in range(table.row_count)
+        }
+        # Active first, then the history.
+        assert rows[:2] == ["a-train2", "a-train"], rows
+        assert "succeeded" in status.values() and "running" in status.values(), status
+        # Selecting the finished run shows its whole log and its final figures.
+        table.focus()
+        await pilot.press("end")  # (follows the log: the table keeps its row)
+        table.move_cursor(row=1)
+        await wait_for(pilot, lambda: ui.selected == short.id)
+        await wait_for(pilot, lambda: "trainer done" in log_text(app))
+        assert "step 6/6" in plain(app, "#run-header")
+        # Mark both and compare them side by side.
+        await pilot.press("space")
+        table.move_cursor(row=0)
+        await pilot.pause()
+        await pilot.press("space")
+        await wait_for(pilot, lambda: long.marked and short.marked)
+        await pilot.press("v")
+        await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen))
+        compare = app.screen
+        assert isinstance(compare, CompareScreen)
+        # Oldest first: the changes read from the first run launched.
+        await wait_for(pilot, lambda: compare.shown == [long.id, short.id])
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, RunsScreen))
+        ui.stop(long)
+        await wait_for(pilot, lambda: long.status == "stopped", timeout=40)
+
+
+async def test_reattaches_to_a_run_started_before_and_quit_can_leave_it(
+    presets: dict[str, Any],
+) -> None:
+    preset = load_presets()[0]["a-train"]
+    handle = launch(preset, ["sleep=0.1"], None, simulate=2)
+    pids = run_pids(handle.run_dir)
+    app, _ = make_app(count=2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        ui = await open_runs(pilot)
+        await wait_for(pilot, lambda: handle.id in ui.views and ui.views[handle.id].live)
+        view = ui.views[handle.id]
+        assert view.active and view.preset == "a-train"
+        await wait_for(pilot, lambda: ui.selected == handle.id)
+        # It follows the log from the start, and keeps following.
+        await wait_for(pilot, lambda: "trainer ready" in log_text(app), timeout=30)
+        seen = view.figures.get("step") or 0
+        await wait_for(pilot, lambda: (view.figures.get("step") or 0) > seen + 2, timeout=30)
+
+        # q asks; Cancel keeps the dashboard; Leave quits and the run goes on.
+        await pilot.press("q")
+        await wait_for(pilot, lambda: isinstance(app.screen, QuitRunsDialog))
+        question = str(app.screen.query_one("#quit-question", Label).render())
+        assert question == "Stop 1 run or leave it running?", question
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, RunsScreen))
+        assert app.is_running
+        await pilot.press("q")
+        await wait_for(pilot, lambda: isinstance(app.screen, QuitRunsDialog))
+        await pilot.press("l")
+        await wait_for(pilot, lambda: not app.is_running)
+    state = rundir.read_state(handle.run_dir)
+    assert state is not None and state.active
+    assert len(alive(pids)) == 2
+    final = stop_run(handle.run_dir, grace_s=2.0)
+    assert final is not None and final.status == "stopped"
+    assert not alive(pids)
+
+
+async def test_quit_can_stop_the_runs(presets: dict[str, Any]) -> None:
+    app, _ = make_app(count=2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await open_runs(pilot)
+        view = await launch_by_key(pilot, "a-train")
+        await wait_for(pilot, lambda: view.status == "running", timeout=30)
+        pids = run_pids(view.run_dir)
+        await pilot.press("q")
+        await wait_for(pilot, lambda: isinstance(app.screen, QuitRunsDialog))
+        await pilot.press("s")
+        await wait_for(pilot, lambda: not app.is_running, timeout=60)
+    state = rundir.read_state(view.run_dir)
+    assert state is not None and state.status == "stopped"
+    assert not alive(pids)
+
+
+async def test_quit_without_runs_asks_nothing(presets: dict[str, Any]) -> None:
+    app, _ = make_app(count=1)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await open_runs(pilot)
+        await pilot.press("q")
+        await wait_for(pilot, lambda: not app.is_running)
+
+
+async def test_a_bad_user_preset_shows_its_problem(presets: dict[str, Any]) -> None:
+    (presets["dir"] / "broken.toml").write_text('command = ["x"]\nlauncher = "mpirun"\n')
+    app, _ = make_app(count=1)
+    async with app.run_test(size=(160, 48)) as pilot:
+        ui = await open_runs(pilot)
+        problems = plain(app, "#runs-problems")
+        assert "broken.toml:2" in problems and "mpirun" in problems, problems
+        # The good presets are still there.
+        assert "a-train" in (ui.presets or {})
+
+
+async def test_a_flood_keeps_a_bounded_log_and_scrolling_back_pauses(
+    presets: dict[str, Any],
+) -> None:
+    app, _ = make_app(count=1)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await open_runs(pilot)
+        view = await launch_by_key(pilot, "a-flood")
+        log = app.screen.query_one("#run-log", RunLog)
+        await wait_for(pilot, lambda: "flood 29999" in log_text(app), timeout=60)
+        assert view.status == "succeeded" or view.active
+        # Bounded: the pane and the run's buffer keep the last lines only.
+        assert len(view.lines) == MAX_LOG_LINES
+        assert log.line_count <= MAX_LOG_LINES + 1
+        assert view.lines[-1] == "flood 29999" and view.lines[0] == "flood 25000"
+        output = (view.run_dir / rundir.OUTPUT_LOG).read_bytes().splitlines()
+        assert len(output) == 30000
+
+        # Scrolling back pauses following; End follows again.
+        log.focus()
+        await pilot.press("pageup")
+        await wait_for(pilot, lambda: "End to follow" in plain(app, "#run-log-hint"))
+        await pilot.press("end")
+        await wait_for(pilot, lambda: "End to follow" not in plain(app, "#run-log-hint"))
+        assert log.is_vertical_scroll_end
+
+
+# ---- pieces ---------------------------------------------------------------------------
+
+
+def test_series_stays_bounded_and_ends_at_the_last_point() -> None:
+    series = Series(max_points=100)
+    for i in range(10_000):
+        series.add(float(i), 1.0 / (i + 1))
+    xs, ys = series.points()
+    assert len(xs) <= 101
+    assert xs[0] == 0.0 and xs[-1] == 9999.0 and ys[-1] == pytest.approx(1e-4)
+    assert xs == sorted(xs)
+
+
+def test_ema_is_debiased_and_smooths() -> None:
+    assert ema([2.0]) == [pytest.approx(2.0)]
+    smooth = ema([1.0, 0.0, 1.0, 0.0, 1.0, 0.0], weight=0.8)
+    assert all(0.0 < v <= 1.0 for v in smooth)
+    assert max(smooth[2:]) - min(smooth[2:]) < 0.5
