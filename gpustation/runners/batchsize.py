@@ -187,7 +187,7 @@ def main(args: argparse.Namespace) -> int:
             error = str(exc).splitlines()[0][:200]
         # The traceback holds the failed step's tensors; drop them before retrying.
         common.free_memory(device)
-        trial = {
+        trial: dict[str, Any] = {
             "batch_size": batch,
             "fits": ok,
             "mem_peak_mib": round(common.peak_memory_mib(device), 1),

@@ -156,7 +156,7 @@ def main(args: argparse.Namespace) -> int:
     prec.apply_backend_flags()
     torch.backends.cudnn.benchmark = True
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
-    model = _model(args).to(device=device, memory_format=fmt)
+    model = _model(args).to(device).to(memory_format=fmt)  # type: ignore[call-overload]
     if args.compile:
         model = torch.compile(model)  # type: ignore[assignment]
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

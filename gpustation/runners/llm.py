@@ -191,7 +191,7 @@ def load_pretrained(
         # Architectures without an SDPA path fall back to their default attention.
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if not load_in_4bit:
-        model = model.to(device)
+        model = model.to(device)  # type: ignore[arg-type]
     model.config.use_cache = False
     info = {"kind": "path", "model_path": str(Path(path).resolve()), "load_in_4bit": load_in_4bit}
     return LoadedModel(model=model, tokenizer=tok, info=info)

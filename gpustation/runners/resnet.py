@@ -115,7 +115,7 @@ def make_trainer(
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
 
     model: nn.Module = torchvision.models.get_model(args.model, num_classes=args.num_classes)
-    model = model.to(device=device, memory_format=memory_format)
+    model = model.to(device).to(memory_format=memory_format)  # type: ignore[call-overload]
     raw = model
     if dist is not None and dist.enabled:
         model = nn.parallel.DistributedDataParallel(
@@ -186,7 +186,7 @@ def folder_batches(
         ]
     )
     dataset = torchvision.datasets.ImageFolder(args.data, transform=tf)
-    sampler = None
+    sampler: Any = None
     if dist.enabled:
         sampler = torch.utils.data.DistributedSampler(
             dataset, num_replicas=dist.world_size, rank=dist.rank, seed=args.seed
