@@ -9,20 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.geometry import Region, Size
-from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
-from textual.widgets import DataTable, Input
+from textual.widgets import Input
 
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry.history import History
-from gpustation.telemetry.model import GpuSample, ProcessInfo, Snapshot
+from gpustation.telemetry.model import GpuSample, Snapshot
 from gpustation.tui import render
 from gpustation.tui.source import ProcStat
 
@@ -263,38 +264,153 @@ def process_rows(snap: Snapshot, stats: dict[int, ProcStat]) -> list[ProcRow]:
     return rows
 
 
+class ProcList(LiveText):
+    """The process rows as text: a header, one line per process, a cursor.
+
+    Drawn with :class:`LiveText`, so a tick that changes one process's CPU %
+    repaints that line only (a DataTable rebuilt every tick doubled the
+    dashboard's CPU use).
+    """
+
+    can_focus = True
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up", "move(-1)", "Up", show=False, id="procs.up"),
+        Binding("down", "move(1)", "Down", show=False, id="procs.down"),
+        Binding("pageup", "move(-10)", "Page up", show=False, id="procs.pageup"),
+        Binding("pagedown", "move(10)", "Page down", show=False, id="procs.pagedown"),
+        Binding("home", "move(-100000)", "First", show=False, id="procs.home"),
+        Binding("end", "move(100000)", "Last", show=False, id="procs.end"),
+    ]
+    #: at most this many rows are shown; the cursor scrolls through the rest
+    MAX_ROWS = 20
+    WIDTHS = (7, 10, 4, 8, 6, 7)
+
+    def __init__(self, owner: ProcessTable, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.owner = owner
+        self.rows: list[ProcRow] = []
+        self.cursor = 0
+        self._offset = 0
+        self._empty = "no GPU processes"
+
+    def set_rows(self, rows: list[ProcRow], empty: str) -> None:
+        selected = self.selected()
+        old_height = max(1, min(len(self.rows), self.MAX_ROWS)) + 1
+        self.rows = rows
+        self._empty = empty
+        if selected is not None:
+            for n, r in enumerate(rows):
+                if r.key == selected.key:
+                    self.cursor = n
+                    break
+        self.cursor = max(0, min(self.cursor, len(rows) - 1))
+        height = max(1, min(len(rows), self.MAX_ROWS)) + 1
+        if height != old_height or self.styles.height is None:
+            self.styles.height = height
+        self.redraw()
+
+    def selected(self) -> ProcRow | None:
+        if 0 <= self.cursor < len(self.rows):
+            return self.rows[self.cursor]
+        return None
+
+    def header_text(self) -> Text:
+        arrow = "▼" if self.owner.sort_reverse else "▲"
+        t = Text(style="bold")
+        for (label, key), w in zip(COLUMNS, (*self.WIDTHS, 0), strict=True):
+            cell = label + (arrow if key == self.owner.sort_key else "")
+            t.append(
+                f"{cell:<{w}} " if w else cell,
+                style="bold reverse" if key == self.owner.sort_key else "bold",
+            )
+        return t
+
+    def redraw(self) -> None:
+        width = self.content_region.width or 120
+        # keep the cursor in view
+        if self.cursor < self._offset:
+            self._offset = self.cursor
+        elif self.cursor >= self._offset + self.MAX_ROWS:
+            self._offset = self.cursor - self.MAX_ROWS + 1
+        t = self.header_text()
+        if not self.rows:
+            t.append(f"\n{self._empty}", style="dim")
+        for n, row in enumerate(self.rows[self._offset : self._offset + self.MAX_ROWS]):
+            cells = row.cells()
+            line = (
+                " ".join(f"{c:<{w}}" for c, w in zip(cells[:-1], self.WIDTHS, strict=True))
+                + " "
+                + cells[-1]
+            )
+            line = line[:width].ljust(width)
+            if self._offset + n == self.cursor:
+                style = "reverse" if self._focused else "on grey23"
+            else:
+                style = ""
+            t.append("\n")
+            t.append(line, style=style)
+        self.show(t)
+
+    _focused = False
+
+    def on_focus(self) -> None:
+        self._focused = True
+        self.redraw()
+
+    def on_blur(self) -> None:
+        self._focused = False
+        self.redraw()
+
+    def on_resize(self) -> None:
+        super().on_resize()
+        self._shown = None
+        self.redraw()
+
+    def action_move(self, delta: int) -> None:
+        if self.rows:
+            self.cursor = max(0, min(len(self.rows) - 1, self.cursor + delta))
+            self.redraw()
+
+    def on_click(self, event: events.Click) -> None:
+        if event.y == 0:
+            # a click on the header sorts by that column (again: reverses)
+            x = 0
+            for (_, key), w in zip(COLUMNS, (*self.WIDTHS, 10_000), strict=True):
+                if event.x < x + w + 1:
+                    self.owner.sort_by(key)
+                    return
+                x += w + 1
+            return
+        row = self._offset + event.y - 1
+        if 0 <= row < len(self.rows):
+            self.cursor = row
+            self.redraw()
+
+
 class ProcessTable(Vertical):
     """GPU processes: sortable (``s`` or a click on a header), filterable (``/``)."""
 
-    class KillRequested(Message):
-        def __init__(self, row: ProcRow) -> None:
-            super().__init__()
-            self.row = row
+    DEFAULT_CSS = "ProcessTable { height: auto; } ProcessTable > ProcList { height: 2; }"
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.sort_key = "gpu_mem"
         self.sort_reverse = True
         self.filter_text = ""
         self._all: list[ProcRow] = []
         self._shown_rows: list[ProcRow] | None = None
-        self.infos: dict[str, ProcessInfo] = {}
 
     def compose(self) -> ComposeResult:
         yield Input(placeholder="filter: pid, user or command (Esc to close)", id="proc-filter")
-        table: DataTable[str] = DataTable(id="proc-table", cursor_type="row", zebra_stripes=True)
-        yield table
+        yield ProcList(self, id="proc-table")
 
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        for label, key in COLUMNS:
-            table.add_column(label, key=key)
         self.query_one(Input).display = False
         self._render_rows()
 
     @property
-    def table(self) -> DataTable[str]:
-        return self.query_one(DataTable)
+    def table(self) -> ProcList:
+        return self.query_one(ProcList)
 
     def set_rows(self, rows: list[ProcRow]) -> None:
         self._all = rows
@@ -310,55 +426,23 @@ class ProcessTable(Vertical):
             or needle in r.user.lower()
             or needle in r.command.lower()
         ]
-        rows.sort(key=SORT_KEYS[self.sort_key], reverse=self.sort_reverse)  # type: ignore[arg-type, return-value]
+        rows.sort(key=SORT_KEYS[self.sort_key], reverse=self.sort_reverse)  # type: ignore[arg-type]
         return rows
 
     def _render_rows(self) -> None:
+        if not self.is_mounted:
+            return
         rows = self.visible_rows()
         if rows == self._shown_rows:
             return  # nothing changed: no repaint
-        table = self.table
-        selected = self.selected()
-        table.clear()
-        for r in rows:
-            table.add_row(*r.cells(), key=r.key)
-        if not rows:
-            table.add_row(
-                "", "", "", "", "", "", "no GPU processes" if not self._all else "no match"
-            )
         self._shown_rows = rows
-        if selected is not None:
-            for n, r in enumerate(rows):
-                if r.key == selected.key:
-                    table.move_cursor(row=n, animate=False)
-                    break
-        self.refresh_header()
-
-    def refresh_header(self) -> None:
-        arrow = "▼" if self.sort_reverse else "▲"
-        table = self.table
-        for label, key in COLUMNS:
-            col = table.columns.get(key)  # type: ignore[call-overload]
-            if col is not None:
-                col.label = Text(label + (arrow if key == self.sort_key else ""))
-        table.refresh()
+        self.table.set_rows(rows, "no GPU processes" if not self._all else "no match")
 
     def selected(self) -> ProcRow | None:
-        rows = self._shown_rows or []
-        row = self.table.cursor_row
-        if 0 <= row < len(rows):
-            return rows[row]
-        return None
+        return self.table.selected()
 
-    def cycle_sort(self) -> None:
-        keys = [k for _, k in COLUMNS]
-        self.sort_key = keys[(keys.index(self.sort_key) + 1) % len(keys)]
-        self.sort_reverse = self.sort_key in ("gpu_mem", "cpu", "rss")
-        self._shown_rows = None
-        self._render_rows()
-
-    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
-        key = str(event.column_key.value)
+    def sort_by(self, key: str) -> None:
+        """Sort by ``key``; the same key again reverses the order."""
         if key == self.sort_key:
             self.sort_reverse = not self.sort_reverse
         else:
@@ -366,6 +450,10 @@ class ProcessTable(Vertical):
             self.sort_reverse = key in ("gpu_mem", "cpu", "rss")
         self._shown_rows = None
         self._render_rows()
+
+    def cycle_sort(self) -> None:
+        keys = [k for _, k in COLUMNS]
+        self.sort_by(keys[(keys.index(self.sort_key) + 1) % len(keys)])
 
     def open_filter(self) -> None:
         box = self.query_one(Input)

@@ -388,3 +388,24 @@ def test_run_dashboard_rejects_a_bad_gpu_list_before_starting() -> None:
     args = argparse.Namespace(gpus="zero", simulate=1, sim_card=None, refresh=1.0, host=[])
     with pytest.raises(UsageError, match="--gpus"):
         run_dashboard(args)
+
+
+async def test_the_kill_dialog_targets_the_row_chosen_with_mouse_or_keys() -> None:
+    kill = FakeKill()
+    app, backend = make_app(count=2, backend_cls=RealLookingSim, kill=kill)
+    for i in (0, 1):
+        backend.poke(i, load=1.0)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await first_frame(pilot)
+        table = app.screen.query_one(ProcessTable)
+        await wait_for(pilot, lambda: len(table.visible_rows()) == 2)
+        first, second = table.visible_rows()
+        await pilot.click("#proc-table", offset=(3, 2))  # the second row
+        assert table.selected() == second
+        await pilot.press("up")
+        assert table.selected() == first
+        await pilot.press("down", "k")
+        await wait_for(pilot, lambda: isinstance(app.screen, KillDialog))
+        await pilot.press("t")
+        await wait_for(pilot, lambda: bool(kill.calls))
+        assert kill.calls == [(second.pid, int(signal.SIGTERM))]
