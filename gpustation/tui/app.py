@@ -32,6 +32,7 @@ import importlib
 import importlib.util
 import os
 import signal
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -64,6 +65,9 @@ REFRESH_STEPS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 MIN_REFRESH_S, MAX_REFRESH_S = REFRESH_STEPS[0], REFRESH_STEPS[-1]
 #: how much history the graphs show
 GRAPH_WINDOW_S = 600.0
+#: a pass this overdue (and at least 3 refresh intervals) is shown as stale
+STALE_AFTER_S = 3.0
+STALE_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,8 @@ class DashboardApp(App[int]):
         self._timer: Timer | None = None
         self._autostart = autostart
         self._notify_alerts = notify_alerts
+        self._last_frame_at = time.monotonic()
+        self._was_stale = False
         #: asked in turn on quit; one that returns True has taken over (asked a question)
         self.quit_hooks: list[Callable[[], bool]] = []
         self._modes_in_use = [e for e in SCREENS_BY_MODE if _available(e.factory)]
@@ -198,6 +204,8 @@ class DashboardApp(App[int]):
     # ---- sampling ----------------------------------------------------------
     def on_mount(self) -> None:
         self.switch_mode("dashboard")
+        # A driver call that hangs must show, not freeze the picture silently.
+        self.set_interval(STALE_CHECK_S, self._check_stale)
         if self._autostart:
             self.sample_now()
 
@@ -237,8 +245,22 @@ class DashboardApp(App[int]):
         if not fatal:
             self._rearm(max(self.refresh_s, 2.0))
 
+    def _check_stale(self) -> None:
+        stale = self.stale_s() is not None
+        if stale or self._was_stale:
+            self._was_stale = stale
+            self.update_chrome(self.screen)
+
+    def stale_s(self) -> float | None:
+        """Seconds since the last sample when a pass is overdue, else None."""
+        if self.paused or self.error is not None:
+            return None
+        age = time.monotonic() - self._last_frame_at
+        return age if age > max(3 * self.refresh_s, STALE_AFTER_S) else None
+
     def _take_frame(self, frame: Frame) -> None:
         self.passes += 1
+        self._last_frame_at = time.monotonic()
         self.error = None
         self.frame = frame
         self.history.add(frame.snapshot)
@@ -304,12 +326,16 @@ class DashboardApp(App[int]):
         else:
             left.append(" ✓ no alerts", style="green")
         right = f"{METRICS[self.metric].label} · every {self.refresh_s:g} s "
+        stale = self.stale_s()
+        if stale is not None:
+            right = f"no sample for {stale:.0f} s: waiting for the driver · " + right
         if self.paused:
             right = "PAUSED · " + right
         left.truncate(max(10, width - len(right) - 1))
         pad = max(1, width - left.cell_len - len(right))
         left.append(" " * pad)
-        left.append(right, style="bold reverse" if self.paused else "dim")
+        loud = self.paused or stale is not None
+        left.append(right, style="bold reverse" if loud else "dim")
         return left
 
     def update_chrome(self, screen: Screen[Any]) -> None:

@@ -409,3 +409,35 @@ async def test_the_kill_dialog_targets_the_row_chosen_with_mouse_or_keys() -> No
         await pilot.press("t")
         await wait_for(pilot, lambda: bool(kill.calls))
         assert kill.calls == [(second.pid, int(signal.SIGTERM))]
+
+
+async def test_a_hanging_driver_call_is_shown_and_the_ui_keeps_answering() -> None:
+    import threading
+
+    from gpustation.tui.source import Frame
+
+    release = threading.Event()
+
+    class HangingSource(DataSource):
+        calls = 0
+
+        def sample(self) -> Frame:
+            frame = super().sample()
+            if self.calls > 0:
+                release.wait(30)  # a driver call that does not return
+            self.calls += 1
+            return frame
+
+    _, backend = make_app(count=1)
+    source = HangingSource(lambda: backend, hostname="workstation")
+    app = DashboardApp(source, refresh_s=0.25)
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            await first_frame(pilot)
+            await wait_for(pilot, lambda: "waiting for the driver" in text_of(app, "#status"))
+            await pilot.press("m")  # keys still work while the worker hangs
+            assert app.metric == "power"
+            release.set()
+            await wait_for(pilot, lambda: "waiting for the driver" not in text_of(app, "#status"))
+    finally:
+        release.set()
