@@ -164,6 +164,7 @@ class DashboardApp(App[int]):
         metric: str = "util",
         autostart: bool = True,
         notify_alerts: bool = True,
+        screens: Sequence[ScreenEntry] | None = None,
     ) -> None:
         self.source = source or DataSource()
         self.refresh_s = min(MAX_REFRESH_S, max(MIN_REFRESH_S, refresh_s))
@@ -183,7 +184,8 @@ class DashboardApp(App[int]):
         self._was_stale = False
         #: asked in turn on quit; one that returns True has taken over (asked a question)
         self.quit_hooks: list[Callable[[], bool]] = []
-        self._modes_in_use = [e for e in SCREENS_BY_MODE if _available(e.factory)]
+        entries = SCREENS_BY_MODE if screens is None else screens
+        self._modes_in_use = [e for e in entries if _available(e.factory)]
         self.MODES = {e.mode: _screen_maker(e) for e in self._modes_in_use}  # type: ignore[misc]
         super().__init__()
         for entry in self._modes_in_use:

@@ -256,6 +256,9 @@ class AlertLogScreen(LiveScreen):
         self.query_one("#alert-log", LiveText).show(t, layout=True)
 
 
+KEY_NAMES = {"slash": "/", "escape": "Esc", "question_mark": "?", "plus": "+", "minus": "-"}
+
+
 class HelpScreen(LiveScreen):
     """Keys and what they do; every action is also in the command palette (Ctrl+P)."""
 
@@ -275,13 +278,15 @@ class HelpScreen(LiveScreen):
         t.append("gpustation dashboard\n\n", style="bold underline")
         t.append("Everywhere\n", style="bold")
         for b in self.dash.all_bindings():
-            t.append(f"  {b.key_display or b.key:<10}", style="bold cyan")
+            t.append(f"  {b.key_display or KEY_NAMES.get(b.key, b.key):<10}", style="bold cyan")
             t.append(f"{b.description}\n")
         t.append("\nOn the main screen\n", style="bold")
         for b in DashboardScreen.BINDINGS:
             if isinstance(b, Binding):
-                t.append(f"  {b.key:<10}", style="bold cyan")
+                t.append(f"  {KEY_NAMES.get(b.key, b.key):<10}", style="bold cyan")
                 t.append(f"{b.description}\n")
+        t.append(f"  {'↑ ↓':<10}", style="bold cyan")
+        t.append("move in the process table (also PgUp, PgDn, Home, End)\n")
         t.append(
             "\nCtrl+P opens the command palette with every action. Mouse: click a card to see "
             "its power range, a column header to sort, a row to select a process.\n"

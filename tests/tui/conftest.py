@@ -12,10 +12,13 @@ from textual.pilot import Pilot
 
 from gpustation.telemetry.model import HostSample
 from gpustation.telemetry.sim import SimBackend
-from gpustation.tui.app import DashboardApp
+from gpustation.tui.app import SCREENS_BY_MODE, DashboardApp
 from gpustation.tui.source import DataSource
 
 START = 1_000_000.0
+BUILTIN_SCREENS = [
+    e for e in SCREENS_BY_MODE if e.mode in ("dashboard", "topology", "alerts", "help")
+]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -77,6 +80,9 @@ def make_app(
     backend = backend_cls(count=count, card=card, seed=0, state_path=None, clock=clk)
     source = DataSource(lambda: backend, host_source=fixed_host, hostname="workstation", clock=clk)
     kwargs.setdefault("refresh_s", 10.0)
+    # Only the dashboard's own screens: pictures and key tests must not change
+    # when another screen registers itself.
+    kwargs.setdefault("screens", BUILTIN_SCREENS)
     app = DashboardApp(source, **kwargs)
     if prefill:
         past = Clock(clk() - prefill)
