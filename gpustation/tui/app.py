@@ -128,7 +128,8 @@ def _screen_maker(entry: ScreenEntry) -> Callable[[], Screen[Any]]:
     return make
 
 
-def _resolve(factory: type[Screen[Any]] | str) -> type[Screen[Any]] | None:
+def _resolve(factory: type[Screen[Any]] | str) -> Any:
+    """The class (or function) a ``"module:attr"`` string names; None if missing."""
     if not isinstance(factory, str):
         return factory
     module, _, name = factory.partition(":")

@@ -352,13 +352,14 @@ def topology_text(snapshot: Snapshot) -> Text:
         t.append("\n")
     t.append("\nPCIe links (current of maximum)\n", style="bold underline")
     for gpu in snapshot.gpus:
-        p = gpu.pcie
+        link_info = gpu.pcie
         t.append(f"GPU{gpu.index:<3}", style="bold")
         t.append(f"{gpu.pci_bus_id or fmt.NA:<18} ")
         t.append_text(pcie_text(gpu, arrows=False))
-        if p.below_max:
+        if link_info.below_max:
             t.append("  below maximum", style="bold yellow")
-        t.append(f"  rx {fmt.kib_rate(p.rx_kib_s)} tx {fmt.kib_rate(p.tx_kib_s)}\n")
+        rx, tx = fmt.kib_rate(link_info.rx_kib_s), fmt.kib_rate(link_info.tx_kib_s)
+        t.append(f"  rx {rx} tx {tx}\n")
     t.append("\nLegend: ", style="bold")
     t.append(
         "X self; SYS across the CPU interconnect (QPI/UPI) between NUMA nodes; NODE across "

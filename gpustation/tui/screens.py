@@ -281,10 +281,10 @@ class HelpScreen(LiveScreen):
             t.append(f"  {b.key_display or KEY_NAMES.get(b.key, b.key):<10}", style="bold cyan")
             t.append(f"{b.description}\n")
         t.append("\nOn the main screen\n", style="bold")
-        for b in DashboardScreen.BINDINGS:
-            if isinstance(b, Binding):
-                t.append(f"  {KEY_NAMES.get(b.key, b.key):<10}", style="bold cyan")
-                t.append(f"{b.description}\n")
+        for binding in DashboardScreen.BINDINGS:
+            if isinstance(binding, Binding):
+                t.append(f"  {KEY_NAMES.get(binding.key, binding.key):<10}", style="bold cyan")
+                t.append(f"{binding.description}\n")
         t.append(f"  {'↑ ↓':<10}", style="bold cyan")
         t.append("move in the process table (also PgUp, PgDn, Home, End)\n")
         t.append(
