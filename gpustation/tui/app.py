@@ -347,8 +347,9 @@ class DashboardApp(App[int]):
         if chrome is None:
             return
         banner, status = chrome()
-        if banner is not None and banner.show(self.banner_text(), layout=True):
-            banner.styles.height = banner.plain.count("\n") + 1
+        if banner is not None:
+            banner.wrap = True  # a long note (the NVML error) wraps, never truncates
+            banner.show(self.banner_text(), layout=True)
         if status is not None:
             status.show(self.status_text(screen.size.width or 80))
 

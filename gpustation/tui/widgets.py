@@ -61,6 +61,10 @@ class LiveText(Widget):
             lines = list(text.split("\n", allow_blank=True))
         old = self._lines
         self._lines = lines
+        if self.wrap and len(lines) != len(old):
+            # Wrapped text sets its own height: a new width can add lines.
+            self.styles.height = max(1, len(lines))
+            layout = True
         if layout or not self.is_mounted:
             self._strips.clear()
             self.refresh(layout=layout)
@@ -103,6 +107,11 @@ class LiveText(Widget):
         if self.wrap and self._shown is not None:
             shown, self._shown = self._shown, None
             self.show(shown, layout=True)
+
+    @property
+    def line_count(self) -> int:
+        """Lines shown (after wrapping, for a wrapping widget)."""
+        return len(self._lines)
 
     @property
     def plain(self) -> str:
