@@ -287,7 +287,7 @@ class DashboardApp(App[int]):
             self._rearm(self.refresh_s)
 
     # ---- banner and status line ----------------------------------------------
-    def banner_text(self) -> Text:
+    def banner_text(self, width: int = 200) -> Text:
         snap = self.latest
         t = Text()
         if snap is None:
@@ -309,7 +309,9 @@ class DashboardApp(App[int]):
         if snap.note:
             t.append(f"\n{snap.note}", style="bold yellow")
         elif snap.simulated:
-            t.append("  (simulated GPUs: not your hardware)", style="dim")
+            hint = "  (simulated GPUs: not your hardware)"
+            if t.cell_len + len(hint) <= width:  # a hint is not worth a second line
+                t.append(hint, style="dim")
         if self.error:
             t.append(f"\nsampling failed: {self.error}", style="bold red")
         return t
@@ -349,7 +351,7 @@ class DashboardApp(App[int]):
         banner, status = chrome()
         if banner is not None:
             banner.wrap = True  # a long note (the NVML error) wraps, never truncates
-            banner.show(self.banner_text(), layout=True)
+            banner.show(self.banner_text(screen.size.width or 80), layout=True)
         if status is not None:
             status.show(self.status_text(screen.size.width or 80))
 
