@@ -15,6 +15,8 @@ Extension points (for new screens: runs, hardware control, fleet):
   Textual mode with its own key, footer label, command-palette entry and help
   line; ``factory`` is a class or a ``"module:Class"`` string imported when the
   screen is first shown (a missing module leaves the entry out).
+  ``DashboardApp(screens=[...])`` runs with a subset (the tests use the
+  built-in four, so their pictures do not change when a screen is added).
 * Screens showing live data subclass :class:`~gpustation.tui.screens.LiveScreen`
   and implement ``show_frame(frame)``.
 * ``app.latest`` is the newest :class:`~gpustation.telemetry.model.Snapshot`,
