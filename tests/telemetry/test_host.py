@@ -1,0 +1,69 @@
+"""Host telemetry read from /proc agrees with psutil and computes rates."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import psutil
+import pytest
+
+from gpustation.telemetry import host
+from gpustation.telemetry.model import ProcessInfo
+
+pytestmark = pytest.mark.skipif(not host._LINUX, reason="the /proc readers are Linux only")
+
+
+def test_memory_and_cores_agree_with_psutil() -> None:
+    sampler = host.HostSampler()
+    sampler.prime()
+    sample = sampler.sample()
+    vm = psutil.virtual_memory()
+    assert sample.memory_total_mib == pytest.approx(vm.total / host.MIB, rel=0.01)
+    assert sample.memory_used_mib == pytest.approx((vm.total - vm.available) / host.MIB, rel=0.2)
+    assert sample.swap_total_mib == pytest.approx(psutil.swap_memory().total / host.MIB, abs=1)
+    assert len(sample.cpu_per_core_pct) == psutil.cpu_count()
+    assert sample.cpu_pct is not None and 0 <= sample.cpu_pct <= 100
+    assert all(0 <= p <= 100 for p in sample.cpu_per_core_pct)
+    assert sample.load_avg is not None and len(sample.load_avg) == 3
+
+
+def test_busy_core_shows_up_as_cpu_use() -> None:
+    sampler = host.HostSampler()
+    sampler.prime()
+    end = os.times().elapsed + 0.3
+    while os.times().elapsed < end:  # keep one core busy for 0.3 s
+        pass
+    sample = sampler.sample()
+    assert sample.cpu_pct is not None and sample.cpu_pct > 100 / (psutil.cpu_count() or 1) / 3
+
+
+def test_rates_are_deltas_over_elapsed_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    counters = iter([(1000, 2000), (1000 + 5_000_000, 2000 + 1_000_000)])
+    net = iter([(10, 20), (10 + 300_000, 20 + 100_000)])
+    monkeypatch.setattr(host, "_proc_disk", lambda: next(counters))
+    monkeypatch.setattr(host, "_proc_net", lambda: next(net))
+    clock = iter([100.0, 102.0])
+    monkeypatch.setattr(host.time, "monotonic", lambda: next(clock))
+    sampler = host.HostSampler()
+    sampler.prime()
+    sample = sampler.sample()
+    assert sample.disk_read_bytes_s == pytest.approx(2_500_000)
+    assert sample.disk_write_bytes_s == pytest.approx(500_000)
+    assert sample.net_rx_bytes_s == pytest.approx(150_000)
+    assert sample.net_tx_bytes_s == pytest.approx(50_000)
+
+
+def test_describe_process_fills_user_name_and_command() -> None:
+    proc = ProcessInfo(pid=os.getpid())
+    host.describe_process(proc)
+    me = psutil.Process()
+    assert proc.user == me.username()
+    assert proc.name == me.name()
+    assert proc.command is not None and sys.argv[0].split("/")[-1] in proc.command
+
+
+def test_describe_process_leaves_an_unknown_pid_alone() -> None:
+    proc = ProcessInfo(pid=2**22 + 12345)
+    host.describe_process(proc)
+    assert proc.user is None and proc.name is None and proc.command is None
