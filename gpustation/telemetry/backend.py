@@ -132,12 +132,15 @@ def open_backend(
     simulate: int | None = None,
     sim_card: str | None = None,
     fallback_to_sim: bool = False,
+    one_shot: bool = False,
 ) -> Backend:
     """Open NVML, or the simulator when asked (or when NVML fails and allowed).
 
     ``simulate`` is the number of simulated GPUs, ``-1`` for the default, and
-    ``None`` for real GPUs. The environment variable ``GPUSTATION_SIMULATE``
-    does the same as ``--simulate`` (handy under ssh and in tests).
+    ``None`` for real GPUs. ``one_shot`` says the caller will read once and
+    leave (``gpustation snapshot``): slow fields are then read as the GPUs
+    open. The environment variable ``GPUSTATION_SIMULATE`` does the same as
+    ``--simulate`` (handy under ssh and in tests).
     """
     import os
 
@@ -155,7 +158,7 @@ def open_backend(
     try:
         from gpustation.telemetry.nvml import NvmlBackend
 
-        return NvmlBackend()
+        return NvmlBackend(prefetch_slow=one_shot)
     except NoDriverError as err:
         if not fallback_to_sim:
             raise
@@ -166,11 +169,14 @@ def open_backend(
         return backend
 
 
-def backend_from_args(args: argparse.Namespace, fallback_to_sim: bool = False) -> Backend:
+def backend_from_args(
+    args: argparse.Namespace, fallback_to_sim: bool = False, one_shot: bool = False
+) -> Backend:
     return open_backend(
         simulate=getattr(args, "simulate", None),
         sim_card=getattr(args, "sim_card", None),
         fallback_to_sim=fallback_to_sim,
+        one_shot=one_shot,
     )
 
 

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from gpustation.telemetry.sampler import Sampler
 
     wanted = parse_gpu_list(getattr(args, "gpus", None))
-    backend = backend_from_args(args)
+    backend = backend_from_args(args, one_shot=args.watch is None)
     try:
         # A one-shot read takes the slow fields too; a watch reads them on their
         # own cadence, like the dashboard.

@@ -470,6 +470,22 @@ def test_slow_getters_of_all_gpus_run_side_by_side(
     assert backend.errors == {}
 
 
+def test_one_shot_backend_reads_slow_fields_while_opening(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    backend = open_backend(prefetch_slow=True)
+    # started while the GPUs opened, beside the static reads
+    assert len(fake_nvml.calls_of("nvmlDeviceGetPcieThroughput")) == 4
+    rtx, h200 = read(backend, slow=True)
+    assert (rtx.pcie.tx_kib_s, rtx.pcie.rx_kib_s) == (1520, 20480)
+    assert h200.energy_j is not None
+    # the first slow read used them rather than asking again ...
+    assert len(fake_nvml.calls_of("nvmlDeviceGetPcieThroughput")) == 4
+    # ... and later slow reads ask the driver as usual
+    read(backend, slow=True)
+    assert len(fake_nvml.calls_of("nvmlDeviceGetPcieThroughput")) == 8
+
+
 # ---- topology ----------------------------------------------------------------------------
 
 BUS = ["00000000:01:00.0", "00000000:41:00.0", "00000000:81:00.0", "00000000:C1:00.0"]
