@@ -37,10 +37,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.table import Table
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
+from textual.scrollbar import ScrollTo, ScrollUp
 from textual.timer import Timer
 from textual.widgets import Button, DataTable, Footer, Input, Label, Log, OptionList, Static
 from textual.widgets.option_list import Option
@@ -855,20 +857,56 @@ def runs_ui(app: DashboardApp) -> RunsUI:
 
 
 class RunLog(Log):
-    """The log pane: follows the end unless the user scrolls up."""
+    """The log pane: follows the end until the user scrolls up, and again from End.
 
-    def __init__(self, on_scroll: Callable[[], None], **kwargs: Any) -> None:
-        super().__init__(max_lines=MAX_LOG_LINES, **kwargs)
-        self._on_scroll = on_scroll
+    Following is a flag set by what the user does (keys, wheel, scrollbar), not
+    read from the scroll position: while a flood refills the pane, the position
+    lags the content for a moment and would read as "scrolled back".
+    """
 
-    @property
-    def following(self) -> bool:
-        return self.is_vertical_scroll_end
+    def __init__(self, on_change: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(max_lines=MAX_LOG_LINES, auto_scroll=False, **kwargs)
+        self.follow = True
+        self._on_change = on_change
+
+    def show_end(self) -> None:
+        """Scroll to the last line now and once more after the next layout."""
+        self.scroll_end(animate=False, immediate=True, x_axis=False)
+        self.call_after_refresh(self.scroll_end, animate=False, x_axis=False)
+
+    def _pause(self) -> None:
+        if self.follow and self.max_scroll_y > 0:
+            self.follow = False
+            self._on_change()
+
+    def action_scroll_up(self) -> None:
+        super().action_scroll_up()
+        self._pause()
+
+    def action_page_up(self) -> None:
+        super().action_page_up()
+        self._pause()
+
+    def action_scroll_home(self) -> None:
+        super().action_scroll_home()
+        self._pause()
+
+    def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        self._pause()
+
+    def on_scroll_up(self, message: ScrollUp) -> None:
+        self._pause()
+
+    def on_scroll_to(self, message: ScrollTo) -> None:
+        if message.y is not None and message.y < self.max_scroll_y:
+            self._pause()
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
-        if round(old_value) != round(new_value):
-            self._on_scroll()
+        # Back at the end by scrolling down: follow again.
+        if not self.follow and self.max_scroll_y > 0 and round(new_value) >= self.max_scroll_y:
+            self.follow = True
+            self._on_change()
 
 
 class LossPlot(Static):
@@ -1483,17 +1521,21 @@ class RunsScreen(LiveScreen):
 
     # -- the log pane ------------------------------------------------------------------------
     def _reload_log(self) -> None:
-        """Show the selected run's kept lines from the top, following the end."""
+        """Show the selected run's kept lines, at the end unless the user has scrolled back."""
         log = self.query_one("#run-log", RunLog)
         view = self.current_view()
+        if self._log_run != (view.id if view else None):
+            log.follow = True  # another run: start at its end
         log.clear()
         self._unseen = 0
         self._log_run = view.id if view else None
         if view is not None:
             if view.dropped:
                 log.write_line(f"… {view.dropped:,} earlier lines in {view.run_dir / 'output.log'}")
-            log.write_lines(list(view.lines), scroll_end=True)
+            log.write_lines(list(view.lines))
             log.border_title = f"Log · {view.id}"
+        if log.follow:
+            log.show_end()
         self._show_hint()
 
     def log_append(self, view: RunView, delta: RunDelta) -> None:
@@ -1507,11 +1549,12 @@ class RunsScreen(LiveScreen):
         if not delta.lines:
             return
         log = self.query_one("#run-log", RunLog)
-        if log.following:
+        if log.follow:
             if delta.dropped or len(delta.lines) >= MAX_LOG_LINES:
                 self._reload_log()
             else:
                 log.write_lines(delta.lines)
+                log.show_end()
         else:
             # Scrolled back: keep the view still; the lines wait in the run's buffer.
             self._unseen += len(delta.lines) + delta.dropped
@@ -1519,7 +1562,7 @@ class RunsScreen(LiveScreen):
 
     def _log_scrolled(self) -> None:
         log = self.query_one("#run-log", RunLog)
-        if log.following and self._unseen:
+        if log.follow and self._unseen:
             self._reload_log()
         else:
             self._show_hint()
@@ -1527,7 +1570,7 @@ class RunsScreen(LiveScreen):
     def _show_hint(self) -> None:
         log = self.query_one("#run-log", RunLog)
         hint = Text()
-        if not log.following:
+        if not log.follow:
             hint.append(" paused — End to follow ", style="bold black on yellow")
             if self._unseen:
                 hint.append(f" {self._unseen:,} new lines", style="yellow")
@@ -1587,9 +1630,10 @@ class RunsScreen(LiveScreen):
 
     def action_follow(self) -> None:
         log = self.query_one("#run-log", RunLog)
+        log.follow = True
         if self._unseen:
             self._reload_log()
-        log.scroll_end(animate=False, immediate=True)
+        log.show_end()
         self._show_hint()
 
     def action_cursor(self, delta: int) -> None:

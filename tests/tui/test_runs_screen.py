@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Input, Label, OptionList
 from gpustation.runs import rundir
 from gpustation.runs.launcher import launch, stop_run
 from gpustation.runs.presets import load_presets
-from gpustation.tui.app import DashboardApp
+from gpustation.tui.app import SCREENS_BY_MODE, DashboardApp
 from gpustation.tui.runs import (
     MAX_LOG_LINES,
     CompareScreen,
@@ -35,9 +35,18 @@ from gpustation.tui.runs import (
 )
 from gpustation.tui.widgets import LiveText
 
-from .conftest import make_app, wait_for
+from .conftest import BUILTIN_SCREENS, wait_for
+from .conftest import make_app as make_dashboard
 
 pytestmark = pytest.mark.timeout(120)
+
+RUNS_ENTRY = next(e for e in SCREENS_BY_MODE if e.mode == "runs")
+
+
+def make_app(count: int = 2) -> tuple[DashboardApp, Any]:
+    """The test dashboard (deterministic simulated GPUs) with the runs screen added."""
+    return make_dashboard(count=count, screens=[*BUILTIN_SCREENS, RUNS_ENTRY])
+
 
 #: a training-like child: a log line and a metric event per step, eval loss every 5 steps;
 #: on SIGINT it says so and exits 0, as a script that saves on Ctrl-C would
@@ -398,7 +407,7 @@ async def test_a_flood_keeps_a_bounded_log_and_scrolling_back_pauses(
         await wait_for(pilot, lambda: "End to follow" in plain(app, "#run-log-hint"))
         await pilot.press("end")
         await wait_for(pilot, lambda: "End to follow" not in plain(app, "#run-log-hint"))
-        assert log.is_vertical_scroll_end
+        assert log.follow and log.is_vertical_scroll_end
 
 
 # ---- pieces ---------------------------------------------------------------------------
