@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import psutil
 import pytest
@@ -60,7 +59,7 @@ def test_describe_process_fills_user_name_and_command() -> None:
     me = psutil.Process()
     assert proc.user == me.username()
     assert proc.name == me.name()
-    assert proc.command is not None and sys.argv[0].split("/")[-1] in proc.command
+    assert proc.command == " ".join(me.cmdline())
 
 
 def test_describe_process_leaves_an_unknown_pid_alone() -> None:

@@ -135,7 +135,9 @@ def test_import_is_cheap_it_loads_no_ctypes() -> None:
     )
     assert result.returncode == 0, result.stderr
     added = set(json.loads(result.stdout))
-    assert added <= {"gpustation", "gpustation.telemetry", "gpustation.telemetry.nvml_lite"}
+    allowed = {"gpustation", "gpustation.telemetry", "gpustation.telemetry.nvml_lite"}
+    # `from __future__ import annotations` loads that tiny module where nothing has yet
+    assert added - {"__future__"} <= allowed
 
 
 # ---- without the library -------------------------------------------------------
