@@ -58,6 +58,18 @@ FLOOD = (
     "    w(f'line {i} ' + 'x' * 60 + '\\n')\n"
 )
 
+# The dashboard half's flood: each line starts with the end of its run's id, so
+# the last line of one round cannot be mistaken for the last line of another
+# (the log pane of the previous run repaints when the launch form closes).
+FLOOD_TAGGED = (
+    "import os, sys\n"
+    "n = int(sys.argv[1])\n"
+    "tag = os.environ.get('GPUSTATION_RUN_ID', 'run')[-4:]\n"
+    "w = sys.stdout.write\n"
+    "for i in range(n):\n"
+    "    w(f'{tag} line {i} ' + 'x' * 55 + '\\n')\n"
+)
+
 
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -133,6 +145,19 @@ class Terminal:
         os.close(self.fd)
 
 
+def _newest_run(runs_root: Path, preset: str, seen: set[str], timeout: float = 10.0) -> Path:
+    """The new run directory of ``preset`` (one not in ``seen``; waits for its run.json)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [p.parent for p in runs_root.glob(f"*-{preset}-*/run.json")]
+        new = [p for p in found if p.name not in seen]
+        if new:
+            return new[0]
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no run directory of {preset} appeared")
+        time.sleep(0.05)
+
+
 def percentile(values: list[float], pct: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))]
@@ -143,8 +168,10 @@ def dashboard_half(root: Path, env: dict[str, str], lines: int, rounds: int) -> 
     sys.path.insert(0, str(REPO))
     from gpustation.runs.presets import load_presets
 
-    flood = root / "flood.py"
+    flood = root / "flood_tagged.py"
+    flood.write_text(FLOOD_TAGGED)
     presets = root / "config" / "presets" / "runs"
+    runs_root = root / "data" / "runs"
     # Named to sort first in the preset list, so the launch key finds it at once.
     (presets / "aa-flood.toml").write_text(
         'description = "Prints lines as fast as it can"\n'
@@ -194,6 +221,7 @@ def dashboard_half(root: Path, env: dict[str, str], lines: int, rounds: int) -> 
                 idle.append(latency)
             time.sleep(0.02)
         rss_idle = term.vm_hwm_mib()
+        seen_runs: set[str] = set()
         for _ in range(rounds):
             if position:  # back on the flood preset before launching it
                 press_key()
@@ -209,7 +237,9 @@ def dashboard_half(root: Path, env: dict[str, str], lines: int, rounds: int) -> 
                     break
             else:
                 raise SystemExit("Enter in the launch form did not launch the run")
-            last_line = f"line {lines - 1} "
+            run_dir = _newest_run(runs_root, "aa-flood", seen_runs)
+            seen_runs.add(run_dir.name)
+            last_line = f"{run_dir.name[-4:]} line {lines - 1} "
             deadline = launched + 180
             while time.monotonic() < deadline:
                 latency = press_key()
@@ -235,10 +265,17 @@ def dashboard_half(root: Path, env: dict[str, str], lines: int, rounds: int) -> 
             Path(os.environ["LOG_FLOOD_DUMP"]).write_bytes(bytes(term.out))
 
     complete = True
-    logs = sorted((root / "data" / "runs").glob("*-aa-flood-*/output.log"))
+    logs = sorted(runs_root.glob("*-aa-flood-*/output.log"))
     for log in logs:
         data = log.read_bytes()
-        complete = complete and data.count(b"\n") == lines and data.startswith(b"line 0 ")
+        tag = log.parent.name[-4:].encode()
+        last = data.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+        complete = (
+            complete
+            and data.count(b"\n") == lines
+            and data.startswith(tag + b" line 0 ")
+            and last.startswith(tag + b" line %d " % (lines - 1))
+        )
     complete = complete and len(logs) == rounds
 
     def row(name: str, values: list[float]) -> str:

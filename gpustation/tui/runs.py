@@ -76,13 +76,15 @@ MAX_LOG_LINES = 5000
 MAX_POINTS = 2000
 #: bytes of log read per pass for an active run, and for a finished one being loaded
 ACTIVE_BITE = 1 << 20
-FINISHED_BITE = 8 << 20
+FINISHED_BITE = 2 << 20
 #: the loss curve is redrawn at most this often (a plotext figure costs tens of ms)
 PLOT_EVERY_S = 1.0
 #: weight of the exponential moving average drawn over the raw loss
 EMA_WEIGHT = 0.8
 #: history rows shown
 HISTORY_LIMIT = 200
+#: lines under the preset list describing the highlighted preset
+INFO_LINES = 3
 
 STATUS_STYLE = {
     "starting": "yellow",
@@ -934,11 +936,12 @@ class LossPlot(Static):
         self._key = key
         self._drawn_at = time.monotonic()
         if view is None:
-            self.update(Text("Select a run to see its loss curve.", style="dim"))
+            self.update(Text("Select a run to see its loss curve.", style="dim"), layout=False)
         elif not view.losses[0] and not view.evals[0]:
-            self.update(Text("No loss reported yet.", style="dim"))
+            self.update(Text("No loss reported yet.", style="dim"), layout=False)
         else:
-            self.update(loss_plot(view.losses, view.evals, width, height))
+            # The stylesheet fixes the size: no relayout of the screen.
+            self.update(loss_plot(view.losses, view.evals, width, height), layout=False)
             self.draws += 1
 
     def _later(self, view: RunView | None) -> None:
@@ -1250,7 +1253,7 @@ class RunsScreen(LiveScreen):
     #runs-left { width: 62; min-width: 40; }
     #runs-presets { height: 12; border: round $panel; }
     #runs-presets:focus { border: round $accent; }
-    #runs-preset-info { height: auto; max-height: 4; padding: 0 1; color: $text-muted; }
+    #runs-preset-info { height: 3; padding: 0 1; color: $text-muted; }
     #runs-problems { height: auto; max-height: 6; padding: 0 1; }
     #runs-table { height: 1fr; border: round $panel; }
     #runs-table:focus { border: round $accent; }
@@ -1282,7 +1285,7 @@ class RunsScreen(LiveScreen):
         with Horizontal(id="runs-body"):
             with Vertical(id="runs-left"):
                 yield OptionList(id="runs-presets")
-                yield LiveText(id="runs-preset-info", wrap=True)
+                yield LiveText(id="runs-preset-info")
                 yield LiveText(id="runs-problems", wrap=True)
                 yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=False)
             with Vertical(id="runs-right"):
@@ -1364,12 +1367,19 @@ class RunsScreen(LiveScreen):
 
     def _show_preset_info(self) -> None:
         preset = self._highlighted_preset()
-        t = Text()
+        info = self.query_one("#runs-preset-info", LiveText)
+        width = max(20, info.content_region.width or 58)
+        lines: list[Text] = []
         if preset is not None:
+            about = Text(preset.description or preset.display_title)
+            lines = list(about.wrap(self.app.console, width, overflow="ellipsis"))[:2]
             where = preset.runner or " ".join(preset.command or [])
-            t.append(f"{preset.description or preset.display_title}", style="")
-            t.append(f"\n{preset.launcher}: {where}", style="dim")
-        self.query_one("#runs-preset-info", LiveText).show(t, layout=True)
+            lines.append(Text(f"{preset.launcher}: {where}", style="dim"))
+        # Always INFO_LINES lines: moving through the list never relayouts the screen.
+        lines += [Text("")] * (INFO_LINES - len(lines))
+        for line in lines:
+            line.truncate(width, overflow="ellipsis")
+        info.show(Text("\n").join(lines[:INFO_LINES]))
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         self._show_preset_info()
@@ -1515,8 +1525,9 @@ class RunsScreen(LiveScreen):
                     gpus.append_text(gpu_line(sample))
             if not view.gpus:
                 gpus.append("no GPU", style="dim")
-        self.query_one("#run-header", LiveText).show(header, layout=True)
-        self.query_one("#run-gpus", LiveText).show(gpus, layout=True)
+        # No forced relayout: LiveText asks for one itself when its line count changes.
+        self.query_one("#run-header", LiveText).show(header)
+        self.query_one("#run-gpus", LiveText).show(gpus)
         self.query_one("#run-plot", LossPlot).show(view)
 
     # -- the log pane ------------------------------------------------------------------------
@@ -1550,11 +1561,11 @@ class RunsScreen(LiveScreen):
             return
         log = self.query_one("#run-log", RunLog)
         if log.follow:
-            if delta.dropped or len(delta.lines) >= MAX_LOG_LINES:
-                self._reload_log()
-            else:
-                log.write_lines(delta.lines)
-                log.show_end()
+            # Appended, never rewritten: once the pane holds MAX_LOG_LINES its
+            # size stays put, and a pane that keeps its size costs no relayout
+            # of the screen (a clear and refill would cost two per pass).
+            log.write_lines(delta.lines)
+            log.show_end()
         else:
             # Scrolled back: keep the view still; the lines wait in the run's buffer.
             self._unseen += len(delta.lines) + delta.dropped
