@@ -997,8 +997,8 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
     #launch-box Label { width: 100%; }
     #launch-args { height: auto; max-height: 20; }
     .launch-row { height: 3; }
-    .launch-row Label { width: 22; padding: 1 1 0 0; }
-    .launch-row Input { width: 1fr; }
+    #launch-box .launch-row Label { width: 22; padding: 1 1 0 0; }
+    #launch-box .launch-row Input { width: 1fr; }
     #launch-error { color: $error; height: auto; }
     #launch-buttons { height: auto; margin-top: 1; }
     #launch-buttons Button { margin-right: 2; }

@@ -220,15 +220,18 @@ async def test_launch_by_key_follow_log_and_curve_then_stop(presets: dict[str, A
         # The form lists the preset's arguments with their defaults, and the GPUs.
         assert dialog.query_one("#arg-0", Input).value == "100000"
         assert dialog.query_one("#launch-gpus", Input).value == "0"
-        # A bad value is refused inline, typed by the preset's default.
-        dialog.query_one("#arg-0", Input).value = "many"
+        # The fields take keys; a bad value is refused inline, typed by the preset's default.
+        steps = dialog.query_one("#arg-0", Input)
+        await wait_for(pilot, lambda: steps.has_focus and steps.size.width >= 20)
+        await pilot.press(*["backspace"] * 6, *"many")
+        assert steps.value == "many"
         await pilot.press("enter")
         await pilot.pause()
         assert isinstance(app.screen, LaunchDialog)
         error = str(dialog.query_one("#launch-error", Label).render())
         assert "expected a whole number" in error, error
-        dialog.query_one("#arg-0", Input).value = "100000"
-        dialog.query_one("#launch-gpus", Input).value = "1"
+        await pilot.press(*["backspace"] * 4, *"100000", "tab", "tab", "backspace", "1")
+        assert dialog.query_one("#launch-gpus", Input).value == "1"
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, RunsScreen))
         await wait_for(pilot, lambda: bool(ui.live_active()), timeout=40)
