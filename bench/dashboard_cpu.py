@@ -4,11 +4,17 @@ Each program runs under a pseudo-terminal of 160x48 (``pty.fork``), as a
 person would run it; nothing reads its screen but this script, which drains
 the output as fast as it comes.
 
-* first frame: seconds from spawn until the output (ANSI sequences stripped)
-  contains the program's marker text: for gpustation the temperature of a GPU
+* first frame: seconds from spawn until the program's screen shows its marker
+  text. The output is played onto a virtual 160x48 screen
+  (:class:`VirtualScreen`: cursor moves, erases and repeats applied, other
+  escape sequences dropped) and the marker is looked for in the screen's rows,
+  so text that a curses program writes in pieces, or updates one changed cell
+  at a time, still matches. Markers: for gpustation the temperature of a GPU
   card (``Temp  63 C`` on a full card, ``63C  381/450W`` on a compact one),
-  which is drawn only once the first sample is in; for the reference apps
-  the text of their second card; for nvitop ``MiB`` (its memory column).
+  drawn only once the first sample is in; for the reference apps the text of
+  their second card; for nvitop a GPU's memory ``used / total`` in any unit
+  (``0B / 140.4GiB`` on an idle H200: a bare ``MiB`` may never be printed).
+  The table names the marker that matched and the text it matched.
 * CPU: user+sys seconds of the process from /proc/<pid>/stat, in its first
   5 s and over the following 20 s (steady state at the default refresh).
 * sampling: the time of one sampling pass (fast fields) per GPU.
@@ -23,6 +29,7 @@ Results go to stdout as a Markdown table (copy them into bench/RESULTS.md).
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import fcntl
 import os
@@ -40,16 +47,208 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ANSI = re.compile(
-    rb"\x1b(\[[0-9;?<>=]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[()][0-9A-Za-z]|[=>NOMc78])"
-)
 TICKS = os.sysconf("SC_CLK_TCK")
+
+# One escape sequence (CSI with its parameters, OSC/DCS strings, two- and
+# three-byte escapes) or one control character, as text (the stream is decoded).
+_ESCAPE = re.compile(
+    r"\x1b\[([0-9:;?<>=]*)[ -/]*([@-~])"
+    r"|\x1b[\]P_^][^\x07\x1b]*(?:\x07|\x1b\\)"
+    r"|\x1b[()*+#%][0-9A-Za-z@]"
+    r"|\x1b([0-9A-Za-z=<>@\\^_`~])"
+    r"|([\x00-\x1f\x7f])"
+)
+# The start of an escape sequence that a read cut in two: kept for the next read.
+_PARTIAL = re.compile(
+    r"\x1b(?:\[[0-9:;?<>= -/]*|[\]P_^](?:[^\x07\x1b]|\x1b(?=[^\\]))*\x1b?|[()*+#%])?\Z"
+)
+
+
+class VirtualScreen:
+    """Just enough of a terminal to read what a program has put on screen.
+
+    Output is applied as a terminal would: printable text at the cursor,
+    absolute and relative cursor moves, line feeds, erases (ED, EL, ECH) and
+    character repeat (REP, which ncurses uses for runs of one character).
+    Colours and modes are dropped. A curses program writes only the cells that
+    changed and skips blanks with cursor moves, so matching the raw stream,
+    even with escapes stripped, misses text that is there on screen.
+    """
+
+    def __init__(self, cols: int = 160, rows: int = 48) -> None:
+        self.cols, self.rows = cols, rows
+        self.cells = [[" "] * cols for _ in range(rows)]
+        self.x = self.y = 0
+        self._saved = (0, 0)
+        self._last = " "
+        self._pending = ""
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def feed(self, data: bytes) -> None:
+        """Apply a chunk of output (sequences may be split between chunks)."""
+        text = self._pending + self._decoder.decode(data)
+        cut = _PARTIAL.search(text)
+        self._pending = text[cut.start() :] if cut else ""
+        if cut:
+            text = text[: cut.start()]
+        pos = 0
+        for m in _ESCAPE.finditer(text):
+            if m.start() > pos:
+                self._put(text[pos : m.start()])
+            pos = m.end()
+            params, final, esc, ctrl = m.group(1, 2, 3, 4)
+            if final is not None:
+                self._csi(params, final)
+            elif esc is not None:
+                self._esc(esc)
+            elif ctrl is not None:
+                self._control(ctrl)
+        if pos < len(text):
+            self._put(text[pos:])
+
+    def text(self) -> str:
+        """The screen's rows, trailing blanks removed, one per line."""
+        return "\n".join("".join(row).rstrip() for row in self.cells)
+
+    def _put(self, s: str) -> None:
+        for ch in s:
+            if self.x >= self.cols:  # auto-wrap at the right margin
+                self.x = 0
+                self._down()
+            self.cells[self.y][self.x] = ch
+            self.x += 1
+            self._last = ch
+
+    def _down(self) -> None:
+        if self.y < self.rows - 1:
+            self.y += 1
+        else:  # scroll up one line
+            del self.cells[0]
+            self.cells.append([" "] * self.cols)
+
+    def _move(self, x: int | None = None, y: int | None = None) -> None:
+        if x is not None:
+            self.x = max(0, min(self.cols - 1, x))
+        if y is not None:
+            self.y = max(0, min(self.rows - 1, y))
+
+    def _control(self, ch: str) -> None:
+        if ch == "\r":
+            self.x = 0
+        elif ch in "\n\x0b\x0c":
+            self._down()
+        elif ch == "\b":
+            self.x = max(0, self.x - 1)
+        elif ch == "\t":
+            self.x = min(self.cols - 1, (self.x // 8 + 1) * 8)
+
+    def _esc(self, ch: str) -> None:
+        if ch == "7":
+            self._saved = (self.x, self.y)
+        elif ch == "8":
+            self.x, self.y = self._saved
+        elif ch in "DE":
+            self._down()
+            if ch == "E":
+                self.x = 0
+        elif ch == "M":
+            self.y = max(0, self.y - 1)
+        elif ch == "c":
+            self.__init__(self.cols, self.rows)  # type: ignore[misc]
+
+    def _csi(self, params: str, final: str) -> None:
+        if params.startswith(("?", ">", "<", "=")):
+            return  # private modes (alternate screen, mouse, cursor keys ...)
+        args = [int(a) if a.isdigit() else 0 for a in params.split(";")] if params else []
+        n = args[0] if args and args[0] else 1
+        row = self.cells[self.y]
+        if final in "Hf":
+            r = args[0] if args and args[0] else 1
+            c = args[1] if len(args) > 1 and args[1] else 1
+            self._move(c - 1, r - 1)
+        elif final == "A":
+            self._move(y=self.y - n)
+        elif final in "Be":
+            self._move(y=self.y + n)
+        elif final in "Ca":
+            self._move(x=self.x + n)
+        elif final == "D":
+            self._move(x=self.x - n)
+        elif final in "EF":
+            self._move(0, self.y + (n if final == "E" else -n))
+        elif final in "G`":
+            self._move(x=n - 1)
+        elif final == "d":
+            self._move(y=n - 1)
+        elif final == "X":
+            row[self.x : self.x + n] = [" "] * len(row[self.x : self.x + n])
+        elif final == "b":
+            self._put(self._last * n)
+        elif final == "K":
+            mode = args[0] if args else 0
+            lo, hi = {0: (self.x, self.cols), 1: (0, self.x + 1)}.get(mode, (0, self.cols))
+            row[lo:hi] = [" "] * (hi - lo)
+        elif final == "J":
+            mode = args[0] if args else 0
+            if mode == 0:
+                self._csi("0", "K")
+                rows = range(self.y + 1, self.rows)
+            elif mode == 1:
+                self._csi("1", "K")
+                rows = range(self.y)
+            else:
+                rows = range(self.rows)
+            for y in rows:
+                self.cells[y] = [" "] * self.cols
+        elif final == "P":  # delete characters, the rest of the line moves left
+            del row[self.x : self.x + n]
+            row.extend([" "] * (self.cols - len(row)))
+        elif final == "@":  # insert blanks
+            row[self.x : self.x] = [" "] * n
+            del row[self.cols :]
+
+
+@dataclass(frozen=True)
+class Marker:
+    """Text that shows a program's first full frame: a label and a pattern."""
+
+    label: str
+    pattern: re.Pattern[str]
+
+
+def find_marker(screen: VirtualScreen, markers: list[Marker]) -> tuple[Marker, str] | None:
+    """The first marker shown on ``screen`` and the text it matched, or None."""
+    text = screen.text()
+    for marker in markers:
+        m = marker.pattern.search(text)
+        if m:
+            return marker, m.group(0)
+    return None
+
+
+#: gpustation: a GPU card's temperature, drawn only once the first sample is in
+#: (the process table's header, the banner and the graph come earlier or apart)
+GPUSTATION_MARKERS = [
+    Marker("a full GPU card's temperature", re.compile(r"Temp +\d+ C")),
+    Marker("a compact GPU card's temperature and power", re.compile(r"\d+C +[\d.]+/[\d.]+W")),
+    Marker("a lost GPU's card", re.compile(r"LOST")),
+]
+_SIZE = r"\d+(?:\.\d+)?(?:B|KiB|MiB|GiB|TiB)"
+#: nvitop: a GPU's memory in its device table, ``used / total`` in whatever unit
+#: nvitop's bytes2human chose (``0B / 140.4GiB``, ``520.0MiB / 23.99GiB``); its
+#: header (``Driver Version``) is drawn in the same frame, kept as a fallback
+NVITOP_MARKERS = [
+    Marker("a GPU's memory used / total", re.compile(_SIZE + r" / " + _SIZE)),
+    Marker("nvitop's header", re.compile(r"Driver Version: *\S+")),
+]
+REFERENCE_MARKERS = [Marker("the second card", re.compile(r"REFCARD B"))]
 
 
 @dataclass
 class Result:
     name: str
     first_frame_s: float | None
+    marker: str | None
     cpu_first5_s: float
     cpu_steady_s: float
     rss_mib: float
@@ -71,7 +270,7 @@ def rss_mib(pid: int) -> float:
 def measure(
     name: str,
     argv: list[str],
-    marker: re.Pattern[bytes],
+    markers: list[Marker],
     env: dict[str, str],
     warmup_s: float = 5.0,
     steady_s: float = 20.0,
@@ -85,7 +284,8 @@ def measure(
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
     start = time.monotonic()
     first: float | None = None
-    tail = b""
+    found = ""
+    screen = VirtualScreen(cols, rows)
     cpu5 = None
     cpu_end = None
     rss = 0.0
@@ -107,9 +307,11 @@ def measure(
                 if not chunk:
                     break
                 if first is None:
-                    tail = (tail + ANSI.sub(b"", chunk))[-20000:]
-                    if marker.search(tail):
+                    screen.feed(chunk)
+                    hit = find_marker(screen, markers)
+                    if hit is not None:
                         first = time.monotonic() - start
+                        found = f"{hit[0].label} ({hit[1]!r})"
     finally:
         with contextlib.suppress(OSError):
             os.write(fd, b"q")
@@ -126,7 +328,7 @@ def measure(
         os.close(fd)
     if cpu5 is None or cpu_end is None:
         raise SystemExit(f"{name}: exited before the measurement ended")
-    return Result(name, first, cpu5, cpu_end - cpu5, rss)
+    return Result(name, first, found or None, cpu5, cpu_end - cpu5, rss)
 
 
 def sampling_pass(count: int, card: str, real: bool, passes: int = 200) -> tuple[float, float]:
@@ -173,25 +375,20 @@ def main() -> None:
         [] if args.real else ["--simulate", str(args.gpus), "--sim-card", args.card]
     )
     label = "real GPUs" if args.real else f"{args.gpus} simulated {args.card}"
-    # A GPU card's temperature: drawn only once the first sample is in (the
-    # process table's header, the banner and the graph come earlier or apart).
-    card = re.compile(rb"Temp +\d+ C|\d+C +[\d.]+/[\d.]+W|LOST")
-    targets = [(f"gpustation ({label})", gs, card)]
+    targets = [(f"gpustation ({label})", gs, GPUSTATION_MARKERS)]
     if not args.no_reference:
         ref = str(REPO / "bench" / "ref_textual_app.py")
-        targets.append(("minimal Textual app + plotext", [py, ref], re.compile(rb"REFCARD B")))
-        targets.append(
-            ("minimal Textual app, no plot", [py, ref, "--no-plot"], re.compile(rb"REFCARD B"))
-        )
+        targets.append(("minimal Textual app + plotext", [py, ref], REFERENCE_MARKERS))
+        targets.append(("minimal Textual app, no plot", [py, ref, "--no-plot"], REFERENCE_MARKERS))
     if args.nvitop:
         nvitop = shutil.which("nvitop")
         if nvitop:
-            targets.append(("nvitop", [nvitop], re.compile(rb"MiB")))
+            targets.append(("nvitop", [nvitop], NVITOP_MARKERS))
         else:
             print("nvitop: not installed, skipped", file=sys.stderr)
 
     results = [
-        measure(name, argv, marker, env, steady_s=args.steady) for name, argv, marker in targets
+        measure(name, argv, markers, env, steady_s=args.steady) for name, argv, markers in targets
     ]
     total, per_gpu = sampling_pass(args.gpus, args.card, args.real)
 
@@ -204,6 +401,9 @@ def main() -> None:
             f"| {r.name} | {ff} | {r.cpu_first5_s:.2f} s | {r.cpu_steady_s:.2f} s "
             f"| {r.rss_mib:.0f} MiB |"
         )
+    print("\nfirst full frame marked by:")
+    for r in results:
+        print(f"* {r.name}: {r.marker or 'no marker seen'}")
     print(
         f"\nsampling pass ({label}, fast fields, no host): {total * 1e3:.3f} ms, "
         f"{per_gpu * 1e3:.3f} ms per GPU"
