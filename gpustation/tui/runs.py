@@ -85,6 +85,10 @@ EMA_WEIGHT = 0.8
 HISTORY_LIMIT = 200
 #: lines under the preset list describing the highlighted preset
 INFO_LINES = 3
+#: a pass bringing at least FLOOD_LINES lines is a flood: the log pane then takes
+#: them at most every FLOOD_FLUSH_S (each refill of the pane costs the UI thread)
+FLOOD_LINES = 1000
+FLOOD_FLUSH_S = 0.3
 
 STATUS_STYLE = {
     "starting": "yellow",
@@ -1274,6 +1278,10 @@ class RunsScreen(LiveScreen):
         self._log_run: str | None = None
         #: lines that arrived for the shown run while the user had scrolled up
         self._unseen = 0
+        #: lines for the log pane not written yet (a flood is written in bigger steps)
+        self._pending: deque[str] = deque(maxlen=MAX_LOG_LINES)
+        self._flush_timer: Timer | None = None
+        self._flushed_at = 0.0
         self._dirty = True
 
     @property
@@ -1539,6 +1547,7 @@ class RunsScreen(LiveScreen):
             log.follow = True  # another run: start at its end
         log.clear()
         self._unseen = 0
+        self._pending.clear()
         self._log_run = view.id if view else None
         if view is not None:
             if view.dropped:
@@ -1561,15 +1570,41 @@ class RunsScreen(LiveScreen):
             return
         log = self.query_one("#run-log", RunLog)
         if log.follow:
-            # Appended, never rewritten: once the pane holds MAX_LOG_LINES its
-            # size stays put, and a pane that keeps its size costs no relayout
-            # of the screen (a clear and refill would cost two per pass).
-            log.write_lines(delta.lines)
-            log.show_end()
+            self._pending.extend(delta.lines)
+            self._flush_soon()
         else:
             # Scrolled back: keep the view still; the lines wait in the run's buffer.
             self._unseen += len(delta.lines) + delta.dropped
             self._show_hint()
+
+    def _flush_soon(self) -> None:
+        """Write the pending lines now, or a little later during a flood."""
+        if self._flush_timer is not None:
+            return
+        spacing = FLOOD_FLUSH_S if len(self._pending) >= FLOOD_LINES else 0.0
+        wait = self._flushed_at + spacing - time.monotonic()
+        if wait <= 0:
+            self._flush_log()
+        else:
+            self._flush_timer = self.set_timer(wait, self._flush_log)
+
+    def _flush_log(self) -> None:
+        self._flush_timer = None
+        self._flushed_at = time.monotonic()
+        if not self._pending or not self.is_mounted:
+            return
+        log = self.query_one("#run-log", RunLog)
+        lines = list(self._pending)
+        self._pending.clear()
+        if not log.follow:
+            self._unseen += len(lines)
+            self._show_hint()
+            return
+        # Appended, never rewritten: once the pane holds MAX_LOG_LINES its size
+        # stays put, and a pane that keeps its size costs no relayout of the
+        # screen (a clear and refill would cost two).
+        log.write_lines(lines)
+        log.show_end()
 
     def _log_scrolled(self) -> None:
         log = self.query_one("#run-log", RunLog)
