@@ -1283,6 +1283,7 @@ class RunsScreen(LiveScreen):
         self._flush_timer: Timer | None = None
         self._flushed_at = 0.0
         self._dirty = True
+        self._log_dirty = True
 
     @property
     def ui(self) -> RunsUI:
@@ -1326,6 +1327,8 @@ class RunsScreen(LiveScreen):
         super().on_screen_resume()
         if self._dirty:
             self.runs_changed(True, True)
+        if self._log_dirty:
+            # Lines came while another screen or a dialog was on top.
             self._reload_log()
 
     def show_frame(self, frame: Frame) -> None:
@@ -1546,6 +1549,7 @@ class RunsScreen(LiveScreen):
         if self._log_run != (view.id if view else None):
             log.follow = True  # another run: start at its end
         log.clear()
+        self._log_dirty = False
         self._unseen = 0
         self._pending.clear()
         self._log_run = view.id if view else None
@@ -1561,7 +1565,7 @@ class RunsScreen(LiveScreen):
     def log_append(self, view: RunView, delta: RunDelta) -> None:
         """New lines for the shown run (called with each batch, so at most once a pass)."""
         if not self.is_mounted or self.app.screen is not self:
-            self._dirty = True
+            self._log_dirty = True
             return
         if delta.reset or self._log_run != view.id:
             self._reload_log()
