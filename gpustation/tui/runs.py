@@ -75,7 +75,7 @@ MAX_LOG_LINES = 5000
 #: points kept per loss series; beyond that every other point is dropped
 MAX_POINTS = 2000
 #: bytes of log read per pass for an active run, and for a finished one being loaded
-ACTIVE_BITE = 1 << 20
+ACTIVE_BITE = 1 << 18
 FINISHED_BITE = 2 << 20
 #: the loss curve is redrawn at most this often (a plotext figure costs tens of ms)
 PLOT_EVERY_S = 1.0
