@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,14 @@ def alive(pids: list[int]) -> list[int]:
         except psutil.NoSuchProcess:
             continue
     return out
+
+
+def wait_gone(pids: list[int], timeout: float = 20.0) -> None:
+    """Wait until none of ``pids`` runs (a supervisor exits just after recording the end)."""
+    deadline = time.monotonic() + timeout
+    while alive(pids):
+        assert time.monotonic() < deadline, f"processes still running: {alive(pids)}"
+        time.sleep(0.05)
 
 
 def screen(app: DashboardApp) -> RunsScreen:
@@ -349,7 +358,7 @@ async def test_reattaches_to_a_run_started_before_and_quit_can_leave_it(
     assert len(alive(pids)) == 2
     final = stop_run(handle.run_dir, grace_s=2.0)
     assert final is not None and final.status == "stopped"
-    assert not alive(pids)
+    wait_gone(pids)
 
 
 async def test_quit_can_stop_the_runs(presets: dict[str, Any]) -> None:
@@ -365,7 +374,7 @@ async def test_quit_can_stop_the_runs(presets: dict[str, Any]) -> None:
         await wait_for(pilot, lambda: not app.is_running, timeout=60)
     state = rundir.read_state(view.run_dir)
     assert state is not None and state.status == "stopped"
-    assert not alive(pids)
+    wait_gone(pids)
 
 
 async def test_quit_without_runs_asks_nothing(presets: dict[str, Any]) -> None:
