@@ -332,23 +332,28 @@ def topology_text(snapshot: Snapshot) -> Text:
         numa = fmt.num(p.numa_node) if p else fmt.NA
         t.append(f"   {aff:<15} {numa}\n")
     t.append("\nPeer-to-peer (read/write) and NVLink\n", style="bold underline")
-    t.append("      " + "".join(f"{'GPU' + str(i):>7}" for i in gpus) + "\n", style="bold")
+    cells: dict[tuple[int, int], tuple[str, str]] = {}
+    for a in gpus:
+        for b in gpus:
+            link = topo.link(a, b)
+            if a == b:
+                cells[a, b] = ("X", "dim")
+            elif link is None:
+                cells[a, b] = (fmt.NA, "dim")
+            else:
+                rw = "".join(
+                    "?" if v is None else ("R" if k == "r" else "W") if v else "-"
+                    for k, v in (("r", link.p2p_read), ("w", link.p2p_write))
+                )
+                cell = rw + (f" NV{link.nvlink_count}" if link.nvlink_count else "")
+                cells[a, b] = (cell, "green" if "-" not in rw else "yellow")
+    width = max([7] + [len(c) + 2 for c, _ in cells.values()])
+    t.append("      " + "".join(f"{'GPU' + str(i):>{width}}" for i in gpus) + "\n", style="bold")
     for a in gpus:
         t.append(f"GPU{a:<3}", style="bold")
         for b in gpus:
-            if a == b:
-                t.append(f"{'X':>7}", style="dim")
-                continue
-            link = topo.link(a, b)
-            if link is None:
-                t.append(f"{fmt.NA:>7}", style="dim")
-                continue
-            rw = "".join(
-                "?" if v is None else ("R" if k == "r" else "W") if v else "-"
-                for k, v in (("r", link.p2p_read), ("w", link.p2p_write))
-            )
-            cell = rw + (f" NV{link.nvlink_count}" if link.nvlink_count else "")
-            t.append(f"{cell:>7}", style="green" if "-" not in rw else "yellow")
+            cell, style = cells[a, b]
+            t.append(f"{cell:>{width}}", style=style)
         t.append("\n")
     t.append("\nPCIe links (current of maximum)\n", style="bold underline")
     for gpu in snapshot.gpus:
