@@ -158,6 +158,17 @@ def cpu_mask_to_ranges(words: Sequence[int]) -> str | None:
     return ",".join(parts)
 
 
+def parse_cpu_list(text: str) -> set[int]:
+    """``0-3,8,10-11`` (the kernel's cpulist format) as a set of CPU numbers."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def _import_pynvml() -> Any:
     try:
         import pynvml
@@ -313,6 +324,7 @@ class NvmlBackend(Backend):
         nvml: Any = None,
         sysfs_pci_root: str = "/sys/bus/pci/devices",
         prefetch_slow: bool = False,
+        sysfs_node_root: str = "/sys/devices/system/node",
     ) -> None:
         """``prefetch_slow`` starts the slow getters as each GPU is opened, for a
         one-shot read: they then run beside the static reads instead of after."""
@@ -324,6 +336,7 @@ class NvmlBackend(Backend):
         self.nvml = nvml
         self._error_type: type[BaseException] = getattr(nvml, "NVMLError", Exception)
         self._sysfs_pci_root = sysfs_pci_root
+        self._sysfs_node_root = sysfs_node_root
         #: pynvml functions that are absent or that the driver lacks; never called again.
         self.missing_functions: set[str] = set()
         #: (gpu index or -1 for system calls, field) -> last error text, for a debug view.
@@ -921,7 +934,34 @@ class NvmlBackend(Backend):
         place.numa_node = None if node is None or int(node) < 0 else int(node)
         if words is not None:
             place.cpu_affinity = cpu_mask_to_ranges(list(words))
+            if place.numa_node is None:
+                # As nvidia-smi's "NUMA Affinity": the one node whose CPUs the GPU is close to.
+                place.numa_node = self._node_of_cpus(list(words))
         return place
+
+    def _node_of_cpus(self, words: list[int]) -> int | None:
+        """The NUMA node holding every CPU of an affinity mask, if exactly one does."""
+        cpus = {
+            w * 64 + bit for w, word in enumerate(words) for bit in range(64) if word >> bit & 1
+        }
+        if not cpus:
+            return None
+        nodes = []
+        try:
+            entries = os.listdir(self._sysfs_node_root)
+        except OSError:
+            return None
+        for entry in entries:
+            if not (entry.startswith("node") and entry[4:].isdigit()):
+                continue
+            try:
+                with open(os.path.join(self._sysfs_node_root, entry, "cpulist")) as f:
+                    node_cpus = parse_cpu_list(f.read())
+            except (OSError, ValueError):
+                continue
+            if cpus & node_cpus:
+                nodes.append(int(entry[4:]))
+        return nodes[0] if len(nodes) == 1 else None
 
     def _sysfs_numa_node(self, bus_id: str | None) -> int | None:
         """Older drivers lack nvmlDeviceGetNumaNodeId; the kernel knows too."""

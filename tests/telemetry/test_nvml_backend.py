@@ -26,7 +26,12 @@ from gpustation.errors import (
 )
 from gpustation.telemetry import nvml as nvml_module
 from gpustation.telemetry.model import GpuSample, Snapshot
-from gpustation.telemetry.nvml import NvmlBackend, cpu_mask_to_ranges, normalize_bus_id
+from gpustation.telemetry.nvml import (
+    NvmlBackend,
+    cpu_mask_to_ranges,
+    normalize_bus_id,
+    parse_cpu_list,
+)
 from gpustation.telemetry.sampler import Sampler
 from tests.conftest import REPO, child_env, gpustation_cmd
 from tests.telemetry.conftest import FAKE_NVML_DIR
@@ -584,8 +589,30 @@ def test_numa_node_from_sysfs_when_nvml_lacks_it(
     (tmp_path / "0000:01:00.0" / "numa_node").write_text("1\n")
     (tmp_path / "0000:00:06.0").mkdir()
     (tmp_path / "0000:00:06.0" / "numa_node").write_text("-1\n")
-    topo = open_backend(sysfs_pci_root=str(tmp_path)).topology([0, 1])
-    assert [g.numa_node for g in topo.gpus] == [1, None]
+    topo = open_backend(sysfs_pci_root=str(tmp_path), sysfs_node_root=str(tmp_path / "none"))
+    assert [g.numa_node for g in topo.topology([0, 1]).gpus] == [1, None]
+
+
+def test_numa_node_from_the_cpus_near_the_gpu_when_nothing_else_says(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend], tmp_path: Path
+) -> None:
+    # A VM: the GPU reports no NUMA node, the kernel says -1, but the GPU's
+    # CPU affinity lies inside one node (nvidia-smi prints that node).
+    fake_nvml.remove_function("nvmlDeviceGetNumaNodeId")
+    nodes = tmp_path / "nodes"
+    for node, cpus in (("node0", "0-15\n"), ("node1", "16-31\n")):
+        (nodes / node).mkdir(parents=True)
+        (nodes / node / "cpulist").write_text(cpus)
+    backend = open_backend(sysfs_pci_root=str(tmp_path / "pci"), sysfs_node_root=str(nodes))
+    topo = backend.topology([0, 1])
+    # the fake RTX 4090 sits by CPUs 0-15, the H200 by CPUs 16-31
+    assert [g.cpu_affinity for g in topo.gpus] == ["0-15", "16-31"]
+    assert [g.numa_node for g in topo.gpus] == [0, 1]
+
+
+def test_cpu_lists_parse() -> None:
+    assert parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert parse_cpu_list("") == set()
 
 
 def test_bus_ids_and_cpu_masks() -> None:
