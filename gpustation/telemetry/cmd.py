@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--host",
         action="append",
-        default=[],
+        default=argparse.SUPPRESS,  # so `gpustation --host A snapshot` keeps A
         metavar="[USER@]HOST",
         help="read these hosts over ssh instead of this machine (repeatable)",
     )

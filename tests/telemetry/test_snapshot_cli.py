@@ -125,3 +125,11 @@ def test_snapshot_path_imports_neither_textual_nor_torch() -> None:
         assert "rich" not in imported
         if sys.platform.startswith("linux"):
             assert "psutil" not in imported
+
+
+def test_host_given_before_the_command_reaches_snapshot() -> None:
+    # `gpustation --host X snapshot` means the same as `gpustation snapshot --host X`
+    for args in (("--host=-oProxyCommand=x", "snapshot"), ("snapshot", "--host=-oProxyCommand=x")):
+        result = run(*args)
+        assert result.returncode == 2
+        assert "cannot be an ssh option" in result.stderr
