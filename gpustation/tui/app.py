@@ -1,13 +1,14 @@
 """The full-screen dashboard: ``gpustation`` with no subcommand.
 
-Data flow: one worker thread samples (:class:`~gpustation.tui.source.DataSource`:
-backend, :class:`~gpustation.telemetry.sampler.Sampler`, process CPU/RSS) and
-hands a :class:`~gpustation.tui.source.Frame` to the UI thread, which feeds the
-ring buffers (:class:`~gpustation.telemetry.history.History`) and alert rules
+Data flow: one sampling thread (:class:`~gpustation.tui.source.Poller`) samples
+(:class:`~gpustation.tui.source.DataSource`: backend,
+:class:`~gpustation.telemetry.sampler.Sampler`, process CPU/RSS) and hands a
+:class:`~gpustation.tui.source.Frame` to the UI thread, which feeds the ring
+buffers (:class:`~gpustation.telemetry.history.History`) and alert rules
 (:class:`~gpustation.telemetry.alerts.AlertLog`) and repaints the visible
-screen. The worker re-arms itself with ``set_timer`` when a pass ends, so
-passes never overlap and a slow pass never delays a frame; ``p`` stops the
-re-arming. The UI thread never calls NVML.
+screen. The next pass is scheduled when a frame has been taken, so passes
+never overlap and a slow pass never delays a frame; ``p`` stops the
+scheduling. The UI thread never calls NVML.
 
 Extension points (for new screens: runs, hardware control, fleet):
 
@@ -40,11 +41,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rich.text import Text
-from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
-from textual.timer import Timer
 
 from gpustation.errors import GpustationError
 from gpustation.telemetry.alerts import AlertLog
@@ -59,7 +58,7 @@ from gpustation.tui.screens import (
     LiveScreen,
     TopologyScreen,
 )
-from gpustation.tui.source import DataSource, Frame
+from gpustation.tui.source import DataSource, Frame, Poller
 from gpustation.tui.widgets import ProcRow
 
 #: refresh intervals ``+``/``-`` step through, in seconds
@@ -180,7 +179,8 @@ class DashboardApp(App[int]):
         self.error: str | None = None
         self.passes = 0
         self._kill = kill
-        self._timer: Timer | None = None
+        #: the sampling thread; a pass is scheduled after each frame
+        self._poller = Poller(self._sample_pass)
         self._autostart = autostart
         self._notify_alerts = notify_alerts
         self._last_frame_at = time.monotonic()
@@ -215,14 +215,11 @@ class DashboardApp(App[int]):
             self.sample_now()
 
     def sample_now(self) -> None:
-        """Start a sampling pass now (cancels a pending re-arm)."""
-        if self._timer is not None:
-            self._timer.stop()
-            self._timer = None
-        self._sample_pass()
+        """Start a sampling pass now (replaces a scheduled one)."""
+        self._poller.run_now()
 
-    @work(thread=True, exclusive=True, exit_on_error=False, group="sampler")
     def _sample_pass(self) -> None:
+        # Runs on the poller's thread.
         try:
             frame = self.source.sample()
         except GpustationError as err:
@@ -234,14 +231,31 @@ class DashboardApp(App[int]):
         self._post(self._take_frame, frame)
 
     def _post(self, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        # A plain callback on the event loop: call_from_thread would wrap it in
+        # a coroutine and inspect its signature on every pass.
+        def run() -> None:
+            with self._context():
+                try:
+                    fn(*args, **kwargs)
+                except Exception as err:
+                    self._handle_exception(err)
+
+        loop = self._loop
         try:
-            self.call_from_thread(fn, *args, **kwargs)
+            if loop is None or loop.is_closed():
+                return
+            loop.call_soon_threadsafe(run)
         except RuntimeError:
             pass  # the app is shutting down
 
     def _rearm(self, delay: float) -> None:
         if not self.paused and self.is_running:
-            self._timer = self.set_timer(delay, self._sample_pass)
+            self._poller.schedule(delay)
+
+    @property
+    def next_pass_s(self) -> float | None:
+        """Seconds until the next scheduled sampling pass (None: none is scheduled)."""
+        return self._poller.pending_s
 
     def _sample_failed(self, message: str, fatal: bool) -> None:
         self.error = message
@@ -397,9 +411,8 @@ class DashboardApp(App[int]):
     def set_refresh(self, seconds: float) -> None:
         """Change the refresh interval (clamped to 0.25..10 s); re-arms the worker."""
         self.refresh_s = min(MAX_REFRESH_S, max(MIN_REFRESH_S, seconds))
-        if self._timer is not None and not self.paused:
-            self._timer.stop()
-            self._timer = self.set_timer(self.refresh_s, self._sample_pass)
+        if self._poller.pending_s is not None and not self.paused:
+            self._poller.schedule(self.refresh_s)
         self.update_chrome(self.screen)
 
     def action_slower(self) -> None:
@@ -413,9 +426,7 @@ class DashboardApp(App[int]):
     def action_toggle_pause(self) -> None:
         self.paused = not self.paused
         if self.paused:
-            if self._timer is not None:
-                self._timer.stop()
-                self._timer = None
+            self._poller.cancel()
         else:
             self.sample_now()
         self.update_chrome(self.screen)
@@ -496,9 +507,7 @@ class DashboardApp(App[int]):
             yield SystemCommand("Sort processes", "sort by the next column (s)", screen.action_sort)
 
     def on_unmount(self) -> None:
-        if self._timer is not None:
-            self._timer.stop()
-        self.workers.cancel_group(self, "sampler")
+        self._poller.close()
 
     def close_source(self) -> None:
         self.source.close()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
@@ -45,6 +46,9 @@ class LiveText(Widget):
         self._shown: Text | None = None
         self._lines: list[Text] = []
         self._strips: dict[int, Strip] = {}
+        # The widget's own style, applied to every line: Textual computes it by
+        # walking the ancestors, so it is kept until the styles change.
+        self._base_style: Style | None = None
         if content:
             self.show(content)
 
@@ -98,9 +102,18 @@ class LiveText(Widget):
                 strip = Strip(segments, line.cell_len)
             else:
                 strip = Strip.blank(0)
-            strip = strip.crop_extend(0, width, None).apply_style(self.rich_style)
+            style = self._base_style
+            if style is None:
+                style = self._base_style = self.rich_style
+            strip = strip.crop_extend(0, width, None).apply_style(style)
             self._strips[y] = strip
         return strip
+
+    def notify_style_update(self) -> None:
+        # A new class, focus or theme may change the colours: draw afresh.
+        super().notify_style_update()
+        self._base_style = None
+        self._strips.clear()
 
     def on_resize(self) -> None:
         self._strips.clear()
@@ -146,7 +159,8 @@ class GpuCard(LiveText):
             self.show(render.compact_text(g, width, focused=self._focused))
         else:
             self.show(render.card_text(g, width, focused=self._focused))
-            self.border_title = None
+            if self._border_title is not None:
+                self.border_title = None  # setting it repaints the whole card
 
     def on_focus(self) -> None:
         # Focus shows the power limit's default and range on the card.

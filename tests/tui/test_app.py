@@ -358,7 +358,7 @@ async def test_a_gpu_index_the_machine_lacks_is_reported_not_retried() -> None:
         await wait_for(pilot, lambda: app.error is not None)
         assert "no GPU 5" in text_of(app, "#banner")
         await pilot.pause(0.6)
-        assert app.passes == 0 and app._timer is None
+        assert app.passes == 0 and app.next_pass_s is None
 
 
 def test_run_dashboard_hands_hosts_to_the_fleet_view(monkeypatch: pytest.MonkeyPatch) -> None:
