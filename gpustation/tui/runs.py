@@ -27,24 +27,32 @@ stop them or leave them running.
 
 from __future__ import annotations
 
+import gc
+import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from rich.cells import cell_len
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import ModalScreen
+from textual.geometry import Size
+from textual.screen import ModalScreen, Screen
+from textual.scroll_view import ScrollView
 from textual.scrollbar import ScrollTo, ScrollUp
+from textual.selection import Selection
+from textual.strip import Strip
 from textual.timer import Timer
-from textual.widgets import Button, DataTable, Footer, Input, Label, Log, OptionList, Static
+from textual.widgets import Button, DataTable, Footer, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from gpustation.errors import GpustationError, UsageError
@@ -101,6 +109,24 @@ STATUS_STYLE = {
 
 
 # ---- plain helpers (no widgets) ------------------------------------------------------------
+
+
+def freeze_heap() -> bool:
+    """Collect, then move every object alive now out of the collector's sight (once).
+
+    A full collection walks every tracked object: with the dashboard and this
+    screen built that is ~100,000 objects and 50-90 ms on a busy 2-core
+    machine, long enough to stall a key pressed during a log flood. The
+    screens, widgets, modules and stylesheets alive at this point live as long
+    as the app, so freezing them costs nothing and leaves later full
+    collections only the objects made since (dialogs, rows, render caches).
+    Returns False when the heap was already frozen.
+    """
+    if gc.get_freeze_count():
+        return False
+    gc.collect()
+    gc.freeze()
+    return True
 
 
 class Series:
@@ -450,6 +476,8 @@ class RunsUI:
         self.problems: list[PresetProblem] = []
         self.selected: str | None = None
         self.screen: RunsScreen | None = None
+        #: presets being launched (shown in the run pane until the run appears)
+        self.launching: list[str] = []
         # Shared with the worker, under the lock.
         self._lock = threading.Lock()
         self._wanted: dict[str, tuple[Path, bool]] = {}
@@ -727,7 +755,11 @@ class RunsUI:
         self.app.run_worker(
             job, thread=True, exit_on_error=False, group="runs", name=f"launch {preset.name}"
         )
-        self.app.notify(f"Launching {preset.name}…", title="Runs")
+        # Said in the run pane, not in a toast: a toast mounts (and later
+        # unmounts) widgets, a relayout of the screen each, while the run starts.
+        self.launching.append(preset.name)
+        if self.screen is not None:
+            self.screen.runs_changed(False, True)
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
         try:
@@ -736,7 +768,14 @@ class RunsUI:
             pass  # the dashboard is closing
 
     def _launch_failed(self, name: str, message: str) -> None:
+        self._launch_done(name)
         self.app.notify(message, title=f"Could not launch {name}", severity="error", timeout=10)
+        if self.screen is not None:
+            self.screen.runs_changed(False, True)
+
+    def _launch_done(self, name: str) -> None:
+        if name in self.launching:
+            self.launching.remove(name)
 
     def _launched(self, handle: RunHandle) -> None:
         view = RunView(handle.id, handle.run_dir, title=handle.title, preset=handle.preset)
@@ -746,13 +785,10 @@ class RunsUI:
         if handle.state is not None:
             view.take_state(handle.state)
         self.views[handle.id] = view
+        self._launch_done(handle.preset)
         for warning in handle.warnings:
             self.app.notify(warning, title="Runs", severity="warning", timeout=8)
-        self.app.notify(
-            f"Started {handle.preset} on "
-            + (f"GPU {','.join(map(str, handle.gpus))}" if handle.gpus else "no GPU"),
-            title="Runs",
-        )
+        # No "started" toast: the new run is selected and its pane says where it runs.
         self.follow(view)
         if self.screen is not None:
             self.screen.runs_changed(True, False, select=handle.id)
@@ -862,24 +898,145 @@ def runs_ui(app: DashboardApp) -> RunsUI:
 # ---- widgets -------------------------------------------------------------------------------
 
 
-class RunLog(Log):
-    """The log pane: follows the end until the user scrolls up, and again from End.
+#: control characters a terminal would act on (tab is expanded instead)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
 
-    Following is a flag set by what the user does (keys, wheel, scrollbar), not
-    read from the scroll position: while a flood refills the pane, the position
-    lags the content for a moment and would read as "scrolled back".
+
+def _printable(line: str) -> str:
+    return _CONTROL.sub("\ufffd", line.expandtabs()) if not line.isprintable() else line
+
+
+class RunLog(ScrollView, can_focus=True):
+    """The log pane: a run's last lines, drawn a screen at a time.
+
+    Holds at most ``max_lines`` lines (the oldest drop out) and renders only
+    the rows on screen, each from its string when it is drawn: appending a
+    flood's worth of lines costs a deque extend and one repaint. New lines
+    never relayout the screen: the content size is set without Textual's
+    layout (only this widget's scrollbars depend on it), and no line's width
+    is measured until it is drawn.
+
+    Following the end is a flag set by what the user does (keys, wheel,
+    scrollbar), not read from the scroll position: while a flood comes in,
+    the position lags the content for a moment and would read as "scrolled
+    back". ``on_change`` is called when the flag flips.
     """
 
-    def __init__(self, on_change: Callable[[], None], **kwargs: Any) -> None:
-        super().__init__(max_lines=MAX_LOG_LINES, auto_scroll=False, **kwargs)
+    ALLOW_SELECT = True
+    DEFAULT_CSS = """
+    RunLog {
+        background: $surface;
+        color: $text;
+        overflow-y: scroll;
+        overflow-x: auto;
+        &:focus { background-tint: $foreground 5%; }
+    }
+    """
+
+    def __init__(
+        self, on_change: Callable[[], None], max_lines: int = MAX_LOG_LINES, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.max_lines = max_lines
+        self._lines: deque[str] = deque(maxlen=max_lines)
+        #: the widest line seen, in characters (grows as wider lines are written or drawn)
+        self._width = 0
         self.follow = True
         self._on_change = on_change
 
-    def show_end(self) -> None:
-        """Scroll to the last line now and once more after the next layout."""
-        self.scroll_end(animate=False, immediate=True, x_axis=False)
-        self.call_after_refresh(self.scroll_end, animate=False, x_axis=False)
+    @property
+    def lines(self) -> Sequence[str]:
+        """The lines held (the last ``max_lines`` written)."""
+        return self._lines
 
+    @property
+    def line_count(self) -> int:
+        return len(self._lines)
+
+    def write_lines(self, lines: Iterable[str]) -> None:
+        """Append ``lines`` (each without its newline) and repaint."""
+        if self._append(lines):
+            self._content_changed()
+
+    def write_line(self, line: str) -> None:
+        """Append one line."""
+        self.write_lines([line])
+
+    def replace(self, lines: Iterable[str]) -> None:
+        """Show ``lines`` instead of what is there (another run, or a refill)."""
+        self._lines.clear()
+        self._width = 0
+        self._append(lines)
+        self._content_changed()
+
+    def clear(self) -> None:
+        """Remove every line."""
+        self.replace(())
+
+    def _append(self, lines: Iterable[str]) -> bool:
+        added = list(lines)
+        if not added:
+            return False
+        self._lines.extend(added)
+        # len() is the width of plain text; tabs and wide characters are measured
+        # when drawn (render_line widens the content then).
+        self._width = max(self._width, max(map(len, added[-self.max_lines :])))
+        return True
+
+    def _content_changed(self) -> None:
+        size = Size(self._width, len(self._lines))
+        if size != self.virtual_size:
+            # Not through the reactive: it would lay the whole screen out again
+            # (~50 ms on a small machine) for what changes only this widget's
+            # scrollbars. Showing or hiding a scrollbar still relayouts (its
+            # own reactive), which a flood does at most once.
+            self.set_reactive(ScrollView.virtual_size, size)
+            self._scroll_update(size)
+        self.refresh()
+
+    def show_end(self) -> None:
+        """Scroll to the last line."""
+        self.scroll_end(animate=False, immediate=True, x_axis=False)
+
+    def on_resize(self) -> None:
+        if self.follow:
+            self.show_end()
+
+    # -- drawing -----------------------------------------------------------------------------
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        index = scroll_y + y
+        width = self.size.width
+        style = self.rich_style
+        if index >= len(self._lines):
+            return Strip.blank(width, style)
+        text = _printable(self._lines[index])
+        cells = cell_len(text)
+        if cells > self._width:
+            self._width = cells
+            self.call_later(self._content_changed)
+        selection = self.text_selection
+        span = selection.get_span(index) if selection is not None else None
+        if span is None:
+            strip = Strip([Segment(text, style)], cells)
+        else:
+            start, end = span
+            line = Text(text, style=style, no_wrap=True, end="")
+            line.stylize(
+                self.screen.get_component_rich_style("screen--selection"),
+                start,
+                len(text) if end == -1 else end,
+            )
+            strip = Strip(line.render(self.app.console), cells)
+        return strip.crop_extend(scroll_x, scroll_x + width, style).apply_offsets(scroll_x, index)
+
+    def get_selection(self, selection: Selection) -> tuple[str, str] | None:
+        return selection.extract("\n".join(self._lines)), "\n"
+
+    def selection_updated(self, selection: Selection | None) -> None:
+        self.refresh()
+
+    # -- following -----------------------------------------------------------------------------
     def _pause(self) -> None:
         if self.follow and self.max_scroll_y > 0:
             self.follow = False
@@ -913,6 +1070,30 @@ class RunLog(Log):
         if not self.follow and self.max_scroll_y > 0 and round(new_value) >= self.max_scroll_y:
             self.follow = True
             self._on_change()
+
+
+class QuietFooter(Footer):
+    """A footer rebuilt only when the keys it would show change.
+
+    Textual's footer rebuilds itself (a dozen widgets, so a relayout of the
+    screen) whenever its screen's bindings are refreshed: on each focus change
+    and each time a dialog closes, when the keys are usually the same.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._keys: object = None
+
+    def bindings_changed(self, screen: Screen[Any]) -> None:
+        keys = [
+            (binding, enabled, tooltip)
+            for (_, binding, enabled, tooltip) in screen.active_bindings.values()
+        ]
+        if keys == self._keys and self._bindings_ready:
+            return
+        if screen.app.app_focus and self.is_attached and screen is self.screen:
+            self._keys = keys  # what the rebuild about to happen will show
+        super().bindings_changed(screen)
 
 
 class LossPlot(Static):
@@ -1262,7 +1443,7 @@ class RunsScreen(LiveScreen):
     #runs-table { height: 1fr; border: round $panel; }
     #runs-table:focus { border: round $accent; }
     #runs-right { width: 1fr; }
-    #run-header { height: auto; padding: 0 1; }
+    #run-header { height: 4; padding: 0 1; }
     #run-gpus { height: auto; padding: 0 1; }
     #run-plot { height: 14; }
     #run-log { height: 1fr; border: round $panel; }
@@ -1301,10 +1482,11 @@ class RunsScreen(LiveScreen):
                 yield LiveText(id="run-header")
                 yield LiveText(id="run-gpus")
                 yield LossPlot(id="run-plot")
-                yield RunLog(self._log_scrolled, id="run-log")
+                # One more than a run keeps: room for the "earlier lines" note.
+                yield RunLog(self._log_scrolled, max_lines=MAX_LOG_LINES + 1, id="run-log")
                 yield LiveText(id="run-log-hint")
         yield LiveText(id="status")
-        yield Footer()
+        yield QuietFooter()
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -1318,6 +1500,8 @@ class RunsScreen(LiveScreen):
         self.show_presets()
         self.runs_changed(True, True)
         self.query_one("#runs-presets", OptionList).focus()
+        # Once the screen has painted: its widgets are as long-lived as the app.
+        self.call_after_refresh(freeze_heap)
 
     def on_unmount(self) -> None:
         self.ui.screen = None
@@ -1496,6 +1680,12 @@ class RunsScreen(LiveScreen):
         now = time.time()
         header = Text()
         gpus = Text()
+        if self.ui.launching:
+            header.append(f"Launching {', '.join(self.ui.launching)}…", style="bold yellow")
+            header.append("\nstarting its supervisor and process", style="dim")
+            # The GPU lines and the plot stay as they are until the run appears.
+            self.query_one("#run-header", LiveText).show(header)
+            return
         if view is None:
             header.append("No run selected. ", style="bold")
             header.append("Launch a preset with l (or Enter on the list).", style="dim")
@@ -1548,16 +1738,17 @@ class RunsScreen(LiveScreen):
         view = self.current_view()
         if self._log_run != (view.id if view else None):
             log.follow = True  # another run: start at its end
-        log.clear()
         self._log_dirty = False
         self._unseen = 0
         self._pending.clear()
         self._log_run = view.id if view else None
+        lines: list[str] = []
         if view is not None:
             if view.dropped:
-                log.write_line(f"… {view.dropped:,} earlier lines in {view.run_dir / 'output.log'}")
-            log.write_lines(list(view.lines))
+                lines.append(f"… {view.dropped:,} earlier lines in {view.run_dir / 'output.log'}")
+            lines.extend(view.lines)
             log.border_title = f"Log · {view.id}"
+        log.replace(lines)
         if log.follow:
             log.show_end()
         self._show_hint()
@@ -1604,9 +1795,6 @@ class RunsScreen(LiveScreen):
             self._unseen += len(lines)
             self._show_hint()
             return
-        # Appended, never rewritten: once the pane holds MAX_LOG_LINES its size
-        # stays put, and a pane that keeps its size costs no relayout of the
-        # screen (a clear and refill would cost two).
         log.write_lines(lines)
         log.show_end()
 

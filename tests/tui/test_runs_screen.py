@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,8 +14,12 @@ from typing import Any
 
 import psutil
 import pytest
+from textual.app import App, ComposeResult
 from textual.pilot import Pilot
+from textual.screen import Screen
+from textual.selection import Selection
 from textual.widgets import DataTable, Input, Label, OptionList
+from textual.widgets._footer import FooterKey
 
 from gpustation.runs import rundir
 from gpustation.runs.launcher import launch, stop_run
@@ -24,6 +30,7 @@ from gpustation.tui.runs import (
     CompareScreen,
     LaunchDialog,
     LossPlot,
+    QuietFooter,
     QuitRunsDialog,
     RunLog,
     RunsScreen,
@@ -32,6 +39,7 @@ from gpustation.tui.runs import (
     Series,
     StopRunDialog,
     ema,
+    freeze_heap,
     runs_ui,
 )
 from gpustation.tui.widgets import LiveText
@@ -420,6 +428,170 @@ async def test_a_flood_keeps_a_bounded_log_and_scrolling_back_pauses(
         await pilot.press("end")
         await wait_for(pilot, lambda: "End to follow" not in plain(app, "#run-log-hint"))
         assert log.follow and log.is_vertical_scroll_end
+
+
+async def test_launching_is_said_in_the_run_pane_not_in_toasts(
+    presets: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpustation.runs import launcher
+
+    # The launch waits until the test has seen the pane say so.
+    seen = threading.Event()
+    real_launch = launcher.launch
+
+    def slow_launch(*args: Any, **kwargs: Any) -> Any:
+        assert seen.wait(30), "the test never released the launch"
+        return real_launch(*args, **kwargs)
+
+    monkeypatch.setattr(launcher, "launch", slow_launch)
+    app, _ = make_app(count=1)
+    async with app.run_test(size=(160, 48)) as pilot:
+        ui = await open_runs(pilot)
+        await highlight_preset(pilot, "a-train")
+        await pilot.press("l")
+        await wait_for(pilot, lambda: isinstance(app.screen, LaunchDialog))
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, RunsScreen))
+        await wait_for(pilot, lambda: "Launching a-train…" in plain(app, "#run-header"))
+        seen.set()
+        await wait_for(pilot, lambda: bool(ui.live_active()), timeout=40)
+        (view,) = ui.live_active()
+        await wait_for(pilot, lambda: view.id in plain(app, "#run-header"))
+        assert "Launching" not in plain(app, "#run-header")
+        assert plain(app, "#run-gpus").startswith("GPU 0 ")
+        # Nothing was said in a toast (each one mounts and unmounts widgets).
+        assert not list(app._notifications)
+        ui.stop(view)
+        await wait_for(pilot, lambda: view.status == "stopped", timeout=40)
+
+
+async def test_the_footer_is_not_rebuilt_when_a_dialog_closes(presets: dict[str, Any]) -> None:
+    app, _ = make_app(count=1)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await open_runs(pilot)
+        footer = app.screen.query_one(QuietFooter)
+        await wait_for(pilot, lambda: bool(footer.query(FooterKey)))
+        keys = list(footer.query(FooterKey))
+        await pilot.press("l")
+        await wait_for(pilot, lambda: isinstance(app.screen, LaunchDialog))
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, RunsScreen))
+        await pilot.pause()
+        await pilot.pause()
+        # The same keys: the same widgets, not a rebuilt footer.
+        assert list(footer.query(FooterKey)) == keys
+        assert all(key.is_attached for key in keys)
+        # Keys that change (the log pane takes focus: its own bindings) rebuild it.
+        app.screen.query_one("#run-log", RunLog).focus()
+        await wait_for(pilot, lambda: list(footer.query(FooterKey)) != keys)
+
+
+async def test_opening_the_runs_screen_freezes_the_heap(presets: dict[str, Any]) -> None:
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    app, _ = make_app(count=1)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await open_runs(pilot)
+        await wait_for(pilot, lambda: gc.get_freeze_count() > 0)
+        # Once per process: a second screen or call leaves it alone.
+        assert freeze_heap() is False
+
+
+# ---- the log pane ------------------------------------------------------------------------
+
+
+class LogApp(App[None]):
+    """A log pane alone, 60x12, counting the screen's layouts."""
+
+    def __init__(self, max_lines: int = 100) -> None:
+        super().__init__()
+        self.max_lines = max_lines
+        self.layouts = 0
+        self.changes = 0
+
+    def compose(self) -> ComposeResult:
+        yield RunLog(self._changed, max_lines=self.max_lines)
+
+    def _changed(self) -> None:
+        self.changes += 1
+
+
+def count_layouts(monkeypatch: pytest.MonkeyPatch, app: LogApp) -> None:
+    real = Screen._refresh_layout
+
+    def counted(self: Screen[Any], *args: Any, **kwargs: Any) -> None:
+        app.layouts += 1
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Screen, "_refresh_layout", counted)
+
+
+def row_text(log: RunLog, y: int) -> str:
+    return "".join(segment.text for segment in log.render_line(y)).rstrip()
+
+
+async def test_log_pane_keeps_the_last_lines_and_takes_them_without_relayout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = LogApp(max_lines=100)
+    count_layouts(monkeypatch, app)
+    async with app.run_test(size=(60, 12)) as pilot:
+        log = app.query_one(RunLog)
+        log.write_line("first")
+        await pilot.pause()
+        log.show_end()
+        await pilot.pause()
+        before = app.layouts
+        for batch in range(5):
+            log.write_lines(f"line {batch}-{i}" for i in range(70))
+            log.show_end()
+            await pilot.pause()
+        # Growing and then full: the pane never asked for the screen to be laid out.
+        assert app.layouts == before
+        assert log.line_count == 100
+        assert log.lines[0] == "line 3-40" and log.lines[-1] == "line 4-69"
+        assert log.virtual_size.height == 100 and log.max_scroll_y > 0
+        # Following: the last row on screen is the last line written.
+        assert log.is_vertical_scroll_end
+        assert row_text(log, log.scrollable_content_region.height - 1) == "line 4-69"
+        # Another run's lines replace these in one step.
+        log.replace(["a", "b"])
+        await pilot.pause()
+        assert list(log.lines) == ["a", "b"] and log.max_scroll_y == 0
+        assert row_text(log, 0) == "a" and row_text(log, 2) == ""
+
+
+async def test_log_pane_draws_tabs_and_control_characters_safely() -> None:
+    app = LogApp()
+    async with app.run_test(size=(60, 12)) as pilot:
+        log = app.query_one(RunLog)
+        log.write_lines(["a\tb", "bell\x07 esc\x1b[31m red", "wide " + "x" * 100])
+        await pilot.pause()
+        assert row_text(log, 0) == "a       b"
+        assert row_text(log, 1) == "bell\ufffd esc\ufffd[31m red"
+        # A line wider than the pane can be scrolled to sideways.
+        assert log.virtual_size.width >= 105 and log.max_scroll_x > 0
+        # What a mouse selection copies is the text written.
+        assert log.get_selection(Selection(None, None)) == (
+            "a\tb\nbell\x07 esc\x1b[31m red\n" + "wide " + "x" * 100,
+            "\n",
+        )
+
+
+async def test_log_pane_scrolling_back_stops_following_and_scrolling_down_resumes() -> None:
+    app = LogApp()
+    async with app.run_test(size=(60, 12)) as pilot:
+        log = app.query_one(RunLog)
+        log.focus()
+        log.write_lines(f"line {i}" for i in range(50))
+        log.show_end()
+        await pilot.pause()
+        assert log.follow
+        await pilot.press("pageup")
+        assert not log.follow and app.changes == 1
+        await pilot.press("end")
+        await wait_for(pilot, lambda: log.follow)
+        assert app.changes == 2
 
 
 # ---- pieces ---------------------------------------------------------------------------
