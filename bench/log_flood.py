@@ -24,6 +24,7 @@ the dashboard took to show the last line, the dashboard's peak RSS (VmHWM)
 before and after, and that every run's ``output.log`` holds every line.
 
     python bench/log_flood.py [--lines 200000] [--runs 3] [--part headless|dashboard|both]
+                              [--trace]
 
 Runs in a temporary config/data/state dir on simulated GPUs; nothing of the
 user's is touched.
@@ -163,8 +164,15 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))]
 
 
-def dashboard_half(root: Path, env: dict[str, str], lines: int, rounds: int) -> bool:
-    """Flood the dashboard's runs screen; print latency, memory and completeness."""
+def dashboard_half(
+    root: Path, env: dict[str, str], lines: int, rounds: int, trace: bool = False
+) -> bool:
+    """Flood the dashboard's runs screen; print latency, memory and completeness.
+
+    ``trace`` prints each key of a flood as it is answered: when it was sent
+    (``time.monotonic()``, to line up with a profile of the dashboard), how long
+    after Enter, and its latency.
+    """
     sys.path.insert(0, str(REPO))
     from gpustation.runs.presets import load_presets
 
@@ -204,6 +212,8 @@ def dashboard_half(root: Path, env: dict[str, str], lines: int, rounds: int) -> 
 
     idle: list[float] = []
     busy: list[float] = []
+    #: (seconds after Enter, latency) of each key during a flood
+    busy_at: list[tuple[float, float]] = []
     missed = 0
     catch_up: list[float] = []
     try:
@@ -242,11 +252,16 @@ def dashboard_half(root: Path, env: dict[str, str], lines: int, rounds: int) -> 
             last_line = f"{run_dir.name[-4:]} line {lines - 1} "
             deadline = launched + 180
             while time.monotonic() < deadline:
+                pressed = time.monotonic() - launched
                 latency = press_key()
                 if latency is None:
                     missed += 1
                 else:
                     busy.append(latency)
+                    busy_at.append((pressed, latency))
+                    if trace:
+                        sent = time.monotonic() - latency
+                        print(f"key {sent:.3f} +{pressed:.2f}s {1000 * latency:.0f} ms")
                 seen = term.wait_for(last_line, offset, 0.0)
                 if seen is not None:
                     catch_up.append(seen - launched)
@@ -293,6 +308,11 @@ def dashboard_half(root: Path, env: dict[str, str], lines: int, rounds: int) -> 
     print(row("during the flood", busy))
     if missed:
         print(f"  keys with no visible answer within 5 s: {missed}")
+    slowest = sorted(busy_at, key=lambda k: -k[1])[:5]
+    print(
+        "slowest keys during the flood (ms, at s after Enter): "
+        + ", ".join(f"{1000 * lat:.0f} at {at:.2f}" for at, lat in slowest)
+    )
     print(
         f"last line shown after launch: median {statistics.median(catch_up):.2f} s "
         f"(rounds: {', '.join(f'{c:.2f}' for c in catch_up)})"
@@ -372,6 +392,9 @@ def main() -> int:
     parser.add_argument("--lines", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--part", choices=("headless", "dashboard", "both"), default="both")
+    parser.add_argument(
+        "--trace", action="store_true", help="print every key of a flood as it is answered"
+    )
     opts = parser.parse_args()
 
     ok = True
@@ -392,7 +415,7 @@ def main() -> int:
         if opts.part in ("headless", "both"):
             ok = headless_half(root, env, opts.lines, opts.runs) and ok
         if opts.part in ("dashboard", "both"):
-            ok = dashboard_half(root, env, opts.lines, opts.runs) and ok
+            ok = dashboard_half(root, env, opts.lines, opts.runs, opts.trace) and ok
     return 0 if ok else 1
 
 
