@@ -46,6 +46,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.geometry import Size
+from textual.reactive import Reactive
 from textual.screen import ModalScreen, Screen
 from textual.scroll_view import ScrollView
 from textual.scrollbar import ScrollTo, ScrollUp
@@ -1072,6 +1073,21 @@ class RunLog(ScrollView, can_focus=True):
             self._on_change()
 
 
+class RunsTable(DataTable[Any]):
+    """The runs table: a new row changes its scrollable height, never the screen's layout.
+
+    Only for a table whose size the stylesheet fixes (``height: 1fr``): then
+    the rows it holds move its scrollbar and nothing else, and a run starting
+    or ending need not lay the whole screen out again. Showing or hiding the
+    scrollbar still does (its own reactive).
+    """
+
+    virtual_size: Reactive[Size] = Reactive(Size(0, 0), layout=False)
+
+    def watch_virtual_size(self, size: Size) -> None:
+        self._scroll_update(size)
+
+
 class QuietFooter(Footer):
     """A footer rebuilt only when the keys it would show change.
 
@@ -1477,7 +1493,7 @@ class RunsScreen(LiveScreen):
                 yield OptionList(id="runs-presets")
                 yield LiveText(id="runs-preset-info")
                 yield LiveText(id="runs-problems", wrap=True)
-                yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=False)
+                yield RunsTable(id="runs-table", cursor_type="row", zebra_stripes=False)
             with Vertical(id="runs-right"):
                 yield LiveText(id="run-header")
                 yield LiveText(id="run-gpus")

@@ -34,6 +34,7 @@ from gpustation.tui.runs import (
     QuitRunsDialog,
     RunLog,
     RunsScreen,
+    RunsTable,
     RunsUI,
     RunView,
     Series,
@@ -516,7 +517,7 @@ class LogApp(App[None]):
         self.changes += 1
 
 
-def count_layouts(monkeypatch: pytest.MonkeyPatch, app: LogApp) -> None:
+def count_layouts(monkeypatch: pytest.MonkeyPatch, app: LogApp | TableApp) -> None:
     real = Screen._refresh_layout
 
     def counted(self: Screen[Any], *args: Any, **kwargs: Any) -> None:
@@ -592,6 +593,42 @@ async def test_log_pane_scrolling_back_stops_following_and_scrolling_down_resume
         await pilot.press("end")
         await wait_for(pilot, lambda: log.follow)
         assert app.changes == 2
+
+
+class TableApp(App[None]):
+    """The runs table alone, sized by the stylesheet as on the runs screen."""
+
+    CSS = "RunsTable { height: 1fr; }"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layouts = 0
+
+    def compose(self) -> ComposeResult:
+        yield RunsTable(cursor_type="row")
+
+
+async def test_runs_table_takes_rows_without_relayout(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = TableApp()
+    count_layouts(monkeypatch, app)
+    async with app.run_test(size=(60, 12)) as pilot:
+        table = app.query_one(RunsTable)
+        table.add_columns("run", "status")
+        for i in range(20):
+            table.add_row(f"run {i}", "done")
+        await pilot.pause()
+        assert table.show_vertical_scrollbar
+        before = app.layouts
+        for i in range(20, 30):
+            table.add_row(f"run {i}", "running")
+        await pilot.pause()
+        assert app.layouts == before
+        # The scrollbar knows the new rows: the last one can be reached and is shown.
+        assert table.vertical_scrollbar.window_virtual_size == 31
+        table.move_cursor(row=29, animate=False)
+        await pilot.pause()
+        assert table.scroll_y == table.max_scroll_y > 0
+        assert table.is_vertical_scroll_end
 
 
 # ---- pieces ---------------------------------------------------------------------------
