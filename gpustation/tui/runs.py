@@ -19,6 +19,14 @@ Memory stays bounded whatever a run prints: a run keeps its last
 :data:`MAX_POINTS` points, and only the active runs and the selected one are
 held at all.
 
+Keys stay quick while a run floods its log (p99 under 100 ms on a 2-core
+machine, ``bench/log_flood.py``): nothing a flood or a launch does lays the
+screen out again. The log pane and the runs table change their scrollable
+size without a relayout, the run header has a fixed height, launching is said
+in the run pane rather than in toasts, the footer is rebuilt only when its keys
+change, and the heap is frozen once the screen is up so that a full garbage
+collection walks only what was made since.
+
 A run outlives the dashboard (each has its own detached supervisor). Opening
 this screen re-attaches to the runs still going (from their run directories,
 checking each PID is still the run's); quitting with runs going asks whether to
