@@ -189,3 +189,18 @@ def tail_lines(path: Path, count: int = 20, max_bytes: int = 64 * 1024) -> list[
     if size > max_bytes and lines:
         lines = lines[1:]  # the first one is probably cut
     return lines[-count:]
+
+
+def status_label(
+    status: str, oom: bool = False, signal: str | None = None, exit_code: int | None = None
+) -> str:
+    """A run's status as people read it: ``failed (OOM)``, ``failed (exit 3)`` ..."""
+    if status != "failed":
+        return status
+    if oom:
+        return f"{status} (OOM)"
+    if signal:
+        return f"{status} ({signal})"
+    if exit_code is not None:
+        return f"{status} (exit {exit_code})"
+    return status

@@ -13,7 +13,9 @@ from typing import Any
 
 from gpustation.errors import UsageError
 from gpustation.runs.output import console
+from gpustation.runs.rundir import status_label
 from gpustation.runs.store import RunRecord, RunStore
+from gpustation.telemetry import format as fmt
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -148,15 +150,7 @@ def _get(store: RunStore, text: str) -> RunRecord:
 # ---- formatting -----------------------------------------------------------------
 
 
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = round(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}:{minutes:02d}:{secs:02d}"
-    return f"{minutes}:{secs:02d}"
+fmt_duration = fmt.duration
 
 
 def fmt_num(value: float | None, digits: int = 1, unit: str = "") -> str:
@@ -182,15 +176,7 @@ def fmt_energy(joules: float | None) -> str:
 
 
 def _status_text(record: RunRecord) -> str:
-    text = record.status
-    if record.status == "failed":
-        if record.oom:
-            text += " (OOM)"
-        elif record.signal:
-            text += f" ({record.signal})"
-        elif record.exit_code is not None:
-            text += f" (exit {record.exit_code})"
-    return text
+    return status_label(record.status, record.oom, record.signal, record.exit_code)
 
 
 def _started(record: RunRecord) -> str:

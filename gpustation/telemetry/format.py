@@ -45,6 +45,16 @@ def kib_rate(kib_per_s: float | None) -> str:
     return rate(None if kib_per_s is None else kib_per_s * 1024)
 
 
+def duration(seconds: float | None) -> str:
+    """``1:02:03`` or ``2:03``; ``-`` when unknown."""
+    if seconds is None or seconds < 0:
+        return "-"
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
 def pstate(value: int | None) -> str:
     return NA if value is None else f"P{value}"
 

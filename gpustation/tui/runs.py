@@ -188,14 +188,7 @@ def ema(values: Sequence[float], weight: float = EMA_WEIGHT) -> list[float]:
     return out
 
 
-def fmt_duration(seconds: float | None) -> str:
-    """``1:02:03`` / ``2:03``; ``-`` when unknown."""
-    if seconds is None or seconds < 0:
-        return "-"
-    seconds = round(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+fmt_duration = fmt.duration
 
 
 def fmt_value(value: float | None, digits: int = 4) -> str:
@@ -398,15 +391,7 @@ class RunView:
     def status_text(self) -> str:
         if self.stopping and self.active:
             return "stopping…"
-        text = self.status
-        if self.status == "failed":
-            if self.oom:
-                text += " (OOM)"
-            elif self.signal:
-                text += f" ({self.signal})"
-            elif self.exit_code is not None:
-                text += f" (exit {self.exit_code})"
-        return text
+        return rundir.status_label(self.status, self.oom, self.signal, self.exit_code)
 
     def take_run(self, run: dict[str, Any]) -> None:
         preset = run.get("preset") or {}
