@@ -431,6 +431,38 @@ def timed() -> Iterator[list[float]]:
         out[0] = time.perf_counter() - start
 
 
+def report_step(
+    metrics: Any,
+    say: Callable[..., None],
+    *,
+    step: int,
+    total_steps: int,
+    loss: float,
+    rate: float | None,
+    unit: str,
+    mem_mib: float,
+    lr: float | None = None,
+) -> None:
+    """One progress report, the same in every training runner: a metrics event
+    for gpustation and a line for the log (``rate`` is None during warm-up)."""
+    metrics.log(
+        step=step,
+        loss=loss,
+        lr=lr,
+        total_steps=total_steps,
+        throughput=rate,
+        unit=unit,
+        mem_peak_mib=round(mem_mib, 1),
+    )
+    say(
+        f"step {step:>5}/{total_steps}  loss {loss:.4f}  "
+        + (f"lr {lr:.2e}  " if lr is not None else "")
+        + (f"{fmt_rate(rate)} {unit}  " if rate else "(warm-up)  ")
+        + f"peak mem {mem_mib:,.0f} MiB",
+        flush=True,
+    )
+
+
 def fmt_rate(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:,.2f}"
 

@@ -244,20 +244,16 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
                 rate = timer.recent_rate() if step > warmup else None
                 mem = common.peak_memory_mib(device)
                 lr = schedule.get_last_lr()[0]
-                metrics.log(
+                common.report_step(
+                    metrics,
+                    say,
                     step=step,
-                    loss=loss_val,
-                    lr=lr,
                     total_steps=args.steps,
-                    throughput=rate,
+                    loss=loss_val,
+                    rate=rate,
                     unit="tokens/s",
-                    mem_peak_mib=round(mem, 1),
-                )
-                say(
-                    f"step {step:>5}/{args.steps}  loss {loss_val:.4f}  lr {lr:.2e}  "
-                    + (f"{common.fmt_rate(rate)} tokens/s  " if rate else "(warm-up)  ")
-                    + f"peak mem {mem:,.0f} MiB",
-                    flush=True,
+                    mem_mib=mem,
+                    lr=lr,
                 )
         tokens_per_s, seconds = timer.overall()
         mem = common.peak_memory_mib(device)

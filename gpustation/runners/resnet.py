@@ -263,20 +263,16 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
                     first_loss = loss_val
                 rate = timer.recent_rate() if step > warmup else None
                 mem = common.peak_memory_mib(device)
-                metrics.log(
+                common.report_step(
+                    metrics,
+                    say,
                     step=step,
-                    loss=loss_val,
-                    lr=args.lr,
                     total_steps=args.steps,
-                    throughput=rate,
+                    loss=loss_val,
+                    rate=rate,
                     unit="img/s",
-                    mem_peak_mib=round(mem, 1),
-                )
-                say(
-                    f"step {step:>5}/{args.steps}  loss {loss_val:.4f}  "
-                    + (f"{common.fmt_rate(rate)} img/s  " if rate else "(warm-up)  ")
-                    + f"peak mem {mem:,.0f} MiB",
-                    flush=True,
+                    mem_mib=mem,
+                    lr=args.lr,
                 )
         img_per_s, seconds = timer.overall()
         mem = common.peak_memory_mib(device)
