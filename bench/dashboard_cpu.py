@@ -30,23 +30,20 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import contextlib
-import fcntl
 import os
-import pty
 import re
 import select
 import shutil
-import signal
 import statistics
-import struct
 import sys
-import termios
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ptyrun import quit_and_reap, spawn  # noqa: E402
+
 TICKS = os.sysconf("SC_CLK_TCK")
 
 # One escape sequence (CSI with its parameters, OSC/DCS strings, two- and
@@ -277,11 +274,7 @@ def measure(
     cols: int = 160,
     rows: int = 48,
 ) -> Result:
-    pid, fd = pty.fork()
-    if pid == 0:  # child
-        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        os.execvpe(argv[0], argv, env)
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    pid, fd = spawn(argv, env, cols, rows)
     start = time.monotonic()
     first: float | None = None
     found = ""
@@ -313,19 +306,7 @@ def measure(
                         first = time.monotonic() - start
                         found = f"{hit[0].label} ({hit[1]!r})"
     finally:
-        with contextlib.suppress(OSError):
-            os.write(fd, b"q")
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                select.select([fd], [], [], 0.1) and os.read(fd, 65536)
-            done, _ = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-        else:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        os.close(fd)
+        quit_and_reap(pid, fd, grace_s=5)
     if cpu5 is None or cpu_end is None:
         raise SystemExit(f"{name}: exited before the measurement ended")
     return Result(name, first, found or None, cpu5, cpu_end - cpu5, rss)

@@ -31,24 +31,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import fcntl
 import os
 import platform
-import pty
 import re
 import select
-import signal
 import statistics
-import struct
 import sys
 import tempfile
-import termios
 import time
 from pathlib import Path
 
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ptyrun import quit_and_reap, spawn  # noqa: E402
+
 sys.path.insert(0, str(REPO))
 
 from gpustation.telemetry.fleet import Fleet  # noqa: E402
@@ -126,11 +124,7 @@ def dashboard_cpu(
         argv += ["--host", h]
     marker = re.compile(rf"{len(hosts)}/{len(hosts)} hosts up".encode())
     rows, cols = 48, 160
-    pid, fd = pty.fork()
-    if pid == 0:  # child
-        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        os.execvpe(argv[0], argv, env)
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    pid, fd = spawn(argv, env, cols, rows)
     proc = psutil.Process(pid)
     start = time.monotonic()
     first: float | None = None
@@ -158,19 +152,7 @@ def dashboard_cpu(
                     if marker.search(tail):
                         first = time.monotonic() - start
     finally:
-        with contextlib.suppress(OSError):
-            os.write(fd, b"q")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                select.select([fd], [], [], 0.1) and os.read(fd, 65536)
-            done, _ = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-        else:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        os.close(fd)
+        quit_and_reap(pid, fd, grace_s=10)
     if "cpu_end" not in marks:
         raise SystemExit("the dashboard exited before the measurement ended")
     return {

@@ -33,23 +33,19 @@ user's is touched.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import os
-import pty
 import resource
 import select
-import signal
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
-import termios
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ptyrun import reap, spawn  # noqa: E402
 
 FLOOD = (
     "import sys\n"
@@ -84,12 +80,7 @@ class Terminal:
     """A program under a pseudo-terminal; its output is kept to search for text."""
 
     def __init__(self, argv: list[str], env: dict[str, str], cols: int, rows: int) -> None:
-        pid, fd = pty.fork()
-        if pid == 0:  # child
-            fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-            os.execvpe(argv[0], argv, env)
-        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        self.pid, self.fd = pid, fd
+        self.pid, self.fd = spawn(argv, env, cols, rows)
         self.out = bytearray()
         self.closed = False
 
@@ -133,17 +124,7 @@ class Terminal:
         return 0.0
 
     def close(self) -> None:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                self.read(0.1)
-            done, _ = os.waitpid(self.pid, os.WNOHANG)
-            if done:
-                break
-        else:
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
-        os.close(self.fd)
+        reap(self.pid, self.fd, grace_s=10)
 
 
 def _newest_run(runs_root: Path, preset: str, seen: set[str], timeout: float = 10.0) -> Path:
