@@ -83,3 +83,26 @@ def test_derived_percentages_and_flags() -> None:
     assert g.power_pct == pytest.approx(300 / 450 * 100)
     assert g.power_throttled and not g.thermal_throttled
     assert GpuSample(index=0).memory_pct is None
+
+
+def test_records_compare_by_value_and_keep_defaults_apart() -> None:
+    a, b = GpuSample(index=0), GpuSample(index=0)
+    assert a == b and a is not b
+    b.fans_pct.append(30.0)  # each sample has its own lists
+    assert a.fans_pct == [] and a != b
+    assert a.pcie is not b.pcie and a.processes is not b.processes
+    assert ProcessInfo(pid=1) != GpuPlacement(index=1)  # other class: never equal
+    with pytest.raises(TypeError):
+        hash(a)  # mutable: unhashable, as a dataclass with eq
+    with pytest.raises(AttributeError):
+        a.temprature_c = 1.0  # type: ignore[attr-defined]  # slots catch typos
+    assert repr(PcieInfo(gen=4)).startswith("PcieInfo(gen=4, width=None,")
+
+
+def test_json_document_keeps_the_model_order() -> None:
+    doc = _snapshot().to_dict()
+    assert list(doc)[:3] == ["hostname", "time", "simulated"]
+    assert list(doc)[-1] == "schema"
+    gpu = doc["gpus"][0]
+    assert list(gpu)[:5] == ["index", "uuid", "name", "pci_bus_id", "lost"]
+    assert list(gpu["pcie"]) == list(PcieInfo._fields)
