@@ -158,7 +158,7 @@ def open_backend(
     try:
         from gpustation.telemetry.nvml import NvmlBackend
 
-        return NvmlBackend(prefetch_slow=True) if one_shot else NvmlBackend()
+        return NvmlBackend(one_shot=one_shot)
     except NoDriverError as err:
         if not fallback_to_sim:
             raise

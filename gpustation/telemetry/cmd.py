@@ -1,28 +1,28 @@
 """``gpustation snapshot``: one look at the GPUs, as a table or JSON.
 
-Kept light on purpose: it imports neither textual nor torch, and the JSON path
-does not even import rich.
+Kept light on purpose, since nvidia-smi is what it is compared with: it
+imports neither textual, torch, rich nor psutil, and leaves out even the
+standard modules it can do without (typing, socket, concurrent.futures,
+dataclasses); ``bench/snapshot_phases.py`` shows where its time goes.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
 
 from gpustation.errors import UsageError
-
-if TYPE_CHECKING:
-    from gpustation.telemetry.model import Snapshot
-
 from gpustation.telemetry.backend import (
     add_gpu_options,
     backend_from_args,
     parse_gpu_list,
 )
+
+TYPE_CHECKING = False  # typing stays out of a one-shot snapshot
+if TYPE_CHECKING:
+    from gpustation.telemetry.model import Snapshot
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -91,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
 def _emit(snap: Snapshot, as_json: bool, watching: bool = False) -> None:
     out = sys.stdout
     if as_json:
+        import json
+
         doc = snap.to_dict()
         out.write(json.dumps(doc, separators=(",", ":")) if watching else json.dumps(doc, indent=2))
         out.write("\n")

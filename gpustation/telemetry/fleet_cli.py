@@ -8,7 +8,10 @@ building a parser stays cheap.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+
+TYPE_CHECKING = False  # typing stays out of a one-shot snapshot
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class _FleetAction(argparse.Action):

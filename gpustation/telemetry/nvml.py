@@ -30,13 +30,9 @@ from __future__ import annotations
 
 import math
 import os
-import shlex
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 from gpustation.errors import (
     GpustationError,
@@ -55,6 +51,13 @@ from gpustation.telemetry.model import (
     Topology,
     decode_throttle,
 )
+
+# typing and concurrent.futures are not imported at run time: with what they
+# pull in, they cost a one-shot snapshot ~10 ms on an H200 machine.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
 
 #: A lost GPU's handle is tried again at most this often.
 LOST_RETRY_S = 10.0
@@ -141,9 +144,18 @@ def normalize_bus_id(bus_id: str | None) -> str | None:
 
 def cpu_mask_to_ranges(words: Sequence[int]) -> str | None:
     """NVML CPU-affinity words (64 CPUs each, word 0 first) -> ``"0-15,32-47"``."""
-    cpus = [
+    return cpus_to_ranges(_mask_cpus(words))
+
+
+def _mask_cpus(words: Sequence[int]) -> set[int]:
+    return {
         w * 64 + bit for w, word in enumerate(words) for bit in range(64) if int(word) >> bit & 1
-    ]
+    }
+
+
+def cpus_to_ranges(cpu_set: set[int]) -> str | None:
+    """``{0, 1, 2, 5}`` -> ``"0-2,5"``."""
+    cpus = sorted(cpu_set)
     if not cpus:
         return None
     parts: list[str] = []
@@ -234,8 +246,47 @@ def _sudo_hint() -> str:
     """The command line to run again as root, when we can tell what it was."""
     argv0 = os.path.basename(sys.argv[0]) if sys.argv else ""
     if argv0 in ("gpustation", "__main__.py") and len(sys.argv) > 1:
+        import shlex
+
         return "sudo gpustation " + shlex.join(sys.argv[1:])
     return "sudo gpustation ..."
+
+
+class _Job:
+    """One call on a thread of its own; :meth:`result` waits for its answer.
+
+    NVML calls drop the GIL, so slow getters run side by side this way. A
+    thread per call (a few per GPU every few seconds) costs less than
+    importing a thread pool does.
+    """
+
+    __slots__ = ("_error", "_thread", "_value")
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(fn, args), name="gpustation-nvml", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        try:
+            self._value = fn(*args)
+        except BaseException as err:  # handed to whoever waits in result()
+            self._error = err
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 class _Gpu:
@@ -300,7 +351,7 @@ class _Gpu:
         self.pcie_max_width: int | None = None
         # Slow getters started when the GPU was opened, so that the first slow
         # read (a one-shot snapshot's) overlaps them with the static reads.
-        self.prefetch: list[tuple[_Gpu, str, Future[Any]]] = []
+        self.prefetch: list[tuple[_Gpu, str, _Job]] = []
         self.prefetch_at = 0.0
         # Slow fields: the last values read, reused between slow reads.
         self.tx: float | None = None
@@ -325,11 +376,18 @@ class NvmlBackend(Backend):
         sysfs_pci_root: str = "/sys/bus/pci/devices",
         prefetch_slow: bool = False,
         sysfs_node_root: str = "/sys/devices/system/node",
+        one_shot: bool = False,
     ) -> None:
         """``prefetch_slow`` starts the slow getters as each GPU is opened, for a
-        one-shot read: they then run beside the static reads instead of after."""
+        one-shot read: they then run beside the static reads instead of after.
+
+        ``one_shot`` says the process reads once and exits (``gpustation
+        snapshot``): it implies ``prefetch_slow``, and :meth:`close` leaves
+        NVML's teardown to the process exit.
+        """
         started = False
-        self._prefetch_slow = prefetch_slow
+        self._prefetch_slow = prefetch_slow or one_shot
+        self._one_shot = one_shot
         if nvml is None:
             nvml = _start_default_nvml()
             started = True
@@ -342,8 +400,9 @@ class NvmlBackend(Backend):
         #: (gpu index or -1 for system calls, field) -> last error text, for a debug view.
         self.errors: dict[tuple[int, str], str] = {}
         self._fns: dict[str, Callable[..., Any] | None] = {}
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
+        # Calls running on threads of their own; close() waits for them.
+        self._jobs: list[_Job] = []
+        self._jobs_lock = threading.Lock()
         # One read at a time: some pynvml getters pass a shared default ctypes
         # object (e.g. nvmlDeviceGetFanControlPolicy_v2), so two threads reading
         # the fast fields at once could see each other's answers.
@@ -391,7 +450,8 @@ class NvmlBackend(Backend):
         # GPUs side by side so opening an 8-GPU node stays quick.
         try:
             if count > 1:
-                list(self._executor().map(self._open_gpu, self._gpus))
+                for job in [self._job(self._open_gpu, gpu) for gpu in self._gpus]:
+                    job.result()
             else:
                 for gpu in self._gpus:
                     self._open_gpu(gpu)
@@ -433,12 +493,13 @@ class NvmlBackend(Backend):
         self._fns[name] = None
         self.missing_functions.add(name)
 
-    def _executor(self) -> ThreadPoolExecutor:
-        with self._pool_lock:
-            if self._pool is None:
-                workers = max(4, min(32, 4 * max(1, len(getattr(self, "_gpus", ())))))
-                self._pool = ThreadPoolExecutor(workers, thread_name_prefix="gpustation-nvml")
-            return self._pool
+    def _job(self, fn: Callable[..., Any], *args: Any) -> _Job:
+        """Start ``fn(*args)`` on a thread of its own."""
+        job = _Job(fn, *args)
+        with self._jobs_lock:
+            self._jobs = [j for j in self._jobs if not j.done()]
+            self._jobs.append(job)
+        return job
 
     def _call(self, gpu: _Gpu, field: str, name: str, *args: Any) -> Any:
         """Call ``name(handle, *args)`` for one field; ``None`` when it cannot be read.
@@ -622,7 +683,7 @@ class NvmlBackend(Backend):
     def _read_gpus(self, indices: Sequence[int], slow: bool) -> list[GpuSample]:
         gpus = [self._gpu(i) for i in indices]
         live = [g for g in gpus if self._available(g)]
-        pending: list[tuple[_Gpu, str, Future[Any]]] = []
+        pending: list[tuple[_Gpu, str, _Job]] = []
         if slow and live:
             fresh = time.monotonic() - PREFETCH_FRESH_S
             cold = [g for g in live if not (g.prefetch and g.prefetch_at >= fresh)]
@@ -786,9 +847,8 @@ class NvmlBackend(Backend):
 
     # ---- slow fields ----------------------------------------------------------
 
-    def _start_slow(self, gpus: list[_Gpu]) -> list[tuple[_Gpu, str, Future[Any]]]:
+    def _start_slow(self, gpus: list[_Gpu]) -> list[tuple[_Gpu, str, _Job]]:
         """Start every slow getter of every GPU in parallel (ctypes drops the GIL)."""
-        pool = self._executor()
         getters = (
             ("tx", "pcie_tx_kib_s", "nvmlDeviceGetPcieThroughput", (self._PCIE_TX,)),
             ("rx", "pcie_rx_kib_s", "nvmlDeviceGetPcieThroughput", (self._PCIE_RX,)),
@@ -796,15 +856,15 @@ class NvmlBackend(Backend):
             ("replay", "pcie_replay_errors", "nvmlDeviceGetPcieReplayCounter", ()),
         )
         return [
-            (gpu, what, pool.submit(self._call, gpu, field, name, *args))
+            (gpu, what, self._job(self._call, gpu, field, name, *args))
             for gpu in gpus
             for what, field, name, args in getters
         ]
 
-    def _finish_slow(self, jobs: list[tuple[_Gpu, str, Future[Any]]]) -> None:
-        for gpu, what, future in jobs:
+    def _finish_slow(self, jobs: list[tuple[_Gpu, str, _Job]]) -> None:
+        for gpu, what, job in jobs:
             try:
-                value = future.result()
+                value = job.result()
             except _GpuLost as err:
                 self._mark_lost(gpu, str(err))
                 continue
@@ -918,32 +978,44 @@ class NvmlBackend(Backend):
         place = GpuPlacement(index=gpu.index)
         if gpu.lost:
             return place
+        # The kernel's list of the CPUs near the device is what NVML reports
+        # too, but nvmlDeviceGetCpuAffinity takes 12-15 ms on an H200 machine.
+        cpus = self._sysfs_local_cpus(gpu.pci_bus_id)
         try:
             node = self._call(gpu, "numa_node", "nvmlDeviceGetNumaNodeId")
-            words = self._call(
-                gpu,
-                "cpu_affinity",
-                "nvmlDeviceGetCpuAffinity",
-                math.ceil((os.cpu_count() or 1) / 64),
-            )
+            if cpus is None:
+                words = self._call(
+                    gpu,
+                    "cpu_affinity",
+                    "nvmlDeviceGetCpuAffinity",
+                    math.ceil((os.cpu_count() or 1) / 64),
+                )
+                cpus = None if words is None else _mask_cpus(list(words))
         except _GpuLost as err:
             self._mark_lost(gpu, str(err))
             return place
         if node is None:
             node = self._sysfs_numa_node(gpu.pci_bus_id)
         place.numa_node = None if node is None or int(node) < 0 else int(node)
-        if words is not None:
-            place.cpu_affinity = cpu_mask_to_ranges(list(words))
+        if cpus:
+            place.cpu_affinity = cpus_to_ranges(cpus)
             if place.numa_node is None:
                 # As nvidia-smi's "NUMA Affinity": the one node whose CPUs the GPU is close to.
-                place.numa_node = self._node_of_cpus(list(words))
+                place.numa_node = self._node_of_cpus(cpus)
         return place
 
-    def _node_of_cpus(self, words: list[int]) -> int | None:
+    def _sysfs_local_cpus(self, bus_id: str | None) -> set[int] | None:
+        bus = normalize_bus_id(bus_id)
+        if bus is None:
+            return None
+        try:
+            with open(os.path.join(self._sysfs_pci_root, bus, "local_cpulist")) as f:
+                return parse_cpu_list(f.read()) or None
+        except (OSError, ValueError):
+            return None
+
+    def _node_of_cpus(self, cpus: set[int]) -> int | None:
         """The NUMA node holding every CPU of an affinity mask, if exactly one does."""
-        cpus = {
-            w * 64 + bit for w, word in enumerate(words) for bit in range(64) if word >> bit & 1
-        }
         if not cpus:
             return None
         nodes = []
@@ -1105,10 +1177,14 @@ class NvmlBackend(Backend):
         if self._closed:
             return
         self._closed = True
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        self._shutdown()
+        with self._jobs_lock:
+            jobs, self._jobs = self._jobs, []
+        for job in jobs:  # no nvmlShutdown under a call in flight
+            job.wait()
+        if not self._one_shot:
+            # A one-shot process exits next, and the exit releases what
+            # nvmlShutdown would (~4 ms on an H200 machine).
+            self._shutdown()
 
 
 def _float(value: Any) -> float | None:

@@ -8,7 +8,7 @@ are cached per (pid, start time).
 
 from __future__ import annotations
 
-import socket
+import os
 import time
 from collections.abc import Sequence
 
@@ -35,7 +35,7 @@ class Sampler:
         self._clock = clock
         self._last_slow = float("-inf")
         self._topology: Topology | None = None
-        self._hostname = socket.gethostname()
+        self._hostname = _hostname()
         self._static = (
             backend.driver_version(),
             backend.nvml_version(),
@@ -83,3 +83,13 @@ class Sampler:
         if host is not None:
             snap.host = host
         return snap
+
+
+def _hostname() -> str:
+    """The host's name, as ``socket.gethostname()`` gives it, without importing socket."""
+    try:
+        return os.uname().nodename
+    except AttributeError:  # Windows
+        import socket
+
+        return socket.gethostname()

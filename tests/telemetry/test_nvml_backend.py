@@ -45,6 +45,8 @@ def open_backend(fake_nvml: ModuleType) -> Iterator[Callable[..., NvmlBackend]]:
     opened: list[NvmlBackend] = []
 
     def make(**kwargs: Any) -> NvmlBackend:
+        # The fake's bus ids may exist in this machine's /sys: never read it.
+        kwargs.setdefault("sysfs_pci_root", "/nonexistent/pci")
         backend = NvmlBackend(nvml=fake_nvml, **kwargs)
         opened.append(backend)
         return backend
@@ -491,6 +493,33 @@ def test_one_shot_backend_reads_slow_fields_while_opening(
     assert len(fake_nvml.calls_of("nvmlDeviceGetPcieThroughput")) == 8
 
 
+def test_close_waits_for_calls_in_flight_and_one_shot_leaves_nvml_to_the_exit(
+    fake_nvml: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+    original = fake_nvml.nvmlDeviceGetPcieThroughput
+
+    def held(handle: Any, counter: int) -> int:
+        release.wait(30)
+        return int(original(handle, counter))
+
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetPcieThroughput", held)
+    for one_shot in (False, True):
+        fake_nvml.calls.clear()
+        release.clear()
+        backend = NvmlBackend(nvml=fake_nvml, one_shot=one_shot, prefetch_slow=True)
+        closer = threading.Thread(target=backend.close)
+        closer.start()
+        closer.join(0.2)
+        assert closer.is_alive()  # a PCIe read is in flight: close waits for it
+        assert not fake_nvml.calls_of("nvmlShutdown")
+        release.set()
+        closer.join(30)
+        assert not closer.is_alive()
+        # a long-lived backend shuts NVML down; a one-shot one leaves it to the exit
+        assert len(fake_nvml.calls_of("nvmlShutdown")) == (0 if one_shot else 1)
+
+
 # ---- topology ----------------------------------------------------------------------------
 
 BUS = ["00000000:01:00.0", "00000000:41:00.0", "00000000:81:00.0", "00000000:C1:00.0"]
@@ -608,6 +637,21 @@ def test_numa_node_from_the_cpus_near_the_gpu_when_nothing_else_says(
     # the fake RTX 4090 sits by CPUs 0-15, the H200 by CPUs 16-31
     assert [g.cpu_affinity for g in topo.gpus] == ["0-15", "16-31"]
     assert [g.numa_node for g in topo.gpus] == [0, 1]
+
+
+def test_cpu_affinity_from_sysfs_before_nvml(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend], tmp_path: Path
+) -> None:
+    # The kernel's local_cpulist answers at once; NVML's call is slow on
+    # real cards, so it is asked only for a GPU sysfs says nothing about.
+    (tmp_path / "0000:01:00.0").mkdir()
+    (tmp_path / "0000:01:00.0" / "local_cpulist").write_text("0-3,8\n")
+    backend = open_backend(sysfs_pci_root=str(tmp_path))
+    fake_nvml.calls.clear()
+    topo = backend.topology([0, 1])
+    assert [g.cpu_affinity for g in topo.gpus] == ["0-3,8", "16-31"]
+    # only for the GPU without a local_cpulist
+    assert [a[0] for a in fake_nvml.calls_of("nvmlDeviceGetCpuAffinity")] == [1]
 
 
 def test_cpu_lists_parse() -> None:
