@@ -133,13 +133,16 @@ def open_backend(
     sim_card: str | None = None,
     fallback_to_sim: bool = False,
     one_shot: bool = False,
+    slow_fields: bool = True,
 ) -> Backend:
     """Open NVML, or the simulator when asked (or when NVML fails and allowed).
 
     ``simulate`` is the number of simulated GPUs, ``-1`` for the default, and
     ``None`` for real GPUs. ``one_shot`` says the caller will read once and
-    leave (``gpustation snapshot``): slow fields are then read as the GPUs
-    open. The environment variable ``GPUSTATION_SIMULATE`` does the same as
+    leave (``gpustation snapshot``): static values may then come from the
+    cache of the last run, and the slow fields, unless ``slow_fields`` is
+    false (the caller will not read them), are read as the GPUs open. The
+    environment variable ``GPUSTATION_SIMULATE`` does the same as
     ``--simulate`` (handy under ssh and in tests).
     """
     import os
@@ -158,7 +161,7 @@ def open_backend(
     try:
         from gpustation.telemetry.nvml import NvmlBackend
 
-        return NvmlBackend(one_shot=one_shot)
+        return NvmlBackend(one_shot=one_shot, prefetch_slow=one_shot and slow_fields)
     except NoDriverError as err:
         if not fallback_to_sim:
             raise
@@ -170,13 +173,17 @@ def open_backend(
 
 
 def backend_from_args(
-    args: argparse.Namespace, fallback_to_sim: bool = False, one_shot: bool = False
+    args: argparse.Namespace,
+    fallback_to_sim: bool = False,
+    one_shot: bool = False,
+    slow_fields: bool = True,
 ) -> Backend:
     return open_backend(
         simulate=getattr(args, "simulate", None),
         sim_card=getattr(args, "sim_card", None),
         fallback_to_sim=fallback_to_sim,
         one_shot=one_shot,
+        slow_fields=slow_fields,
     )
 
 

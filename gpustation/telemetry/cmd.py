@@ -64,18 +64,23 @@ def run(args: argparse.Namespace) -> int:
     from gpustation.telemetry.sampler import Sampler
 
     wanted = parse_gpu_list(getattr(args, "gpus", None))
-    backend = backend_from_args(args, one_shot=args.watch is None)
+    one_shot = args.watch is None
+    # The table shows neither the slow fields (PCIe throughput, energy, replay
+    # counter) nor the topology, so it does not read them: the PCIe throughput
+    # alone is a 21 ms driver call. JSON has every field of the model.
+    full = bool(args.json)
+    backend = backend_from_args(args, one_shot=one_shot, slow_fields=full)
     try:
-        # A one-shot read takes the slow fields too; a watch reads them on their
-        # own cadence, like the dashboard.
-        sampler = Sampler(backend, gpus=wanted, slow_interval_s=5.0)
-        if args.watch is None:
-            _emit(sampler.sample(slow=True), args.json)
+        sampler = Sampler(backend, gpus=wanted, slow_interval_s=5.0, with_topology=full)
+        if one_shot:
+            # JSON reads the slow fields now; a watch reads them on their own
+            # cadence, like the dashboard.
+            _emit(sampler.sample(slow=full), args.json)
             return 0
         interval = args.watch
         next_at = time.monotonic()
         while True:
-            _emit(sampler.sample(), args.json, watching=True)
+            _emit(sampler.sample(slow=None if full else False), args.json, watching=True)
             next_at += interval
             delay = next_at - time.monotonic()
             if delay > 0:

@@ -252,6 +252,110 @@ def _sudo_hint() -> str:
     return "sudo gpustation ..."
 
 
+#: The file, in the state directory, that keeps static values between one-shot runs.
+STATIC_CACHE_FILE = "nvml-static.json"
+# The _Gpu attributes kept there: values fixed while the machine is up.
+_STATIC_ATTRS = (
+    "temp_slowdown",
+    "temp_shutdown",
+    "power_default_w",
+    "power_min_w",
+    "power_max_w",
+    "clock_sm_max",
+    "clock_mem_max",
+    "memory_total_mib",
+    "num_fans",
+    "fan_min",
+    "fan_max",
+    "pcie_max_gen",
+    "pcie_max_width",
+)
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+class StaticCache:
+    """Static values of each GPU, kept between one-shot runs.
+
+    Temperature thresholds, power limits' range, maximum clocks and the like
+    cost the driver 1-4 ms a call the first time a process asks (about 12 ms
+    per GPU on an H200 machine), and they cannot change while the machine is
+    up with the same driver. The file is keyed by the boot and the driver
+    version, each entry by the GPU's UUID and bus id; anything that does not
+    match, or does not look right, is read from the driver instead. Only
+    display paths use it: control always asks the driver.
+    """
+
+    def __init__(self, path: str, driver: str | None, boot_id: str | None = None) -> None:
+        self.path = path
+        boot = boot_id if boot_id is not None else _boot_id()
+        self.key = f"{boot}/{driver}" if boot and driver else None
+        self._entries: dict[str, Any] = {}
+        self._changed = False
+        if self.key is None:
+            return
+        import json
+
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            return
+        if isinstance(doc, dict) and doc.get("key") == self.key:
+            gpus = doc.get("gpus")
+            if isinstance(gpus, dict):
+                self._entries = gpus
+
+    def fill(self, gpu: _Gpu) -> bool:
+        """Set the GPU's static values from the file; False when it has none for it."""
+        entry = self._entries.get(gpu.uuid or "")
+        if not isinstance(entry, dict) or entry.get("pci_bus_id") != gpu.pci_bus_id:
+            return False
+        values = [entry.get(attr, _MISSING) for attr in _STATIC_ATTRS]
+        for value in values:
+            if value is None:
+                continue
+            if value is _MISSING or isinstance(value, bool) or not isinstance(value, (int, float)):
+                return False
+        for attr, value in zip(_STATIC_ATTRS, values, strict=True):
+            setattr(gpu, attr, value)
+        gpu.num_fans = int(gpu.num_fans or 0)
+        return True
+
+    def remember(self, gpu: _Gpu) -> None:
+        if self.key is None or not gpu.uuid:
+            return
+        entry = {attr: getattr(gpu, attr) for attr in _STATIC_ATTRS}
+        entry["pci_bus_id"] = gpu.pci_bus_id
+        self._entries[gpu.uuid] = entry
+        self._changed = True
+
+    def save(self) -> None:
+        """Write the file if something new was learnt (atomically; errors ignored)."""
+        if not self._changed or self.key is None:
+            return
+        import json
+
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"key": self.key, "gpus": self._entries}, f, indent=1)
+            os.replace(tmp, self.path)
+            self._changed = False
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
 class _Job:
     """One call on a thread of its own; :meth:`result` waits for its answer.
 
@@ -377,17 +481,21 @@ class NvmlBackend(Backend):
         prefetch_slow: bool = False,
         sysfs_node_root: str = "/sys/devices/system/node",
         one_shot: bool = False,
+        static_cache: str | None = None,
     ) -> None:
         """``prefetch_slow`` starts the slow getters as each GPU is opened, for a
         one-shot read: they then run beside the static reads instead of after.
 
         ``one_shot`` says the process reads once and exits (``gpustation
-        snapshot``): it implies ``prefetch_slow``, and :meth:`close` leaves
-        NVML's teardown to the process exit.
+        snapshot``): static values come from the :class:`StaticCache` in the
+        state directory when it has them, and :meth:`close` leaves NVML's
+        teardown to the process exit. ``static_cache`` names another file for
+        that cache.
         """
         started = False
-        self._prefetch_slow = prefetch_slow or one_shot
+        self._prefetch_slow = prefetch_slow
         self._one_shot = one_shot
+        self._static_cache: StaticCache | None = None
         if nvml is None:
             nvml = _start_default_nvml()
             started = True
@@ -399,6 +507,7 @@ class NvmlBackend(Backend):
         self.missing_functions: set[str] = set()
         #: (gpu index or -1 for system calls, field) -> last error text, for a debug view.
         self.errors: dict[tuple[int, str], str] = {}
+        self._error_count = 0  # errors ever noted, repeats included
         self._fns: dict[str, Callable[..., Any] | None] = {}
         # Calls running on threads of their own; close() waits for them.
         self._jobs: list[_Job] = []
@@ -444,6 +553,12 @@ class NvmlBackend(Backend):
             if cuda is not None:
                 break
         self._cuda = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}" if cuda else None
+        if one_shot or static_cache:
+            if static_cache is None:
+                from gpustation.paths import state_dir_name
+
+                static_cache = os.path.join(state_dir_name(), STATIC_CACHE_FILE)
+            self._static_cache = StaticCache(static_cache, self._driver)
 
         self._gpus = [_Gpu(i) for i in range(count)]
         # Static values cost up to a few ms per call on first use; read the
@@ -516,7 +631,7 @@ class NvmlBackend(Backend):
         except self._error_type as err:
             self._failed(gpu, field, name, err)
         except Exception as err:  # a broken binding must not hide the other fields
-            self.errors[(gpu.index, field)] = f"{name}: {type(err).__name__}: {err}"
+            self._error(gpu.index, field, f"{name}: {type(err).__name__}: {err}")
         return None
 
     def _call_first(self, gpu: _Gpu, field: str, names: Sequence[str], *args: Any) -> Any:
@@ -536,7 +651,7 @@ class NvmlBackend(Backend):
             except self._error_type as err:
                 self._failed(gpu, field, name, err)
             except Exception as err:
-                self.errors[(gpu.index, field)] = f"{name}: {type(err).__name__}: {err}"
+                self._error(gpu.index, field, f"{name}: {type(err).__name__}: {err}")
         return None
 
     def _failed(self, gpu: _Gpu, field: str, name: str, err: BaseException) -> None:
@@ -548,7 +663,11 @@ class NvmlBackend(Backend):
         elif code in (_ERR_NOT_SUPPORTED, _ERR_ARGUMENT_VERSION_MISMATCH):
             gpu.unsupported.add(name)
         else:
-            self.errors[(gpu.index, field)] = f"{name}: {err}"
+            self._error(gpu.index, field, f"{name}: {err}")
+
+    def _error(self, index: int, field: str, text: str) -> None:
+        self.errors[(index, field)] = text
+        self._error_count += 1
 
     def _sys_call(self, field: str, name: str, *args: Any) -> Any:
         """Like :meth:`_call` for functions that take no device handle."""
@@ -599,6 +718,11 @@ class NvmlBackend(Backend):
         pci = self._call_first(gpu, "pci_bus_id", _PCI_INFO)
         if pci is not None:
             gpu.pci_bus_id = _text(getattr(pci, "busId", None)) or gpu.pci_bus_id
+        cache = self._static_cache
+        if cache is not None and cache.fill(gpu):
+            gpu.static_read = True
+            return
+        errors_before = self._error_count
         gpu.temp_slowdown = _float(
             call(
                 gpu,
@@ -645,6 +769,10 @@ class NvmlBackend(Backend):
             call(gpu, "pcie_max_width", "nvmlDeviceGetMaxPcieLinkWidth")
         )
         gpu.static_read = True
+        if cache is not None and self._error_count == errors_before:
+            # Kept only when every value was answered cleanly (an error on
+            # another GPU opened beside this one also holds it back).
+            cache.remember(gpu)
 
     # ---- Backend: reading ---------------------------------------------------
 
@@ -1177,6 +1305,8 @@ class NvmlBackend(Backend):
         if self._closed:
             return
         self._closed = True
+        if self._static_cache is not None:
+            self._static_cache.save()
         with self._jobs_lock:
             jobs, self._jobs = self._jobs, []
         for job in jobs:  # no nvmlShutdown under a call in flight

@@ -231,7 +231,7 @@ async def test_when_nvml_cannot_start_the_dashboard_runs_on_simulated_gpus_and_s
 ) -> None:
     import gpustation.telemetry.nvml as nvml
 
-    def no_driver() -> None:
+    def no_driver(**_: object) -> None:
         raise NoDriverError(
             "NVML could not start: libnvidia-ml.so.1: cannot open shared object file."
         )

@@ -1,0 +1,151 @@
+"""Static values kept between one-shot snapshots, and what the table reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from gpustation.cli import main
+from gpustation.paths import state_dir_name
+from gpustation.telemetry.nvml import STATIC_CACHE_FILE, NvmlBackend, StaticCache
+from gpustation.telemetry.sampler import Sampler
+
+# The getters whose answers cannot change while the machine is up.
+STATIC_GETTERS = (
+    "nvmlDeviceGetTemperatureThreshold",
+    "nvmlDeviceGetPowerManagementDefaultLimit",
+    "nvmlDeviceGetPowerManagementLimitConstraints",
+    "nvmlDeviceGetMaxClockInfo",
+    "nvmlDeviceGetNumFans",
+    "nvmlDeviceGetMinMaxFanSpeed",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+)
+
+
+def static_calls(fake: ModuleType) -> list[str]:
+    return [name for name, _ in fake.calls if name in STATIC_GETTERS]
+
+
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/sys/kernel/random/boot_id").exists(),
+    reason="the cache is keyed by the Linux boot id",
+)
+
+
+def one_shot(fake: ModuleType, path: Path) -> list[object]:
+    """What `gpustation snapshot` does: open a one-shot backend, read every GPU, close."""
+    backend = NvmlBackend(nvml=fake, one_shot=True, static_cache=str(path))
+    samples = backend.read_gpus(range(backend.device_count()), slow=False)
+    backend.close()
+    return samples
+
+
+def test_second_one_shot_run_reads_static_values_from_the_file(
+    fake_nvml: ModuleType, tmp_path: Path
+) -> None:
+    path = tmp_path / STATIC_CACHE_FILE
+    first = one_shot(fake_nvml, path)
+    assert static_calls(fake_nvml).count("nvmlDeviceGetMaxClockInfo") == 4  # 2 GPUs x SM, memory
+    assert path.exists()
+    fake_nvml.calls.clear()
+    second = one_shot(fake_nvml, path)
+    assert static_calls(fake_nvml) == []
+    assert second == first  # the same samples, limits and maxima included
+    assert second[0].power_max_w == 600 and second[0].temperature_slowdown_c is not None
+
+
+def test_file_of_another_boot_or_driver_is_not_used(fake_nvml: ModuleType, tmp_path: Path) -> None:
+    path = tmp_path / "cache.json"
+    backend = NvmlBackend(nvml=fake_nvml)
+    try:
+        cache = StaticCache(str(path), "580.159.04", boot_id="boot-1")
+        cache.remember(backend._gpus[0])
+        cache.save()
+        gpu = backend._gpus[0]
+        assert StaticCache(str(path), "580.159.04", boot_id="boot-1").fill(gpu)
+        assert not StaticCache(str(path), "580.159.04", boot_id="boot-2").fill(gpu)
+        assert not StaticCache(str(path), "590.10", boot_id="boot-1").fill(gpu)
+        assert not StaticCache(str(path), "580.159.04", boot_id="boot-1").fill(backend._gpus[1])
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda doc: doc["gpus"].clear(),
+        lambda doc: [e.update(temp_slowdown="hot") for e in doc["gpus"].values()],
+        lambda doc: [e.pop("clock_sm_max") for e in doc["gpus"].values()],
+        lambda doc: [e.update(pci_bus_id="00000000:99:00.0") for e in doc["gpus"].values()],
+    ],
+    ids=["empty", "wrong-type", "missing-field", "moved-gpu"],
+)
+def test_damaged_or_stale_entries_go_back_to_the_driver(
+    fake_nvml: ModuleType, tmp_path: Path, damage: object
+) -> None:
+    path = tmp_path / STATIC_CACHE_FILE
+    first = one_shot(fake_nvml, path)
+    doc = json.loads(path.read_text())
+    damage(doc)  # type: ignore[operator]
+    path.write_text(json.dumps(doc))
+    fake_nvml.calls.clear()
+    assert one_shot(fake_nvml, path) == first
+    assert static_calls(fake_nvml).count("nvmlDeviceGetMaxClockInfo") == 4  # asked again
+
+
+def test_garbage_file_is_ignored(fake_nvml: ModuleType, tmp_path: Path) -> None:
+    path = tmp_path / STATIC_CACHE_FILE
+    path.write_text("{not json")
+    first = one_shot(fake_nvml, path)
+    assert first and json.loads(path.read_text())["gpus"]  # rewritten
+
+
+def test_a_gpu_whose_static_read_failed_is_not_kept(fake_nvml: ModuleType, tmp_path: Path) -> None:
+    fake_nvml.fail(1, "nvmlDeviceGetMaxClockInfo", fake_nvml.NVML_ERROR_UNKNOWN)
+    path = tmp_path / STATIC_CACHE_FILE
+    one_shot(fake_nvml, path)
+    kept = json.loads(path.read_text())["gpus"]
+    assert len(kept) == 1  # GPU 0 only: GPU 1's answer was an error, not a value
+
+
+def test_long_lived_backends_always_ask_the_driver(fake_nvml: ModuleType) -> None:
+    path = Path(state_dir_name()) / STATIC_CACHE_FILE  # where a one-shot run keeps it
+    one_shot(fake_nvml, path)
+    fake_nvml.calls.clear()
+    NvmlBackend(nvml=fake_nvml).close()  # as control and the dashboard open it
+    assert static_calls(fake_nvml).count("nvmlDeviceGetMaxClockInfo") == 4
+
+
+def test_table_reads_no_slow_field_and_no_topology_but_json_does(
+    fake_nvml: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slow = (
+        "nvmlDeviceGetPcieThroughput",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetPcieReplayCounter",
+        "nvmlDeviceGetTopologyCommonAncestor",
+        "nvmlDeviceGetNvLinkState",
+    )
+    assert main(["snapshot"]) == 0
+    table = capsys.readouterr().out
+    assert "H200" in table and "RTX 4090" in table
+    assert not [name for name, _ in fake_nvml.calls if name in slow]
+    fake_nvml.calls.clear()
+    assert main(["snapshot", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {name for name, _ in fake_nvml.calls if name in slow} == set(slow)
+    assert doc["gpus"][1]["pcie"]["tx_kib_s"] == 732
+    assert doc["topology"]["links"]
+
+
+def test_sampler_without_topology_reads_none(fake_nvml: ModuleType) -> None:
+    backend = NvmlBackend(nvml=fake_nvml)
+    try:
+        snap = Sampler(backend, with_topology=False).sample(slow=False)
+        assert snap.topology.links == [] and snap.gpus[0].pcie.tx_kib_s is None
+    finally:
+        backend.close()
