@@ -1,9 +1,12 @@
 """Where the time of one `gpustation snapshot` goes, phase by phase, in-process.
 
-    python bench/snapshot_phases.py [--simulate] [--repeat 5]
+    python bench/snapshot_phases.py [--json] [--simulate] [--repeat 5]
 
 Each repeat runs in a fresh interpreter (imports and NVML's first calls are
-part of what a user pays), and the phases' medians are printed in ms.
+part of what a user pays), and the phases' medians are printed in ms. It
+reads what ``gpustation snapshot`` reads: the table's fields, or with
+``--json`` every field (slow ones and topology included). The first run, not
+counted, leaves the static-value cache that later one-shot runs find.
 """
 
 from __future__ import annotations
@@ -24,19 +27,22 @@ from gpustation.telemetry.backend import open_backend
 from gpustation.telemetry.sampler import Sampler
 mark("import core")
 simulate = 1 if sys.argv[1] == "sim" else None
-backend = open_backend(simulate=simulate)
+full = sys.argv[2] == "json"
+backend = open_backend(simulate=simulate, one_shot=True, slow_fields=full)
 mark("open backend (nvmlInit, handles, static values)")
-sampler = Sampler(backend)
-mark("sampler (psutil, versions)")
-snap = sampler.sample(slow=True)
-mark("first sample (fast + slow fields, topology, host)")
-snap2 = sampler.sample(slow=False)
-mark("second sample, fast fields only")
-doc = json.dumps(snap.to_dict())
-mark("to JSON")
-from gpustation.telemetry.table import render_snapshot
-render_snapshot(snap)
-mark("render table")
+sampler = Sampler(backend, with_topology=full)
+mark("sampler (versions)")
+snap = sampler.sample(slow=full)
+mark("first sample" + (" (fast + slow fields, topology, host)" if full else " (fast fields, host)"))
+if full:
+    doc = json.dumps(snap.to_dict())
+    mark("to JSON")
+else:
+    from gpustation.telemetry.table import render_snapshot
+    render_snapshot(snap)
+    mark("render table")
+backend.close()
+mark("close")
 print(json.dumps(marks))
 """
 
@@ -44,12 +50,19 @@ print(json.dumps(marks))
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--simulate", action="store_true")
+    ap.add_argument("--json", action="store_true", help="the --json path: every field")
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     runs = []
     for _ in range(args.repeat + 1):
         out = subprocess.run(
-            [sys.executable, "-c", CHILD, "sim" if args.simulate else "nvml"],
+            [
+                sys.executable,
+                "-c",
+                CHILD,
+                "sim" if args.simulate else "nvml",
+                "json" if args.json else "table",
+            ],
             capture_output=True,
             text=True,
             check=True,

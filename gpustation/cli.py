@@ -9,13 +9,18 @@ subcommand the dashboard opens.
 
 from __future__ import annotations
 
-import argparse
 import importlib
+import os
 import sys
-from collections.abc import Sequence
 
 from gpustation import __version__
 from gpustation.errors import EXIT_INTERRUPTED, EXIT_USAGE, GpustationError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
+    from typing import Any
 
 # subcommand -> module that implements it
 COMMANDS: dict[str, str] = {
@@ -45,16 +50,68 @@ def _command_in(argv: Sequence[str]) -> str | None:
     return None
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"gpustation: error: {message}\n")
+def _columns() -> int:
+    """The terminal's width, as ``shutil.get_terminal_size`` tells it."""
+    try:
+        return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+def _parser_class() -> type[argparse.ArgumentParser]:
+    import argparse
+
+    class _Formatter(argparse.HelpFormatter):
+        # argparse imports shutil (and with it zlib, bz2 and lzma) for the
+        # terminal's width whenever a parser with subcommands is built: 2-3 ms
+        # of every `gpustation snapshot`. The width is given instead.
+        def __init__(self, prog: str, *args: Any, **kwargs: Any) -> None:
+            if len(args) < 3 and "width" not in kwargs:
+                kwargs["width"] = _columns() - 2
+            super().__init__(prog, *args, **kwargs)
+
+    class _Parser(argparse.ArgumentParser):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("formatter_class", _Formatter)
+            super().__init__(*args, **kwargs)
+
+        def error(self, message: str) -> None:  # type: ignore[override]
+            self.print_usage(sys.stderr)
+            self.exit(EXIT_USAGE, f"gpustation: error: {message}\n")
+
+    return _Parser
+
+
+# With any of these, `gpustation snapshot` does not read this machine's GPUs.
+_NOT_LOCAL_GPUS = ("--simulate", "--host", "--fleet", "-h", "--help")
+
+
+def _start_nvml_early(argv: Sequence[str]) -> None:
+    """For ``gpustation snapshot`` on this machine's GPUs, start NVML now.
+
+    The driver's start then overlaps the imports and the argument parsing
+    that come before the backend opens (about 8 ms of a 70 ms snapshot on an
+    H200 machine); see :func:`gpustation.telemetry.nvml_lite.start_early`.
+    """
+    if any(token.startswith(_NOT_LOCAL_GPUS) for token in argv):
+        return
+    binding = os.environ.get("GPUSTATION_NVML", "").strip().lower()
+    if os.environ.get("GPUSTATION_SIMULATE") or binding not in ("", "lite"):
+        return
+    from gpustation.telemetry import nvml_lite
+
+    nvml_lite.start_early()
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, or one where only command ``only`` is fully defined."""
     from gpustation.telemetry.backend import add_gpu_options
 
+    _Parser = _parser_class()
     parser = _Parser(
         prog="gpustation",
         description="GPU dashboard, hardware control and run launcher. "
@@ -92,6 +149,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command_in(argv)
+    if command == "snapshot":
+        _start_nvml_early(argv)
     if command is None and ({"-h", "--help"} & set(argv)):
         parser = build_parser()  # the full help lists every command
     else:
@@ -111,8 +170,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # `gpustation snapshot --watch 1 | head` ends quietly, like any Unix tool.
-        import os
-
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 
 from gpustation.errors import NoDriverError, UsageError
 from gpustation.telemetry.model import GpuSample, Topology
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 
 class Backend(ABC):

@@ -253,7 +253,7 @@ def _sudo_hint() -> str:
 
 
 #: The file, in the state directory, that keeps static values between one-shot runs.
-STATIC_CACHE_FILE = "nvml-static.json"
+STATIC_CACHE_FILE = "nvml-static.marshal"
 # The _Gpu attributes kept there: values fixed while the machine is up.
 _STATIC_ATTRS = (
     "temp_slowdown",
@@ -289,7 +289,9 @@ class StaticCache:
     up with the same driver. The file is keyed by the boot and the driver
     version, each entry by the GPU's UUID and bus id; anything that does not
     match, or does not look right, is read from the driver instead. Only
-    display paths use it: control always asks the driver.
+    display paths use it: control always asks the driver. It is written with
+    :mod:`marshal`, which is built in: importing :mod:`json` would cost the
+    table more than reading the file does.
     """
 
     def __init__(self, path: str, driver: str | None, boot_id: str | None = None) -> None:
@@ -300,12 +302,12 @@ class StaticCache:
         self._changed = False
         if self.key is None:
             return
-        import json
+        import marshal
 
         try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-        except (OSError, ValueError):
+            with open(path, "rb") as f:
+                doc = marshal.load(f)
+        except (OSError, ValueError, EOFError, TypeError):  # missing, damaged, other Python
             return
         if isinstance(doc, dict) and doc.get("key") == self.key:
             gpus = doc.get("gpus")
@@ -340,13 +342,13 @@ class StaticCache:
         """Write the file if something new was learnt (atomically; errors ignored)."""
         if not self._changed or self.key is None:
             return
-        import json
+        import marshal
 
         tmp = f"{self.path}.{os.getpid()}.tmp"
         try:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"key": self.key, "gpus": self._entries}, f, indent=1)
+            with open(tmp, "wb") as f:
+                marshal.dump({"key": self.key, "gpus": self._entries}, f)
             os.replace(tmp, self.path)
             self._changed = False
         except OSError:

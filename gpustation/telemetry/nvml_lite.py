@@ -135,6 +135,7 @@ _lib: Any = None  # the loaded CDLL
 _c: Any = None  # the ctypes module, imported when the library is first loaded
 _t: Any = None  # namespace of the Structure classes, made at the same time
 _lock = _thread.allocate_lock()  # guards _lib, _fns and _refcount, as pynvml's libLoadLock
+_init_lock = _thread.allocate_lock()  # held while the library's init runs
 _types_lock = _thread.allocate_lock()
 _fns: dict[str, Any] = {}  # function pointers, cached; read without the lock
 _refcount = 0
@@ -372,7 +373,8 @@ def nvmlInitWithFlags(flags: int) -> None:
     """Load the library if needed and start NVML."""
     global _refcount
     _load_library()
-    _check(_fn("nvmlInitWithFlags")(flags))
+    with _init_lock:  # one start at a time: a second waits for the first, see start_early()
+        _check(_fn("nvmlInitWithFlags")(flags))
     with _lock:
         _refcount += 1
 
@@ -380,6 +382,25 @@ def nvmlInitWithFlags(flags: int) -> None:
 def nvmlInit() -> None:
     """Load the library if needed and start NVML."""
     nvmlInitWithFlags(0)
+
+
+def start_early() -> None:
+    """Start NVML on a thread of its own and return at once.
+
+    The driver takes 15-20 ms to start (on an H200 machine); ``gpustation
+    snapshot`` calls this before it imports the rest of itself and parses its
+    arguments, so that the two overlap. The backend's own :func:`nvmlInit`
+    then waits for this one and counts one more user; a start that fails here
+    fails there again and reports its error.
+    """
+
+    def run() -> None:
+        try:
+            nvmlInit()
+        except Exception:  # reported by the caller's own nvmlInit()
+            pass
+
+    _thread.start_new_thread(run, ())
 
 
 def nvmlShutdown() -> None:

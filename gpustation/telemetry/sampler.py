@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
 
 from gpustation.telemetry.backend import Backend, select_gpus
 from gpustation.telemetry.host import HostSampler, describe_process
 from gpustation.telemetry.model import Snapshot, Topology
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 
 class Sampler:

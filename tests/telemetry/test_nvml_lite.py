@@ -250,6 +250,8 @@ def test_unknown_binding_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> No
 FAKE_LIBRARY_C = r"""
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 typedef struct { int index; } gpu_t;
 typedef gpu_t *dev;
@@ -270,7 +272,11 @@ static unsigned fan_policy[2] = {0, 0};
 
 #define CHECK(d) if (!inits) return 1; if ((d) != &gpus[0] && (d) != &gpus[1]) return 2
 
-int nvmlInitWithFlags(unsigned flags) { if (flags) return 2; inits++; return 0; }
+static int inits_off_main = 0;  /* starts made on a thread other than the main one */
+int nvmlInitWithFlags(unsigned flags) {
+    if (flags) return 2; if (syscall(SYS_gettid) != getpid()) inits_off_main++; inits++; return 0; }
+int fakeInits(void) { return inits; }
+int fakeInitsOffMainThread(void) { return inits_off_main; }
 int nvmlShutdown(void) { if (!inits) return 1; inits--; return 0; }
 const char *nvmlErrorString(int r) { return r == 77 ? "Seventy-seven, says the library" : "Other"; }
 int nvmlSystemGetDriverVersion(char *b, unsigned n) {
@@ -654,6 +660,39 @@ def test_cli_snapshot_is_the_same_through_either_binding(fake_library: Path) -> 
     ]
     assert lite["cuda_driver_version"] == "13.1"
     assert _differences(snapshot(GPUSTATION_NVML="pynvml"), lite) == []
+
+
+def test_snapshot_starts_nvml_early_on_a_thread_of_its_own(fake_library: Path) -> None:
+    # `gpustation snapshot` starts the driver while it imports and parses its
+    # arguments; the backend's own start waits for that one. Not for simulated
+    # GPUs, other hosts or nvidia-ml-py.
+    code = (
+        "import contextlib, ctypes, io, sys\n"
+        "from gpustation.cli import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    rc = main(sys.argv[1:])\n"
+        "lib = ctypes.CDLL('libnvidia-ml.so.1')\n"
+        "print(rc, lib.fakeInits(), lib.fakeInitsOffMainThread(), 'H200' in out.getvalue())"
+    )
+
+    def run(*args: str, **env: str) -> list[str]:
+        result = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=_env_with_library(fake_library, **env),
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout.split()
+
+    assert run("snapshot") == ["0", "2", "1", "True"]  # early + the backend's own
+    assert run("snapshot", "--json") == ["0", "2", "1", "True"]
+    assert run("snapshot", "--simulate", "1") == ["0", "0", "0", "False"]
+    assert run("snapshot", GPUSTATION_NVML="pynvml") == ["0", "1", "0", "True"]
+    # other commands start NVML when they open it (and shut it down when done)
+    assert run("power", "show") == ["0", "0", "0", "True"]
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import marshal
 from pathlib import Path
 from types import ModuleType
 
@@ -89,9 +90,9 @@ def test_damaged_or_stale_entries_go_back_to_the_driver(
 ) -> None:
     path = tmp_path / STATIC_CACHE_FILE
     first = one_shot(fake_nvml, path)
-    doc = json.loads(path.read_text())
+    doc = marshal.loads(path.read_bytes())
     damage(doc)  # type: ignore[operator]
-    path.write_text(json.dumps(doc))
+    path.write_bytes(marshal.dumps(doc))
     fake_nvml.calls.clear()
     assert one_shot(fake_nvml, path) == first
     assert static_calls(fake_nvml).count("nvmlDeviceGetMaxClockInfo") == 4  # asked again
@@ -99,16 +100,16 @@ def test_damaged_or_stale_entries_go_back_to_the_driver(
 
 def test_garbage_file_is_ignored(fake_nvml: ModuleType, tmp_path: Path) -> None:
     path = tmp_path / STATIC_CACHE_FILE
-    path.write_text("{not json")
+    path.write_bytes(b"\x00not marshal")
     first = one_shot(fake_nvml, path)
-    assert first and json.loads(path.read_text())["gpus"]  # rewritten
+    assert first and marshal.loads(path.read_bytes())["gpus"]  # rewritten
 
 
 def test_a_gpu_whose_static_read_failed_is_not_kept(fake_nvml: ModuleType, tmp_path: Path) -> None:
     fake_nvml.fail(1, "nvmlDeviceGetMaxClockInfo", fake_nvml.NVML_ERROR_UNKNOWN)
     path = tmp_path / STATIC_CACHE_FILE
     one_shot(fake_nvml, path)
-    kept = json.loads(path.read_text())["gpus"]
+    kept = marshal.loads(path.read_bytes())["gpus"]
     assert len(kept) == 1  # GPU 0 only: GPU 1's answer was an error, not a value
 
 
