@@ -52,9 +52,16 @@ def _proc_cpu_times() -> list[tuple[int, int]]:
 
 def _is_whole_disk(name: str) -> bool:
     """Disks, not their partitions (``/sys/block`` lists only whole devices)."""
-    if name.startswith(_SKIP_DISK_PREFIXES):
-        return False
-    return not os.path.isdir("/sys/block") or os.path.exists(f"/sys/block/{name}")
+    known = _WHOLE_DISK.get(name)
+    if known is None:
+        known = _WHOLE_DISK[name] = not name.startswith(_SKIP_DISK_PREFIXES) and (
+            not os.path.isdir("/sys/block") or os.path.exists(f"/sys/block/{name}")
+        )
+    return known
+
+
+# Device name -> whole disk or not: asked once per name, not on every sample.
+_WHOLE_DISK: dict[str, bool] = {}
 
 
 def _proc_disk() -> tuple[int, int] | None:

@@ -14,19 +14,25 @@ from typing import TYPE_CHECKING, ClassVar
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Label, Select
+from textual.widgets import Select
 
 from gpustation.telemetry.history import METRIC_KEYS, METRICS
 from gpustation.tui import render
 from gpustation.tui.source import Frame
 from gpustation.tui.widgets import (
+    Caption,
+    Columns,
     GpuCard,
     HistoryGraph,
     HostPane,
+    KeepsLines,
+    KeysFooter,
     LiveText,
     ProcessTable,
+    Rows,
+    ScrollRows,
+    Tiles,
     process_rows,
 )
 
@@ -34,7 +40,7 @@ if TYPE_CHECKING:
     from gpustation.tui.app import DashboardApp
 
 
-class LiveScreen(Screen[None]):
+class LiveScreen(KeepsLines, Screen[None]):
     """A screen fed with frames by the app; shows the banner and status line."""
 
     @property
@@ -77,12 +83,12 @@ class DashboardScreen(LiveScreen):
 
     def compose(self) -> ComposeResult:
         yield LiveText(id="banner")
-        with VerticalScroll(id="body"):
-            yield Grid(id="cards")
-            with Horizontal(id="middle"):
-                with Vertical(id="graph-pane"):
-                    with Horizontal(id="graph-bar"):
-                        yield Label("History", id="graph-title")
+        with ScrollRows(id="body"):
+            yield Tiles(id="cards")
+            with Columns(id="middle"):
+                with Rows(id="graph-pane"):
+                    with Columns(id="graph-bar"):
+                        yield Caption("History", id="graph-title")
                         yield Select(
                             [(METRICS[k].label, k) for k in METRIC_KEYS],
                             value=self.dash.metric,
@@ -94,7 +100,7 @@ class DashboardScreen(LiveScreen):
                 yield HostPane(id="host")
             yield ProcessTable(id="procs")
         yield LiveText(id="status")
-        yield Footer()
+        yield KeysFooter()
 
     def __init__(self) -> None:
         super().__init__()
@@ -111,7 +117,7 @@ class DashboardScreen(LiveScreen):
         if missing:
             cards = [GpuCard(i) for i in missing]
             self._cards.update({c.index: c for c in cards})
-            self.query_one("#cards", Grid).mount_all(cards)
+            self.query_one("#cards", Tiles).mount_all(cards)
             self._layout_key = None
         if self._layout_key is None or missing:
             self.apply_layout()
@@ -157,7 +163,7 @@ class DashboardScreen(LiveScreen):
         compact = w < 100 or full_rows > h * 0.45
         if compact:
             cols = 2 if n > 1 and w >= 164 else 1
-        cards = self.query_one("#cards", Grid)
+        cards = self.query_one("#cards", Tiles)
         cards.styles.grid_size_columns = cols
         card_h = 2 if compact else 9
         cards.styles.grid_rows = str(card_h)
@@ -213,10 +219,10 @@ class TopologyScreen(LiveScreen):
 
     def compose(self) -> ComposeResult:
         yield LiveText(id="banner")
-        with VerticalScroll(id="topology-body"):
+        with ScrollRows(id="topology-body"):
             yield LiveText(id="topology", wrap=True)
         yield LiveText(id="status")
-        yield Footer()
+        yield KeysFooter()
 
     def show_frame(self, frame: Frame) -> None:
         if not self.is_mounted:
@@ -235,10 +241,10 @@ class AlertLogScreen(LiveScreen):
 
     def compose(self) -> ComposeResult:
         yield LiveText(id="banner")
-        with VerticalScroll(id="alert-body"):
+        with ScrollRows(id="alert-body"):
             yield LiveText(id="alert-log", wrap=True)
         yield LiveText(id="status")
-        yield Footer()
+        yield KeysFooter()
 
     def show_frame(self, frame: Frame) -> None:
         if not self.is_mounted:
@@ -268,10 +274,10 @@ class HelpScreen(LiveScreen):
 
     def compose(self) -> ComposeResult:
         yield LiveText(id="banner")
-        with VerticalScroll(id="help-body"):
+        with ScrollRows(id="help-body"):
             yield LiveText(self.help_text(), id="help", wrap=True)
         yield LiveText(id="status")
-        yield Footer()
+        yield KeysFooter()
 
     def help_text(self) -> Text:
         t = Text()

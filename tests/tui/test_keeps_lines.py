@@ -1,0 +1,69 @@
+"""Widgets that hand the compositor their last strips until they change."""
+
+from __future__ import annotations
+
+from textual.app import App, ComposeResult
+from textual.geometry import Region
+
+from gpustation.tui.widgets import KeysFooter, LiveText, Rows, ScrollRows
+
+
+class Page(App[None]):
+    CSS = "#box { height: 5; } .hot { color: red; }"
+
+    def compose(self) -> ComposeResult:
+        with ScrollRows(id="body"), Rows(id="box"):
+            yield LiveText("first line\nsecond line", id="text")
+        yield KeysFooter()
+
+
+def plain(strips: list) -> list[str]:  # type: ignore[type-arg]
+    return [strip.text for strip in strips]
+
+
+async def test_kept_strips_are_given_back_until_the_widget_changes() -> None:
+    app = Page()
+    async with app.run_test(size=(40, 10)) as pilot:
+        await pilot.pause()
+        text = app.query_one("#text", LiveText)
+        crop = Region(0, 0, text.size.width, text.size.height)
+        first = text.render_lines(crop)
+        assert text.render_lines(crop) is first  # nothing changed: the same strips
+        assert plain(first)[0].startswith("first line")
+
+        text.show("changed line\nsecond line")  # new content
+        changed = text.render_lines(crop)
+        assert changed is not first and plain(changed)[0].startswith("changed line")
+
+        before_style = text.render_lines(crop)
+        text.add_class("hot")  # a style change repaints it too
+        await pilot.pause()
+        restyled = text.render_lines(crop)
+        assert restyled is not before_style
+        assert restyled[0] != before_style[0] and plain(restyled) == plain(before_style)
+
+        box = app.query_one("#box", Rows)  # a container: its own lines are background
+        box_crop = Region(0, 0, box.size.width, box.size.height)
+        plain_box = box.render_lines(box_crop)
+        assert box.render_lines(box_crop) is plain_box
+        box.styles.background = "red"
+        await pilot.pause()
+        red_box = box.render_lines(box_crop)
+        assert red_box[-1] != plain_box[-1]
+
+        other = Region(0, 1, text.size.width, 1)  # another crop: rendered for it
+        assert plain(text.render_lines(other)) == plain(restyled)[1:2]
+
+
+async def test_keeping_subclasses_keep_their_textual_stylesheet() -> None:
+    # The mixin must not hide the Textual class's CSS: the footer docks at the
+    # bottom and the scroll container fills the rest.
+    app = Page()
+    async with app.run_test(size=(40, 10)) as pilot:
+        await pilot.pause()
+        footer = app.query_one(KeysFooter)
+        assert footer.region.y == 9 and footer.region.height == 1
+        assert app.query_one("#box", Rows).region.height == 5
+        assert "Footer" in footer._css_type_names and "VerticalScroll" in (
+            app.query_one("#body")._css_type_names
+        )
