@@ -503,6 +503,9 @@ class NvmlBackend(Backend):
             started = True
         self.nvml = nvml
         self._error_type: type[BaseException] = getattr(nvml, "NVMLError", Exception)
+        # nvidia-ml-py hands some getters a ctypes object shared between calls
+        # (nvmlDeviceGetFanControlPolicy_v2): its GPUs are never read side by side.
+        self._reads_in_parallel = getattr(nvml, "__name__", "") != "pynvml"
         self._sysfs_pci_root = sysfs_pci_root
         self._sysfs_node_root = sysfs_node_root
         #: pynvml functions that are absent or that the driver lacks; never called again.
@@ -824,9 +827,16 @@ class NvmlBackend(Backend):
         for g in live:
             g.prefetch = []
         samples: dict[int, GpuSample] = {}
-        for gpu in live:
+        if self._one_shot and len(live) > 1 and self._reads_in_parallel:
+            # The driver's first answer to each getter costs 0.3-2 ms per GPU
+            # (8 ms a GPU on an H200 machine); a one-shot read pays it once,
+            # so the GPUs are read side by side.
+            jobs = [(gpu, self._job(self._read_fast, gpu)) for gpu in live]
+        else:
+            jobs = [(gpu, None) for gpu in live]
+        for gpu, job in jobs:
             try:
-                samples[gpu.index] = self._read_fast(gpu)
+                samples[gpu.index] = self._read_fast(gpu) if job is None else job.result()
             except _GpuLost as err:
                 self._mark_lost(gpu, str(err))
         if pending:

@@ -493,6 +493,34 @@ def test_one_shot_backend_reads_slow_fields_while_opening(
     assert len(fake_nvml.calls_of("nvmlDeviceGetPcieThroughput")) == 8
 
 
+def test_one_shot_reads_the_gpus_side_by_side(
+    fake_nvml: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each temperature read waits until both GPUs are being read at once: read
+    # one after the other (as a long-lived backend does), the barrier breaks.
+    barriers = [threading.Barrier(2, timeout=10)]
+    original = fake_nvml.nvmlDeviceGetTemperature
+
+    def together(handle: Any, sensor: int) -> int:
+        barriers[0].wait()
+        return int(original(handle, sensor))
+
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetTemperature", together)
+    backend = NvmlBackend(nvml=fake_nvml, one_shot=True, static_cache="/nonexistent/cache")
+    try:
+        rtx, h200 = read(backend, slow=False)
+        assert rtx.temperature_c is not None and h200.temperature_c is not None
+    finally:
+        backend.close()
+    barriers[0] = threading.Barrier(2, timeout=0.3)
+    backend = NvmlBackend(nvml=fake_nvml)
+    try:
+        samples = read(backend, slow=False)  # one at a time: the barrier breaks
+        assert [s.temperature_c for s in samples] == [None, None]
+    finally:
+        backend.close()
+
+
 def test_close_waits_for_calls_in_flight_and_one_shot_leaves_nvml_to_the_exit(
     fake_nvml: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
