@@ -25,6 +25,10 @@ class Backend(ABC):
     simulated: bool = False
     #: Why this backend is in use, when that is worth telling the user.
     note: str | None = None
+    #: Read the energy counter with the slow fields. The driver spends 3-4 ms
+    #: of CPU on each read (an H200 machine), so a reader that never shows it
+    #: (the dashboard) turns it off; ``energy_j`` is then ``None``.
+    read_energy: bool = True
 
     @abstractmethod
     def device_count(self) -> int: ...

@@ -999,6 +999,7 @@ class NvmlBackend(Backend):
             (gpu, what, self._job(self._call, gpu, field, name, *args))
             for gpu in gpus
             for what, field, name, args in getters
+            if what != "energy" or self.read_energy
         ]
 
     def _finish_slow(self, jobs: list[tuple[_Gpu, str, _Job]]) -> None:

@@ -404,7 +404,7 @@ class SimBackend(Backend):
         tx_v, rx_v, replay = self._last_slow[index]
         sample.pcie.tx_kib_s, sample.pcie.rx_kib_s = tx_v, rx_v
         sample.pcie.replay_errors = replay
-        sample.energy_j = round(float(g["energy_j"]), 1)
+        sample.energy_j = round(float(g["energy_j"]), 1) if self.read_energy else None
         sample.ecc_uncorrected = g["ecc_uncorrected"]
         sample.processes = procs
         return sample

@@ -61,6 +61,7 @@ class DataSource:
     def open(self) -> Backend:
         if self.backend is None:
             backend = self._factory()
+            backend.read_energy = False  # the dashboard does not show it
             try:
                 self.sampler = Sampler(
                     backend,

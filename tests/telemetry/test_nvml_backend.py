@@ -521,6 +521,22 @@ def test_one_shot_reads_the_gpus_side_by_side(
         backend.close()
 
 
+def test_energy_left_out_when_the_reader_does_not_show_it(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    # The driver spends milliseconds of CPU on each energy read; the dashboard
+    # never shows the counter, so its backend does not ask.
+    backend = open_backend()
+    backend.read_energy = False
+    fake_nvml.calls.clear()
+    samples = read(backend, slow=True)
+    assert not fake_nvml.calls_of("nvmlDeviceGetTotalEnergyConsumption")
+    assert [s.energy_j for s in samples] == [None, None]
+    assert samples[1].pcie.tx_kib_s == 732  # the other slow fields still come
+    backend.read_energy = True
+    assert read(backend, slow=True)[1].energy_j is not None
+
+
 def test_close_waits_for_calls_in_flight_and_one_shot_leaves_nvml_to_the_exit(
     fake_nvml: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -441,3 +441,17 @@ async def test_a_hanging_driver_call_is_shown_and_the_ui_keeps_answering() -> No
             await wait_for(pilot, lambda: "waiting for the driver" not in text_of(app, "#status"))
     finally:
         release.set()
+
+
+def test_dashboard_source_does_not_read_energy() -> None:
+    from gpustation.telemetry.sim import SimBackend
+
+    backend = SimBackend(count=1, card="h200", seed=0, state_path=None)
+    source = DataSource(lambda: backend, hostname="box")
+    try:
+        frame = source.sample()
+        assert backend.read_energy is False
+        assert frame.snapshot.gpus[0].energy_j is None  # not shown, so not read
+        assert frame.snapshot.gpus[0].power_w is not None
+    finally:
+        source.close()
