@@ -90,7 +90,7 @@ def _parser_class() -> type[argparse.ArgumentParser]:
 _NOT_LOCAL_GPUS = ("--simulate", "--host", "--fleet", "-h", "--help")
 
 
-def _start_nvml_early(argv: Sequence[str]) -> None:
+def _start_nvml_early(argv: Sequence[str]) -> bool:
     """For ``gpustation snapshot`` on this machine's GPUs, start NVML now.
 
     The driver's start then overlaps the imports and the argument parsing
@@ -98,13 +98,14 @@ def _start_nvml_early(argv: Sequence[str]) -> None:
     H200 machine); see :func:`gpustation.telemetry.nvml_lite.start_early`.
     """
     if any(token.startswith(_NOT_LOCAL_GPUS) for token in argv):
-        return
+        return False
     binding = os.environ.get("GPUSTATION_NVML", "").strip().lower()
     if os.environ.get("GPUSTATION_SIMULATE") or binding not in ("", "lite"):
-        return
+        return False
     from gpustation.telemetry import nvml_lite
 
     nvml_lite.start_early()
+    return True
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -149,8 +150,17 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command_in(argv)
-    if command == "snapshot":
-        _start_nvml_early(argv)
+    early = command == "snapshot" and _start_nvml_early(argv)
+    try:
+        return _main(argv, command)
+    finally:
+        if early:  # never leave while the driver is starting on that thread
+            from gpustation.telemetry import nvml_lite
+
+            nvml_lite.wait_early()
+
+
+def _main(argv: list[str], command: str | None) -> int:
     if command is None and ({"-h", "--help"} & set(argv)):
         parser = build_parser()  # the full help lists every command
     else:

@@ -136,6 +136,7 @@ _c: Any = None  # the ctypes module, imported when the library is first loaded
 _t: Any = None  # namespace of the Structure classes, made at the same time
 _lock = _thread.allocate_lock()  # guards _lib, _fns and _refcount, as pynvml's libLoadLock
 _init_lock = _thread.allocate_lock()  # held while the library's init runs
+_early: Any = None  # held while start_early()'s thread runs
 _types_lock = _thread.allocate_lock()
 _fns: dict[str, Any] = {}  # function pointers, cached; read without the lock
 _refcount = 0
@@ -391,16 +392,34 @@ def start_early() -> None:
     snapshot`` calls this before it imports the rest of itself and parses its
     arguments, so that the two overlap. The backend's own :func:`nvmlInit`
     then waits for this one and counts one more user; a start that fails here
-    fails there again and reports its error.
+    fails there again and reports its error. Call :func:`wait_early` before
+    the process exits.
     """
+    global _early
+    done = _thread.allocate_lock()
+    done.acquire()
 
     def run() -> None:
         try:
             nvmlInit()
         except Exception:  # reported by the caller's own nvmlInit()
             pass
+        finally:
+            done.release()
 
+    _early = done
     _thread.start_new_thread(run, ())
+
+
+def wait_early(timeout_s: float = 10.0) -> None:
+    """Wait for :func:`start_early`'s thread to finish.
+
+    A process that exits (a usage error, say) while the driver is still
+    starting on that thread would tear the library down under it.
+    """
+    done = _early
+    if done is not None and done.acquire(timeout=timeout_s):
+        done.release()
 
 
 def nvmlShutdown() -> None:

@@ -250,7 +250,9 @@ def test_unknown_binding_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> No
 FAKE_LIBRARY_C = r"""
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct { int index; } gpu_t;
@@ -274,7 +276,14 @@ static unsigned fan_policy[2] = {0, 0};
 
 static int inits_off_main = 0;  /* starts made on a thread other than the main one */
 int nvmlInitWithFlags(unsigned flags) {
-    if (flags) return 2; if (syscall(SYS_gettid) != getpid()) inits_off_main++; inits++; return 0; }
+    if (flags) return 2;
+    const char *delay = getenv("FAKE_NVML_INIT_DELAY_MS");  /* a driver slow to start */
+    if (delay) { struct timespec t = {0, atol(delay) * 1000000L}; nanosleep(&t, NULL); }
+    if (syscall(SYS_gettid) != getpid()) inits_off_main++;
+    inits++;
+    const char *marker = getenv("FAKE_NVML_INIT_MARKER");  /* each finished start, one line */
+    if (marker) { FILE *f = fopen(marker, "a"); if (f) { fputs("init\n", f); fclose(f); } }
+    return 0; }
 int fakeInits(void) { return inits; }
 int fakeInitsOffMainThread(void) { return inits_off_main; }
 int nvmlShutdown(void) { if (!inits) return 1; inits--; return 0; }
@@ -693,6 +702,28 @@ def test_snapshot_starts_nvml_early_on_a_thread_of_its_own(fake_library: Path) -
     assert run("snapshot", GPUSTATION_NVML="pynvml") == ["0", "1", "0", "True"]
     # other commands start NVML when they open it (and shut it down when done)
     assert run("power", "show") == ["0", "0", "0", "True"]
+
+
+def test_snapshot_never_exits_while_the_early_start_runs(
+    fake_library: Path, tmp_path: Path
+) -> None:
+    # A usage error ends the command long before a slow driver has started on
+    # the early thread: the process waits for that start to finish rather
+    # than tear the library down under it.
+    marker = tmp_path / "inits"
+    result = subprocess.run(
+        gpustation_cmd("snapshot", "--no-such-option"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        env=_env_with_library(
+            fake_library, FAKE_NVML_INIT_DELAY_MS="400", FAKE_NVML_INIT_MARKER=str(marker)
+        ),
+    )
+    assert result.returncode == EXIT_USAGE, result.stderr
+    assert "--no-such-option" in result.stderr
+    assert marker.read_text() == "init\n"  # the early start ran to its end
 
 
 @pytest.fixture
