@@ -302,6 +302,16 @@ class CompareRow:
                 out.append(None)
         return out
 
+    def cells(self) -> list[str]:
+        """Each run's value as text, the change from the first run in brackets."""
+        cells = []
+        for i, (value, change) in enumerate(zip(self.values, self.changes(), strict=True)):
+            text = "-" if value is None else self.fmt(value)
+            if i > 0 and change is not None:
+                text += f" ({change:+.1f} %)"
+            cells.append(text)
+        return cells
+
 
 def _epoch_time(r: RunRecord) -> float | None:
     value = r.summary.get("epoch_time_s")
@@ -373,13 +383,7 @@ def _print_compare(records: list[RunRecord], rows: list[CompareRow]) -> None:
     for r in records:
         table.add_column(r.id, justify="right", overflow="fold")
     for row in rows:
-        cells = []
-        for i, (value, change) in enumerate(zip(row.values, row.changes(), strict=True)):
-            text = "-" if value is None else row.fmt(value)
-            if i > 0 and change is not None:
-                text += f" ({change:+.1f} %)"
-            cells.append(text)
-        table.add_row(row.name, *cells)
+        table.add_row(row.name, *row.cells())
     console(max(100, 30 + 34 * len(records))).print(table)
     if sys.stdout.isatty():
         print("changes in brackets are from the first run", file=sys.stderr)

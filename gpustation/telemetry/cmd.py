@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 from gpustation.errors import UsageError
 from gpustation.telemetry.backend import (
@@ -61,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
         return run_snapshot_fleet(args, hosts)
 
-    from gpustation.telemetry.sampler import Sampler
+    from gpustation.telemetry.sampler import Sampler, ticks
 
     wanted = parse_gpu_list(getattr(args, "gpus", None))
     one_shot = args.watch is None
@@ -77,16 +76,9 @@ def run(args: argparse.Namespace) -> int:
             # cadence, like the dashboard.
             _emit(sampler.sample(slow=full), args.json)
             return 0
-        interval = args.watch
-        next_at = time.monotonic()
-        while True:
+        for _ in ticks(args.watch):
             _emit(sampler.sample(slow=None if full else False), args.json, watching=True)
-            next_at += interval
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            else:
-                next_at = time.monotonic()
+        return 0  # pragma: no cover - ticks only ends by an exception
     except KeyboardInterrupt:
         return 0
     finally:

@@ -26,7 +26,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ from gpustation.telemetry.remote import (
     parse_host,
     ssh_argv,
 )
+from gpustation.telemetry.sampler import ticks
 
 FLEET_SCHEMA = "gpustation.fleet/1"
 FIRST_SNAPSHOT_TIMEOUT_S = 10.0
@@ -330,6 +331,19 @@ def is_limiting(row: FleetRow) -> bool:
     return bool(g and g.throttle_reasons and LIMITING_REASONS.intersection(g.throttle_reasons))
 
 
+def cell_style(row: FleetRow, key: str) -> str:
+    """The style of one cell: what needs attention stands out (the table and the TUI)."""
+    if key == "status" and row.status != "up":
+        return "bold red" if row.gpu is None else "yellow"
+    if key == "throttle" and is_limiting(row):
+        return "bold red"
+    if key == "run" and row.gpu is None:
+        return "red"
+    if key == "host" and row.simulated:
+        return "yellow"
+    return ""
+
+
 def _gpu_value(read: Callable[[GpuSample], Any]) -> Callable[[FleetRow], Any]:
     return lambda r: None if r.gpu is None or r.gpu.lost else read(r.gpu)
 
@@ -383,19 +397,7 @@ def fleet_table(rows: Sequence[FleetRow]) -> Any:
         table.add_column(title, justify="right" if right else "left", no_wrap=key != "run")
     for row in rows:
         cells = row_cells(row)
-        rendered: list[Any] = []
-        for key, _ in COLUMNS:
-            style = ""
-            if key == "status" and row.status != "up":
-                style = "bold red" if row.gpu is None else "yellow"
-            elif key == "throttle" and is_limiting(row):
-                style = "bold red"
-            elif key == "run" and row.gpu is None:
-                style = "red"
-            elif key == "host" and row.simulated:
-                style = "yellow"
-            rendered.append(Text(cells[key], style=style))
-        table.add_row(*rendered)
+        table.add_row(*(Text(cells[key], style=cell_style(row, key)) for key, _ in COLUMNS))
     return table
 
 
@@ -433,9 +435,9 @@ def run_snapshot_fleet(args: argparse.Namespace, hosts: list[str]) -> int:
             _emit(states, as_json, watching=False)
             return 0 if all(st.state == UP for st in states) else EXIT_UNREACHABLE
         fleet.wait_first(min(FIRST_SNAPSHOT_TIMEOUT_S, 3 * interval + 5))
-        for _ in _ticks(interval):
+        for _ in ticks(interval):
             _emit(fleet.states(), as_json, watching=True)
-        return 0  # pragma: no cover - _ticks only ends by an exception
+        return 0  # pragma: no cover - ticks only ends by an exception
     except KeyboardInterrupt:
         return 0
     finally:
@@ -463,18 +465,6 @@ def _timed_out(st: HostState) -> HostState:
     from dataclasses import replace
 
     return replace(st, state=DOWN, error=f"no snapshot within {FIRST_SNAPSHOT_TIMEOUT_S + 5:.0f} s")
-
-
-def _ticks(interval: float) -> Iterator[None]:
-    next_at = time.monotonic()
-    while True:
-        yield
-        next_at += interval
-        delay = next_at - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        else:
-            next_at = time.monotonic()
 
 
 _console: Any = None

@@ -17,7 +17,7 @@ from gpustation.telemetry.model import Snapshot, Topology
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
 
 
 class Sampler:
@@ -96,3 +96,17 @@ def _hostname() -> str:
         import socket
 
         return socket.gethostname()
+
+
+def ticks(interval_s: float) -> Iterator[None]:
+    """Yield now, then every ``interval_s`` on a steady cadence (no drift; a late
+    tick is not made up for)."""
+    next_at = time.monotonic()
+    while True:
+        yield
+        next_at += interval_s
+        delay = next_at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            next_at = time.monotonic()

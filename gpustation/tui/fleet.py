@@ -38,7 +38,7 @@ from gpustation.telemetry.fleet import (
     COLUMNS,
     Fleet,
     FleetRow,
-    is_limiting,
+    cell_style,
     load_fleet_config,
     row_cells,
     sort_rows,
@@ -54,16 +54,7 @@ _DESCENDING_FIRST = _NUMERIC | {"throttle"}
 
 
 def _styled(row: FleetRow, key: str, text: str) -> Text:
-    style = ""
-    if key == "status" and row.status != "up":
-        style = "bold red" if row.gpu is None else "yellow"
-    elif key == "throttle" and is_limiting(row):
-        style = "bold red"
-    elif key == "run" and row.gpu is None:
-        style = "red"
-    elif key == "host" and row.simulated:
-        style = "yellow"
-    return Text(text, style=style, no_wrap=True, overflow="ellipsis")
+    return Text(text, style=cell_style(row, key), no_wrap=True, overflow="ellipsis")
 
 
 _RIGHT = {"temp", "power", "util", "vram"}

@@ -1404,13 +1404,7 @@ class CompareScreen(ModalScreen[None]):
         for r in records:
             table.add_column(r.id, justify="right", overflow="fold")
         for row in compare_rows(records) if records else []:
-            cells = []
-            for i, (value, change) in enumerate(zip(row.values, row.changes(), strict=True)):
-                text = "-" if value is None else row.fmt(value)
-                if i > 0 and change is not None:
-                    text += f" ({change:+.1f} %)"
-                cells.append(text)
-            table.add_row(row.name, *cells)
+            table.add_row(row.name, *row.cells())
         table.caption = "changes in brackets are from the first run · Esc closes"
         try:
             self.app.call_from_thread(self._show, table, [r.id for r in records])

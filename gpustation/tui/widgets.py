@@ -202,7 +202,32 @@ class LiveText(KeepsLines, Widget):
         return self._shown.plain if self._shown is not None else ""
 
 
-class GpuCard(LiveText):
+class DrawnText(LiveText):
+    """Live text drawn from data by :meth:`redraw`: drawn again for a new size,
+    and when focus comes or goes (``_focused``; focus can change what is drawn)."""
+
+    # Our own flag: on_focus runs before Textual sets has_focus. (A focused
+    # card shows the power limit's default and range; the process list, its cursor.)
+    _focused = False
+
+    def redraw(self) -> None:  # pragma: no cover - overridden
+        pass
+
+    def on_focus(self) -> None:
+        self._focused = True
+        self.redraw()
+
+    def on_blur(self) -> None:
+        self._focused = False  # focus shows the power limit's default and range
+        self.redraw()
+
+    def on_resize(self) -> None:
+        super().on_resize()
+        self._shown = None
+        self.redraw()
+
+
+class GpuCard(DrawnText):
     """One GPU: a full card, or two lines when space is short."""
 
     can_focus = True
@@ -212,8 +237,6 @@ class GpuCard(LiveText):
         self.index = index
         self.sample: GpuSample | None = None
         self.compact = False
-        # Our own flag: on_focus runs before Textual sets has_focus.
-        self._focused = False
 
     def set_sample(self, sample: GpuSample | None) -> None:
         self.sample = sample
@@ -232,22 +255,8 @@ class GpuCard(LiveText):
             if self._border_title is not None:
                 self.border_title = None  # setting it repaints the whole card
 
-    def on_focus(self) -> None:
-        # Focus shows the power limit's default and range on the card.
-        self._focused = True
-        self.redraw()
 
-    def on_blur(self) -> None:
-        self._focused = False
-        self.redraw()
-
-    def on_resize(self) -> None:
-        super().on_resize()
-        self._shown = None
-        self.redraw()
-
-
-class HistoryGraph(LiveText):
+class HistoryGraph(DrawnText):
     """Block-character graphs of one metric, one per GPU, from the ring buffers."""
 
     def __init__(self, history: History, **kwargs: Any) -> None:
@@ -268,13 +277,8 @@ class HistoryGraph(LiveText):
             )
         )
 
-    def on_resize(self) -> None:
-        super().on_resize()
-        self._shown = None
-        self.redraw()
 
-
-class HostPane(LiveText):
+class HostPane(DrawnText):
     def set_snapshot(self, snap: Snapshot) -> None:
         self._snap = snap
         self.redraw()
@@ -284,11 +288,6 @@ class HostPane(LiveText):
         if snap is None:
             return
         self.show(render.host_text(snap.host, snap.hostname, self.content_region.width or 30))
-
-    def on_resize(self) -> None:
-        super().on_resize()
-        self._shown = None
-        self.redraw()
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,7 +356,7 @@ def process_rows(snap: Snapshot, stats: dict[int, ProcStat]) -> list[ProcRow]:
     return rows
 
 
-class ProcList(LiveText):
+class ProcList(DrawnText):
     """The process rows as text: a header, one line per process, a cursor.
 
     Drawn with :class:`LiveText`, so a tick that changes one process's CPU %
@@ -443,21 +442,6 @@ class ProcList(LiveText):
             t.append("\n")
             t.append(line, style=style)
         self.show(t)
-
-    _focused = False
-
-    def on_focus(self) -> None:
-        self._focused = True
-        self.redraw()
-
-    def on_blur(self) -> None:
-        self._focused = False
-        self.redraw()
-
-    def on_resize(self) -> None:
-        super().on_resize()
-        self._shown = None
-        self.redraw()
 
     def action_move(self, delta: int) -> None:
         if self.rows:
