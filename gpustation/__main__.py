@@ -1,3 +1,3 @@
-from gpustation.cli import main
+from gpustation.cli import console
 
-raise SystemExit(main())
+console()

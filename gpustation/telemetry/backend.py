@@ -29,6 +29,11 @@ class Backend(ABC):
     #: of CPU on each read (an H200 machine), so a reader that never shows it
     #: (the dashboard) turns it off; ``energy_j`` is then ``None``.
     read_energy: bool = True
+    #: Read the uncorrected-ECC counter with the fast fields. Its first read in
+    #: a process costs about 2 ms of driver time (an H200 machine), so the
+    #: snapshot table, which does not print it, turns it off; ``ecc_uncorrected``
+    #: is then ``None``.
+    read_ecc: bool = True
 
     @abstractmethod
     def device_count(self) -> int: ...

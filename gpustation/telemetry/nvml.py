@@ -895,13 +895,15 @@ class NvmlBackend(Backend):
         reasons = first(gpu, "throttle_reasons", _THROTTLE)
         gen = call(gpu, "pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration")
         width = call(gpu, "pcie_width", "nvmlDeviceGetCurrPcieLinkWidth")
-        ecc = call(
-            gpu,
-            "ecc_uncorrected",
-            "nvmlDeviceGetTotalEccErrors",
-            self._ECC_UNCORRECTED,
-            self._ECC_VOLATILE,
-        )
+        ecc = None
+        if self.read_ecc:
+            ecc = call(
+                gpu,
+                "ecc_uncorrected",
+                "nvmlDeviceGetTotalEccErrors",
+                self._ECC_UNCORRECTED,
+                self._ECC_VOLATILE,
+            )
         return GpuSample(
             index=gpu.index,
             uuid=gpu.uuid,

@@ -405,7 +405,7 @@ class SimBackend(Backend):
         sample.pcie.tx_kib_s, sample.pcie.rx_kib_s = tx_v, rx_v
         sample.pcie.replay_errors = replay
         sample.energy_j = round(float(g["energy_j"]), 1) if self.read_energy else None
-        sample.ecc_uncorrected = g["ecc_uncorrected"]
+        sample.ecc_uncorrected = g["ecc_uncorrected"] if self.read_ecc else None
         sample.processes = procs
         return sample
 

@@ -726,6 +726,45 @@ def test_snapshot_never_exits_while_the_early_start_runs(
     assert marker.read_text() == "init\n"  # the early start ran to its end
 
 
+def test_snapshot_leaves_without_the_teardowns_once_its_output_is_out(
+    fake_library: Path, tmp_path: Path
+) -> None:
+    # `gpustation snapshot` of this machine's GPUs skips the interpreter's and
+    # the NVML library's teardown (os._exit), but only after its output is
+    # flushed and its backend closed; other commands exit normally.
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: sys.stderr.write('teardown ran\\n'))\n"
+        "from gpustation.cli import console\n"
+        "console()\n"
+    )
+
+    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=_env_with_library(fake_library, XDG_STATE_HOME=str(tmp_path), **env),
+        )
+
+    table = run("snapshot")
+    assert table.returncode == 0, table.stderr
+    assert "teardown ran" not in table.stderr
+    assert "H200" in table.stdout and table.stdout.rstrip().splitlines()[-1].strip()
+    doc = run("snapshot", "--json")  # a whole document, though stdout is a pipe
+    assert doc.returncode == 0 and "teardown ran" not in doc.stderr
+    assert len(json.loads(doc.stdout)["gpus"]) == 2
+    assert list(tmp_path.rglob("nvml-static.marshal"))  # the cache was written first
+    bad = run("snapshot", "--gpus", "7")
+    assert bad.returncode == EXIT_USAGE
+    assert "no GPU 7" in bad.stderr and "teardown ran" not in bad.stderr
+    for args in (("snapshot", "--simulate", "1"), ("power", "show")):
+        normal = run(*args)
+        assert normal.returncode == 0, normal.stderr
+        assert "teardown ran" in normal.stderr
+
+
 @pytest.fixture
 def lite_on_fake_library(
     fake_library: Path, monkeypatch: pytest.MonkeyPatch

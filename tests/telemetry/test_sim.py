@@ -111,6 +111,16 @@ def test_datacenter_card_has_no_fans() -> None:
         sim.set_fan_speed(0, 0, 50)
 
 
+def test_counters_a_reader_does_not_show_are_left_out() -> None:
+    sim = SimBackend(count=1, card="h200", clock=Clock())
+    g = sim.read_gpus([0], slow=True)[0]
+    assert g.ecc_uncorrected == 0 and g.energy_j is not None
+    sim.read_ecc = sim.read_energy = False
+    g = sim.read_gpus([0], slow=True)[0]
+    assert g.ecc_uncorrected is None and g.energy_j is None
+    assert g.temperature_c is not None
+
+
 def test_limits_outside_the_card_range_are_refused() -> None:
     sim = SimBackend(count=1, clock=Clock())
     with pytest.raises(GpustationError, match="150-600 W"):

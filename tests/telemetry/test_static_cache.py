@@ -125,6 +125,7 @@ def test_table_reads_no_slow_field_and_no_topology_but_json_does(
     fake_nvml: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:
     slow = (
+        "nvmlDeviceGetTotalEccErrors",  # not slow, but the table does not print it
         "nvmlDeviceGetPcieThroughput",
         "nvmlDeviceGetTotalEnergyConsumption",
         "nvmlDeviceGetPcieReplayCounter",
@@ -140,6 +141,7 @@ def test_table_reads_no_slow_field_and_no_topology_but_json_does(
     doc = json.loads(capsys.readouterr().out)
     assert {name for name, _ in fake_nvml.calls if name in slow} == set(slow)
     assert doc["gpus"][1]["pcie"]["tx_kib_s"] == 732
+    assert doc["gpus"][0]["ecc_uncorrected"] is not None
     assert doc["topology"]["links"]
 
 
