@@ -49,6 +49,13 @@ class Backend(ABC):
     @abstractmethod
     def topology(self, indices: Sequence[int]) -> Topology: ...
 
+    def prefetch_topology(self, indices: Sequence[int]) -> None:  # noqa: B027 - optional hook
+        """Start working out :meth:`topology` of ``indices`` beside the next read.
+
+        A backend that can asks the driver on a thread of its own; the next
+        :meth:`topology` of the same GPUs then takes that answer.
+        """
+
     def driver_version(self) -> str | None:
         return None
 

@@ -59,6 +59,8 @@ class Sampler:
             self._last_slow = now
         if self.host is not None:
             self.host.prime()
+        if self.with_topology and self._topology is None:
+            self.backend.prefetch_topology(self.gpus)
         gpus = self.backend.read_gpus(self.gpus, slow=slow)
         for gpu in gpus:
             for proc in gpu.processes:

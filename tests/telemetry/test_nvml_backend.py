@@ -884,3 +884,44 @@ def test_fan_range_unread_at_open_is_asked_again(
         backend.fan_speed_range(0)
     fake_nvml.heal(0, "nvmlDeviceGetMinMaxFanSpeed")
     assert backend.fan_speed_range(0) == (30, 100)
+
+
+def test_topology_is_asked_beside_the_first_read(
+    fake_nvml: ModuleType,
+    open_backend: Callable[..., NvmlBackend],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The driver takes ~20 ms for two GPUs' topology and samples the PCIe
+    # throughput over 20 ms: the first snapshot asks for both at once.
+    asked = threading.Event()
+    overlapped: list[bool] = []
+    ancestor = fake_nvml.nvmlDeviceGetTopologyCommonAncestor
+    throughput = fake_nvml.nvmlDeviceGetPcieThroughput
+
+    def slow_throughput(handle: Any, counter: int) -> int:
+        overlapped.append(asked.wait(5))  # still in flight when the topology is asked
+        return throughput(handle, counter)
+
+    def watched_ancestor(a: Any, b: Any) -> int:
+        asked.set()
+        return ancestor(a, b)
+
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetPcieThroughput", slow_throughput)
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetTopologyCommonAncestor", watched_ancestor)
+    backend = open_backend()
+    snap = Sampler(backend).sample(slow=True)
+    assert overlapped and all(overlapped)
+    assert snap.gpus[1].pcie.tx_kib_s == 732
+    assert snap.topology == open_backend().topology([0, 1])  # the same answer as asked later
+    assert snap.topology.links[0].level
+
+
+def test_no_topology_beside_reads_with_nvidia_ml_py(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    # nvidia-ml-py hands some getters one shared ctypes object: nothing overlaps.
+    backend = open_backend()
+    backend._reads_in_parallel = False  # what the backend decides for the real pynvml module
+    backend.prefetch_topology([0, 1])
+    assert backend._topology_prefetch is None
+    assert backend.topology([0, 1]).links
