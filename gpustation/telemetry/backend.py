@@ -8,7 +8,6 @@ by :class:`~gpustation.telemetry.sampler.Sampler`.
 
 from __future__ import annotations
 
-import argparse
 from abc import ABC, abstractmethod
 
 from gpustation.errors import NoDriverError, UsageError
@@ -16,6 +15,7 @@ from gpustation.telemetry.model import GpuSample, Topology
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Sequence
 
 
@@ -124,6 +124,8 @@ def add_gpu_options(parser: argparse.ArgumentParser) -> None:
     and ``gpustation snapshot --simulate 2`` mean the same; read them with
     ``getattr(args, name, None)``.
     """
+    import argparse  # only where a parser is built: a plain snapshot parses without it
+
     parser.add_argument(
         "--gpus",
         metavar="LIST",
