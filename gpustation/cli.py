@@ -102,9 +102,9 @@ def _reads_local_nvml(argv: Sequence[str]) -> bool:
 def _start_nvml_early(argv: Sequence[str]) -> bool:
     """For ``gpustation snapshot`` on this machine's GPUs, start NVML now.
 
-    The driver's start then overlaps the imports and the argument parsing
-    that come before the backend opens (about 8 ms of a 70 ms snapshot on an
-    H200 machine); see :func:`gpustation.telemetry.nvml_lite.start_early`.
+    The driver's start (10-14 ms on an H200 machine) then overlaps the
+    imports and the argument parsing that come before the backend opens; see
+    :func:`gpustation.telemetry.nvml_lite.start_early`.
     """
     if not _reads_local_nvml(argv):
         return False

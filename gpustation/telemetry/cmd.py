@@ -3,7 +3,8 @@
 Kept light on purpose, since nvidia-smi is what it is compared with: it
 imports neither textual, torch, rich nor psutil, and leaves out even the
 standard modules it can do without (typing, socket, concurrent.futures,
-dataclasses); ``bench/snapshot_phases.py`` shows where its time goes.
+dataclasses, and argparse for its plain command lines);
+``bench/snapshot_trace.py`` shows where its time goes.
 """
 
 from __future__ import annotations
