@@ -90,9 +90,11 @@ def _parser_class() -> type[argparse.ArgumentParser]:
 _NOT_LOCAL_GPUS = ("--simulate", "--host", "--fleet", "-h", "--help")
 
 
-def _reads_local_nvml(argv: Sequence[str]) -> bool:
-    """Whether ``gpustation snapshot`` with these arguments reads this
-    machine's GPUs through the built-in NVML binding."""
+def _local_snapshot(argv: Sequence[str]) -> bool:
+    """Whether these arguments are a ``gpustation snapshot`` of this
+    machine's GPUs read through the built-in NVML binding."""
+    if _command_in(argv) != "snapshot":
+        return False
     if any(token.startswith(_NOT_LOCAL_GPUS) for token in argv):
         return False
     binding = os.environ.get("GPUSTATION_NVML", "").strip().lower()
@@ -106,7 +108,7 @@ def _start_nvml_early(argv: Sequence[str]) -> bool:
     imports and the argument parsing that come before the backend opens; see
     :func:`gpustation.telemetry.nvml_lite.start_early`.
     """
-    if not _reads_local_nvml(argv):
+    if not _local_snapshot(argv):
         return False
     from gpustation.telemetry import nvml_lite
 
@@ -156,7 +158,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command_in(argv)
-    early = command == "snapshot" and _start_nvml_early(argv)
+    early = _start_nvml_early(argv)
     try:
         return _main(argv, command)
     finally:
@@ -179,7 +181,7 @@ def console() -> None:
     """
     argv = sys.argv[1:]
     rc = main(argv)
-    if _command_in(argv) == "snapshot" and _reads_local_nvml(argv):
+    if _local_snapshot(argv):
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

@@ -21,6 +21,7 @@ from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, UsageErro
 from gpustation.runs import rundir
 from gpustation.runs.tail import MetricsAccumulator
 from gpustation.telemetry.backend import add_gpu_options, parse_gpu_list
+from gpustation.telemetry.format import duration
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -196,10 +197,8 @@ class _Progress:
 
 
 def _clock(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+    """Whole seconds, cut down (0:59 until a full minute is up), never below 0:00."""
+    return duration(int(max(0, seconds)))
 
 
 def follow(
