@@ -49,8 +49,8 @@ from ptyrun import quit_and_reap, spawn  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 
-from gpustation.telemetry.fleet import Fleet  # noqa: E402
-from gpustation.telemetry.remote import UP, HostState, HostStream  # noqa: E402
+from gpustation.fleet.fleet import Fleet  # noqa: E402
+from gpustation.fleet.ssh import UP, HostState, HostStream  # noqa: E402
 from tests.fleet.sshd import LoopbackSshd, sshd_available  # noqa: E402
 
 ANSI = re.compile(

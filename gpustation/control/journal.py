@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -141,3 +142,39 @@ def describe_value(what: str, value: Any) -> str:
     if isinstance(value, (int, float)):
         return f"{value:g} %"
     return str(value)
+
+
+_PROFILE_COMMAND = re.compile(r"^gpustation profile apply (\S+)")
+
+
+def active_profile(journal: Path | None = None) -> str | None:
+    """The hardware profile in force, from the control journal; None if unknown.
+
+    The journal (JSON Lines in the state directory, written by the control
+    layer) attributes each change to the command that made it. When the latest
+    change came from ``gpustation profile apply NAME``, NAME is in force; a
+    later manual change (``power set``, ``fan``...) means no profile is.
+    Read defensively: a torn or foreign line must not break the endpoint.
+    """
+    path = journal or journal_path()
+    try:
+        with open(path, "rb") as fh:
+            # The journal only grows; its tail holds the latest entries.
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - 256 * 1024))
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for raw in reversed(lines):
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("profile"):
+            return str(entry["profile"])
+        m = _PROFILE_COMMAND.match(str(entry.get("command") or ""))
+        return m.group(1) if m else None
+    return None

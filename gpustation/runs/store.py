@@ -307,3 +307,24 @@ def sync_run(
     record = record_from_dir(directory, state)
     (store or RunStore()).upsert(record)
     return record
+
+
+def runs_by_status(db: Path | None = None) -> dict[str, int]:
+    """How many runs the run history holds per status; {} when there is none.
+
+    Opened read-only so the endpoint never creates or locks the database.
+    """
+    path = db or db_path()
+    if not path.exists():
+        return {}
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
+    except sqlite3.Error:
+        return {}
+    try:
+        rows = conn.execute("SELECT status, COUNT(*) FROM runs GROUP BY status").fetchall()
+    except sqlite3.Error:
+        return {}
+    finally:
+        conn.close()
+    return {str(status): int(count) for status, count in rows if status}

@@ -9,14 +9,10 @@ by :class:`~gpustation.telemetry.sampler.Sampler`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 from gpustation.errors import NoDriverError, UsageError
 from gpustation.telemetry.model import GpuSample, Topology
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    import argparse
-    from collections.abc import Sequence
 
 
 class Backend(ABC):
@@ -117,38 +113,6 @@ def parse_gpu_list(text: str | None) -> list[int] | None:
     return sorted(dict.fromkeys(result))
 
 
-def add_gpu_options(parser: argparse.ArgumentParser) -> None:
-    """The options every command that reads or changes GPUs accepts.
-
-    Their defaults are left unset so that ``gpustation --simulate 2 snapshot``
-    and ``gpustation snapshot --simulate 2`` mean the same; read them with
-    ``getattr(args, name, None)``.
-    """
-    import argparse  # only where a parser is built: a plain snapshot parses without it
-
-    parser.add_argument(
-        "--gpus",
-        metavar="LIST",
-        default=argparse.SUPPRESS,
-        help="GPU indices to use, e.g. 0,2 or 0-3 (default: all)",
-    )
-    parser.add_argument(
-        "--simulate",
-        nargs="?",
-        type=int,
-        const=-1,
-        default=argparse.SUPPRESS,
-        metavar="N",
-        help="use N simulated GPUs instead of NVML (default N: 2, or as last simulated)",
-    )
-    parser.add_argument(
-        "--sim-card",
-        choices=["rtx4090", "h200"],
-        default=argparse.SUPPRESS,
-        help="card the simulated GPUs model (default rtx4090)",
-    )
-
-
 def open_backend(
     simulate: int | None = None,
     sim_card: str | None = None,
@@ -191,21 +155,6 @@ def open_backend(
         backend = SimBackend.open(count=None, card=sim_card)
         backend.note = f"{err} Showing simulated GPUs."
         return backend
-
-
-def backend_from_args(
-    args: argparse.Namespace,
-    fallback_to_sim: bool = False,
-    one_shot: bool = False,
-    slow_fields: bool = True,
-) -> Backend:
-    return open_backend(
-        simulate=getattr(args, "simulate", None),
-        sim_card=getattr(args, "sim_card", None),
-        fallback_to_sim=fallback_to_sim,
-        one_shot=one_shot,
-        slow_fields=slow_fields,
-    )
 
 
 def select_gpus(backend: Backend, wanted: list[int] | None) -> list[int]:

@@ -30,7 +30,6 @@ Extension points (for new screens: runs, hardware control, fleet):
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
 import os
@@ -47,7 +46,7 @@ from textual.screen import Screen
 
 from gpustation.errors import GpustationError
 from gpustation.telemetry.alerts import AlertLog
-from gpustation.telemetry.backend import Backend, open_backend, parse_gpu_list
+from gpustation.telemetry.backend import Backend, open_backend
 from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
 from gpustation.tui.dialogs import KillDialog
@@ -509,39 +508,22 @@ class DashboardApp(App[int]):
     def on_unmount(self) -> None:
         self._poller.close()
 
-    def close_source(self) -> None:
-        self.source.close()
 
-
-def run_dashboard(args: argparse.Namespace) -> int:
-    """Entry point from ``gpustation`` with no subcommand."""
-    gpus = parse_gpu_list(getattr(args, "gpus", None))
-    hosts: Sequence[str] = getattr(args, "host", None) or []
-    if hosts and _available("gpustation.tui.fleet:run_fleet"):
-        run_fleet: Any = _resolve("gpustation.tui.fleet:run_fleet")  # type: ignore[arg-type]
-        if run_fleet is not None:
-            return int(run_fleet(list(hosts), args) or 0)
-    refresh = float(getattr(args, "refresh", 1.0) or 1.0)
-    simulate = getattr(args, "simulate", None)
-    sim_card = getattr(args, "sim_card", None)
+def run_dashboard(
+    gpus: Sequence[int] | None = None,
+    refresh_s: float = 1.0,
+    simulate: int | None = None,
+    sim_card: str | None = None,
+) -> int:
+    """Open the dashboard on this machine's GPUs (simulated ones when asked)."""
 
     def factory() -> Backend:
         return open_backend(simulate=simulate, sim_card=sim_card, fallback_to_sim=True)
 
     source = DataSource(factory, gpus)
-    app = DashboardApp(source, refresh_s=refresh)
-    if hosts:
-        app.call_later(
-            app.notify,
-            "The fleet view is not available in this version; showing this machine.",
-            severity="warning",
-        )
+    app = DashboardApp(source, refresh_s=refresh_s)
     try:
         result = app.run()
     finally:
         source.close()
     return int(result or 0)
-
-
-def main() -> None:  # pragma: no cover - for `python -m gpustation.tui.app`
-    raise SystemExit(run_dashboard(argparse.Namespace(gpus=None, simulate=None, refresh=1.0)))

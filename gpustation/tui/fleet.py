@@ -2,7 +2,7 @@
 
 ``gpustation --host A --host B`` (or ``--fleet`` for the hosts in config.toml)
 opens :class:`FleetApp`. Each host is streamed by a thread of
-:class:`~gpustation.telemetry.fleet.Fleet`; the screens here only read the
+:class:`~gpustation.fleet.fleet.Fleet`; the screens here only read the
 latest in-memory state on a timer, so a slow or dead host never blocks the UI.
 
 * :class:`FleetScreen`: one row per GPU across hosts (or one row with the
@@ -15,7 +15,6 @@ latest in-memory state on a timer, so a slow or dead host never blocks the UI.
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Sequence
 from typing import ClassVar
@@ -34,7 +33,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Footer, Static
 
-from gpustation.telemetry.fleet import (
+from gpustation.fleet.fleet import (
     COLUMNS,
     Fleet,
     FleetRow,
@@ -43,9 +42,9 @@ from gpustation.telemetry.fleet import (
     row_cells,
     sort_rows,
 )
+from gpustation.fleet.ssh import UP
 from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
-from gpustation.telemetry.remote import UP
 from gpustation.tui.widgets import GpuCard, HistoryGraph, HostPane, ProcessTable, process_rows
 
 _NUMERIC = {"temp", "power", "util", "vram"}
@@ -452,12 +451,12 @@ class FleetApp(App[int]):
     def __init__(
         self,
         hosts: Sequence[str],
-        args: argparse.Namespace | None = None,
+        refresh_s: float = 1.0,
+        ssh_config: str | None = None,
         fleet: Fleet | None = None,
     ) -> None:
         super().__init__()
-        args = args or argparse.Namespace()
-        refresh = float(getattr(args, "refresh", 1.0) or 1.0)
+        refresh = refresh_s
         if fleet is None:
             config = load_fleet_config()
             # --refresh other than its default wins over [fleet] interval.
@@ -467,7 +466,7 @@ class FleetApp(App[int]):
                 list(hosts),
                 interval=refresh,
                 remote_command=config.remote_command,
-                ssh_config=getattr(args, "ssh_config", None) or config.ssh_config,
+                ssh_config=ssh_config or config.ssh_config,
             )
         self.fleet = fleet
         self.refresh_s = refresh
@@ -483,9 +482,9 @@ class FleetApp(App[int]):
         self.fleet.close()
 
 
-def run_fleet(hosts: Sequence[str], args: argparse.Namespace) -> int:
+def run_fleet(hosts: Sequence[str], refresh_s: float = 1.0, ssh_config: str | None = None) -> int:
     """Open the fleet view for ``hosts`` and close every ssh stream on exit."""
-    app = FleetApp(hosts, args)
+    app = FleetApp(hosts, refresh_s=refresh_s, ssh_config=ssh_config)
     try:
         return int(app.run() or 0)
     finally:

@@ -1394,7 +1394,7 @@ class CompareScreen(ModalScreen[None]):
         self.run_worker(self._load, thread=True, exit_on_error=False)
 
     def _load(self) -> None:
-        from gpustation.runs.runs_cmd import compare_rows
+        from gpustation.runs.compare import compare_rows
         from gpustation.runs.store import RunStore
 
         store = RunStore()

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from gpustation.cli import main
-from gpustation.control import cmdutil, journal
+from gpustation.commands import options as cmdutil
+from gpustation.control import journal
 from gpustation.telemetry.sim import SimBackend
 from tests.telemetry.conftest import fake_nvml  # noqa: F401 - re-exported fixture
 

@@ -10,9 +10,9 @@ import psutil
 import pytest
 
 from gpustation.errors import EXIT_UNREACHABLE
-from gpustation.telemetry.fleet import FLEET_SCHEMA, Fleet
+from gpustation.fleet.fleet import FLEET_SCHEMA, Fleet
+from gpustation.fleet.ssh import DOWN, GARBAGE, UP
 from gpustation.telemetry.model import Snapshot
-from gpustation.telemetry.remote import DOWN, GARBAGE, UP
 from tests.conftest import child_env, gpustation_cmd
 from tests.fleet.sshd import LoopbackSshd, free_port
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpustation.telemetry.fleet import Fleet
+from gpustation.fleet.fleet import Fleet
 from gpustation.telemetry.model import GpuSample, Snapshot
 from gpustation.tui.fleet import FleetApp, FleetScreen, FleetTable, HostScreen
 from gpustation.tui.widgets import GpuCard
@@ -159,12 +158,12 @@ def test_app_takes_interval_and_ssh_config_from_config_unless_given(
         "[fleet]\ninterval = 2\n"
         'remote_command = "/opt/gs/bin/gpustation"\nssh_config = "/etc/lab"\n'
     )
-    app = FleetApp(["box1"], argparse.Namespace(refresh=1.0))
+    app = FleetApp(["box1"], refresh_s=1.0)
     argv = app.fleet.streams["box1"].argv
     assert app.fleet.interval == 2.0
     assert argv[1:3] == ["-F", "/etc/lab"]
     assert argv[-5:] == ["/opt/gs/bin/gpustation", "snapshot", "--json", "--watch", "2"]
-    given = FleetApp(["box1"], argparse.Namespace(refresh=0.5, ssh_config="/mine"))
+    given = FleetApp(["box1"], refresh_s=0.5, ssh_config="/mine")
     argv = given.fleet.streams["box1"].argv
     assert given.fleet.interval == 0.5
     assert argv[1:3] == ["-F", "/mine"] and argv[-1] == "0.5"

@@ -10,8 +10,8 @@ import pytest
 
 from gpustation import cli
 from gpustation.errors import EXIT_UNREACHABLE, EXIT_USAGE, UsageError
-from gpustation.telemetry.fleet import Fleet, load_fleet_config
-from gpustation.telemetry.remote import parse_host, ssh_argv
+from gpustation.fleet.fleet import Fleet, load_fleet_config
+from gpustation.fleet.ssh import parse_host, ssh_argv
 
 INJECTED = [
     "-oProxyCommand=touch /tmp/x",

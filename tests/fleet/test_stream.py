@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpustation.telemetry.fleet import (
+from gpustation.fleet.fleet import (
     FLEET_SCHEMA,
     Fleet,
     fleet_document,
@@ -18,8 +18,8 @@ from gpustation.telemetry.fleet import (
     rows_from_states,
     sort_rows,
 )
+from gpustation.fleet.ssh import DOWN, GARBAGE, STOPPED, UP, HostState, HostStream
 from gpustation.telemetry.model import GpuSample, ProcessInfo, Snapshot
-from gpustation.telemetry.remote import DOWN, GARBAGE, STOPPED, UP, HostState, HostStream
 from tests.conftest import child_env
 from tests.fleet.conftest import SIM_STREAM
 

@@ -365,11 +365,11 @@ def test_run_dashboard_hands_hosts_to_the_fleet_view(monkeypatch: pytest.MonkeyP
     import argparse
 
     import gpustation.tui.fleet as fleet
-    from gpustation.tui.app import run_dashboard
+    from gpustation.commands.dashboard import run as run_dashboard
 
     seen: list[list[str]] = []
 
-    def fake_run_fleet(hosts: list[str], args: argparse.Namespace) -> int:
+    def fake_run_fleet(hosts: list[str], refresh_s: float, ssh_config: str | None) -> int:
         seen.append(hosts)
         return 7
 
@@ -382,8 +382,8 @@ def test_run_dashboard_hands_hosts_to_the_fleet_view(monkeypatch: pytest.MonkeyP
 def test_run_dashboard_rejects_a_bad_gpu_list_before_starting() -> None:
     import argparse
 
+    from gpustation.commands.dashboard import run as run_dashboard
     from gpustation.errors import UsageError
-    from gpustation.tui.app import run_dashboard
 
     args = argparse.Namespace(gpus="zero", simulate=1, sim_card=None, refresh=1.0, host=[])
     with pytest.raises(UsageError, match="--gpus"):

@@ -15,15 +15,14 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpustation import cli
+from gpustation.control.journal import active_profile
 from gpustation.errors import EXIT_USAGE, UsageError
-from gpustation.runs.store import RunRecord, RunStore
-from gpustation.telemetry.exporter import (
+from gpustation.runs.store import RunRecord, RunStore, runs_by_status
+from gpustation.serve.exporter import (
     GPU_LABELS,
     Exporter,
-    active_profile,
     is_loopback,
     parse_listen,
-    runs_by_status,
     serve,
 )
 from gpustation.telemetry.model import THROTTLE_REASONS, Snapshot, encode_throttle

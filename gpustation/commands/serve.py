@@ -12,8 +12,9 @@ import sys
 import threading
 from types import FrameType
 
+from gpustation.commands.options import add_gpu_options, backend_from_args
 from gpustation.errors import UsageError
-from gpustation.telemetry.backend import add_gpu_options, backend_from_args, parse_gpu_list
+from gpustation.telemetry.backend import parse_gpu_list
 
 # prometheus_client is imported only when serving, so that building the
 # command-line parser (which every `gpustation snapshot` does) stays cheap.
@@ -57,7 +58,7 @@ def _warning(host: str, port: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Sample and serve until interrupted (Ctrl-C or SIGTERM)."""
-    from gpustation.telemetry.exporter import Exporter, is_loopback, parse_listen, serve
+    from gpustation.serve.exporter import Exporter, is_loopback, parse_listen, serve
     from gpustation.telemetry.sampler import Sampler
 
     host, port = parse_listen(args.listen)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpustation.control.cmdutil import (
+from gpustation.commands.options import (
     add_control_options,
     add_controller_options,
+    add_gpu_options,
     check_interval,
     command_text,
     gpus_suffix,
@@ -19,7 +20,7 @@ from gpustation.control.fancurve import FanController, running_controllers
 from gpustation.control.fans import fan_gpus, set_fans_auto
 from gpustation.control.profiles import FanCurve, Profile, load_profile
 from gpustation.errors import NotSupportedError, UsageError
-from gpustation.telemetry.backend import Backend, add_gpu_options
+from gpustation.telemetry.backend import Backend
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpustation.commands.options import add_gpu_options
 from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, UsageError
 from gpustation.runs import rundir
 from gpustation.runs.tail import MetricsAccumulator
-from gpustation.telemetry.backend import add_gpu_options, parse_gpu_list
+from gpustation.telemetry.backend import parse_gpu_list
 from gpustation.telemetry.format import duration
 
 

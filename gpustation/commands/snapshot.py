@@ -1,34 +1,25 @@
 """``gpustation snapshot``: one look at the GPUs, as a table or JSON.
 
-Kept light on purpose, since nvidia-smi is what it is compared with: it
-imports neither textual, torch, rich nor psutil, and leaves out even the
-standard modules it can do without (typing, socket, concurrent.futures,
-dataclasses, and argparse for its plain command lines);
-``bench/snapshot_trace.py`` shows where its time goes.
+What the one-shot snapshot does for speed lives here alone: it asks the
+backend for a one-shot read (static values from the cache of the last run,
+the slow fields only for JSON) and it imports neither textual, torch, rich nor
+psutil; ``tests/commands/test_snapshot_imports.py`` states that budget.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
 
+from gpustation.commands.options import add_fleet_options, add_gpu_options, backend_from_args
 from gpustation.errors import UsageError
-from gpustation.telemetry.backend import (
-    add_gpu_options,
-    backend_from_args,
-    parse_gpu_list,
-)
-
-TYPE_CHECKING = False  # typing stays out of a one-shot snapshot
-if TYPE_CHECKING:
-    import argparse
-
-    from gpustation.telemetry.model import Snapshot
+from gpustation.telemetry.backend import parse_gpu_list
+from gpustation.telemetry.model import Snapshot
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    import argparse
-
     p = sub.add_parser(
         "snapshot",
         help="print the GPUs' state once (or every N seconds) as a table or JSON",
@@ -50,8 +41,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="[USER@]HOST",
         help="read these hosts over ssh instead of this machine (repeatable)",
     )
-    from gpustation.telemetry.fleet_cli import add_fleet_options
-
     add_fleet_options(p)
 
 
@@ -60,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--watch: between 0.05 and 3600 seconds, got {args.watch:g}")
     hosts = list(getattr(args, "host", []) or [])
     if hosts:
-        from gpustation.telemetry.fleet import run_snapshot_fleet
+        from gpustation.commands.fleet import run_snapshot_fleet
 
         return run_snapshot_fleet(args, hosts)
 
@@ -72,12 +61,8 @@ def run(args: argparse.Namespace) -> int:
     # counter) nor the topology, so it does not read them: the PCIe throughput
     # alone is a 21 ms driver call. JSON has every field of the model.
     full = bool(args.json)
-    if one_shot:
-        # The module that prints the snapshot loads while this thread waits
-        # for the driver (json brings re: ~2 ms on an H200 machine).
-        _import_beside("json" if full else "gpustation.telemetry.table")
     backend = backend_from_args(args, one_shot=one_shot, slow_fields=full)
-    backend.read_ecc = full  # nor the ECC counter (~2 ms on its first read)
+    backend.read_ecc = full  # nor the ECC counter, whose first read is slow
     try:
         sampler = Sampler(backend, gpus=wanted, slow_interval_s=5.0, with_topology=full)
         if one_shot:
@@ -94,19 +79,9 @@ def run(args: argparse.Namespace) -> int:
         backend.close()
 
 
-def _import_beside(name: str) -> None:
-    """Import module ``name`` on a thread of its own; a later import waits for it."""
-    import _thread
-    import importlib
-
-    _thread.start_new_thread(importlib.import_module, (name,))
-
-
 def _emit(snap: Snapshot, as_json: bool, watching: bool = False) -> None:
     out = sys.stdout
     if as_json:
-        import json
-
         doc = snap.to_dict()
         out.write(json.dumps(doc, separators=(",", ":")) if watching else json.dumps(doc, indent=2))
         out.write("\n")

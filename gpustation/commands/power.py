@@ -5,19 +5,19 @@ from __future__ import annotations
 import argparse
 import time
 
-from gpustation.control import journal
-from gpustation.control.cmdutil import (
+from gpustation.commands.options import (
     add_control_options,
+    add_gpu_options,
     command_text,
     gpus_suffix,
     open_gpus,
     print_json,
     simulated_banner,
 )
+from gpustation.control import journal
 from gpustation.control.power import NOT_PERSISTENT, PowerChange, apply_power, plan_power
 from gpustation.control.profiles import PowerValue, parse_power_value
 from gpustation.errors import UsageError
-from gpustation.telemetry.backend import add_gpu_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -22,21 +22,18 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
-import re
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from gpustation import paths
+from gpustation.control import journal
 from gpustation.errors import GpustationError, UsageError
+from gpustation.runs import store
 from gpustation.telemetry.model import THROTTLE_REASONS, GpuSample, Snapshot, encode_throttle
 
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "hostname")
@@ -227,63 +224,6 @@ def snapshot_metrics(
 # ---- what the other layers record -------------------------------------------
 
 
-_PROFILE_COMMAND = re.compile(r"^gpustation profile apply (\S+)")
-
-
-def active_profile(journal: Path | None = None) -> str | None:
-    """The hardware profile in force, from the control journal; None if unknown.
-
-    The journal (JSON Lines in the state directory, written by the control
-    layer) attributes each change to the command that made it. When the latest
-    change came from ``gpustation profile apply NAME``, NAME is in force; a
-    later manual change (``power set``, ``fan``...) means no profile is.
-    Read defensively: a torn or foreign line must not break the endpoint.
-    """
-    path = journal or paths.state_dir() / "control-journal.jsonl"
-    try:
-        with open(path, "rb") as fh:
-            # The journal only grows; its tail holds the latest entries.
-            fh.seek(0, 2)
-            size = fh.tell()
-            fh.seek(max(0, size - 256 * 1024))
-            lines = fh.read().splitlines()
-    except OSError:
-        return None
-    for raw in reversed(lines):
-        try:
-            entry = json.loads(raw)
-        except ValueError:
-            continue
-        if not isinstance(entry, dict):
-            continue
-        if entry.get("profile"):
-            return str(entry["profile"])
-        m = _PROFILE_COMMAND.match(str(entry.get("command") or ""))
-        return m.group(1) if m else None
-    return None
-
-
-def runs_by_status(db: Path | None = None) -> dict[str, int]:
-    """How many runs the run history holds per status; {} when there is none.
-
-    Opened read-only so the endpoint never creates or locks the database.
-    """
-    path = db or paths.data_dir() / "runs.db"
-    if not path.exists():
-        return {}
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
-    except sqlite3.Error:
-        return {}
-    try:
-        rows = conn.execute("SELECT status, COUNT(*) FROM runs GROUP BY status").fetchall()
-    except sqlite3.Error:
-        return {}
-    finally:
-        conn.close()
-    return {str(status): int(count) for status, count in rows if status}
-
-
 # ---- collector and server ---------------------------------------------------
 
 
@@ -358,9 +298,9 @@ class Exporter:
         profile: str | None = None
         runs: dict[str, int] = {}
         with contextlib.suppress(Exception):
-            profile = active_profile()
+            profile = journal.active_profile()
         with contextlib.suppress(Exception):
-            runs = runs_by_status()
+            runs = store.runs_by_status()
         cur = self._latest
         self._latest = _Latest(cur.snapshot, profile, runs, cur.error)
 

@@ -1,6 +1,6 @@
 """A fleet of hosts read over ssh: configuration, one row per GPU, ``snapshot --host``.
 
-:class:`Fleet` owns one :class:`~gpustation.telemetry.remote.HostStream` per
+:class:`Fleet` owns one :class:`~gpustation.fleet.ssh.HostStream` per
 host and turns their latest states into :class:`FleetRow` objects: one per GPU
 across all hosts, or one row carrying the error for a host that is down. The
 fleet screen and ``gpustation snapshot --host A --host B`` both render those
@@ -20,11 +20,7 @@ listed there, as if each were given with ``--host``.
 
 from __future__ import annotations
 
-import argparse
-import json
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,10 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from gpustation import paths
-from gpustation.errors import EXIT_UNREACHABLE, UsageError
-from gpustation.telemetry import format as fmt
-from gpustation.telemetry.model import LIMITING_REASONS, GpuSample
-from gpustation.telemetry.remote import (
+from gpustation.errors import UsageError
+from gpustation.fleet.ssh import (
     CONNECTING,
     DOWN,
     GARBAGE,
@@ -45,7 +39,8 @@ from gpustation.telemetry.remote import (
     parse_host,
     ssh_argv,
 )
-from gpustation.telemetry.sampler import ticks
+from gpustation.telemetry import format as fmt
+from gpustation.telemetry.model import LIMITING_REASONS, GpuSample
 
 FLEET_SCHEMA = "gpustation.fleet/1"
 FIRST_SNAPSHOT_TIMEOUT_S = 10.0
@@ -399,105 +394,3 @@ def fleet_table(rows: Sequence[FleetRow]) -> Any:
         cells = row_cells(row)
         table.add_row(*(Text(cells[key], style=cell_style(row, key)) for key, _ in COLUMNS))
     return table
-
-
-def _fleet_settings(args: argparse.Namespace) -> tuple[FleetConfig, str | None]:
-    config = load_fleet_config()
-    ssh_config = getattr(args, "ssh_config", None) or config.ssh_config
-    return config, ssh_config
-
-
-def run_snapshot_fleet(args: argparse.Namespace, hosts: list[str]) -> int:
-    """``gpustation snapshot --host A --host B``: the fleet as one table or JSON document.
-
-    Exit status 0 when every host answered, 6 when any could not be read (the
-    others are still printed).
-    """
-    for h in hosts:  # refuse a bad host before any ssh starts
-        parse_host(h)
-    config, ssh_config = _fleet_settings(args)
-    watch = getattr(args, "watch", None)
-    as_json = bool(getattr(args, "json", False))
-    interval = watch if watch is not None else 1.0
-    fleet = Fleet(
-        hosts,
-        interval=interval,
-        remote_command=config.remote_command,
-        ssh_config=ssh_config,
-        retry=watch is not None,
-    )
-    previous = _interrupt_on_sigterm()
-    try:
-        fleet.start()
-        if watch is None:
-            states = fleet.wait_first(FIRST_SNAPSHOT_TIMEOUT_S + 5)
-            states = [_timed_out(st) for st in states]
-            _emit(states, as_json, watching=False)
-            return 0 if all(st.state == UP for st in states) else EXIT_UNREACHABLE
-        fleet.wait_first(min(FIRST_SNAPSHOT_TIMEOUT_S, 3 * interval + 5))
-        for _ in ticks(interval):
-            _emit(fleet.states(), as_json, watching=True)
-        return 0  # pragma: no cover - ticks only ends by an exception
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        fleet.close()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt_on_sigterm() -> Any:
-    """Make SIGTERM end a watch like Ctrl-C, so the ssh children are closed too."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def _raise(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    return signal.signal(signal.SIGTERM, _raise)
-
-
-def _timed_out(st: HostState) -> HostState:
-    if st.state == UP and st.snapshot is not None:
-        return st
-    if st.state in (DOWN, GARBAGE):
-        return st
-    from dataclasses import replace
-
-    return replace(st, state=DOWN, error=f"no snapshot within {FIRST_SNAPSHOT_TIMEOUT_S + 5:.0f} s")
-
-
-_console: Any = None
-
-
-def _emit(states: Sequence[HostState], as_json: bool, watching: bool) -> None:
-    global _console
-    if as_json:
-        doc = fleet_document(states)
-        if watching:
-            sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
-        else:
-            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-        sys.stdout.flush()
-        return
-    from rich.console import Console
-    from rich.text import Text
-
-    if _console is None:
-        _console = Console(highlight=False, soft_wrap=False)
-        if not _console.is_terminal:
-            _console.width = max(_console.width, 160)
-    if watching and _console.is_terminal:
-        _console.clear()
-    rows = rows_from_states(states)
-    up = sum(1 for st in states if st.state == UP)
-    title = Text(
-        f"fleet: {up}/{len(states)} hosts up, {sum(1 for r in rows if r.gpu)} GPUs", style="bold"
-    )
-    if any(r.simulated for r in rows):
-        title.append("  SIMULATED GPUs on some hosts", style="bold black on yellow")
-    _console.print(title)
-    _console.print(fleet_table(rows))
-    if watching and not _console.is_terminal:
-        _console.print()
-    sys.stdout.flush()

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -126,67 +125,6 @@ def test_snapshot_path_imports_neither_textual_nor_torch() -> None:
         assert "rich" not in imported
         if sys.platform.startswith("linux"):
             assert "psutil" not in imported
-
-
-PLAIN_SNAPSHOTS = [
-    ["snapshot"],
-    ["snapshot", "--json"],
-    ["snapshot", "--gpus", "0,2"],
-    ["snapshot", "--gpus=1"],
-    ["snapshot", "--json", "--gpus", "0-3"],
-    ["snapshot", "--gpus", "0", "--json"],
-]
-OTHER_SNAPSHOTS = [
-    ["snapshot", "--gpus", "--json"],  # --gpus without its value: the parser's error
-    ["snapshot", "--gpus="],
-    ["snapshot", "--gpus"],
-    ["snapshot", "--json", "--json"],
-    ["snapshot", "--js"],  # an abbreviation, which argparse expands
-    ["snapshot", "--watch", "1"],
-    ["snapshot", "--simulate", "1"],
-    ["snapshot", "-h"],
-    ["snapshot", "extra"],
-    ["--gpus", "0", "snapshot"],
-    ["power", "show"],
-]
-
-
-@pytest.mark.parametrize("argv", PLAIN_SNAPSHOTS, ids=" ".join)
-def test_plain_snapshot_arguments_are_what_the_parser_makes(argv: list[str]) -> None:
-    from gpustation.cli import _snapshot_args, build_parser
-
-    fast = _snapshot_args(argv)
-    assert fast is not None
-    assert vars(fast) == vars(build_parser(only="snapshot").parse_args(argv))
-
-
-@pytest.mark.parametrize("argv", OTHER_SNAPSHOTS, ids=" ".join)
-def test_every_other_command_line_goes_to_the_parser(argv: list[str]) -> None:
-    from gpustation.cli import _snapshot_args
-
-    assert _snapshot_args(argv) is None
-
-
-def test_plain_snapshot_builds_no_parser(tmp_path: Path) -> None:
-    # argparse brings re, gettext and locale: several ms while NVML starts.
-    # (The simulator reads its state as JSON, and json brings re.)
-    code = (
-        "import sys\n"
-        "from gpustation.cli import main\n"
-        "rc = main(sys.argv[1:])\n"
-        "print(rc, *sorted({'argparse', 'gettext'} & set(sys.modules)))\n"
-    )
-    parsed = ["snapshot", "--json", "--json"]  # not a plain one: the parser reads it
-    for argv, expected in ((["snapshot"], "0"), (parsed, "0 argparse gettext")):
-        result = subprocess.run(
-            # -S: without site, so no site hook imports them first
-            [sys.executable, "-S", "-c", code, *argv],
-            capture_output=True,
-            text=True,
-            env=child_env(GPUSTATION_SIMULATE="1", XDG_STATE_HOME=str(tmp_path)),
-            timeout=60,
-        )
-        assert result.stdout.splitlines()[-1:] == [expected], result.stderr
 
 
 def test_host_given_before_the_command_reaches_snapshot() -> None:

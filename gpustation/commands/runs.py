@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from gpustation.errors import UsageError
+from gpustation.runs.compare import CompareRow, compare_rows, fmt_energy, fmt_num, status_text
 from gpustation.runs.output import console
-from gpustation.runs.rundir import status_label
 from gpustation.runs.store import RunRecord, RunStore
 from gpustation.telemetry import format as fmt
 
@@ -101,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{run_id}: {(state.reason if state else None) or status}")
         return 0
     if action == "follow":
+        from gpustation.commands.run import follow
         from gpustation.runs import rundir
-        from gpustation.runs.run_cmd import follow
 
         run_id = store.resolve_id(args.id)
         return follow(rundir.run_dir(run_id), grace_s=None, stop_on_interrupt=args.stop_on_ctrl_c)
@@ -153,32 +149,6 @@ def _get(store: RunStore, text: str) -> RunRecord:
 fmt_duration = fmt.duration
 
 
-def fmt_num(value: float | None, digits: int = 1, unit: str = "") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    if abs(value) >= 10000:
-        text = f"{value:,.0f}"
-    elif abs(value) < 0.01 and value != 0:
-        text = f"{value:.3g}"
-    else:
-        text = f"{value:.{digits}f}"
-    return f"{text} {unit}".rstrip()
-
-
-def fmt_energy(joules: float | None) -> str:
-    if joules is None:
-        return "-"
-    if joules >= 3.6e6:
-        return f"{joules / 3.6e6:.2f} kWh"
-    if joules >= 3600:
-        return f"{joules / 3600:.1f} Wh"
-    return f"{joules:.0f} J"
-
-
-def _status_text(record: RunRecord) -> str:
-    return status_label(record.status, record.oom, record.signal, record.exit_code)
-
-
 def _started(record: RunRecord) -> str:
     if record.started_at is None:
         return "-"
@@ -209,7 +179,7 @@ def _print_list(records: list[RunRecord]) -> None:
         table.add_row(
             r.id,
             r.preset or "-",
-            _status_text(r),
+            status_text(r),
             _started(r),
             fmt_duration(r.duration_s),
             ",".join(map(str, r.gpus)) or "-",
@@ -230,7 +200,7 @@ def _print_show(r: RunRecord) -> None:
     rows = [
         ("id", r.id),
         ("preset", f"{r.preset} ({r.title})" if r.title and r.title != r.preset else r.preset),
-        ("status", _status_text(r) + (" [simulated GPUs]" if r.simulated else "")),
+        ("status", status_text(r) + (" [simulated GPUs]" if r.simulated else "")),
         ("reason", r.reason),
         ("started", _started(r)),
         ("duration", fmt_duration(r.duration_s)),
@@ -275,104 +245,6 @@ def _print_show(r: RunRecord) -> None:
         out.print("[bold]last lines of the log[/bold]")
         for line in r.error_tail:
             out.print("  " + line, markup=False)
-
-
-# ---- compare ------------------------------------------------------------------------
-
-
-@dataclass
-class CompareRow:
-    """One row of ``runs compare``: a value per run, shown with its change."""
-
-    name: str
-    values: list[Any]
-    fmt: Callable[[Any], str] = str
-    numeric: bool = True
-
-    def changes(self) -> list[float | None]:
-        """Percent change of each value from the first run's (None when not comparable)."""
-        if not self.numeric:
-            return [None for _ in self.values]
-        base = self.values[0] if self.values else None
-        out: list[float | None] = []
-        for value in self.values:
-            if isinstance(base, (int, float)) and isinstance(value, (int, float)) and base != 0:
-                out.append(100.0 * (value - base) / abs(base))
-            else:
-                out.append(None)
-        return out
-
-    def cells(self) -> list[str]:
-        """Each run's value as text, the change from the first run in brackets."""
-        cells = []
-        for i, (value, change) in enumerate(zip(self.values, self.changes(), strict=True)):
-            text = "-" if value is None else self.fmt(value)
-            if i > 0 and change is not None:
-                text += f" ({change:+.1f} %)"
-            cells.append(text)
-        return cells
-
-
-def _epoch_time(r: RunRecord) -> float | None:
-    value = r.summary.get("epoch_time_s")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if r.epochs and r.duration_s:
-        return r.duration_s / r.epochs
-    return None
-
-
-def compare_rows(records: list[RunRecord]) -> list[CompareRow]:
-    """The rows of the comparison, leaving out rows no run has a value for."""
-    unit = next((r.throughput_unit for r in records if r.throughput_unit), None)
-    work_unit = next((r.work_unit for r in records if r.work_unit), None)
-    rows = [
-        CompareRow("preset", [r.preset for r in records], numeric=False),
-        CompareRow("status", [_status_text(r) for r in records], numeric=False),
-        CompareRow("gpus", [",".join(map(str, r.gpus)) or "-" for r in records], numeric=False),
-        CompareRow("duration", [r.duration_s for r in records], fmt_duration),
-        CompareRow("epoch time", [_epoch_time(r) for r in records], lambda v: fmt_num(v, 1, "s")),
-        CompareRow("steps", [r.steps for r in records], lambda v: "-" if v is None else str(v)),
-        CompareRow("final loss", [r.final_loss for r in records], lambda v: fmt_num(v, 4)),
-        CompareRow("best loss", [r.best_loss for r in records], lambda v: fmt_num(v, 4)),
-        CompareRow("eval loss", [r.final_eval_loss for r in records], lambda v: fmt_num(v, 4)),
-        CompareRow(
-            f"throughput ({unit})" if unit else "throughput",
-            [r.best_throughput for r in records],
-            lambda v: fmt_num(v, 1),
-        ),
-        CompareRow("peak VRAM", [r.peak_vram_mib for r in records], lambda v: fmt_num(v, 0, "MiB")),
-        CompareRow("energy", [r.energy_j for r in records], fmt_energy),
-        CompareRow(
-            f"energy per {work_unit}" if work_unit else "energy per unit",
-            [r.energy_per_unit_j for r in records],
-            lambda v: fmt_num(v, 3, "J"),
-        ),
-        CompareRow("avg power", [r.avg_power_w for r in records], lambda v: fmt_num(v, 0, "W")),
-        CompareRow("peak power", [r.peak_power_w for r in records], lambda v: fmt_num(v, 0, "W")),
-        CompareRow("peak temp", [r.peak_temp_c for r in records], lambda v: fmt_num(v, 0, "°C")),
-        CompareRow("throttled", [r.throttled_s for r in records], lambda v: fmt_num(v, 0, "s")),
-    ]
-    # Final figures a run chose to report in its summary (accuracy, perplexity ...).
-    keys: list[str] = []
-    for r in records:
-        for key, value in r.summary.items():
-            if (
-                isinstance(value, (int, float))
-                and not isinstance(value, bool)
-                and key not in ("final_loss", "best_loss", "epoch_time_s")
-                and key not in keys
-            ):
-                keys.append(key)
-    for key in keys:
-        rows.append(
-            CompareRow(
-                key,
-                [r.summary.get(key) for r in records],
-                lambda v: fmt_num(v, 4) if isinstance(v, float) else ("-" if v is None else str(v)),
-            )
-        )
-    return [row for row in rows if any(v not in (None, "-") for v in row.values)]
 
 
 def _print_compare(records: list[RunRecord], rows: list[CompareRow]) -> None:

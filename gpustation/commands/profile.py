@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from gpustation.control.cmd_fan import run_fan_curve
-from gpustation.control.cmdutil import (
+from gpustation.commands.fan import run_fan_curve
+from gpustation.commands.options import (
     add_control_options,
     add_controller_options,
     check_interval,

@@ -1,0 +1,25 @@
+"""``gpustation`` with no subcommand: the dashboard, or the fleet view for ``--host``."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpustation.telemetry.backend import parse_gpu_list
+
+
+def run(args: argparse.Namespace) -> int:
+    gpus = parse_gpu_list(getattr(args, "gpus", None))
+    refresh = float(getattr(args, "refresh", 1.0) or 1.0)
+    hosts = list(getattr(args, "host", None) or [])
+    if hosts:
+        from gpustation.tui.fleet import run_fleet
+
+        return run_fleet(hosts, refresh_s=refresh, ssh_config=getattr(args, "ssh_config", None))
+    from gpustation.tui.app import run_dashboard
+
+    return run_dashboard(
+        gpus=gpus,
+        refresh_s=refresh,
+        simulate=getattr(args, "simulate", None),
+        sim_card=getattr(args, "sim_card", None),
+    )

@@ -1,0 +1,190 @@
+"""The options and helpers the subcommands share.
+
+``--gpus``/``--simulate``/``--sim-card`` for every command that reads or
+changes GPUs, ``--fleet``/``--ssh-config`` for those that read other hosts,
+and what the ``power``, ``fan`` and ``profile`` commands share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from gpustation.telemetry.backend import Backend, open_backend, parse_gpu_list, select_gpus
+
+
+def add_gpu_options(parser: argparse.ArgumentParser) -> None:
+    """The options every command that reads or changes GPUs accepts.
+
+    Their defaults are left unset so that ``gpustation --simulate 2 snapshot``
+    and ``gpustation snapshot --simulate 2`` mean the same; read them with
+    ``getattr(args, name, None)``.
+    """
+    parser.add_argument(
+        "--gpus",
+        metavar="LIST",
+        default=argparse.SUPPRESS,
+        help="GPU indices to use, e.g. 0,2 or 0-3 (default: all)",
+    )
+    parser.add_argument(
+        "--simulate",
+        nargs="?",
+        type=int,
+        const=-1,
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="use N simulated GPUs instead of NVML (default N: 2, or as last simulated)",
+    )
+    parser.add_argument(
+        "--sim-card",
+        choices=["rtx4090", "h200"],
+        default=argparse.SUPPRESS,
+        help="card the simulated GPUs model (default rtx4090)",
+    )
+
+
+def backend_from_args(
+    args: argparse.Namespace,
+    fallback_to_sim: bool = False,
+    one_shot: bool = False,
+    slow_fields: bool = True,
+) -> Backend:
+    return open_backend(
+        simulate=getattr(args, "simulate", None),
+        sim_card=getattr(args, "sim_card", None),
+        fallback_to_sim=fallback_to_sim,
+        one_shot=one_shot,
+        slow_fields=slow_fields,
+    )
+
+
+class _FleetAction(argparse.Action):
+    """``--fleet``: add the ``[fleet]`` hosts of config.toml to ``--host``.
+
+    Done while parsing so that every consumer of ``args.host`` (the dashboard,
+    ``snapshot``) sees the configured hosts without knowing about the config.
+    """
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        from gpustation import paths
+        from gpustation.errors import UsageError
+        from gpustation.fleet.fleet import load_fleet_config
+
+        try:
+            config = load_fleet_config()
+        except UsageError as err:
+            parser.error(str(err))
+        if not config.hosts:
+            parser.error(
+                "--fleet: no hosts listed; add [fleet] hosts = [...] to "
+                f"{paths.config_dir() / 'config.toml'}, or name hosts with --host"
+            )
+        hosts = list(getattr(namespace, "host", None) or [])
+        namespace.host = hosts + [h for h in config.hosts if h not in hosts]
+        namespace.fleet = True
+
+
+def add_fleet_options(parser: argparse.ArgumentParser) -> None:
+    """``--fleet`` and ``--ssh-config`` (unset defaults, read with getattr)."""
+    parser.add_argument(
+        "--fleet",
+        action=_FleetAction,
+        default=argparse.SUPPRESS,
+        help="also read the hosts listed under [fleet] in config.toml",
+    )
+    parser.add_argument(
+        "--ssh-config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="ssh client config for reaching the hosts (ssh -F FILE)",
+    )
+
+
+def add_control_options(parser: argparse.ArgumentParser, dry_run: bool = True) -> None:
+    """``--gpus``/``--simulate``/``--sim-card`` and, for changes, ``--dry-run``."""
+    add_gpu_options(parser)
+    if dry_run:
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="check against the cards and print what would be set; change nothing",
+        )
+
+
+def add_controller_options(parser: argparse.ArgumentParser) -> None:
+    """Options of the fan-curve controller loop."""
+    parser.add_argument(
+        "--interval",
+        type=float,
+        metavar="SECONDS",
+        help="poll every SECONDS instead of the profile's poll_interval_s",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        metavar="SECONDS",
+        help="stop after SECONDS (fans go back to automatic)",
+    )
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="poll once, then hand the fans back (a quick check of the whole path)",
+    )
+
+
+@contextmanager
+def open_gpus(args: argparse.Namespace) -> Iterator[tuple[Backend, list[int]]]:
+    """The backend the options ask for and the GPUs selected with ``--gpus``."""
+    wanted = parse_gpu_list(getattr(args, "gpus", None))
+    backend = backend_from_args(args)
+    try:
+        yield backend, select_gpus(backend, wanted)
+    finally:
+        backend.close()
+
+
+def simulated_banner(backend: Backend) -> None:
+    """Every output built from simulated cards says so."""
+    if backend.simulated:
+        print("SIMULATED GPUs (no hardware is changed)")
+        if backend.note:
+            print(backend.note)
+
+
+def print_json(doc: Any) -> None:
+    json.dump(doc, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def command_text(*parts: object) -> str:
+    """How a change is attributed in the journal: the command that made it."""
+    return "gpustation " + " ".join(str(p) for p in parts if p not in (None, ""))
+
+
+def gpus_suffix(args: argparse.Namespace) -> str:
+    gpus = getattr(args, "gpus", None)
+    return f"--gpus {gpus}" if gpus else ""
+
+
+def check_interval(args: argparse.Namespace) -> None:
+    from gpustation.errors import UsageError
+
+    interval = getattr(args, "interval", None)
+    if interval is not None and not 0.05 <= interval <= 60:
+        raise UsageError(f"--interval: between 0.05 and 60 seconds, got {interval:g}")
+    duration = getattr(args, "duration", None)
+    if duration is not None and duration <= 0:
+        raise UsageError(f"--duration: a number of seconds above 0, got {duration:g}")

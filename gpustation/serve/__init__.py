@@ -1,0 +1,1 @@
+"""The Prometheus endpoint and what it reads."""
