@@ -1,6 +1,6 @@
 """The full-screen dashboard: ``gpustation`` with no subcommand.
 
-Data flow: one sampling thread (:class:`~gpustation.tui.source.Poller`) samples
+Data flow: one sampling thread (:class:`~gpustation.tui.poll.Poller`) samples
 (:class:`~gpustation.tui.source.DataSource`: backend,
 :class:`~gpustation.telemetry.sampler.Sampler`, process CPU/RSS) and hands a
 :class:`~gpustation.tui.source.Frame` to the UI thread, which feeds the ring
@@ -50,6 +50,7 @@ from gpustation.telemetry.backend import Backend, open_backend
 from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
 from gpustation.tui.dialogs import KillDialog
+from gpustation.tui.poll import Poller
 from gpustation.tui.screens import (
     AlertLogScreen,
     DashboardScreen,
@@ -57,7 +58,7 @@ from gpustation.tui.screens import (
     LiveScreen,
     TopologyScreen,
 )
-from gpustation.tui.source import DataSource, Frame, Poller
+from gpustation.tui.source import DataSource, Frame
 from gpustation.tui.widgets import ProcRow
 
 #: refresh intervals ``+``/``-`` step through, in seconds

@@ -9,7 +9,6 @@ sample, a hostname and a clock so screenshots are deterministic.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -114,76 +113,3 @@ class DataSource:
         if self.backend is not None:
             self.backend.close()
             self.backend = None
-
-
-class Poller:
-    """Runs sampling passes on one long-lived thread, when scheduled.
-
-    The dashboard used a Textual thread worker and a one-shot timer per pass;
-    on a 1 s refresh that machinery (a worker object and its state messages, a
-    timer task, a callback wrapped for the event loop) cost the UI thread about
-    as much as drawing the frame. This thread sleeps on a condition until its
-    next pass is due, runs ``work`` (which posts its result to the UI itself)
-    and waits to be scheduled again, so passes never overlap and the UI thread
-    pays only for the frame it is handed.
-    """
-
-    def __init__(self, work: Callable[[], None], name: str = "gpustation-sampler") -> None:
-        self._work = work
-        self._name = name
-        self._cond = threading.Condition()
-        self._due: float | None = None
-        self._closed = False
-        self._thread: threading.Thread | None = None
-
-    def schedule(self, delay_s: float) -> None:
-        """Run the next pass ``delay_s`` from now (replaces a pass already scheduled)."""
-        with self._cond:
-            if self._closed:
-                return
-            self._due = time.monotonic() + max(0.0, delay_s)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-    def run_now(self) -> None:
-        """Run a pass as soon as the thread is free."""
-        self.schedule(0.0)
-
-    def cancel(self) -> None:
-        """Forget the scheduled pass (one that is running finishes)."""
-        with self._cond:
-            self._due = None
-
-    @property
-    def pending_s(self) -> float | None:
-        """Seconds until the scheduled pass, or None when none is scheduled."""
-        due = self._due
-        return None if due is None else max(0.0, due - time.monotonic())
-
-    def close(self, timeout_s: float = 1.0) -> None:
-        """Stop the thread; waits up to ``timeout_s`` for a pass in progress."""
-        with self._cond:
-            self._closed = True
-            self._due = None
-            self._cond.notify()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._closed:
-                    if self._due is not None:
-                        wait = self._due - time.monotonic()
-                        if wait <= 0:
-                            break
-                        self._cond.wait(wait)
-                    else:
-                        self._cond.wait()
-                if self._closed:
-                    return
-                self._due = None
-            self._work()  # catches its own errors: a failed pass must not end the thread
