@@ -40,7 +40,8 @@ from gpustation.fleet.ssh import (
     ssh_argv,
 )
 from gpustation.telemetry import format as fmt
-from gpustation.telemetry.model import LIMITING_REASONS, GpuSample
+from gpustation.telemetry import health
+from gpustation.telemetry.model import GpuSample
 
 FLEET_SCHEMA = "gpustation.fleet/1"
 FIRST_SNAPSHOT_TIMEOUT_S = 10.0
@@ -300,7 +301,7 @@ def row_cells(row: FleetRow) -> dict[str, str]:
         cells.update({k: "" for k, _ in COLUMNS if k not in cells})
         cells["run"] = row.error or ""
         return cells
-    name = (g.name or fmt.NA).replace("NVIDIA ", "").replace("GeForce ", "")
+    name = health.short_name(g.name)
     if g.lost:
         cells.update({k: "" for k, _ in COLUMNS if k not in cells})
         cells["gpu"] = f"{g.index} {name}"
@@ -322,8 +323,7 @@ def row_cells(row: FleetRow) -> dict[str, str]:
 
 def is_limiting(row: FleetRow) -> bool:
     """True when the GPU is held back (power cap, thermal, HW slowdown)."""
-    g = row.gpu
-    return bool(g and g.throttle_reasons and LIMITING_REASONS.intersection(g.throttle_reasons))
+    return row.gpu is not None and health.is_limited(row.gpu)
 
 
 def cell_style(row: FleetRow, key: str) -> str:

@@ -13,16 +13,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from gpustation.telemetry import health
 from gpustation.telemetry.format import pcie_link
 from gpustation.telemetry.model import GpuSample, Snapshot
 
-#: within this many degrees of the slowdown temperature is an alert
-TEMP_MARGIN_C = 5.0
-#: VRAM use above this share of the total is an alert
-VRAM_PCT = 95.0
-#: a PCIe link below its maximum only matters when the GPU is busy (idle cards
-#: drop to a lower gen on purpose to save power)
-PCIE_BUSY_UTIL_PCT = 20.0
+TEMP_MARGIN_C = health.CRITICAL_MARGIN_C
 #: a condition that clears and comes back within this time is not logged again
 REPEAT_QUIET_S = 60.0
 
@@ -74,7 +69,7 @@ def _gpu_conditions(gpu: GpuSample, t: float) -> list[Alert]:
         return [Alert("gpu_lost", i, f"GPU {i} is lost: the driver no longer answers for it", t)]
     out: list[Alert] = []
     margin = gpu.slowdown_margin_c
-    if margin is not None and margin <= TEMP_MARGIN_C:
+    if margin is not None and health.near_slowdown(gpu):
         out.append(
             Alert(
                 "temp_near_slowdown",
@@ -90,7 +85,7 @@ def _gpu_conditions(gpu: GpuSample, t: float) -> list[Alert]:
         limit = f" of {gpu.power_limit_w:.0f} W" if gpu.power_limit_w else ""
         out.append(Alert("power_cap", i, f"GPU {i} is held back by its power limit{limit}", t))
     util = gpu.utilization_gpu_pct
-    if gpu.pcie.below_max and util is not None and util > PCIE_BUSY_UTIL_PCT:
+    if util is not None and health.slow_link_under_load(gpu):
         p = gpu.pcie
         out.append(
             Alert(
@@ -102,7 +97,7 @@ def _gpu_conditions(gpu: GpuSample, t: float) -> list[Alert]:
             )
         )
     pct = gpu.memory_pct
-    if pct is not None and pct > VRAM_PCT:
+    if pct is not None and health.vram_full(gpu):
         out.append(Alert("vram_high", i, f"GPU {i} VRAM {pct:.0f} % used", t))
     return out
 
@@ -223,7 +218,7 @@ def topology_findings(snapshot: Snapshot) -> list[str]:
         if gpu.lost or not p.below_max:
             continue
         util = gpu.utilization_gpu_pct
-        busy = util is not None and util > PCIE_BUSY_UTIL_PCT
+        busy = util is not None and util > health.PCIE_BUSY_UTIL_PCT
         state = f"while {util:.0f} % busy" if busy else "(idle: likely power saving)"
         out.append(
             f"GPU {gpu.index} PCIe runs at {pcie_link(p.gen, p.width)}, below its maximum "
