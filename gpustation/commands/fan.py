@@ -17,9 +17,9 @@ from gpustation.commands.options import (
     simulated_banner,
 )
 from gpustation.control.fancurve import FanController, running_controllers
-from gpustation.control.fans import fan_gpus, set_fans_auto
+from gpustation.control.fans import FanRestore, fan_gpus, set_fans_auto
 from gpustation.control.profiles import FanCurve, Profile, load_profile
-from gpustation.errors import NotSupportedError, UsageError
+from gpustation.errors import EXIT_FAILURE, NotSupportedError, UsageError
 from gpustation.telemetry.backend import Backend
 
 
@@ -197,9 +197,34 @@ def _auto(args: argparse.Namespace) -> int:
                 count = backend.fan_count(s.index)
                 print(f"would return GPU {s.index}'s {count} fans to automatic{stop}")
             return 0
-        for done in set_fans_auto(backend, indices, command):
-            print(
-                f"GPU {done.gpu}: {done.fans} fan{'s' if done.fans != 1 else ''} on automatic "
-                f"control ({done.were_manual} had been manual)"
-            )
+        return report_fan_restores(set_fans_auto(backend, indices, command))
     return 0
+
+
+def report_fan_restores(restores: list[FanRestore], detail: bool = True) -> int:
+    """Say what became of each card's fans; 1 when any fan stayed manual.
+
+    Never claims a fan was handed back when the card refused, and says when
+    the journal could not be written (the fans were handed back regardless).
+    """
+    failed = False
+    journal_error = None
+    for done in restores:
+        journal_error = journal_error or done.journal_error
+        back = done.fans - len(done.failed)
+        what = (
+            f"{back} of {done.fans} fans"
+            if done.failed
+            else f"{done.fans} fan" + ("s" if done.fans != 1 else "")
+        )
+        had = f" ({done.were_manual} had been manual)" if detail else ""
+        print(f"GPU {done.gpu}: {what} on automatic control{had}")
+        for why in done.failed:
+            failed = True
+            print(f"GPU {done.gpu}: {why}", file=sys.stderr)
+    if journal_error:
+        print(
+            f"gpustation: the fans were handed back, but not journalled: {journal_error}",
+            file=sys.stderr,
+        )
+    return EXIT_FAILURE if failed else 0

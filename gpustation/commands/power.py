@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 import time
 
 from gpustation.commands.options import (
@@ -18,6 +20,7 @@ from gpustation.control import journal
 from gpustation.control.power import NOT_PERSISTENT, PowerChange, apply_power, plan_power
 from gpustation.control.profiles import PowerValue, parse_power_value
 from gpustation.errors import UsageError
+from gpustation.textsafe import safe
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -155,17 +158,19 @@ def _change(args: argparse.Namespace, value: PowerValue, command: str) -> int:
 
 
 def print_journal(args: argparse.Namespace) -> int:
-    """Print the control journal, oldest first."""
-    entries = list(journal.read_entries())
+    """Print the control journal, oldest first; lines that cannot be read are
+    reported on stderr and skipped."""
+    read = journal.read_journal()
+    entries = read.entries
     if args.last is not None:
         if args.last < 1:
             raise UsageError(f"--last: a number of entries above 0, got {args.last}")
         entries = entries[-args.last :]
+    for problem in read.problems:
+        print(f"gpustation: {journal.journal_path()}: {problem} (skipped)", file=sys.stderr)
     if args.json:
-        import json
-
         for e in entries:
-            print(json.dumps(e.to_dict(), separators=(",", ":")))
+            print(json.dumps(e.to_dict(), separators=(",", ":"), default=str))
         return 0
     if not entries:
         print(f"The control journal is empty ({journal.journal_path()}).")
@@ -174,9 +179,14 @@ def print_journal(args: argparse.Namespace) -> int:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time))
         fan = f" fan {e.fan}" if e.fan is not None else ""
         sim = " [SIMULATED]" if e.simulated else ""
+        outcome = "" if e.outcome == journal.MADE else f"  [{e.outcome.upper()}]"
+        if e.error:
+            outcome += f" {e.error}"
         print(
-            f"{stamp}  {e.host}  GPU {e.gpu}{fan}  {e.what}: "
-            f"{journal.describe_value(e.what, e.previous)} -> "
-            f"{journal.describe_value(e.what, e.new)}  ({e.command}){sim}"
+            safe(
+                f"{stamp}  {e.host}  GPU {e.gpu}{fan}  {e.what}: "
+                f"{journal.describe_value(e.what, e.previous)} -> "
+                f"{journal.describe_value(e.what, e.new)}  ({e.command}){sim}{outcome}"
+            )
         )
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpustation.commands.fan import run_fan_curve
+from gpustation.commands.fan import report_fan_restores, run_fan_curve
 from gpustation.commands.options import (
     add_control_options,
     add_controller_options,
@@ -165,6 +165,12 @@ def _apply(args: argparse.Namespace) -> int:
         if fans is not None:
             # A controller already on these cards would fight the new settings.
             stop_controllers(indices, backend.simulated)
+        rc = 0
+        if fans == "auto":
+            # Fans first: handing them back must not wait on a power change
+            # that the journal or the driver may refuse.
+            restores = set_fans_auto(backend, indices, command, require_fans=False)
+            rc = report_fan_restores(restores, detail=False)
         for change in apply_power(backend, changes, command):
             print(f"set {change.describe()}", flush=True)
         for change in changes:
@@ -172,14 +178,12 @@ def _apply(args: argparse.Namespace) -> int:
                 print(f"GPU {change.gpu}: power limit already {change.new_w:g} W")
         if changes:
             print(NOT_PERSISTENT)
-        if fans == "auto":
-            for done in set_fans_auto(backend, indices, command, require_fans=False):
-                print(f"GPU {done.gpu}: fans on automatic control")
-        elif fans == "curve":
+        if fans == "curve":
             print(
                 "Running the fan curve; stop it with Ctrl-C (the fans go back to automatic, "
                 "the power limit stays until `gpustation power reset`).",
                 flush=True,
             )
             return run_fan_curve(args, profile, command, backend, indices, banner=False)
+        return rc
     return 0

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 
 from gpustation.control import journal
 from gpustation.control.fancurve import stop_controllers
-from gpustation.errors import NotSupportedError
+from gpustation.errors import GpustationError, NotSupportedError
 from gpustation.telemetry.backend import Backend
 from gpustation.telemetry.model import GpuSample
 
@@ -18,6 +19,14 @@ class FanRestore:
     fans: int
     #: fans that were under manual control before
     were_manual: int
+    #: fans the card refused to hand back: "fan N: why"
+    failed: list[str] = field(default_factory=list)
+    #: why the journal could not be written (the fans were handed back anyway)
+    journal_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
 
 
 def fan_gpus(backend: Backend, samples: Sequence[GpuSample]) -> list[GpuSample]:
@@ -53,15 +62,30 @@ def set_fans_auto(
     stop_controllers([s.index for s in with_fans], backend.simulated)
     fresh = backend.read_gpus([s.index for s in with_fans], slow=False)
     done: list[FanRestore] = []
-    for sample in fresh:
-        index = sample.index
-        count = backend.fan_count(index)
-        manual = 0
-        for fan in range(count):
-            mode = sample.fan_control[fan] if fan < len(sample.fan_control) else None
-            pct = sample.fans_pct[fan] if fan < len(sample.fans_pct) else None
-            manual += mode == "manual"
-            journal.record(
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(journal.control_lock(timeout_s=5.0))
+        except GpustationError:
+            pass  # fans go back to the card regardless
+        for sample in fresh:
+            done.append(_hand_back(backend, sample, command))
+    return done
+
+
+def _hand_back(backend: Backend, sample: GpuSample, command: str) -> FanRestore:
+    """Every fan of one card back to automatic: journalled when the journal
+    can be written, handed back even when it cannot (a fan left manual is the
+    one state worse than an unjournalled change)."""
+    index = sample.index
+    count = backend.fan_count(index)
+    result = FanRestore(gpu=index, fans=count, were_manual=0)
+    for fan in range(count):
+        mode = sample.fan_control[fan] if fan < len(sample.fan_control) else None
+        pct = sample.fans_pct[fan] if fan < len(sample.fans_pct) else None
+        result.were_manual += mode == "manual"
+        entry = None
+        try:
+            entry = journal.record(
                 gpu=index,
                 uuid=sample.uuid,
                 what=journal.FAN_AUTO,
@@ -71,6 +95,15 @@ def set_fans_auto(
                 fan=fan,
                 simulated=backend.simulated,
             )
+        except GpustationError as err:
+            result.journal_error = str(err)
+        try:
             backend.set_fan_auto(index, fan)
-        done.append(FanRestore(gpu=index, fans=count, were_manual=manual))
-    return done
+        except GpustationError as err:
+            result.failed.append(f"fan {fan}: {err}")
+            if entry is not None:
+                journal.settle(entry, journal.REFUSED, error=str(err))
+            continue
+        if entry is not None:
+            journal.settle(entry, journal.MADE, read_back={"mode": "auto"})
+    return result

@@ -117,32 +117,61 @@ def apply_power(
     command: str,
     on_change: Callable[[PowerChange], None] | None = None,
 ) -> list[PowerChange]:
-    """Journal and set each change; undo the ones made if a later one fails.
+    """Journal, set and read back each change; undo the ones made if a later one fails.
 
-    Returns the changes that were made (unchanged cards are skipped).
+    Holds the control lock throughout, and reads each card's limit again under
+    it, so the journal's "previous" is what the card had. Returns the changes
+    that were made (cards already at the limit are skipped).
     """
     done: list[PowerChange] = []
-    try:
-        for change in changes:
-            if change.unchanged:
-                continue
-            journal.record(
-                gpu=change.gpu,
-                uuid=change.uuid,
-                what=journal.POWER_LIMIT,
-                previous=change.current_w,
-                new=change.new_w,
-                command=command,
-                simulated=backend.simulated,
-            )
-            backend.set_power_limit(change.gpu, change.new_w)
-            done.append(change)
-            if on_change is not None:
-                on_change(change)
-    except BaseException:
-        _undo(backend, done, command)
-        raise
+    with journal.control_lock():
+        try:
+            for change in changes:
+                current = _current_limit(backend, change.gpu)
+                if current is not None:
+                    change.current_w = current
+                if change.unchanged:
+                    continue
+                _set_and_check(backend, change, change.current_w, change.new_w, command)
+                done.append(change)
+                if on_change is not None:
+                    on_change(change)
+        except BaseException:
+            _undo(backend, done, command)
+            raise
     return done
+
+
+def _current_limit(backend: Backend, index: int) -> float | None:
+    sample = backend.read_gpus([index], slow=False)[0]
+    return None if sample.lost else sample.power_limit_w
+
+
+def _set_and_check(
+    backend: Backend, change: PowerChange, previous: float | None, new: float, command: str
+) -> None:
+    """Journal the intent, set the limit, read it back and journal the outcome."""
+    entry = journal.record(
+        gpu=change.gpu,
+        uuid=change.uuid,
+        what=journal.POWER_LIMIT,
+        previous=previous,
+        new=new,
+        command=command,
+        simulated=backend.simulated,
+    )
+    try:
+        backend.set_power_limit(change.gpu, new)
+    except BaseException as err:
+        journal.settle(entry, journal.REFUSED, error=str(err) or type(err).__name__)
+        raise
+    back = _current_limit(backend, change.gpu)
+    journal.settle(entry, journal.MADE, read_back=back)
+    if back is not None and abs(back - new) >= 0.5:
+        raise GpustationError(
+            f"GPU {change.gpu}: the driver accepted {new:g} W but the card reads back "
+            f"{back:g} W; check `nvidia-smi -q -d POWER`."
+        )
 
 
 def _undo(backend: Backend, done: Sequence[PowerChange], command: str) -> None:
@@ -151,26 +180,12 @@ def _undo(backend: Backend, done: Sequence[PowerChange], command: str) -> None:
         if change.current_w is None:
             continue
         try:
-            journal.record(
-                gpu=change.gpu,
-                uuid=change.uuid,
-                what=journal.POWER_LIMIT,
-                previous=change.new_w,
-                new=change.current_w,
-                command=f"{command} (undo after a failure)",
-                simulated=backend.simulated,
+            _set_and_check(
+                backend,
+                change,
+                change.new_w,
+                change.current_w,
+                f"{command} (undo after a failure)",
             )
-            backend.set_power_limit(change.gpu, change.current_w)
         except Exception:  # the original error is the one to report
             pass
-
-
-def set_power(
-    backend: Backend,
-    indices: Sequence[int],
-    value: PowerValue,
-    command: str,
-) -> list[PowerChange]:
-    """Read, plan and apply in one go (for the UI and for profiles)."""
-    samples = backend.read_gpus(list(indices), slow=False)
-    return apply_power(backend, plan_power(samples, value), command)

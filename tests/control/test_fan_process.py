@@ -132,7 +132,7 @@ def test_profile_apply_stock_restores_everything(
     wait_for(lambda: all_manual(sim), "the fans to be under manual control", proc)
     code, out, err = cli(capsys, "profile", "apply", "stock", "--simulate")
     assert code == 0, err
-    assert "GPU 0: fans on automatic control" in out
+    assert "GPU 0: 2 fans on automatic control" in out
     assert proc.wait(timeout=TIMEOUT_S) == 0
     assert all_auto(sim)
     assert [g.power_limit_w for g in sim.read_gpus([0, 1], slow=False)] == [450.0, 450.0]

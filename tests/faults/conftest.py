@@ -1,0 +1,3 @@
+"""Fixtures of the fault-injection suite: the control tests' simulated cards."""
+
+from tests.control.conftest import sim, sim_h200  # noqa: F401 - re-exported fixtures
