@@ -4,6 +4,7 @@ garbage in the file, concurrent writers."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -154,7 +155,7 @@ def test_concurrent_power_sets_leave_the_journal_agreeing_with_the_card(
     for gpu in (0, 1):
         mine = [e for e in entries if e.gpu == gpu]
         # each change starts from what the one before it left on the card...
-        for before, after in zip(mine, mine[1:]):
+        for before, after in itertools.pairwise(mine):
             assert after.previous == before.new
         # ...and the last one is what the card has now
         assert mine[-1].new == card[gpu] == mine[-1].read_back
