@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Sequence
 
 from gpustation import __version__
-from gpustation.errors import EXIT_INTERRUPTED, EXIT_USAGE, GpustationError
+from gpustation.errors import EXIT_INTERRUPTED, EXIT_USAGE, GpustationError, UsageError
 
 # subcommand -> module that implements it
 COMMANDS: dict[str, str] = {
@@ -88,8 +89,28 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# "-5W", "-80%": a negative value argparse would take for an unknown option.
+_NEGATIVE_VALUE = re.compile(r"-\d[\d.]*\s*[a-zA-Z%]+")
+
+
+def _refuse_negative_values(argv: Sequence[str]) -> None:
+    for token in argv:
+        if token == "--":
+            return
+        if _NEGATIVE_VALUE.fullmatch(token):
+            raise UsageError(
+                f"{token!r}: a negative value; limits, speeds and durations are 0 or more "
+                "(e.g. 300W, 80%)"
+            )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        _refuse_negative_values(argv)
+    except UsageError as err:
+        print(f"gpustation: error: {err}", file=sys.stderr)
+        return err.exit_code
     command = _command_in(argv)
     if command is None and ({"-h", "--help"} & set(argv)):
         parser = build_parser()  # the full help lists every command

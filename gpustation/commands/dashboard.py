@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from gpustation.errors import UsageError
 from gpustation.telemetry.backend import parse_gpu_list
 
 
 def run(args: argparse.Namespace) -> int:
     gpus = parse_gpu_list(getattr(args, "gpus", None))
-    refresh = float(getattr(args, "refresh", 1.0) or 1.0)
+    refresh = float(getattr(args, "refresh", 1.0))
+    if not 0.25 <= refresh <= 10:  # also refuses nan
+        raise UsageError(f"--refresh: between 0.25 and 10 seconds, got {refresh:g}")
     hosts = list(getattr(args, "host", None) or [])
     if hosts:
         from gpustation.tui.fleet import run_fleet

@@ -61,21 +61,25 @@ def run_snapshot_fleet(args: argparse.Namespace, hosts: list[str]) -> int:
         for _ in ticks(interval):
             _emit(fleet.states(), as_json, watching=True)
         return 0  # pragma: no cover - ticks only ends by an exception
-    except KeyboardInterrupt:
-        return 0
+    except _Terminated:
+        return 0  # SIGTERM: a stop asked for, not an interruption
     finally:
         fleet.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
 
+class _Terminated(Exception):
+    """SIGTERM arrived during a watch."""
+
+
 def _interrupt_on_sigterm() -> Any:
-    """Make SIGTERM end a watch like Ctrl-C, so the ssh children are closed too."""
+    """Make SIGTERM end a watch cleanly, so the ssh children are closed too."""
     if threading.current_thread() is not threading.main_thread():
         return None
 
     def _raise(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+        raise _Terminated
 
     return signal.signal(signal.SIGTERM, _raise)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -186,5 +187,5 @@ def check_interval(args: argparse.Namespace) -> None:
     if interval is not None and not 0.05 <= interval <= 60:
         raise UsageError(f"--interval: between 0.05 and 60 seconds, got {interval:g}")
     duration = getattr(args, "duration", None)
-    if duration is not None and duration <= 0:
+    if duration is not None and not (math.isfinite(duration) and duration > 0):
         raise UsageError(f"--duration: a number of seconds above 0, got {duration:g}")

@@ -95,8 +95,6 @@ def run(args: argparse.Namespace) -> int:
         while not stop.wait(0.5):
             pass
         return 0
-    except KeyboardInterrupt:
-        return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
         if server is not None:

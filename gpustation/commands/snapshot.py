@@ -73,8 +73,6 @@ def run(args: argparse.Namespace) -> int:
         for _ in ticks(args.watch):
             _emit(sampler.sample(slow=None if full else False), args.json, watching=True)
         return 0  # pragma: no cover - ticks only ends by an exception
-    except KeyboardInterrupt:
-        return 0
     finally:
         backend.close()
 

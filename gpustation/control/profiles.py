@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpustation.errors import UsageError
+from gpustation.files import read_text
 from gpustation.paths import package_dir, user_profiles_dir
 
 if sys.version_info >= (3, 11):
@@ -296,10 +297,7 @@ def parse_profile(data: dict[str, Any], name: str, path: Path, shipped: bool = F
 def load_profile_file(path: Path, name: str | None = None, shipped: bool = False) -> Profile:
     """Read and validate one profile file."""
     name = name or path.stem
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise UsageError(f"cannot read profile {path}: {err.strerror or err}") from None
+    text = read_text(path, "profile")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:

@@ -39,6 +39,7 @@ from typing import Any
 
 from gpustation.errors import UsageError
 from gpustation.telemetry.model import Snapshot
+from gpustation.textsafe import safe
 
 DEFAULT_REMOTE_COMMAND = "gpustation"
 CONNECT_TIMEOUT_S = 5
@@ -374,18 +375,34 @@ class HostStream:
 
 
 def _parse_line(raw: bytes) -> tuple[Snapshot | None, str]:
-    """A Snapshot from one line, or None and a message quoting the offending text."""
+    """A Snapshot from one line, or None and a message quoting the offending text.
+
+    Whatever the line holds (deep nesting, huge numbers, escape sequences),
+    the answer is a snapshot whose text is safe for a terminal, or a message:
+    one absurd line never ends the host's stream.
+    """
     text = raw.decode(errors="replace").strip()
     shown = text if len(text) <= 60 else text[:57] + "..."
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None, f"garbage: not JSON: {shown!r}"
     if not isinstance(data, dict):
         return None, f"garbage: not a snapshot: {shown!r}"
     try:
-        return Snapshot.from_dict(data), ""
+        return Snapshot.from_dict(_safe_doc(data)), ""
     except ValueError as err:
-        return None, f"garbage: {err}"
+        return None, f"garbage: {safe(err)}"
     except Exception as err:  # wrong shapes inside a document with the right schema
-        return None, f"garbage: malformed snapshot ({type(err).__name__}: {err})"
+        return None, f"garbage: malformed snapshot ({type(err).__name__}: {safe(err)})"
+
+
+def _safe_doc(value: Any) -> Any:
+    """Every string of a remote document made safe for a terminal (rule 8)."""
+    if isinstance(value, str):
+        return safe(value)
+    if isinstance(value, dict):
+        return {safe(k): _safe_doc(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_safe_doc(v) for v in value]
+    return value

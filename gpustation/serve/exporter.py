@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -375,6 +376,12 @@ def serve(registry: CollectorRegistry, host: str, port: int) -> tuple[Any, threa
 
     try:
         return start_http_server(port, addr=host, registry=registry)
+    except (socket.gaierror, UnicodeError) as err:
+        why = err.strerror if isinstance(err, socket.gaierror) else "not a valid host name"
+        raise UsageError(
+            f"--listen: cannot resolve {host!r} ({why}); "
+            "give an address such as 127.0.0.1:9400 or [::1]:9400"
+        ) from None
     except OSError as err:
         import errno
 

@@ -91,25 +91,36 @@ class Backend(ABC):
         self.close()
 
 
+#: the highest GPU index ``--gpus`` takes (NVML numbers far fewer)
+MAX_GPU_INDEX = 1023
+
+
 def parse_gpu_list(text: str | None) -> list[int] | None:
-    """Parse ``--gpus 0,2`` (also ``0-3``); ``None`` means all GPUs."""
+    """Parse ``--gpus 0,2`` (also ``0-3``); ``None`` means all GPUs.
+
+    Every part must name at least one GPU: a reversed range (``3-1``) or an
+    empty part is refused, never read as "no GPUs".
+    """
     if text is None or text.strip() in ("", "all"):
         return None
     result: list[int] = []
     for part in text.split(","):
         part = part.strip()
         try:
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                result.extend(range(int(lo), int(hi) + 1))
-            else:
-                result.append(int(part))
+            lo_text, dash, hi_text = part.partition("-")
+            lo = int(lo_text)
+            hi = int(hi_text) if dash else lo
         except ValueError:
             raise UsageError(
                 f"--gpus: {text!r} is not a list of GPU indices (expected e.g. 0,2 or 0-3)"
             ) from None
-    if any(i < 0 for i in result):
-        raise UsageError(f"--gpus: GPU indices are 0 or more, got {text!r}")
+        if lo < 0 or hi < 0:
+            raise UsageError(f"--gpus: GPU indices are 0 or more, got {text!r}")
+        if hi < lo:
+            raise UsageError(f"--gpus: {part!r} runs backwards; write {hi}-{lo}")
+        if hi > MAX_GPU_INDEX:
+            raise UsageError(f"--gpus: {hi} is not a GPU index (at most {MAX_GPU_INDEX})")
+        result.extend(range(lo, hi + 1))
     return sorted(dict.fromkeys(result))
 
 

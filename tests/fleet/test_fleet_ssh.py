@@ -137,7 +137,7 @@ def test_snapshot_host_watch_streams_fleet_documents(ssh_env: LoopbackSshd) -> N
         assert docs[-1]["hosts"][0]["ok"] is True
         children = psutil.Process(proc.pid).children(recursive=True)
         assert any(c.name() == "ssh" for c in children)
-        proc.terminate()  # ends like Ctrl-C: exit 0, ssh children closed
+        proc.terminate()  # a stop asked for: exit 0, ssh children closed
         assert proc.wait(timeout=30) == 0
         _, alive = psutil.wait_procs(children, timeout=10)
         assert alive == []
