@@ -58,7 +58,8 @@ def _warning(host: str, port: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Sample and serve until interrupted (Ctrl-C or SIGTERM)."""
-    from gpustation.serve.exporter import Exporter, is_loopback, parse_listen, serve
+    from gpustation.serve.exporter import Exporter, is_loopback, parse_listen
+    from gpustation.serve.http import serve
     from gpustation.telemetry.sampler import Sampler
 
     host, port = parse_listen(args.listen)
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         # The first sample is taken before the port opens, so no scrape ever
         # sees an endpoint without GPU series.
         exporter.start()
-        server, _ = serve(exporter.registry, host, port)
+        server, _ = serve(exporter, host, port)
         bound_port = server.server_address[1]
         if not is_loopback(host):
             print(_warning(host, bound_port), file=sys.stderr, flush=True)

@@ -22,18 +22,16 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpustation.control import journal
-from gpustation.errors import GpustationError, UsageError
+from gpustation.errors import UsageError
 from gpustation.runs import store
 from gpustation.telemetry.model import THROTTLE_REASONS, GpuSample, Snapshot, encode_throttle
 
@@ -278,10 +276,28 @@ class Exporter:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(self.latest))
         self.samples_taken = 0
+        self._render_lock = threading.Lock()
+        self._rendered: dict[tuple[int, object], tuple[_Latest, bytes]] = {}
 
     def latest(self) -> _Latest:
         # One attribute read: the sampler swaps in a new object, never mutates it.
         return self._latest
+
+    def rendered(self, encoder: Callable[[CollectorRegistry], bytes]) -> bytes:
+        """The latest sample in ``encoder``'s format, rendered once per sample.
+
+        Every scrape between two samples would render the same text; many
+        scrapers at once would each pay for it under one interpreter lock.
+        """
+        latest = self._latest
+        key = (id(latest), encoder)
+        with self._render_lock:
+            cached = self._rendered.get(key)
+            if cached is None or cached[0] is not latest:
+                self._rendered = {k: v for k, v in self._rendered.items() if v[0] is latest}
+                cached = (latest, encoder(self.registry))
+                self._rendered[key] = cached
+            return cached[1]
 
     def sample_once(self) -> None:
         """Take one sample and publish it (the sampler thread calls this)."""
@@ -368,26 +384,3 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def serve(registry: CollectorRegistry, host: str, port: int) -> tuple[Any, threading.Thread]:
-    """Serve ``registry`` over HTTP in a daemon thread; GpustationError if the port is taken."""
-    from prometheus_client import start_http_server
-
-    try:
-        return start_http_server(port, addr=host, registry=registry)
-    except (socket.gaierror, UnicodeError) as err:
-        why = err.strerror if isinstance(err, socket.gaierror) else "not a valid host name"
-        raise UsageError(
-            f"--listen: cannot resolve {host!r} ({why}); "
-            "give an address such as 127.0.0.1:9400 or [::1]:9400"
-        ) from None
-    except OSError as err:
-        import errno
-
-        if err.errno == errno.EADDRINUSE:
-            raise GpustationError(
-                f"cannot listen on {host}:{port}: the port is already in use; "
-                "choose another with --listen HOST:PORT"
-            ) from None
-        raise GpustationError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None

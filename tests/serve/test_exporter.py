@@ -23,8 +23,8 @@ from gpustation.serve.exporter import (
     Exporter,
     is_loopback,
     parse_listen,
-    serve,
 )
+from gpustation.serve.http import serve
 from gpustation.telemetry.model import THROTTLE_REASONS, Snapshot, encode_throttle
 from gpustation.telemetry.sampler import Sampler
 from gpustation.telemetry.sim import SimBackend
@@ -157,7 +157,7 @@ def test_scrapes_never_sample_and_failures_keep_the_last_values() -> None:
 def test_a_stuck_scraper_does_not_stall_sampling_or_other_scrapers() -> None:
     _, sampler = _frozen()
     exporter = Exporter(sampler.sample, interval_s=0.1, with_extras=False)
-    server, _ = serve(exporter.registry, "127.0.0.1", 0)
+    server, _ = serve(exporter, "127.0.0.1", 0)
     port = server.server_address[1]
     stuck = socket.create_connection(("127.0.0.1", port))
     try:
@@ -350,3 +350,50 @@ def test_non_loopback_listen_warns(tmp_path: Path) -> None:
         stderr = _stop(proc)
     assert f"listening on 0.0.0.0:{port}, which is not a loopback address" in stderr
     assert "no authentication" in stderr
+
+
+def test_each_sample_is_rendered_once_however_many_scrape_it() -> None:
+    from prometheus_client.exposition import generate_latest
+
+    _, sampler = _frozen()
+    exporter = Exporter(sampler.sample, interval_s=60, with_extras=False)
+    exporter.sample_once()
+    calls: list[int] = []
+
+    def counting(registry: object) -> bytes:
+        calls.append(1)
+        return generate_latest(registry)  # type: ignore[arg-type]
+
+    first = exporter.rendered(counting)
+    assert exporter.rendered(counting) is first and len(calls) == 1
+    exporter.sample_once()  # a new sample: rendered anew
+    assert exporter.rendered(counting) is not first and len(calls) == 2
+
+
+def test_twenty_scrapers_at_once_all_get_the_whole_document() -> None:
+    import concurrent.futures
+    import gzip
+
+    _, sampler = _frozen()
+    exporter = Exporter(sampler.sample, interval_s=0.2, with_extras=False)
+    exporter.start()
+    server, _ = serve(exporter, "127.0.0.1", 0)
+    port = server.server_address[1]
+
+    def scrape(i: int) -> bytes:
+        headers = {"Accept-Encoding": "gzip"} if i % 2 else {}
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            body = resp.read()
+            return gzip.decompress(body) if resp.headers.get("Content-Encoding") else body
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(20) as pool:
+            bodies = list(pool.map(scrape, range(40)))
+    finally:
+        exporter.stop()
+        server.shutdown()
+        server.server_close()
+    for body in bodies:
+        families = {f.name for f in text_string_to_metric_families(body.decode())}
+        assert {"DCGM_FI_DEV_GPU_TEMP", "gpustation_up"} <= families
