@@ -17,7 +17,13 @@ from gpustation.commands.options import (
     simulated_banner,
 )
 from gpustation.control.fancurve import FanController, running_controllers
-from gpustation.control.fans import FanRestore, fan_gpus, set_fans_auto
+from gpustation.control.fans import (
+    UNATTENDED_HINT,
+    FanRestore,
+    fan_gpus,
+    set_fans_auto,
+    unattended_manual_fans,
+)
 from gpustation.control.profiles import FanCurve, Profile, load_profile
 from gpustation.errors import EXIT_FAILURE, NotSupportedError, UsageError
 from gpustation.telemetry.backend import Backend
@@ -131,6 +137,7 @@ def _show(args: argparse.Namespace) -> int:
                 except NotSupportedError:
                     rng = None
             rows.append((s, count, rng))
+        unattended = unattended_manual_fans(samples, backend.simulated)
         if args.json:
             print_json(
                 {
@@ -147,6 +154,7 @@ def _show(args: argparse.Namespace) -> int:
                             "min_pct": rng[0] if rng else None,
                             "max_pct": rng[1] if rng else None,
                             "controller_pid": controllers.get(s.index),
+                            "unattended_manual_fans": unattended.get(s.index, []),
                         }
                         for s, count, rng in rows
                     ],
@@ -170,7 +178,13 @@ def _show(args: argparse.Namespace) -> int:
                 if s.index in controllers
                 else ""
             )
-            print(head + fans + accepts + driver)
+            alone = (
+                f"; MANUAL WITH NO CONTROLLER RUNNING: they will not follow the temperature "
+                f"({UNATTENDED_HINT})"
+                if s.index in unattended
+                else ""
+            )
+            print(head + fans + accepts + driver + alone)
     return 0
 
 

@@ -13,7 +13,8 @@ import json
 import os
 import sys
 
-from gpustation.commands.options import add_fleet_options, add_gpu_options, backend_from_args
+from gpustation.commands import options
+from gpustation.commands.options import add_fleet_options, add_gpu_options
 from gpustation.errors import UsageError
 from gpustation.telemetry.backend import parse_gpu_list
 from gpustation.telemetry.model import Snapshot
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     # counter) nor the topology, so it does not read them: the PCIe throughput
     # alone is a 21 ms driver call. JSON has every field of the model.
     full = bool(args.json)
-    backend = backend_from_args(args, one_shot=one_shot, slow_fields=full)
+    backend = options.backend_from_args(args, one_shot=one_shot, slow_fields=full)
     backend.read_ecc = full  # nor the ECC counter, whose first read is slow
     try:
         sampler = Sampler(backend, gpus=wanted, slow_interval_s=5.0, with_topology=full)
@@ -92,5 +93,15 @@ def _emit(snap: Snapshot, as_json: bool, watching: bool = False) -> None:
     if watching and tty:
         out.write("\x1b[H\x1b[2J")  # clear the screen, like watch(1)
     out.write(render_snapshot(snap, color=color))
-    out.write("\n\n" if watching and not tty else "\n")
+    out.write("\n")
+    if any("manual" in g.fan_control for g in snap.gpus):
+        from gpustation.control.fans import UNATTENDED_HINT, unattended_manual_fans
+
+        for index, fans in unattended_manual_fans(snap.gpus, snap.simulated).items():
+            which = ", ".join(map(str, fans))
+            out.write(
+                f"WARNING: GPU {index} fan {which} on manual control with no fan controller "
+                f"running: they will not follow the temperature ({UNATTENDED_HINT})\n"
+            )
+    out.write("\n" if watching and not tty else "")
     out.flush()

@@ -7,7 +7,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from gpustation.control import journal
-from gpustation.control.fancurve import stop_controllers
+from gpustation.control.fancurve import running_controllers, stop_controllers
 from gpustation.errors import GpustationError, NotSupportedError
 from gpustation.telemetry.backend import Backend
 from gpustation.telemetry.model import GpuSample
@@ -107,3 +107,24 @@ def _hand_back(backend: Backend, sample: GpuSample, command: str) -> FanRestore:
         if entry is not None:
             journal.settle(entry, journal.MADE, read_back={"mode": "auto"})
     return result
+
+
+def unattended_manual_fans(samples: Sequence[GpuSample], simulated: bool) -> dict[int, list[int]]:
+    """GPU index -> its fans under manual control with no fan controller driving them.
+
+    A controller killed with SIGKILL (or a crash of the machine's other fan
+    tools) leaves fans at a fixed speed that no longer follows the card's
+    temperature: the one fan state worth an alert.
+    """
+    manual = {
+        s.index: [fan for fan, mode in enumerate(s.fan_control) if mode == "manual"]
+        for s in samples
+        if not s.lost and "manual" in s.fan_control
+    }
+    if not manual:
+        return {}
+    driven = running_controllers(list(manual), simulated)
+    return {index: fans for index, fans in manual.items() if index not in driven}
+
+
+UNATTENDED_HINT = "`gpustation fan auto` hands them back to the card"

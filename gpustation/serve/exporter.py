@@ -25,12 +25,13 @@ import ipaddress
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpustation.control import journal
+from gpustation.control.fans import unattended_manual_fans
 from gpustation.errors import UsageError
 from gpustation.runs import store
 from gpustation.telemetry.model import THROTTLE_REASONS, GpuSample, Snapshot, encode_throttle
@@ -135,6 +136,7 @@ def snapshot_metrics(
     snap: Snapshot,
     profile: str | None = None,
     runs_by_status: dict[str, int] | None = None,
+    unattended: dict[int, list[int]] | None = None,
 ) -> list[Metric]:
     """Render one Snapshot (plus the active profile and run counts) as metric families.
 
@@ -157,6 +159,19 @@ def snapshot_metrics(
     for gpu in snap.gpus:
         lost.add_metric(gpu_labels(snap, gpu), 1.0 if gpu.lost else 0.0)
     families.append(lost)
+
+    if unattended is not None:
+        alone = GaugeMetricFamily(
+            "gpustation_fan_manual_unattended",
+            "1 for a fan under manual control with no fan controller driving it.",
+            labels=(*GPU_LABELS, "fan"),
+        )
+        for gpu in live:
+            for fan in range(len(gpu.fan_control)):
+                flag = 1.0 if fan in unattended.get(gpu.index, ()) else 0.0
+                alone.add_metric((*gpu_labels(snap, gpu), str(fan)), flag)
+        if alone.samples:
+            families.append(alone)
 
     fans = GaugeMetricFamily(
         "gpustation_fan_speed_percent",
@@ -232,6 +247,7 @@ class _Latest:
     profile: str | None = None
     runs: dict[str, int] | None = None
     error: str | None = None
+    unattended: dict[int, list[int]] | None = None
 
 
 class SnapshotCollector(Collector):
@@ -247,7 +263,9 @@ class SnapshotCollector(Collector):
             "gpustation_up", "1 when the last sampling attempt succeeded.", value=float(ok)
         )
         if latest.snapshot is not None:
-            yield from snapshot_metrics(latest.snapshot, latest.profile, latest.runs)
+            yield from snapshot_metrics(
+                latest.snapshot, latest.profile, latest.runs, latest.unattended
+            )
 
 
 class Exporter:
@@ -302,33 +320,36 @@ class Exporter:
     def sample_once(self) -> None:
         """Take one sample and publish it (the sampler thread calls this)."""
         previous = self._latest
-        profile, runs = previous.profile, previous.runs
         try:
             snap = self._sample()
         except Exception as err:  # keep serving the last values, and say so
-            self._latest = _Latest(previous.snapshot, profile, runs, error=str(err) or repr(err))
+            self._latest = replace(previous, error=str(err) or repr(err))
             return
-        self._latest = _Latest(snap, profile, runs)
+        self._latest = replace(previous, snapshot=snap, error=None)
         self.samples_taken += 1
 
     def _refresh_extras(self) -> None:
         profile: str | None = None
         runs: dict[str, int] = {}
+        unattended: dict[int, list[int]] | None = None
         with contextlib.suppress(Exception):
             profile = journal.active_profile()
         with contextlib.suppress(Exception):
             runs = store.runs_by_status()
         cur = self._latest
-        self._latest = _Latest(cur.snapshot, profile, runs, cur.error)
+        if cur.snapshot is not None:
+            with contextlib.suppress(Exception):
+                unattended = unattended_manual_fans(cur.snapshot.gpus, cur.snapshot.simulated)
+        self._latest = replace(cur, profile=profile, runs=runs, unattended=unattended)
 
     def _loop(self) -> None:
         next_at = time.monotonic()
         next_extras = next_at
         while not self._stop.is_set():
+            self.sample_once()
             if self._with_extras and time.monotonic() >= next_extras:
                 self._refresh_extras()
                 next_extras = time.monotonic() + self._extras_interval_s
-            self.sample_once()
             self._ready.set()
             next_at += self.interval_s
             delay = next_at - time.monotonic()

@@ -40,7 +40,7 @@ def _recording_sim(
     backend = RecordingSim(count=count, card=card, state_path=state / "sim-state.json")
     # Commands run in this process act on this very object, so its record of
     # set calls covers them; child processes share its state file instead.
-    monkeypatch.setattr(cmdutil, "backend_from_args", lambda args: backend)
+    monkeypatch.setattr(cmdutil, "backend_from_args", lambda args, **kwargs: backend)
     return backend
 
 
