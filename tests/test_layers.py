@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
+from tests.tools import tool
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _tool(name: str) -> str:
-    exe = Path(sys.executable).with_name(name)
-    found = str(exe) if exe.exists() else shutil.which(name)
-    if not found:
-        pytest.skip(f"{name} is not installed (it comes with the 'test' extra)")
-    return found
+    return tool(name, "it comes with the 'test' extra")
 
 
 def test_import_contracts_are_kept() -> None:

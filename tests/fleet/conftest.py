@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.fleet.sshd import LoopbackSshd, sshd_available
+from tests.tools import missing
 
 #: A stream command that plays a healthy host without ssh (for in-process tests).
 SIM_STREAM = [sys.executable, "-m", "gpustation", "snapshot", "--json", "--watch", "0.3"]
@@ -18,7 +19,7 @@ SIM_STREAM = [sys.executable, "-m", "gpustation", "snapshot", "--json", "--watch
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackSshd]:
     """One sshd for the whole session; each test resets the hosts it uses."""
     if not sshd_available():
-        pytest.skip("OpenSSH server not installed (/usr/sbin/sshd; Debian: openssh-server)")
+        missing("the OpenSSH server (/usr/sbin/sshd; Debian: openssh-server)")
     server = LoopbackSshd(tmp_path_factory.mktemp("sshd"))
     server.start()
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import time
@@ -30,6 +29,7 @@ from gpustation.telemetry.sampler import Sampler
 from gpustation.telemetry.sim import SimBackend
 from tests.conftest import child_env, gpustation_cmd
 from tests.fleet.sshd import free_port
+from tests.tools import tool
 
 FROZEN = 1e6
 DCGM = {
@@ -327,10 +327,9 @@ def test_metrics_over_loopback_pass_promtool_and_the_parser(tmp_path: Path) -> N
             if s.labels["gpu"] == str(g.index)
         )
         assert limit == g.power_limit_w
-    if shutil.which("promtool") is None:
-        pytest.skip("promtool not installed (Debian: prometheus); parser checks passed")
+    promtool = tool("promtool", "Debian: prometheus")
     check = subprocess.run(
-        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
     )
     problems = [
         line
