@@ -21,6 +21,9 @@ def gpustation_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str
         dirs[kind] = d
     for var in ("GPUSTATION_SIMULATE", "GPUSTATION_SIM_CARD", "GPUSTATION_SIM_SEED"):
         monkeypatch.delenv(var, raising=False)
+    # Every process a test starts (a run's supervisor and its child included)
+    # imports this checkout's code, never an installed copy of an older one.
+    monkeypatch.setenv("PYTHONPATH", child_env()["PYTHONPATH"])
     return dirs
 
 
