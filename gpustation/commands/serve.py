@@ -10,6 +10,7 @@ import argparse
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
 
 from gpustation.commands.options import add_gpu_options, backend_from_args
@@ -46,23 +47,45 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="sampling interval (0.1 to 3600, default 1)",
     )
+    p.add_argument(
+        "--tls-cert", type=Path, metavar="FILE", help="serve HTTPS with this certificate"
+    )
+    p.add_argument("--tls-key", type=Path, metavar="FILE", help="the certificate's private key")
+    p.add_argument(
+        "--basic-auth-file",
+        type=Path,
+        metavar="FILE",
+        help="require HTTP basic authentication: user:password lines in a file only you "
+        "can read (chmod 600)",
+    )
 
 
-def _warning(host: str, port: int) -> str:
+def _warning(host: str, port: int, tls: bool = False, auth: bool = False) -> str:
+    if tls and auth:
+        return (
+            f"gpustation: listening on {host}:{port}, reachable from the network, "
+            "with TLS and basic authentication."
+        )
+    missing = " and ".join(w for w, have in (("TLS", tls), ("authentication", auth)) if not have)
     return (
         f"gpustation: warning: listening on {host}:{port}, which is not a loopback address: "
-        "the metrics endpoint is reachable from the network and has no authentication. "
-        "Anyone who can reach this port can read GPU, process and host telemetry."
+        f"the metrics endpoint is reachable from the network without {missing}. "
+        "Anyone who can reach this port can read GPU, process and host telemetry "
+        "(--tls-cert/--tls-key and --basic-auth-file close it)."
     )
 
 
 def run(args: argparse.Namespace) -> int:
     """Sample and serve until interrupted (Ctrl-C or SIGTERM)."""
     from gpustation.serve.exporter import Exporter, is_loopback, parse_listen
-    from gpustation.serve.http import serve
+    from gpustation.serve.http import load_users, serve, tls_context
     from gpustation.telemetry.sampler import Sampler
 
     host, port = parse_listen(args.listen)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise UsageError("--tls-cert and --tls-key go together: give both, or neither")
+    tls = tls_context(args.tls_cert, args.tls_key) if args.tls_cert is not None else None
+    users = load_users(args.basic_auth_file) if args.basic_auth_file is not None else None
     if not 0.1 <= args.interval <= 3600:
         raise UsageError(f"--interval: between 0.1 and 3600 seconds, got {args.interval:g}")
     backend = backend_from_args(args)
@@ -80,14 +103,19 @@ def run(args: argparse.Namespace) -> int:
         # The first sample is taken before the port opens, so no scrape ever
         # sees an endpoint without GPU series.
         exporter.start()
-        server, _ = serve(exporter, host, port)
+        server, _ = serve(exporter, host, port, tls=tls, users=users)
         bound_port = server.server_address[1]
         if not is_loopback(host):
-            print(_warning(host, bound_port), file=sys.stderr, flush=True)
+            print(
+                _warning(host, bound_port, tls is not None, users is not None),
+                file=sys.stderr,
+                flush=True,
+            )
         shown = f"[{host}]" if ":" in host else host
         note = " (SIMULATED GPUs)" if backend.simulated else ""
+        scheme = "https" if tls is not None else "http"
         print(
-            f"gpustation: serving http://{shown}:{bound_port}/metrics{note}, "
+            f"gpustation: serving {scheme}://{shown}:{bound_port}/metrics{note}, "
             f"sampling every {args.interval:g} s; Ctrl-C to stop",
             file=sys.stderr,
             flush=True,

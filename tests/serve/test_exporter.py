@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
@@ -348,7 +351,7 @@ def test_non_loopback_listen_warns(tmp_path: Path) -> None:
     finally:
         stderr = _stop(proc)
     assert f"listening on 0.0.0.0:{port}, which is not a loopback address" in stderr
-    assert "no authentication" in stderr
+    assert "without TLS and authentication" in stderr
 
 
 def test_each_sample_is_rendered_once_however_many_scrape_it() -> None:
@@ -396,3 +399,112 @@ def test_twenty_scrapers_at_once_all_get_the_whole_document() -> None:
     for body in bodies:
         families = {f.name for f in text_string_to_metric_families(body.decode())}
         assert {"DCGM_FI_DEV_GPU_TEMP", "gpustation_up"} <= families
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    openssl = tool("openssl", "Debian: openssl")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return cert, key
+
+
+def _serve_with(tmp_path: Path, **kwargs: object) -> tuple[Any, Exporter]:
+    _, sampler = _frozen()
+    exporter = Exporter(sampler.sample, interval_s=60, with_extras=False)
+    exporter.sample_once()
+    server, _ = serve(exporter, "127.0.0.1", 0, **kwargs)  # type: ignore[arg-type]
+    return server, exporter
+
+
+def test_tls_serves_https_and_refuses_plain_http(tmp_path: Path) -> None:
+    import ssl
+
+    from gpustation.serve.http import tls_context
+
+    cert, key = _self_signed(tmp_path)
+    server, _ = _serve_with(tmp_path, tls=tls_context(cert, key))
+    port = server.server_address[1]
+    try:
+        trust = ssl.create_default_context(cafile=str(cert))
+        with urllib.request.urlopen(
+            f"https://127.0.0.1:{port}/metrics", context=trust, timeout=30
+        ) as r:
+            assert b"DCGM_FI_DEV_GPU_TEMP" in r.read()
+        with pytest.raises((OSError, http.client.HTTPException)):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_basic_auth_refuses_a_bad_password_and_no_password(tmp_path: Path) -> None:
+    import base64
+
+    from gpustation.serve.http import load_users
+
+    users_file = tmp_path / "users"
+    users_file.write_text("# who may scrape\nprom:s3cret\n")
+    users_file.chmod(0o600)
+    server, _ = _serve_with(tmp_path, users=load_users(users_file))
+    port = server.server_address[1]
+
+    def get(auth: str | None) -> int:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
+        if auth is not None:
+            req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                assert b"DCGM_FI_DEV_GPU_TEMP" in resp.read()
+                return int(resp.status)
+        except urllib.error.HTTPError as err:
+            assert err.headers.get("WWW-Authenticate", "").startswith("Basic")
+            return int(err.code)
+
+    try:
+        assert get(None) == 401
+        assert get("prom:wrong") == 401
+        assert get("nobody:s3cret") == 401
+        assert get("prom:s3cret") == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_readable_auth_file_or_half_a_tls_pair_is_refused(tmp_path: Path) -> None:
+    users_file = tmp_path / "users"
+    users_file.write_text("prom:s3cret\n")
+    users_file.chmod(0o644)
+    for argv, named in (
+        (("--basic-auth-file", str(users_file)), "chmod 600"),
+        (("--tls-cert", str(tmp_path / "c.pem")), "--tls-key"),
+    ):
+        result = subprocess.run(
+            gpustation_cmd("serve", "--simulate", "1", *argv),
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == EXIT_USAGE and named in result.stderr
