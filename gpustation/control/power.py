@@ -163,14 +163,3 @@ def _undo(backend: Backend, done: Sequence[PowerChange], command: str) -> None:
             backend.set_power_limit(change.gpu, change.current_w)
         except Exception:  # the original error is the one to report
             pass
-
-
-def set_power(
-    backend: Backend,
-    indices: Sequence[int],
-    value: PowerValue,
-    command: str,
-) -> list[PowerChange]:
-    """Read, plan and apply in one go (for the UI and for profiles)."""
-    samples = backend.read_gpus(list(indices), slow=False)
-    return apply_power(backend, plan_power(samples, value), command)
