@@ -14,7 +14,7 @@ import random
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -414,17 +414,6 @@ class StepTimer:
         sync(self.device)
         elapsed = time.perf_counter() - self._t0
         return self._items / max(elapsed, 1e-9), elapsed
-
-
-@contextlib.contextmanager
-def timed() -> Iterator[list[float]]:
-    """``with timed() as t: ...`` then ``t[0]`` is the elapsed seconds."""
-    out = [0.0]
-    start = time.perf_counter()
-    try:
-        yield out
-    finally:
-        out[0] = time.perf_counter() - start
 
 
 def report_step(
