@@ -35,8 +35,8 @@ and keeps these rules:
   does this for any out-of-memory error that leaves ``main``. A runner with a
   step loop calls ``common.maybe_simulate_oom(args, step)`` in it, so the
   hidden ``--simulate-oom-at-step N`` makes that path testable on a CPU.
-- It imports neither textual nor ``gpustation.tui``, and nothing outside this
-  package imports it (torch stays in the child process).
+- It imports neither textual nor ``gpustation.tui``, and no other part of
+  gpustation imports it: torch stays in the child process.
 
 Modules here that are not runners are named in :data:`LIBRARY_MODULES`;
 :func:`runner_names` lists the rest. This module imports nothing heavy, so the
