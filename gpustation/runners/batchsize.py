@@ -26,7 +26,7 @@ from gpustation.runs.metrics import MetricsWriter
 WORKLOADS = ("resnet", "lora")
 
 
-def build_parser(workload: str) -> argparse.ArgumentParser:
+def build_parser(workload: str = "resnet") -> argparse.ArgumentParser:
     """The workload's own parser plus the search options."""
     if workload == "resnet":
         from gpustation.runners import resnet
@@ -68,7 +68,8 @@ def _resnet_trial(args: argparse.Namespace, device: torch.device) -> Callable[[i
 
     def run(batch: int) -> None:
         images, labels = next(resnet.synthetic_batches(args, device, batch))
-        for _ in range(args.steps):
+        for step in range(1, args.steps + 1):
+            common.maybe_simulate_oom(args, step)
             trainer.step(images, labels)
 
     return run
@@ -90,7 +91,8 @@ def _lora_trial(args: argparse.Namespace, device: torch.device) -> Callable[[int
 
     def run(batch: int) -> None:
         x = torch.randint(0, min(vocab, 256), (batch, args.seq_len), device=device)
-        for _ in range(args.steps):
+        for step in range(1, args.steps + 1):
+            common.maybe_simulate_oom(args, step)
             for xm in x.chunk(accum):
                 with prec.autocast():
                     loss = model(input_ids=xm, labels=xm).loss / accum

@@ -1,10 +1,7 @@
 """What every runner shares: arguments, device and precision, distributed setup,
 out-of-memory handling, timing and memory figures.
 
-Runners are child processes started by the launcher (or by hand with
-``python -m gpustation.runners.NAME``). They talk to the parent only through
-stdout (which becomes ``output.log``) and ``metrics.jsonl`` written with
-:class:`gpustation.runs.metrics.MetricsWriter`.
+The contract these helpers implement is written in ``gpustation/runners/__init__.py``.
 """
 
 from __future__ import annotations
@@ -17,23 +14,22 @@ import random
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from gpustation.runners import EXIT_OOM
 from gpustation.runs.metrics import RUN_DIR_ENV, MetricsWriter
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
-# Exit codes of runners. 3-6 are taken by the gpustation CLI; 75 (EX_TEMPFAIL in
-# sysexits.h: "try again later") fits "ran out of memory, retry with a change".
+# Exit codes of runners (EXIT_OOM is part of the contract in runners/__init__.py).
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-EXIT_OOM = 75
 
 OOM_EPILOG = (
     f"exit status: 0 success, 1 failure, 2 bad arguments, {EXIT_OOM} out of memory "
@@ -63,11 +59,11 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
 
 
 def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """A parser with the options every runner shares, under the same names.
+    """A parser with ``--seed --device --output-dir``, as every runner has them.
 
-    Presets and ``--set key=value`` rely on these names being identical in every
-    runner: ``--steps --batch-size --precision --seed --device --compile
-    --output-dir``. Booleans accept ``--flag`` and ``--no-flag``.
+    Presets and ``--set key=value`` rely on the names of ``SHARED_OPTIONS``
+    (runners/__init__.py) meaning the same in every runner. Booleans accept
+    ``--flag`` and ``--no-flag``.
     """
     parser = argparse.ArgumentParser(
         prog=f"python -m gpustation.runners.{prog}",
@@ -418,17 +414,6 @@ class StepTimer:
         sync(self.device)
         elapsed = time.perf_counter() - self._t0
         return self._items / max(elapsed, 1e-9), elapsed
-
-
-@contextlib.contextmanager
-def timed() -> Iterator[list[float]]:
-    """``with timed() as t: ...`` then ``t[0]`` is the elapsed seconds."""
-    out = [0.0]
-    start = time.perf_counter()
-    try:
-        yield out
-    finally:
-        out[0] = time.perf_counter() - start
 
 
 def report_step(

@@ -243,7 +243,7 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
                 losses.append((step, loss_val))
                 rate = timer.recent_rate() if step > warmup else None
                 mem = common.peak_memory_mib(device)
-                lr = schedule.get_last_lr()[0]
+                lr = float(schedule.get_last_lr()[0])
                 common.report_step(
                     metrics,
                     say,

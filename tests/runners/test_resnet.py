@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from gpustation.runners.common import EXIT_OOM
+from gpustation.runners import EXIT_OOM
 
 TINY = (
     "--device", "cpu", "--model", "resnet18", "--image-size", "32", "--num-classes", "10",

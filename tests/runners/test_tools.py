@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpustation.runners import batchsize, dataloader, infer
+from gpustation.runners import EXIT_OOM, batchsize, dataloader, infer
 
 
 def test_healthcheck_on_cpu_passes_and_skips_gpu_checks(run_inprocess) -> None:
@@ -135,6 +135,6 @@ def test_batchsize_lora_workload_and_total_failure(run_inprocess) -> None:
         "--simulate-oom-above", "0",
     )  # fmt: skip
     # Nothing fits: the out-of-memory exit status and advice, after trying down to 1.
-    assert r.returncode == 75
+    assert r.returncode == EXIT_OOM
     assert "even batch 1 does not fit" in r.stderr
     assert [t["batch_size"] for t in r.summary["trials"]] == [2, 1]
