@@ -20,14 +20,13 @@ listed there, as if each were given with ``--host``.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpustation import paths
+from gpustation.config import config_path, section
 from gpustation.errors import UsageError
 from gpustation.fleet.ssh import (
     CONNECTING,
@@ -64,24 +63,8 @@ def load_fleet_config(path: Path | None = None) -> FleetConfig:
 
     Every problem in the table is collected and reported at once.
     """
-    path = path or paths.config_dir() / "config.toml"
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return FleetConfig()
-    except OSError as err:
-        raise UsageError(f"cannot read {path}: {err.strerror or err}") from None
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
-    try:
-        data = tomllib.loads(raw.decode("utf-8", errors="replace"))
-    except tomllib.TOMLDecodeError as err:
-        raise UsageError(f"{path}: not valid TOML ({err})") from None
-    table = data.get("fleet", {})
-    if not isinstance(table, dict):
-        raise UsageError(f"{path}: [fleet] must be a table")
+    path = path or config_path()
+    table = section("fleet", path)
     problems: list[str] = []
     hosts = table.get("hosts", [])
     if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):

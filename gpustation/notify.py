@@ -1,0 +1,175 @@
+"""Being told: a run ended, a GPU was lost or throttled by heat, a GPU is held idle.
+
+``[notify]`` in config.toml::
+
+    [notify]
+    urls = ["ntfy://ntfy.sh/my-gpus", "mailto://user:pass@example.com"]  # apprise URLs
+    events = ["run_finished", "run_failed", "run_oom", "gpu_lost"]        # default: all
+    bell = true                                                            # terminal bell
+
+Messages go through apprise (the optional ``notify`` extra, imported only
+when URLs are configured) and, where a terminal is attached, the bell. A
+failure to notify is logged and never raised: a run's outcome and the
+dashboard never depend on a notification service.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpustation.config import config_path, section
+from gpustation.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+EVENTS = {
+    "run_finished": "a run finished",
+    "run_failed": "a run failed",
+    "run_oom": "a run ran out of GPU memory",
+    "gpu_lost": "a GPU fell off the bus",
+    "gpu_hot": "a GPU is throttled by heat",
+    "gpu_idle_held": "a process holds a GPU's memory but leaves it idle",
+}
+#: how long one notification may take before it is given up (seconds)
+SEND_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    urls: list[str] = field(default_factory=list)
+    events: frozenset[str] = frozenset(EVENTS)
+    bell: bool = True
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.urls) or self.bell
+
+
+def load_notify_config(path: Path | None = None) -> NotifyConfig:
+    """``[notify]`` from config.toml, every problem reported at once (UsageError)."""
+    path = path or config_path()
+    table = section("notify", path)
+    problems: list[str] = []
+    urls = table.get("urls", [])
+    if not isinstance(urls, list) or not all(isinstance(u, str) and "://" in u for u in urls):
+        problems.append('urls must be a list of apprise URLs such as "ntfy://topic"')
+        urls = []
+    events = table.get("events", sorted(EVENTS))
+    if not isinstance(events, list) or not all(isinstance(e, str) for e in events):
+        problems.append("events must be a list of event names")
+        events = []
+    unknown_events = sorted(set(events) - set(EVENTS))
+    if unknown_events:
+        problems.append(
+            f"unknown event(s) {', '.join(unknown_events)}; known: {', '.join(sorted(EVENTS))}"
+        )
+    bell = table.get("bell", True)
+    if not isinstance(bell, bool):
+        problems.append("bell must be true or false")
+        bell = True
+    unknown = sorted(set(table) - {"urls", "events", "bell"})
+    if unknown:
+        problems.append(f"unknown key(s): {', '.join(unknown)}")
+    if problems:
+        raise UsageError(f"{path} [notify]: " + "; ".join(problems))
+    return NotifyConfig(list(urls), frozenset(events) & frozenset(EVENTS), bell)
+
+
+class Notifier:
+    """Sends the events its config asks for; never raises."""
+
+    def __init__(
+        self,
+        config: NotifyConfig,
+        bell: Callable[[], None] | None = None,
+    ) -> None:
+        self.config = config
+        self._bell = bell or _terminal_bell
+        self._apprise: Any = None
+        #: why the last notification failed, for a status line
+        self.last_error: str | None = None
+
+    def wanted(self, event: str) -> bool:
+        return event in self.config.events
+
+    def send(self, event: str, title: str, body: str) -> bool:
+        """Notify of ``event``; True when every configured URL took the message."""
+        if not self.wanted(event):
+            return False
+        if self.config.bell:
+            try:
+                self._bell()
+            except Exception:  # a closed terminal must not matter
+                pass
+        if not self.config.urls:
+            return True
+        ok = False
+        try:
+            ok = self._send_with_timeout(title, body)
+        except Exception as err:  # apprise missing, a URL it cannot parse, a network error
+            self.last_error = f"{type(err).__name__}: {err}"
+            log.warning("notification %r not sent: %s", event, self.last_error)
+            return False
+        if not ok:
+            self.last_error = self.last_error or "a notification service refused the message"
+            log.warning("notification %r not sent: %s", event, self.last_error)
+        return ok
+
+    def _send_with_timeout(self, title: str, body: str) -> bool:
+        result: list[bool] = []
+        failure: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                result.append(bool(self._service().notify(title=title, body=body)))
+            except BaseException as err:
+                failure.append(err)
+
+        thread = threading.Thread(target=work, name="gpustation-notify", daemon=True)
+        thread.start()
+        thread.join(SEND_TIMEOUT_S)
+        if failure:
+            raise failure[0]
+        if thread.is_alive():
+            self.last_error = f"no answer within {SEND_TIMEOUT_S:g} s"
+            return False
+        return bool(result and result[0])
+
+    def _service(self) -> Any:
+        if self._apprise is None:
+            try:
+                import apprise
+            except ImportError:
+                raise RuntimeError(
+                    "apprise is not installed: pip install 'gpustation[notify]'"
+                ) from None
+            service = apprise.Apprise()
+            for url in self.config.urls:
+                if not service.add(url):
+                    raise ValueError(f"apprise cannot use the URL {url!r}")
+            self._apprise = service
+        return self._apprise
+
+
+def _terminal_bell() -> None:
+    stream = sys.stderr
+    if stream.isatty():
+        stream.write("\a")
+        stream.flush()
+
+
+def notifier_from_config() -> Notifier | None:
+    """The configured notifier, or None when nothing is configured or the
+    config is bad (a bad ``[notify]`` table must not stop a run; it is logged)."""
+    try:
+        config = load_notify_config()
+    except UsageError as err:
+        log.warning("%s", err)
+        return None
+    return Notifier(config) if config.urls else None
