@@ -29,6 +29,7 @@ RULES: dict[str, str] = {
     "vram_high": "VRAM almost full",
     "ecc_uncorrected": "new uncorrected ECC error",
     "gpu_lost": "GPU lost",
+    "gpu_idle_held": "GPU memory held while the GPU is idle",
 }
 CRITICAL = frozenset({"gpu_lost", "ecc_uncorrected", "thermal_throttle"})
 
@@ -59,6 +60,7 @@ class Alert:
             "vram_high": "VRAM full",
             "ecc_uncorrected": "ECC error",
             "gpu_lost": "LOST",
+            "gpu_idle_held": "held idle",
         }
         return f"GPU{self.gpu} {words.get(self.rule, self.rule)}"
 
@@ -157,10 +159,72 @@ def _evaluate(
     return new
 
 
+@dataclass(frozen=True, slots=True)
+class IdleRule:
+    """A GPU held but idle: a process holds at least ``min_gib`` of its memory
+    while its utilisation stays under ``max_util_pct`` for ``minutes``
+    (``[alerts] idle_min_gib``, ``idle_max_util_pct``, ``idle_minutes``)."""
+
+    min_gib: float = 1.0
+    max_util_pct: float = 5.0
+    minutes: float = 10.0
+
+
+class IdleHeld:
+    """Times how long each GPU process has held memory on an idle GPU."""
+
+    def __init__(self, rule: IdleRule) -> None:
+        self.rule = rule
+        self._since: dict[tuple[int, int], float] = {}
+
+    def conditions(self, snapshot: Snapshot) -> list[Alert]:
+        rule = self.rule
+        seen: set[tuple[int, int]] = set()
+        out: list[Alert] = []
+        for gpu in snapshot.gpus:
+            util = gpu.utilization_gpu_pct
+            if gpu.lost or util is None or util >= rule.max_util_pct:
+                continue
+            holders = []
+            for proc in gpu.processes:
+                mib = proc.gpu_memory_mib
+                if mib is None or mib < rule.min_gib * 1024:
+                    continue
+                key = (gpu.index, proc.pid)
+                seen.add(key)
+                since = self._since.setdefault(key, snapshot.time)
+                if snapshot.time - since >= rule.minutes * 60:
+                    holders.append(proc)
+            if holders:
+                who = "; ".join(
+                    f"pid {p.pid} ({p.user or 'unknown user'}: {p.command or p.name or '?'}) "
+                    f"holds {(p.gpu_memory_mib or 0) / 1024:.1f} GiB"
+                    for p in holders
+                )
+                out.append(
+                    Alert(
+                        "gpu_idle_held",
+                        gpu.index,
+                        f"GPU {gpu.index} idle (under {rule.max_util_pct:g} % for "
+                        f"{rule.minutes:g} min) while {who}",
+                        snapshot.time,
+                    )
+                )
+        for key in set(self._since) - seen:
+            del self._since[key]
+        return out
+
+
 class AlertLog:
     """Feeds snapshots through :func:`evaluate`; keeps the log and active alerts."""
 
-    def __init__(self, length: int = 500, repeat_quiet_s: float = REPEAT_QUIET_S) -> None:
+    def __init__(
+        self,
+        length: int = 500,
+        repeat_quiet_s: float = REPEAT_QUIET_S,
+        idle: IdleRule | None = None,
+    ) -> None:
+        self._idle = IdleHeld(idle or IdleRule())
         self.log: deque[Alert] = deque(maxlen=length)
         self.repeat_quiet_s = repeat_quiet_s
         self._prev: Snapshot | None = None
@@ -173,7 +237,7 @@ class AlertLog:
     def update(self, snapshot: Snapshot) -> list[Alert]:
         """Take the next snapshot; return the alerts newly written to the log."""
         # Conditions are computed once per snapshot and kept for the next call.
-        cur_conditions = conditions(snapshot)
+        cur_conditions = conditions(snapshot) + self._idle.conditions(snapshot)
         raised = _evaluate(self._prev, snapshot, self._prev_conditions, cur_conditions)
         self._prev = snapshot
         self._prev_conditions = cur_conditions

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from gpustation.telemetry.alerts import AlertLog, evaluate, topology_findings
-from gpustation.telemetry.model import GpuLink, GpuSample, PcieInfo, Snapshot, Topology
+from gpustation.telemetry.alerts import AlertLog, IdleRule, evaluate, topology_findings
+from gpustation.telemetry.model import (
+    GpuLink,
+    GpuSample,
+    PcieInfo,
+    ProcessInfo,
+    Snapshot,
+    Topology,
+)
 
 
 def gpu(index: int = 0, **kw: object) -> GpuSample:
@@ -126,3 +133,40 @@ def test_topology_findings_name_sys_pairs_and_slow_links_in_words() -> None:
     assert "peer-to-peer" not in text  # said once, as SYS
     assert "GPU 1 PCIe runs at Gen3 x8, below its maximum Gen4 x16 while 80 % busy" in text
     assert "GPU 2" not in text
+
+
+def _held(t: float, util: float, mib: float = 8192.0) -> Snapshot:
+    gpu = GpuSample(
+        index=0,
+        utilization_gpu_pct=util,
+        memory_used_mib=mib + 400,
+        memory_total_mib=24564,
+        processes=[
+            ProcessInfo(
+                pid=4242, gpu_memory_mib=mib, user="alice", command="python -m ipykernel_launcher"
+            )
+        ],
+    )
+    return Snapshot(hostname="h", time=t, gpus=[gpu])
+
+
+def test_a_gpu_held_but_idle_is_an_alert_after_the_rule_s_minutes() -> None:
+    log = AlertLog(idle=IdleRule(min_gib=1, max_util_pct=5, minutes=10))
+    assert log.update(_held(0, util=0)) == []
+    assert log.update(_held(9 * 60, util=2)) == []
+    (alert,) = log.update(_held(10 * 60, util=1))
+    assert alert.rule == "gpu_idle_held" and alert.gpu == 0
+    assert "alice" in alert.message and "ipykernel" in alert.message and "8.0 GiB" in alert.message
+    # busy again: the condition clears, and the clock starts over
+    assert log.update(_held(11 * 60, util=80)) == []
+    assert log.update(_held(12 * 60, util=0)) == []
+    assert all(a.rule != "gpu_idle_held" for a in log.active)
+
+
+def test_small_holders_and_busy_gpus_are_not_idle_held() -> None:
+    log = AlertLog(idle=IdleRule(min_gib=1, max_util_pct=5, minutes=1))
+    for t in range(0, 600, 60):
+        assert log.update(_held(t, util=0, mib=512)) == []  # under 1 GiB
+    log = AlertLog(idle=IdleRule(min_gib=1, max_util_pct=5, minutes=1))
+    for t in range(0, 600, 60):
+        assert log.update(_held(t, util=50)) == []  # the GPU works
