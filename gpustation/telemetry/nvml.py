@@ -19,11 +19,7 @@ How it stays robust and cheap:
   read only when ``slow=True``, in worker threads while the fast fields are
   read, so a one-shot snapshot pays for about one slow call.
 
-The module itself imports nothing heavy. By default the backend talks to NVML
-through :mod:`gpustation.telemetry.nvml_lite`, a small ctypes binding with
-pynvml's names and answers: ``import pynvml`` alone costs 50-80 ms, most of a
-one-shot snapshot. ``GPUSTATION_NVML=pynvml`` selects nvidia-ml-py instead, and
-it is also used, when installed, if the lite binding cannot load the library.
+NVML is read and written through nvidia-ml-py (``pynvml``) alone.
 """
 
 from __future__ import annotations
@@ -203,43 +199,6 @@ def _start_nvml(nvml: Any) -> None:
             f"NVML could not start: {err} ({type(err).__name__}). Is the NVIDIA driver "
             "installed and loaded? To try gpustation without a GPU, use --simulate."
         ) from None
-
-
-def _start_default_nvml() -> Any:
-    """Start NVML through the binding the environment asks for; return that module.
-
-    ``GPUSTATION_NVML=pynvml`` asks for nvidia-ml-py. Otherwise (unset or
-    ``lite``) the lite binding is used, and nvidia-ml-py stands in, when
-    installed, if the lite binding cannot load the library or breaks. A driver
-    that answers with an error would answer pynvml the same way: no fallback then.
-    """
-    choice = os.environ.get("GPUSTATION_NVML", "").strip().lower()
-    if choice == "pynvml":
-        module = _import_pynvml()
-        _start_nvml(module)
-        return module
-    if choice not in ("", "lite"):
-        raise UsageError(
-            f"GPUSTATION_NVML={choice!r} names no NVML binding: use 'lite' "
-            "(the default) or 'pynvml' (nvidia-ml-py)."
-        )
-    from gpustation.telemetry import nvml_lite
-
-    try:
-        nvml_lite.nvmlInit()
-        return nvml_lite
-    except nvml_lite.NVMLError as err:
-        if err.value != nvml_lite.NVML_ERROR_LIBRARY_NOT_FOUND:
-            raise NoDriverError(NvmlBackend._no_driver_message(err)) from None
-        first: Exception = err
-    except Exception as err:  # a binding that breaks must not hide the GPUs
-        first = err
-    try:
-        import pynvml
-    except ImportError:
-        raise NoDriverError(NvmlBackend._no_driver_message(first)) from None
-    _start_nvml(pynvml)
-    return pynvml
 
 
 def _sudo_hint() -> str:
@@ -469,7 +428,7 @@ class _Gpu:
 class NvmlBackend(Backend):
     """Reads real GPUs through NVML.
 
-    ``nvml`` is a module with pynvml's functions (pynvml, the lite binding or a
+    ``nvml`` is a module with pynvml's functions (pynvml or a
     fake); when it is not given, the environment picks one (see
     :func:`_start_default_nvml`).
     """
@@ -494,13 +453,11 @@ class NvmlBackend(Backend):
         teardown to the process exit. ``static_cache`` names another file for
         that cache.
         """
-        started = False
         self._prefetch_slow = prefetch_slow
         self._one_shot = one_shot
         self._static_cache: StaticCache | None = None
         if nvml is None:
-            nvml = _start_default_nvml()
-            started = True
+            nvml = _import_pynvml()
         self.nvml = nvml
         self._error_type: type[BaseException] = getattr(nvml, "NVMLError", Exception)
         # nvidia-ml-py hands some getters a ctypes object shared between calls
@@ -524,8 +481,7 @@ class NvmlBackend(Backend):
         self._lock = threading.RLock()
         self._closed = False
 
-        if not started:
-            _start_nvml(nvml)
+        _start_nvml(nvml)
         try:
             count = int(nvml.nvmlDeviceGetCount())
         except self._error_type as err:

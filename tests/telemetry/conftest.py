@@ -31,14 +31,11 @@ def _load_fake() -> ModuleType:
 def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     """The fake pynvml, reset to its default RTX 4090 + H200 machine.
 
-    It is also what ``import pynvml`` gives for the length of the test, and
-    ``GPUSTATION_NVML=pynvml`` makes the backend import pynvml rather than use
-    its default ctypes binding, so code that opens the backend itself
-    (``open_backend()``, commands run in-process) meets the fake too, never a
-    real GPU.
+    It is also what ``import pynvml`` gives for the length of the test, so
+    code that opens the backend itself (``open_backend()``, commands run
+    in-process) meets the fake too, never a real GPU.
     """
     monkeypatch.delenv("FAKE_NVML_SCENARIO", raising=False)
-    monkeypatch.setenv("GPUSTATION_NVML", "pynvml")
     monkeypatch.syspath_prepend(str(FAKE_NVML_DIR))
     fake = _load_fake()
     fake.reset()

@@ -831,7 +831,6 @@ def snapshot_cli(tmp_path: Path, scenario: dict[str, Any], *args: str) -> Any:
         env=child_env(
             PYTHONPATH=os.pathsep.join([str(FAKE_NVML_DIR), str(REPO)]),
             FAKE_NVML_SCENARIO=str(path),
-            GPUSTATION_NVML="pynvml",  # the fake stands in for nvidia-ml-py
         ),
     )
 
