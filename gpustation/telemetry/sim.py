@@ -33,7 +33,6 @@ from gpustation.telemetry.model import (
     PcieInfo,
     ProcessInfo,
     Topology,
-    encode_throttle,
 )
 
 
@@ -506,7 +505,3 @@ class SimBackend(Backend):
         with self._state() as state:
             self._advance(state, self.clock())
             self._gpu_state(state, index).update(values)
-
-    def throttle_mask(self, index: int) -> int:
-        with self._state() as state:
-            return encode_throttle(self._gpu_state(state, index)["throttle"])

@@ -10,8 +10,10 @@ from types import ModuleType
 import pytest
 
 from gpustation.cli import main
-from gpustation.paths import state_dir_name
-from gpustation.telemetry.nvml import STATIC_CACHE_FILE, NvmlBackend, StaticCache
+from gpustation.paths import state_dir
+from gpustation.telemetry.nvml import NvmlBackend
+from gpustation.telemetry.nvml.backend import CACHED_KEYS
+from gpustation.telemetry.nvml.static_cache import STATIC_CACHE_FILE, StaticCache
 from gpustation.telemetry.sampler import Sampler
 
 # The getters whose answers cannot change while the machine is up.
@@ -63,14 +65,18 @@ def test_file_of_another_boot_or_driver_is_not_used(fake_nvml: ModuleType, tmp_p
     path = tmp_path / "cache.json"
     backend = NvmlBackend(nvml=fake_nvml)
     try:
-        cache = StaticCache(str(path), "580.159.04", boot_id="boot-1")
-        cache.remember(backend._gpus[0])
-        cache.save()
-        gpu = backend._gpus[0]
-        assert StaticCache(str(path), "580.159.04", boot_id="boot-1").fill(gpu)
-        assert not StaticCache(str(path), "580.159.04", boot_id="boot-2").fill(gpu)
-        assert not StaticCache(str(path), "590.10", boot_id="boot-1").fill(gpu)
-        assert not StaticCache(str(path), "580.159.04", boot_id="boot-1").fill(backend._gpus[1])
+
+        def cache(driver: str = "580.159.04", boot: str = "boot-1") -> StaticCache:
+            return StaticCache(str(path), driver, CACHED_KEYS, boot_id=boot)
+
+        gpu, other = backend._gpus
+        first = cache()
+        first.remember(gpu.uuid, gpu.pci_bus_id, {**gpu.static, "num_fans": gpu.num_fans})
+        first.save()
+        assert cache().get(gpu.uuid, gpu.pci_bus_id) == {**gpu.static, "num_fans": 2}
+        assert cache(boot="boot-2").get(gpu.uuid, gpu.pci_bus_id) is None
+        assert cache(driver="590.10").get(gpu.uuid, gpu.pci_bus_id) is None
+        assert cache().get(other.uuid, other.pci_bus_id) is None
     finally:
         backend.close()
 
@@ -79,8 +85,8 @@ def test_file_of_another_boot_or_driver_is_not_used(fake_nvml: ModuleType, tmp_p
     "damage",
     [
         lambda doc: doc["gpus"].clear(),
-        lambda doc: [e.update(temp_slowdown="hot") for e in doc["gpus"].values()],
-        lambda doc: [e.pop("clock_sm_max") for e in doc["gpus"].values()],
+        lambda doc: [e.update(temperature_slowdown_c="hot") for e in doc["gpus"].values()],
+        lambda doc: [e.pop("clock_sm_max_mhz") for e in doc["gpus"].values()],
         lambda doc: [e.update(pci_bus_id="00000000:99:00.0") for e in doc["gpus"].values()],
     ],
     ids=["empty", "wrong-type", "missing-field", "moved-gpu"],
@@ -114,7 +120,7 @@ def test_a_gpu_whose_static_read_failed_is_not_kept(fake_nvml: ModuleType, tmp_p
 
 
 def test_long_lived_backends_always_ask_the_driver(fake_nvml: ModuleType) -> None:
-    path = Path(state_dir_name()) / STATIC_CACHE_FILE  # where a one-shot run keeps it
+    path = state_dir() / STATIC_CACHE_FILE  # where a one-shot run keeps it
     one_shot(fake_nvml, path)
     fake_nvml.calls.clear()
     NvmlBackend(nvml=fake_nvml).close()  # as control and the dashboard open it
