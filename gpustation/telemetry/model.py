@@ -214,6 +214,13 @@ class GpuSample:
     utilization_memory_pct: float | None = gpu_field(
         FAST, _R("nvmlDeviceGetUtilizationRates", part="memory"), label="mem", unit="%"
     )
+    # NVML answers [utilization, sampling period in µs]; the video engines.
+    encoder_utilization_pct: float | None = gpu_field(
+        FAST, _R("nvmlDeviceGetEncoderUtilization", part=0), label="enc", unit="%"
+    )
+    decoder_utilization_pct: float | None = gpu_field(
+        FAST, _R("nvmlDeviceGetDecoderUtilization", part=0), label="dec", unit="%"
+    )
     fans_pct: list[float] = gpu_field(
         FAST, _R("nvmlDeviceGetFanSpeed_v2", per_fan=True), label="Fans", unit="%", factory=list
     )

@@ -390,6 +390,11 @@ class SimBackend(Backend):
         sample.memory_total_mib = spec.memory_total_mib
         sample.utilization_gpu_pct = round(load * 100.0)
         sample.utilization_memory_pct = round(load * 62.0)
+        # Video engines: a little work from jobs that decode their inputs on the GPU.
+        sample.encoder_utilization_pct = round(load * 6.0 * self._hash("enc", index)) if busy else 0
+        sample.decoder_utilization_pct = (
+            round(load * 30.0 * self._hash("dec", index)) if busy else 0
+        )
         sample.fans_pct = [round(f) for f in g["fans_pct"]]
         sample.fan_control = list(g["fan_mode"])
         sample.pstate = (2 if spec.fans else 0) if busy else (8 if spec.fans else 0)

@@ -77,6 +77,8 @@ def test_every_field_is_read_with_its_unit(open_backend: Callable[..., NvmlBacke
     # Memory info v2: used excludes the driver's reservation.
     assert (rtx.memory_used_mib, rtx.memory_total_mib) == (8192, 24564)
     assert (rtx.utilization_gpu_pct, rtx.utilization_memory_pct) == (97, 45)
+    assert (rtx.encoder_utilization_pct, rtx.decoder_utilization_pct) == (7, 23)
+    assert (h200.encoder_utilization_pct, h200.decoder_utilization_pct) == (0, 0)  # idle, not None
     assert rtx.fans_pct == [45, 47] and rtx.fan_control == ["auto", "auto"]
     assert rtx.pstate == 2
     assert rtx.throttle_reasons == ["sw_power_cap"] and rtx.power_throttled
@@ -148,6 +150,8 @@ FIELDS: dict[str, tuple[list[str], list[str]]] = {
         ["nvmlDeviceGetUtilizationRates"],
         ["utilization_gpu_pct", "utilization_memory_pct"],
     ),
+    "encoder": (["nvmlDeviceGetEncoderUtilization"], ["encoder_utilization_pct"]),
+    "decoder": (["nvmlDeviceGetDecoderUtilization"], ["decoder_utilization_pct"]),
     "fans": (["nvmlDeviceGetFanSpeed_v2"], ["fans_pct"]),
     "fan_control": (["nvmlDeviceGetFanControlPolicy_v2"], ["fan_control"]),
     "pstate": (["nvmlDeviceGetPerformanceState"], ["pstate"]),
