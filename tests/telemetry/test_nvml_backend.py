@@ -24,7 +24,8 @@ from gpustation.errors import (
     NoDriverError,
     NotSupportedError,
 )
-from gpustation.telemetry.model import GpuSample, Snapshot
+from gpustation.telemetry.model import SLOW as SLOW_COST
+from gpustation.telemetry.model import GpuSample, PcieInfo, Snapshot, specs
 from gpustation.telemetry.nvml import NvmlBackend
 from gpustation.telemetry.nvml import backend as nvml_module
 from gpustation.telemetry.nvml.topology import (
@@ -459,6 +460,24 @@ def test_slow_fields_only_when_asked_and_reused_between(
     assert len(fake_nvml.calls_of("nvmlDeviceGetPcieThroughput")) == 4
 
     assert read(backend, slow=True)[0].energy_j == 92_000
+
+
+def test_the_slow_pass_reads_the_functions_declared_slow(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    declared = {
+        spec.nvml.function
+        for cls in (GpuSample, PcieInfo)
+        for spec in specs(cls).values()
+        if spec.cost == SLOW_COST and spec.nvml is not None
+    }
+    assert "nvmlDeviceGetPcieReplayCounter" in declared
+    backend = open_backend()
+    fake_nvml.calls.clear()
+    read(backend, slow=False)
+    assert not {name for name, _ in fake_nvml.calls} & declared
+    read(backend, slow=True)
+    assert {name for name, _ in fake_nvml.calls} >= declared
 
 
 def test_slow_getters_of_all_gpus_run_side_by_side(

@@ -11,6 +11,7 @@ import pytest
 
 from gpustation.cli import main
 from gpustation.paths import state_dir
+from gpustation.telemetry.model import STATIC, GpuSample, PcieInfo, specs
 from gpustation.telemetry.nvml import NvmlBackend
 from gpustation.telemetry.nvml.backend import CACHED_KEYS
 from gpustation.telemetry.nvml.static_cache import STATIC_CACHE_FILE, StaticCache
@@ -158,3 +159,13 @@ def test_sampler_without_topology_reads_none(fake_nvml: ModuleType) -> None:
         assert snap.topology.links == [] and snap.gpus[0].pcie.tx_kib_s is None
     finally:
         backend.close()
+
+
+def test_the_file_keeps_the_fields_declared_static(fake_nvml: ModuleType, tmp_path: Path) -> None:
+    path = tmp_path / STATIC_CACHE_FILE
+    one_shot(fake_nvml, path)
+    declared = [n for n, s in specs(GpuSample).items() if s.cost == STATIC]
+    declared += [f"pcie.{n}" for n, s in specs(PcieInfo).items() if s.cost == STATIC]
+    assert "power_max_w" in declared and "pcie.max_gen" in declared
+    for entry in marshal.loads(path.read_bytes())["gpus"].values():
+        assert set(entry) == {*declared, "num_fans", "pci_bus_id"}
