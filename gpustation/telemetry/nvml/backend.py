@@ -53,6 +53,8 @@ from gpustation.telemetry.nvml.topology import TopologyReader, text
 LOST_RETRY_S = 10.0
 
 _MIB = 1024.0 * 1024.0
+# NVML's "value not available" for unsigned long long fields (usedGpuMemory).
+_NOT_AVAILABLE_ULL = (1 << 64) - 1
 
 
 class Field(NamedTuple):
@@ -365,14 +367,13 @@ class NvmlBackend(Backend):
         return sample
 
     def _processes(self, gpu: Gpu) -> list[ProcessInfo]:
-        not_available = self._const("NVML_VALUE_NOT_AVAILABLE_ULONGLONG") or (1 << 64) - 1
         by_pid: dict[int, ProcessInfo] = {}
         for kind in ("compute", "graphics"):
             name = f"nvmlDeviceGet{kind.capitalize()}RunningProcesses"
             for proc in self.q(gpu, "processes", name) or ():
                 pid = int(proc.pid)
                 raw = getattr(proc, "usedGpuMemory", None)
-                mib = None if raw is None or raw >= not_available else raw / _MIB
+                mib = None if raw is None or raw >= _NOT_AVAILABLE_ULL else raw / _MIB
                 seen = by_pid.get(pid)
                 if seen is None:
                     by_pid[pid] = ProcessInfo(pid=pid, gpu_memory_mib=mib, kind=kind)
