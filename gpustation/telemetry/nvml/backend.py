@@ -45,7 +45,14 @@ from gpustation.telemetry.model import (
     decode_throttle,
     specs,
 )
-from gpustation.telemetry.nvml.query import MISSING, Device, GpuLost, Query
+from gpustation.telemetry.nvml.query import (
+    MISSING,
+    Device,
+    GpuLost,
+    Query,
+    no_driver_message,
+    start_nvml,
+)
 from gpustation.telemetry.nvml.static_cache import STATIC_CACHE_FILE, StaticCache
 from gpustation.telemetry.nvml.topology import TopologyReader, text
 
@@ -113,26 +120,6 @@ def _put(sample: GpuSample, f: Field, value: Any) -> None:
     setattr(sample if f.record is None else getattr(sample, f.record), f.name, value)
 
 
-def _import_pynvml() -> Any:
-    try:
-        import pynvml
-    except ImportError as err:
-        raise NoDriverError(
-            f"NVML could not start: the pynvml module is missing ({err}). "
-            "Install nvidia-ml-py. To try gpustation without a GPU, use --simulate."
-        ) from None
-    return pynvml
-
-
-def _no_driver_message(err: BaseException) -> str:
-    code = getattr(err, "value", None)
-    kind = type(err).__name__ + (f", code {code}" if code is not None else "")
-    return (
-        f"NVML could not start: {err} ({kind}). Is the NVIDIA driver installed and "
-        "loaded? To try gpustation without a GPU, use --simulate."
-    )
-
-
 def _sudo_hint() -> str:
     """The command line to run again as root, when we can tell what it was."""
     argv0 = os.path.basename(sys.argv[0]) if sys.argv else ""
@@ -158,18 +145,7 @@ class NvmlBackend(Backend):
         snapshot``): static values then come from the :class:`StaticCache` in
         the state directory when it has them. ``static_cache`` names another
         file for that cache."""
-        if nvml is None:
-            nvml = _import_pynvml()
-        self.nvml = nvml
-        try:
-            nvml.nvmlInit()
-        except getattr(nvml, "NVMLError", Exception) as err:
-            raise NoDriverError(_no_driver_message(err)) from None
-        except (OSError, AttributeError) as err:
-            raise NoDriverError(
-                f"NVML could not start: {err} ({type(err).__name__}). Is the NVIDIA driver "
-                "installed and loaded? To try gpustation without a GPU, use --simulate."
-            ) from None
+        self.nvml = nvml = start_nvml(nvml)
         self.q = Query(nvml)
         self._closed = False
         # One read or write at a time: nvidia-ml-py hands some getters one shared
@@ -179,7 +155,7 @@ class NvmlBackend(Backend):
             count = int(nvml.nvmlDeviceGetCount())
         except self.q.error_type as err:
             self._shutdown()
-            raise NoDriverError(_no_driver_message(err)) from None
+            raise NoDriverError(no_driver_message(err)) from None
         self._args = {a: self._const(a) for f in FIELDS for a in f.read.args}
         self._manual = self._const("NVML_FAN_POLICY_MANUAL")
         self._pstate_unknown = self._const("NVML_PSTATE_UNKNOWN")

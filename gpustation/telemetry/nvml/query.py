@@ -9,6 +9,8 @@ In the manner of nvitop's ``nvmlQuery``:
 * GPU is lost -> :class:`GpuLost`, the one exception a read lets through;
 * any other NVML error -> ``None``, kept in :attr:`Query.errors` for a debug view.
 
+:func:`start_nvml` imports nvidia-ml-py and starts NVML, or says why it cannot.
+
 Versioned functions are tried newest first from :data:`FALLBACKS`, the one
 table of version differences.
 """
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+
+from gpustation.errors import NoDriverError
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,40 @@ VERSION_KEYWORDS: dict[str, tuple[str, str, str]] = {
 
 #: Functions this process found missing; never called again.
 MISSING: set[str] = set()
+
+
+def no_driver_message(err: BaseException) -> str:
+    code = getattr(err, "value", None)
+    kind = type(err).__name__ + (f", code {code}" if code is not None else "")
+    return (
+        f"NVML could not start: {err} ({kind}). Is the NVIDIA driver installed and "
+        "loaded? To try gpustation without a GPU, use --simulate."
+    )
+
+
+def start_nvml(nvml: Any = None) -> Any:
+    """``nvmlInit()`` on ``nvml`` (default: ``import pynvml``); return that module.
+
+    A missing module, library or driver is a :class:`NoDriverError`.
+    """
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError as err:
+            raise NoDriverError(
+                f"NVML could not start: the pynvml module is missing ({err}). "
+                "Install nvidia-ml-py. To try gpustation without a GPU, use --simulate."
+            ) from None
+    try:
+        nvml.nvmlInit()
+    except getattr(nvml, "NVMLError", Exception) as err:
+        raise NoDriverError(no_driver_message(err)) from None
+    except (OSError, AttributeError) as err:
+        raise NoDriverError(
+            f"NVML could not start: {err} ({type(err).__name__}). Is the NVIDIA driver "
+            "installed and loaded? To try gpustation without a GPU, use --simulate."
+        ) from None
+    return nvml
 
 
 class GpuLost(Exception):
