@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -237,8 +238,11 @@ def test_other_errors_are_recorded_and_retried(
 
 
 def test_function_not_found_is_remembered(
-    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+    fake_nvml: ModuleType,
+    open_backend: Callable[..., NvmlBackend],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="gpustation.telemetry.nvml.query")
     fake_nvml.function_not_found("nvmlDeviceGetCurrentClocksEventReasons")
     backend = open_backend()
     for _ in range(3):
@@ -250,6 +254,9 @@ def test_function_not_found_is_remembered(
     assert len(fake_nvml.calls_of("nvmlDeviceGetCurrentClocksThrottleReasons")) == 6
     assert "nvmlDeviceGetCurrentClocksEventReasons" in backend.missing_functions
     assert backend.errors == {}
+    # said once in the log, not on every read
+    said = [r for r in caplog.records if "nvmlDeviceGetCurrentClocksEventReasons" in r.getMessage()]
+    assert len(said) == 1
 
 
 def test_function_absent_from_an_old_pynvml_falls_back(
