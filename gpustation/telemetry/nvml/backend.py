@@ -31,6 +31,7 @@ from gpustation.errors import (
     NotSupportedError,
     UsageError,
 )
+from gpustation.paths import state_dir
 from gpustation.telemetry.backend import Backend
 from gpustation.telemetry.model import (
     FAST,
@@ -176,8 +177,6 @@ class NvmlBackend(Backend):
         self._cache: StaticCache | None = None
         if one_shot or static_cache:
             if static_cache is None:
-                from gpustation.paths import state_dir
-
                 static_cache = str(state_dir() / STATIC_CACHE_FILE)
             self._cache = StaticCache(static_cache, self._driver, CACHED_KEYS)
         self._gpus = [Gpu(i) for i in range(count)]
