@@ -8,63 +8,26 @@ directory can also be set directly with ``GPUSTATION_CONFIG_DIR``,
 from __future__ import annotations
 
 import os
-import sys
+from pathlib import Path
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from pathlib import Path
+import platformdirs
 
 APP = "gpustation"
 
-# What platformdirs answers on Linux, where a one-shot ``gpustation snapshot``
-# finds its state directory without importing it (or pathlib).
-_XDG = {
-    "config": ("XDG_CONFIG_HOME", "~/.config"),
-    "data": ("XDG_DATA_HOME", "~/.local/share"),
-    "state": ("XDG_STATE_HOME", "~/.local/state"),
-}
-
-
-def dir_name(env: str, kind: str) -> str:
-    """The directory of ``kind`` (config, data, state) as a string."""
-    override = os.environ.get(env)
-    if override:
-        return override
-    if sys.platform.startswith("linux"):
-        var, default = _XDG[kind]
-        base = os.environ.get(var, "").strip() or os.path.expanduser(default)
-        return os.path.join(base, APP)
-    import platformdirs
-
-    getter = {
-        "config": platformdirs.user_config_dir,
-        "data": platformdirs.user_data_dir,
-        "state": platformdirs.user_state_dir,
-    }[kind]
-    return str(getter(APP, appauthor=False))
-
-
-def _dir(env: str, kind: str) -> Path:
-    from pathlib import Path
-
-    return Path(dir_name(env, kind))
-
 
 def config_dir() -> Path:
-    return _dir("GPUSTATION_CONFIG_DIR", "config")
+    override = os.environ.get("GPUSTATION_CONFIG_DIR")
+    return Path(override or platformdirs.user_config_dir(APP, appauthor=False))
 
 
 def data_dir() -> Path:
-    return _dir("GPUSTATION_DATA_DIR", "data")
+    override = os.environ.get("GPUSTATION_DATA_DIR")
+    return Path(override or platformdirs.user_data_dir(APP, appauthor=False))
 
 
 def state_dir() -> Path:
-    return _dir("GPUSTATION_STATE_DIR", "state")
-
-
-def state_dir_name() -> str:
-    """:func:`state_dir` as a string, for the paths that must not import pathlib."""
-    return dir_name("GPUSTATION_STATE_DIR", "state")
+    override = os.environ.get("GPUSTATION_STATE_DIR")
+    return Path(override or platformdirs.user_state_dir(APP, appauthor=False))
 
 
 def runs_dir() -> Path:
@@ -80,6 +43,4 @@ def user_profiles_dir() -> Path:
 
 
 def package_dir() -> Path:
-    from pathlib import Path
-
     return Path(__file__).resolve().parent

@@ -52,14 +52,12 @@ def backend_from_args(
     args: argparse.Namespace,
     fallback_to_sim: bool = False,
     one_shot: bool = False,
-    slow_fields: bool = True,
 ) -> Backend:
     return open_backend(
         simulate=getattr(args, "simulate", None),
         sim_card=getattr(args, "sim_card", None),
         fallback_to_sim=fallback_to_sim,
         one_shot=one_shot,
-        slow_fields=slow_fields,
     )
 
 

@@ -60,9 +60,9 @@ def run(args: argparse.Namespace) -> int:
     one_shot = args.watch is None
     # The table shows neither the slow fields (PCIe throughput, energy, replay
     # counter) nor the topology, so it does not read them: the PCIe throughput
-    # alone is a 21 ms driver call. JSON has every field of the model.
+    # is a slow driver call. JSON has every field of the model.
     full = bool(args.json)
-    backend = options.backend_from_args(args, one_shot=one_shot, slow_fields=full)
+    backend = options.backend_from_args(args, one_shot=one_shot)
     backend.read_ecc = full  # nor the ECC counter, whose first read is slow
     try:
         sampler = Sampler(backend, gpus=wanted, slow_interval_s=5.0, with_topology=full)

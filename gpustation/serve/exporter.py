@@ -61,6 +61,8 @@ _DCGM_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | None]], ...] =
         "Memory utilization (in %).",
         lambda g: g.utilization_memory_pct,
     ),
+    ("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", lambda g: g.encoder_utilization_pct),
+    ("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", lambda g: g.decoder_utilization_pct),
     (
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
         "Total energy consumption since boot (in mJ); only ever increases.",

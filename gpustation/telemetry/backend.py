@@ -21,14 +21,13 @@ class Backend(ABC):
     simulated: bool = False
     #: Why this backend is in use, when that is worth telling the user.
     note: str | None = None
-    #: Read the energy counter with the slow fields. The driver spends 3-4 ms
-    #: of CPU on each read (an H200 machine), so a reader that never shows it
-    #: (the dashboard) turns it off; ``energy_j`` is then ``None``.
+    #: Read the energy counter with the slow fields. Each read costs the driver
+    #: CPU time, so a reader that never shows it (the dashboard) turns it off;
+    #: ``energy_j`` is then ``None``.
     read_energy: bool = True
     #: Read the uncorrected-ECC counter with the fast fields. Its first read in
-    #: a process costs about 2 ms of driver time (an H200 machine), so the
-    #: snapshot table, which does not print it, turns it off; ``ecc_uncorrected``
-    #: is then ``None``.
+    #: a process is slow, so the snapshot table, which does not print it, turns
+    #: it off; ``ecc_uncorrected`` is then ``None``.
     read_ecc: bool = True
 
     @abstractmethod
@@ -44,13 +43,6 @@ class Backend(ABC):
 
     @abstractmethod
     def topology(self, indices: Sequence[int]) -> Topology: ...
-
-    def prefetch_topology(self, indices: Sequence[int]) -> None:  # noqa: B027 - optional hook
-        """Start working out :meth:`topology` of ``indices`` beside the next read.
-
-        A backend that can asks the driver on a thread of its own; the next
-        :meth:`topology` of the same GPUs then takes that answer.
-        """
 
     def driver_version(self) -> str | None:
         return None
@@ -129,15 +121,13 @@ def open_backend(
     sim_card: str | None = None,
     fallback_to_sim: bool = False,
     one_shot: bool = False,
-    slow_fields: bool = True,
 ) -> Backend:
     """Open NVML, or the simulator when asked (or when NVML fails and allowed).
 
     ``simulate`` is the number of simulated GPUs, ``-1`` for the default, and
     ``None`` for real GPUs. ``one_shot`` says the caller will read once and
     leave (``gpustation snapshot``): static values may then come from the
-    cache of the last run, and the slow fields, unless ``slow_fields`` is
-    false (the caller will not read them), are read as the GPUs open. The
+    cache of the last run. The
     environment variable ``GPUSTATION_SIMULATE`` does the same as
     ``--simulate`` (handy under ssh and in tests).
     """
@@ -157,7 +147,7 @@ def open_backend(
     try:
         from gpustation.telemetry.nvml import NvmlBackend
 
-        return NvmlBackend(one_shot=one_shot, prefetch_slow=one_shot and slow_fields)
+        return NvmlBackend(one_shot=one_shot)
     except NoDriverError as err:
         if not fallback_to_sim:
             raise

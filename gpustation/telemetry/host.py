@@ -14,12 +14,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 from gpustation.telemetry.model import HostSample, ProcessInfo
-
-TYPE_CHECKING = False  # typing stays out of a one-shot snapshot
-if TYPE_CHECKING:
-    from typing import Any
 
 MIB = 1024 * 1024
 _LINUX = sys.platform.startswith("linux") and os.path.exists("/proc/stat")

@@ -3,13 +3,18 @@
 Units are in the names. A value the hardware does not report is ``None``
 (``null`` in JSON), never a made-up number. ``Snapshot.to_dict`` gives the
 ``gpustation.snapshot/1`` document; ``Snapshot.from_dict`` reads it back.
+
+Each GPU field is declared once, below, with :func:`gpu_field`: its cost
+class, how NVML reads it (plain data that ``telemetry/nvml`` interprets) and
+its short label and unit for renderers. The JSON document, the NVML backend's
+reads, its static cache and slow cadence, and the snapshot table's headers all
+derive from those declarations.
 """
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing is not imported at run time: a one-shot snapshot skips it
-if TYPE_CHECKING:
-    from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 SCHEMA = "gpustation.snapshot/1"
 
@@ -41,52 +46,85 @@ def encode_throttle(names: list[str]) -> int:
     return sum(bits[n] for n in names if n in bits)
 
 
-class _Record:
-    """Slots, equality, ``repr`` and dict conversion, all read from ``_fields``.
+# ---- cost classes: when a field is read ------------------------------------------
 
-    What ``@dataclass(slots=True)`` would give, written out: importing and
-    creating the dataclasses of this module took about 25 ms of a one-shot
-    ``gpustation snapshot`` on an H200 machine (``dataclasses`` pulls in
-    ``inspect``, and each class's methods are compiled at import).
+#: Read when the GPU opens; names the GPU (and keys the static cache).
+IDENTITY = "identity"
+#: Fixed while the machine is up with the same driver: read once, cacheable.
+STATIC = "static"
+#: Read on every refresh.
+FAST = "fast"
+#: Read on a cadence of its own (slow driver calls, counters); reused between.
+SLOW = "slow"
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlRead:
+    """How NVML reads one field: names only, no pynvml here.
+
+    ``function(handle, *args)`` where ``args`` name pynvml constants;
+    ``part`` picks an attribute (str) or item (int) of the answer; ``convert``
+    names a converter of the NVML backend (``float``, ``int``, ``milli`` for
+    mW -> W and mJ -> J, ``mib`` for bytes -> MiB, ``text``...). Versioned
+    variants of ``function`` are tried through the fallback table of
+    ``telemetry/nvml/query.py``. ``per_fan`` calls it once per fan (fan index
+    last) and gives a list.
     """
 
-    #: The field names, in the order of the JSON document; also the slots.
-    _fields: tuple[str, ...] = ()
-    __slots__ = ()
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return all(getattr(self, n) == getattr(other, n) for n in self._fields)
-
-    __hash__ = None  # type: ignore[assignment]  # mutable: not hashable, as a dataclass
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{n}={getattr(self, n)!r}" for n in self._fields)
-        return f"{type(self).__name__}({args})"
+    function: str
+    args: tuple[str, ...] = ()
+    part: str | int | None = None
+    convert: str = "float"
+    per_fan: bool = False
 
 
-class PcieInfo(_Record):
-    _fields = ("gen", "width", "max_gen", "max_width", "tx_kib_s", "rx_kib_s", "replay_errors")
-    __slots__ = _fields
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """What is declared about one field besides its name and type."""
 
-    def __init__(
-        self,
-        gen: int | None = None,
-        width: int | None = None,
-        max_gen: int | None = None,
-        max_width: int | None = None,
-        tx_kib_s: float | None = None,
-        rx_kib_s: float | None = None,
-        replay_errors: int | None = None,
-    ) -> None:
-        self.gen = gen
-        self.width = width
-        self.max_gen = max_gen
-        self.max_width = max_width
-        self.tx_kib_s = tx_kib_s
-        self.rx_kib_s = rx_kib_s
-        self.replay_errors = replay_errors
+    cost: str
+    nvml: NvmlRead | None = None
+    label: str = ""
+    unit: str = ""
+
+
+def gpu_field(
+    cost: str,
+    nvml: NvmlRead | None = None,
+    *,
+    label: str = "",
+    unit: str = "",
+    default: Any = None,
+    factory: Any = None,
+) -> Any:
+    """Declare a field: a dataclass field carrying its :class:`FieldSpec`."""
+    meta = {"spec": FieldSpec(cost, nvml, label, unit)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def specs(cls: type) -> dict[str, FieldSpec]:
+    """The declared fields of a record class, in order, with their specs."""
+    return {f.name: f.metadata["spec"] for f in fields(cls) if "spec" in f.metadata}
+
+
+_R = NvmlRead
+
+
+@dataclass(slots=True)
+class PcieInfo:
+    gen: int | None = gpu_field(FAST, _R("nvmlDeviceGetCurrPcieLinkGeneration", convert="int"))
+    width: int | None = gpu_field(FAST, _R("nvmlDeviceGetCurrPcieLinkWidth", convert="int"))
+    max_gen: int | None = gpu_field(STATIC, _R("nvmlDeviceGetMaxPcieLinkGeneration", convert="int"))
+    max_width: int | None = gpu_field(STATIC, _R("nvmlDeviceGetMaxPcieLinkWidth", convert="int"))
+    tx_kib_s: float | None = gpu_field(
+        SLOW, _R("nvmlDeviceGetPcieThroughput", ("NVML_PCIE_UTIL_TX_BYTES",)), unit="KiB/s"
+    )
+    rx_kib_s: float | None = gpu_field(
+        SLOW, _R("nvmlDeviceGetPcieThroughput", ("NVML_PCIE_UTIL_RX_BYTES",)), unit="KiB/s"
+    )
+    replay_errors: int | None = gpu_field(SLOW, _R("nvmlDeviceGetPcieReplayCounter", convert="int"))
 
     @property
     def below_max(self) -> bool:
@@ -96,122 +134,119 @@ class PcieInfo(_Record):
         )
 
 
-class ProcessInfo(_Record):
-    _fields = ("pid", "gpu_memory_mib", "user", "name", "command", "kind")
-    __slots__ = _fields
-
-    def __init__(
-        self,
-        pid: int,
-        gpu_memory_mib: float | None = None,
-        user: str | None = None,
-        name: str | None = None,
-        command: str | None = None,
-        kind: str = "compute",  # compute | graphics
-    ) -> None:
-        self.pid = pid
-        self.gpu_memory_mib = gpu_memory_mib
-        self.user = user
-        self.name = name
-        self.command = command
-        self.kind = kind
+@dataclass(slots=True)
+class ProcessInfo:
+    pid: int
+    gpu_memory_mib: float | None = None
+    user: str | None = None
+    name: str | None = None
+    command: str | None = None
+    kind: str = "compute"  # compute | graphics
 
 
-class GpuSample(_Record):
-    _fields = (
-        "index",
-        "uuid",
-        "name",
-        "pci_bus_id",
-        "lost",
-        "temperature_c",
-        "temperature_slowdown_c",
-        "temperature_shutdown_c",
-        "power_w",
-        "power_limit_w",
-        "power_default_w",
-        "power_min_w",
-        "power_max_w",
-        "energy_j",
-        "clock_sm_mhz",
-        "clock_sm_max_mhz",
-        "clock_mem_mhz",
-        "clock_mem_max_mhz",
-        "memory_used_mib",
-        "memory_total_mib",
-        "utilization_gpu_pct",
-        "utilization_memory_pct",
-        "fans_pct",
-        "fan_control",
-        "pstate",
-        "throttle_reasons",
-        "pcie",
-        "ecc_uncorrected",
-        "processes",
+@dataclass(slots=True)
+class GpuSample:
+    """One GPU at one moment; every field but ``index`` declared with its read."""
+
+    index: int
+    uuid: str | None = gpu_field(IDENTITY, _R("nvmlDeviceGetUUID", convert="text"))
+    name: str | None = gpu_field(IDENTITY, _R("nvmlDeviceGetName", convert="text"))
+    pci_bus_id: str | None = gpu_field(
+        IDENTITY, _R("nvmlDeviceGetPciInfo", part="busId", convert="text")
     )
-    __slots__ = _fields
-
-    def __init__(
-        self,
-        index: int,
-        uuid: str | None = None,
-        name: str | None = None,
-        pci_bus_id: str | None = None,
-        lost: bool = False,
-        temperature_c: float | None = None,
-        temperature_slowdown_c: float | None = None,
-        temperature_shutdown_c: float | None = None,
-        power_w: float | None = None,
-        power_limit_w: float | None = None,
-        power_default_w: float | None = None,
-        power_min_w: float | None = None,
-        power_max_w: float | None = None,
-        energy_j: float | None = None,
-        clock_sm_mhz: float | None = None,
-        clock_sm_max_mhz: float | None = None,
-        clock_mem_mhz: float | None = None,
-        clock_mem_max_mhz: float | None = None,
-        memory_used_mib: float | None = None,
-        memory_total_mib: float | None = None,
-        utilization_gpu_pct: float | None = None,
-        utilization_memory_pct: float | None = None,
-        fans_pct: list[float] | None = None,
-        fan_control: list[str] | None = None,
-        pstate: int | None = None,
-        throttle_reasons: list[str] | None = None,
-        pcie: PcieInfo | None = None,
-        ecc_uncorrected: int | None = None,
-        processes: list[ProcessInfo] | None = None,
-    ) -> None:
-        self.index = index
-        self.uuid = uuid
-        self.name = name
-        self.pci_bus_id = pci_bus_id
-        self.lost = lost
-        self.temperature_c = temperature_c
-        self.temperature_slowdown_c = temperature_slowdown_c
-        self.temperature_shutdown_c = temperature_shutdown_c
-        self.power_w = power_w
-        self.power_limit_w = power_limit_w
-        self.power_default_w = power_default_w
-        self.power_min_w = power_min_w
-        self.power_max_w = power_max_w
-        self.energy_j = energy_j
-        self.clock_sm_mhz = clock_sm_mhz
-        self.clock_sm_max_mhz = clock_sm_max_mhz
-        self.clock_mem_mhz = clock_mem_mhz
-        self.clock_mem_max_mhz = clock_mem_max_mhz
-        self.memory_used_mib = memory_used_mib
-        self.memory_total_mib = memory_total_mib
-        self.utilization_gpu_pct = utilization_gpu_pct
-        self.utilization_memory_pct = utilization_memory_pct
-        self.fans_pct: list[float] = [] if fans_pct is None else fans_pct
-        self.fan_control: list[str] = [] if fan_control is None else fan_control
-        self.pstate = pstate
-        self.throttle_reasons = throttle_reasons
-        self.pcie: PcieInfo = PcieInfo() if pcie is None else pcie
-        self.ecc_uncorrected = ecc_uncorrected
-        self.processes: list[ProcessInfo] = [] if processes is None else processes
+    lost: bool = gpu_field(FAST, default=False)
+    temperature_c: float | None = gpu_field(
+        FAST, _R("nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU",)), label="Temp", unit="°C"
+    )
+    temperature_slowdown_c: float | None = gpu_field(
+        STATIC,
+        _R("nvmlDeviceGetTemperatureThreshold", ("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN",)),
+        unit="°C",
+    )
+    temperature_shutdown_c: float | None = gpu_field(
+        STATIC,
+        _R("nvmlDeviceGetTemperatureThreshold", ("NVML_TEMPERATURE_THRESHOLD_SHUTDOWN",)),
+        unit="°C",
+    )
+    power_w: float | None = gpu_field(
+        FAST, _R("nvmlDeviceGetPowerUsage", convert="milli"), label="Power", unit="W"
+    )
+    power_limit_w: float | None = gpu_field(
+        FAST, _R("nvmlDeviceGetEnforcedPowerLimit", convert="milli"), unit="W"
+    )
+    power_default_w: float | None = gpu_field(
+        STATIC, _R("nvmlDeviceGetPowerManagementDefaultLimit", convert="milli"), unit="W"
+    )
+    power_min_w: float | None = gpu_field(
+        STATIC,
+        _R("nvmlDeviceGetPowerManagementLimitConstraints", part=0, convert="milli"),
+        unit="W",
+    )
+    power_max_w: float | None = gpu_field(
+        STATIC,
+        _R("nvmlDeviceGetPowerManagementLimitConstraints", part=1, convert="milli"),
+        unit="W",
+    )
+    energy_j: float | None = gpu_field(
+        SLOW, _R("nvmlDeviceGetTotalEnergyConsumption", convert="milli"), unit="J"
+    )
+    clock_sm_mhz: float | None = gpu_field(
+        FAST, _R("nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",)), label="SM", unit="MHz"
+    )
+    clock_sm_max_mhz: float | None = gpu_field(
+        STATIC, _R("nvmlDeviceGetMaxClockInfo", ("NVML_CLOCK_SM",)), unit="MHz"
+    )
+    clock_mem_mhz: float | None = gpu_field(
+        FAST, _R("nvmlDeviceGetClockInfo", ("NVML_CLOCK_MEM",)), label="Mem", unit="MHz"
+    )
+    clock_mem_max_mhz: float | None = gpu_field(
+        STATIC, _R("nvmlDeviceGetMaxClockInfo", ("NVML_CLOCK_MEM",)), unit="MHz"
+    )
+    memory_used_mib: float | None = gpu_field(
+        FAST, _R("nvmlDeviceGetMemoryInfo", part="used", convert="mib"), label="VRAM", unit="MiB"
+    )
+    memory_total_mib: float | None = gpu_field(
+        STATIC, _R("nvmlDeviceGetMemoryInfo", part="total", convert="mib"), unit="MiB"
+    )
+    utilization_gpu_pct: float | None = gpu_field(
+        FAST, _R("nvmlDeviceGetUtilizationRates", part="gpu"), label="Util", unit="%"
+    )
+    utilization_memory_pct: float | None = gpu_field(
+        FAST, _R("nvmlDeviceGetUtilizationRates", part="memory"), label="mem", unit="%"
+    )
+    # NVML answers [utilization, sampling period in µs]; the video engines.
+    encoder_utilization_pct: float | None = gpu_field(
+        FAST, _R("nvmlDeviceGetEncoderUtilization", part=0), label="enc", unit="%"
+    )
+    decoder_utilization_pct: float | None = gpu_field(
+        FAST, _R("nvmlDeviceGetDecoderUtilization", part=0), label="dec", unit="%"
+    )
+    fans_pct: list[float] = gpu_field(
+        FAST, _R("nvmlDeviceGetFanSpeed_v2", per_fan=True), label="Fans", unit="%", factory=list
+    )
+    fan_control: list[str] = gpu_field(
+        FAST,
+        _R("nvmlDeviceGetFanControlPolicy_v2", convert="fan_policy", per_fan=True),
+        factory=list,
+    )
+    pstate: int | None = gpu_field(
+        FAST, _R("nvmlDeviceGetPerformanceState", convert="pstate"), label="P"
+    )
+    throttle_reasons: list[str] | None = gpu_field(
+        FAST, _R("nvmlDeviceGetCurrentClocksEventReasons", convert="throttle"), label="Throttle"
+    )
+    # The link's own fields are declared in PcieInfo.
+    pcie: PcieInfo = gpu_field(FAST, label="PCIe", factory=PcieInfo)
+    ecc_uncorrected: int | None = gpu_field(
+        FAST,
+        _R(
+            "nvmlDeviceGetTotalEccErrors",
+            ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"),
+            convert="int",
+        ),
+    )
+    # Records of their own, read by the backend's process code.
+    processes: list[ProcessInfo] = gpu_field(FAST, factory=list)
 
     @property
     def memory_pct(self) -> float | None:
@@ -244,98 +279,45 @@ class GpuSample(_Record):
         )
 
 
-class HostSample(_Record):
-    _fields = (
-        "cpu_pct",
-        "cpu_per_core_pct",
-        "load_avg",
-        "memory_used_mib",
-        "memory_total_mib",
-        "swap_used_mib",
-        "swap_total_mib",
-        "disk_read_bytes_s",
-        "disk_write_bytes_s",
-        "net_rx_bytes_s",
-        "net_tx_bytes_s",
-    )
-    __slots__ = _fields
-
-    def __init__(
-        self,
-        cpu_pct: float | None = None,
-        cpu_per_core_pct: list[float] | None = None,
-        load_avg: list[float] | None = None,
-        memory_used_mib: float | None = None,
-        memory_total_mib: float | None = None,
-        swap_used_mib: float | None = None,
-        swap_total_mib: float | None = None,
-        disk_read_bytes_s: float | None = None,
-        disk_write_bytes_s: float | None = None,
-        net_rx_bytes_s: float | None = None,
-        net_tx_bytes_s: float | None = None,
-    ) -> None:
-        self.cpu_pct = cpu_pct
-        self.cpu_per_core_pct: list[float] = [] if cpu_per_core_pct is None else cpu_per_core_pct
-        self.load_avg = load_avg
-        self.memory_used_mib = memory_used_mib
-        self.memory_total_mib = memory_total_mib
-        self.swap_used_mib = swap_used_mib
-        self.swap_total_mib = swap_total_mib
-        self.disk_read_bytes_s = disk_read_bytes_s
-        self.disk_write_bytes_s = disk_write_bytes_s
-        self.net_rx_bytes_s = net_rx_bytes_s
-        self.net_tx_bytes_s = net_tx_bytes_s
+@dataclass(slots=True)
+class HostSample:
+    cpu_pct: float | None = None
+    cpu_per_core_pct: list[float] = field(default_factory=list)
+    load_avg: list[float] | None = None
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    swap_used_mib: float | None = None
+    swap_total_mib: float | None = None
+    disk_read_bytes_s: float | None = None
+    disk_write_bytes_s: float | None = None
+    net_rx_bytes_s: float | None = None
+    net_tx_bytes_s: float | None = None
 
 
-class GpuLink(_Record):
+@dataclass(slots=True)
+class GpuLink:
     """How two GPUs meet, as ``nvidia-smi topo -m`` names it."""
 
-    _fields = ("gpu_a", "gpu_b", "level", "p2p_read", "p2p_write", "nvlink_count")
-    __slots__ = _fields
-
-    def __init__(
-        self,
-        gpu_a: int,
-        gpu_b: int,
-        level: str | None = None,  # X, NV#, PIX, PXB, PHB, NODE, SYS
-        p2p_read: bool | None = None,
-        p2p_write: bool | None = None,
-        nvlink_count: int = 0,
-    ) -> None:
-        self.gpu_a = gpu_a
-        self.gpu_b = gpu_b
-        self.level = level
-        self.p2p_read = p2p_read
-        self.p2p_write = p2p_write
-        self.nvlink_count = nvlink_count
+    gpu_a: int
+    gpu_b: int
+    level: str | None = None  # X, NV#, PIX, PXB, PHB, NODE, SYS
+    p2p_read: bool | None = None
+    p2p_write: bool | None = None
+    nvlink_count: int = 0
 
 
-class GpuPlacement(_Record):
-    _fields = ("index", "numa_node", "cpu_affinity", "pcie_below_max")
-    __slots__ = _fields
-
-    def __init__(
-        self,
-        index: int,
-        numa_node: int | None = None,
-        cpu_affinity: str | None = None,  # e.g. "0-15,32-47"
-        pcie_below_max: bool = False,
-    ) -> None:
-        self.index = index
-        self.numa_node = numa_node
-        self.cpu_affinity = cpu_affinity
-        self.pcie_below_max = pcie_below_max
+@dataclass(slots=True)
+class GpuPlacement:
+    index: int
+    numa_node: int | None = None
+    cpu_affinity: str | None = None  # e.g. "0-15,32-47"
+    pcie_below_max: bool = False
 
 
-class Topology(_Record):
-    _fields = ("links", "gpus")
-    __slots__ = _fields
-
-    def __init__(
-        self, links: list[GpuLink] | None = None, gpus: list[GpuPlacement] | None = None
-    ) -> None:
-        self.links: list[GpuLink] = [] if links is None else links
-        self.gpus: list[GpuPlacement] = [] if gpus is None else gpus
+@dataclass(slots=True)
+class Topology:
+    links: list[GpuLink] = field(default_factory=list)
+    gpus: list[GpuPlacement] = field(default_factory=list)
 
     def link(self, a: int, b: int) -> GpuLink | None:
         for link in self.links:
@@ -344,47 +326,19 @@ class Topology(_Record):
         return None
 
 
-class Snapshot(_Record):
-    _fields = (
-        "hostname",
-        "time",
-        "simulated",
-        "driver_version",
-        "nvml_version",
-        "cuda_driver_version",
-        "gpus",
-        "host",
-        "topology",
-        "note",
-        "schema",
-    )
-    __slots__ = _fields
-
-    def __init__(
-        self,
-        hostname: str,
-        time: float,
-        simulated: bool = False,
-        driver_version: str | None = None,
-        nvml_version: str | None = None,
-        cuda_driver_version: str | None = None,
-        gpus: list[GpuSample] | None = None,
-        host: HostSample | None = None,
-        topology: Topology | None = None,
-        note: str | None = None,  # e.g. why the simulated backend is in use
-        schema: str = SCHEMA,
-    ) -> None:
-        self.hostname = hostname
-        self.time = time
-        self.simulated = simulated
-        self.driver_version = driver_version
-        self.nvml_version = nvml_version
-        self.cuda_driver_version = cuda_driver_version
-        self.gpus: list[GpuSample] = [] if gpus is None else gpus
-        self.host: HostSample = HostSample() if host is None else host
-        self.topology: Topology = Topology() if topology is None else topology
-        self.note = note
-        self.schema = schema
+@dataclass(slots=True)
+class Snapshot:
+    hostname: str
+    time: float
+    simulated: bool = False
+    driver_version: str | None = None
+    nvml_version: str | None = None
+    cuda_driver_version: str | None = None
+    gpus: list[GpuSample] = field(default_factory=list)
+    host: HostSample = field(default_factory=HostSample)
+    topology: Topology = field(default_factory=Topology)
+    note: str | None = None  # e.g. why the simulated backend is in use
+    schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)  # type: ignore[no-any-return]
@@ -402,12 +356,25 @@ class Snapshot(_Record):
         return None
 
 
-_NESTED: dict[tuple[type, str], type] = {}
+# Which fields hold records of their own (one, or a list of them).
+_NESTED: dict[tuple[type, str], type] = {
+    (Snapshot, "gpus"): GpuSample,
+    (Snapshot, "host"): HostSample,
+    (Snapshot, "topology"): Topology,
+    (Topology, "links"): GpuLink,
+    (Topology, "gpus"): GpuPlacement,
+    (GpuSample, "pcie"): PcieInfo,
+    (GpuSample, "processes"): ProcessInfo,
+}
+_NAMES: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in fields(cls)) for cls in {*(c for c, _ in _NESTED), *_NESTED.values()}
+}
 
 
 def _to_dict(obj: Any) -> Any:
-    if isinstance(obj, _Record):
-        return {name: _to_dict(getattr(obj, name)) for name in obj._fields}
+    names = _NAMES.get(type(obj))
+    if names is not None:
+        return {name: _to_dict(getattr(obj, name)) for name in names}
     if isinstance(obj, list):
         return [_to_dict(x) for x in obj]
     return obj
@@ -415,7 +382,7 @@ def _to_dict(obj: Any) -> Any:
 
 def _from_dict(cls: type, data: dict[str, Any]) -> Any:
     kwargs: dict[str, Any] = {}
-    for name in cls._fields:  # type: ignore[attr-defined]
+    for name in _NAMES[cls]:
         if name not in data:
             continue
         value = data[name]
@@ -427,16 +394,3 @@ def _from_dict(cls: type, data: dict[str, Any]) -> Any:
                 value = _from_dict(sub, value)
         kwargs[name] = value
     return cls(**kwargs)
-
-
-_NESTED.update(
-    {
-        (Snapshot, "gpus"): GpuSample,
-        (Snapshot, "host"): HostSample,
-        (Snapshot, "topology"): Topology,
-        (Topology, "links"): GpuLink,
-        (Topology, "gpus"): GpuPlacement,
-        (GpuSample, "pcie"): PcieInfo,
-        (GpuSample, "processes"): ProcessInfo,
-    }
-)

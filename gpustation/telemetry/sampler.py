@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator, Sequence
 
 from gpustation.telemetry.backend import Backend, select_gpus
 from gpustation.telemetry.host import HostSampler, describe_process
 from gpustation.telemetry.model import Snapshot, Topology
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
 
 
 class Sampler:
@@ -59,8 +56,6 @@ class Sampler:
             self._last_slow = now
         if self.host is not None:
             self.host.prime()
-        if self.with_topology and self._topology is None:
-            self.backend.prefetch_topology(self.gpus)
         gpus = self.backend.read_gpus(self.gpus, slow=slow)
         for gpu in gpus:
             for proc in gpu.processes:

@@ -33,7 +33,6 @@ from gpustation.telemetry.model import (
     PcieInfo,
     ProcessInfo,
     Topology,
-    encode_throttle,
 )
 
 
@@ -391,6 +390,11 @@ class SimBackend(Backend):
         sample.memory_total_mib = spec.memory_total_mib
         sample.utilization_gpu_pct = round(load * 100.0)
         sample.utilization_memory_pct = round(load * 62.0)
+        # Video engines: a little work from jobs that decode their inputs on the GPU.
+        sample.encoder_utilization_pct = round(load * 6.0 * self._hash("enc", index)) if busy else 0
+        sample.decoder_utilization_pct = (
+            round(load * 30.0 * self._hash("dec", index)) if busy else 0
+        )
         sample.fans_pct = [round(f) for f in g["fans_pct"]]
         sample.fan_control = list(g["fan_mode"])
         sample.pstate = (2 if spec.fans else 0) if busy else (8 if spec.fans else 0)
@@ -506,7 +510,3 @@ class SimBackend(Backend):
         with self._state() as state:
             self._advance(state, self.clock())
             self._gpu_state(state, index).update(values)
-
-    def throttle_mask(self, index: int) -> int:
-        with self._state() as state:
-            return encode_throttle(self._gpu_state(state, index)["throttle"])

@@ -9,9 +9,11 @@ terminal and ``NO_COLOR`` is unset — so pipes, ssh and cron get clean text.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 from gpustation.telemetry import format as fmt
-from gpustation.telemetry.model import LIMITING_REASONS, GpuSample, Snapshot
+from gpustation.telemetry.model import LIMITING_REASONS, GpuSample, Snapshot, specs
 
 Cell = tuple[str, str]  # (text, style name)
 
@@ -65,45 +67,77 @@ def temperature_style(gpu: GpuSample) -> str:
     return "green"
 
 
-def _gpu_row(g: GpuSample) -> list[Cell]:
-    name = f"{g.index} {g.name or fmt.NA}"
-    if g.lost:
-        return [(name, "")] + [("", "")] * 9 + [("GPU LOST (fell off the bus)", "red")]
+def _link(g: GpuSample) -> Cell:
     pcie = g.pcie
-    link = f"{fmt.pcie_link(pcie.gen, pcie.width)}/{fmt.pcie_link(pcie.max_gen, pcie.max_width)}"
+    text = f"{fmt.pcie_link(pcie.gen, pcie.width)}/{fmt.pcie_link(pcie.max_gen, pcie.max_width)}"
     slow_link = pcie.below_max and (g.utilization_gpu_pct or 0) > 0
+    return text, "yellow" if slow_link else ""
+
+
+def _throttle(g: GpuSample) -> Cell:
     limiting = bool(LIMITING_REASONS.intersection(g.throttle_reasons or ()))
-    return [
-        (name, ""),
-        (fmt.pair(g.temperature_c, g.temperature_slowdown_c), temperature_style(g)),
-        (fmt.pair(g.power_w, g.power_limit_w), "red" if g.power_throttled else ""),
-        (fmt.pair(g.clock_sm_mhz, g.clock_sm_max_mhz), ""),
-        (fmt.pair(g.clock_mem_mhz, g.clock_mem_max_mhz), ""),
-        (f"{fmt.mib(g.memory_used_mib)}/{fmt.mib(g.memory_total_mib)}", ""),
-        (f"{fmt.num(g.utilization_gpu_pct)}/{fmt.num(g.utilization_memory_pct)}", ""),
-        (",".join(fmt.num(f) for f in g.fans_pct) if g.fans_pct else "no fans", ""),
-        (fmt.pstate(g.pstate), ""),
-        (link, "yellow" if slow_link else ""),
-        (fmt.throttle(g.throttle_reasons), "red" if limiting else "dim"),
-    ]
+    return fmt.throttle(g.throttle_reasons), "red" if limiting else "dim"
+
+
+class Column(NamedTuple):
+    """A column of the GPU table: its header comes from the field's declaration."""
+
+    field: str  # the GpuSample field it shows first (its label and unit head the column)
+    cell: Callable[[GpuSample], Cell]
+    right: bool = True
+    unit_in_header: bool = True
+
+    @property
+    def header(self) -> str:
+        spec = _SPECS[self.field]
+        return f"{spec.label} {spec.unit}" if self.unit_in_header and spec.unit else spec.label
+
+
+_SPECS = specs(GpuSample)
+COLUMNS: tuple[Column, ...] = (
+    Column(
+        "temperature_c",
+        lambda g: (fmt.pair(g.temperature_c, g.temperature_slowdown_c), temperature_style(g)),
+    ),
+    Column(
+        "power_w",
+        lambda g: (fmt.pair(g.power_w, g.power_limit_w), "red" if g.power_throttled else ""),
+    ),
+    Column("clock_sm_mhz", lambda g: (fmt.pair(g.clock_sm_mhz, g.clock_sm_max_mhz), "")),
+    Column("clock_mem_mhz", lambda g: (fmt.pair(g.clock_mem_mhz, g.clock_mem_max_mhz), "")),
+    Column(
+        "memory_used_mib",
+        lambda g: (f"{fmt.mib(g.memory_used_mib)}/{fmt.mib(g.memory_total_mib)}", ""),
+        unit_in_header=False,
+    ),
+    Column(
+        "utilization_gpu_pct",
+        lambda g: (f"{fmt.num(g.utilization_gpu_pct)}/{fmt.num(g.utilization_memory_pct)}", ""),
+    ),
+    Column(
+        "fans_pct",
+        lambda g: (",".join(fmt.num(f) for f in g.fans_pct) if g.fans_pct else "no fans", ""),
+    ),
+    Column("pstate", lambda g: (fmt.pstate(g.pstate), "")),
+    Column("pcie", _link, right=False),
+    Column("throttle_reasons", _throttle, right=False),
+)
+
+
+def _gpu_row(g: GpuSample) -> list[Cell]:
+    name: Cell = (f"{g.index} {g.name or fmt.NA}", "")
+    if g.lost:
+        # The GPU's name, then the news across the columns' place.
+        blank: list[Cell] = [("", "")] * (len(COLUMNS) - 1)
+        return [name, *blank, ("GPU LOST (fell off the bus)", "red")]
+    return [name] + [column.cell(g) for column in COLUMNS]
 
 
 def gpu_lines(snap: Snapshot, color: bool = False) -> list[str]:
-    header = [
-        "GPU",
-        "Temp °C",
-        "Power W",
-        "SM MHz",
-        "Mem MHz",
-        "VRAM",
-        "Util %",
-        "Fans %",
-        "P",
-        "PCIe",
-        "Throttle",
-    ]
+    header = ["GPU"] + [column.header for column in COLUMNS]
     rows = [_gpu_row(g) for g in snap.gpus]
-    return _table(header, rows, right={1, 2, 3, 4, 5, 6, 7, 8}, color=color)
+    right = {i + 1 for i, column in enumerate(COLUMNS) if column.right}
+    return _table(header, rows, right=right, color=color)
 
 
 def host_line(snap: Snapshot) -> str:

@@ -122,6 +122,11 @@ def card_text(gpu: GpuSample, width: int, focused: bool = False) -> Text:
         title.append("  LOST: the driver no longer answers for this GPU", style="bold white on red")
         return title
     title.append(f"  {fmt.pstate(gpu.pstate)}", style="dim")
+    title.append(
+        f"  enc {fmt.num(gpu.encoder_utilization_pct, unit=' %')}"
+        f" dec {fmt.num(gpu.decoder_utilization_pct, unit=' %')}",
+        style="dim",
+    )
     barw = max(6, min(30, width - (70 if focused else 44)))
     t = Text()
     t.append_text(title)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -10,7 +11,7 @@ import time
 import pytest
 
 from gpustation.telemetry.model import SCHEMA, Snapshot
-from tests.conftest import child_env, gpustation_cmd
+from tests.conftest import FAKE_NVML_DIR, REPO, child_env, gpustation_cmd
 
 
 def run(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
@@ -99,32 +100,45 @@ def test_bad_arguments_exit_2_with_a_message(args: tuple[str, ...]) -> None:
     assert result.stdout == ""
 
 
-def test_snapshot_path_imports_neither_textual_nor_torch() -> None:
-    for extra in ((), ("--json",)):
-        result = subprocess.run(
-            [
-                *gpustation_cmd("snapshot", "--simulate", "1", *extra)[:1],
-                "-X",
-                "importtime",
-                *gpustation_cmd("snapshot", "--simulate", "1", *extra)[1:],
-            ],
-            capture_output=True,
-            text=True,
-            env=child_env(),
-            timeout=60,
-        )
-        assert result.returncode == 0, result.stderr
-        imported = {
-            line.split("|")[-1].strip().split(".")[0]
-            for line in result.stderr.splitlines()
-            if line.startswith("import time:")
-        }
-        assert "gpustation" in imported  # the check sees our own imports
-        assert not imported & {"textual", "torch", "transformers", "plotext"}
-        # the snapshot path pays for no renderer library, and on Linux no psutil
-        assert "rich" not in imported
-        if sys.platform.startswith("linux"):
-            assert "psutil" not in imported
+# The import budget of `gpustation snapshot`, the one command users run in a
+# loop, from cron and over ssh: what it must never import. Each of these
+# costs more than reading the GPUs does, or belongs to another part of the
+# program: the TUI (textual, rich), the runners (torch, transformers), the
+# graphs (plotext), the exporter (prometheus_client), the run store (sqlite3),
+# and on Linux, where /proc has it all, psutil.
+NEVER_IMPORTED = frozenset(
+    {"textual", "rich", "torch", "transformers", "plotext", "prometheus_client", "sqlite3"}
+)
+NEVER_IMPORTED_ON_LINUX = frozenset({"psutil"})
+
+
+@pytest.mark.parametrize("source", ["simulated", "nvml"])
+@pytest.mark.parametrize("extra", [(), ("--json",)], ids=["table", "json"])
+def test_snapshot_path_import_budget(source: str, extra: tuple[str, ...]) -> None:
+    argv = gpustation_cmd("snapshot", *extra)
+    env = child_env()
+    if source == "simulated":
+        argv += ["--simulate", "1"]
+    else:  # the NVML backend, on the fake pynvml
+        env = child_env(PYTHONPATH=os.pathsep.join([str(FAKE_NVML_DIR), str(REPO)]))
+    result = subprocess.run(
+        [argv[0], "-X", "importtime", *argv[1:]],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    imported = {
+        line.split("|")[-1].strip().split(".")[0]
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "gpustation" in imported  # the check sees our own imports
+    assert ("pynvml" in imported) is (source == "nvml")
+    assert not imported & NEVER_IMPORTED
+    if sys.platform.startswith("linux"):
+        assert not imported & NEVER_IMPORTED_ON_LINUX
 
 
 def test_host_given_before_the_command_reaches_snapshot() -> None:

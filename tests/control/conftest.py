@@ -11,7 +11,6 @@ from gpustation.cli import main
 from gpustation.commands import options as cmdutil
 from gpustation.control import journal
 from gpustation.telemetry.sim import SimBackend
-from tests.telemetry.conftest import fake_nvml  # noqa: F401 - re-exported fixture
 
 
 class RecordingSim(SimBackend):

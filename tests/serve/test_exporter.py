@@ -43,6 +43,8 @@ DCGM = {
     "DCGM_FI_DEV_FB_USED",
     "DCGM_FI_DEV_FB_FREE",
     "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_ENC_UTIL",
+    "DCGM_FI_DEV_DEC_UTIL",
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
     "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
@@ -75,6 +77,7 @@ def _gpu_series(series: dict, gpu: int, **extra: str) -> float | None:
 def test_values_match_the_snapshot_exactly() -> None:
     backend, sampler = _frozen()
     backend.poke(1, load=1.0)  # busy and power-capped: throttle reasons, processes
+    backend.poke(0, load=0.0)  # idle: the video engines read 0, which is still exported
     exporter = Exporter(sampler.sample, with_extras=False)
     exporter.sample_once()
     m = _scrape(exporter)
@@ -99,6 +102,8 @@ def test_values_match_the_snapshot_exactly() -> None:
             _gpu_series(m["DCGM_FI_DEV_FB_FREE"], i) == gpu.memory_total_mib - gpu.memory_used_mib
         )
         assert _gpu_series(m["DCGM_FI_DEV_GPU_UTIL"], i) == gpu.utilization_gpu_pct
+        assert _gpu_series(m["DCGM_FI_DEV_ENC_UTIL"], i) == gpu.encoder_utilization_pct
+        assert _gpu_series(m["DCGM_FI_DEV_DEC_UTIL"], i) == gpu.decoder_utilization_pct
         assert _gpu_series(m["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"], i) == pytest.approx(
             gpu.energy_j * 1000.0
         )
@@ -115,6 +120,8 @@ def test_values_match_the_snapshot_exactly() -> None:
             want = 1.0 if reason in gpu.throttle_reasons else 0.0
             assert _gpu_series(m["gpustation_throttle_reason"], i, reason=reason) == want
     busy = snap.gpus[1]
+    assert busy.decoder_utilization_pct and snap.gpus[0].decoder_utilization_pct == 0
+    assert _gpu_series(m["DCGM_FI_DEV_DEC_UTIL"], 0) == 0.0
     assert "sw_power_cap" in busy.throttle_reasons  # the check above covered a live reason
     assert _gpu_series(m["gpustation_throttle_reason"], 1, reason="sw_power_cap") == 1.0
     assert m["gpustation_simulated"][()] == 1.0

@@ -16,6 +16,7 @@ from gpustation.telemetry.model import (
     Topology,
     decode_throttle,
     encode_throttle,
+    specs,
 )
 
 
@@ -105,4 +106,4 @@ def test_json_document_keeps_the_model_order() -> None:
     assert list(doc)[-1] == "schema"
     gpu = doc["gpus"][0]
     assert list(gpu)[:5] == ["index", "uuid", "name", "pci_bus_id", "lost"]
-    assert list(gpu["pcie"]) == list(PcieInfo._fields)
+    assert list(gpu["pcie"]) == list(specs(PcieInfo))

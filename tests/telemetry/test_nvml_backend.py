@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -24,17 +25,17 @@ from gpustation.errors import (
     NoDriverError,
     NotSupportedError,
 )
-from gpustation.telemetry import nvml as nvml_module
-from gpustation.telemetry.model import GpuSample, Snapshot
-from gpustation.telemetry.nvml import (
-    NvmlBackend,
+from gpustation.telemetry.model import SLOW as SLOW_COST
+from gpustation.telemetry.model import GpuSample, PcieInfo, Snapshot, specs
+from gpustation.telemetry.nvml import NvmlBackend
+from gpustation.telemetry.nvml import backend as nvml_module
+from gpustation.telemetry.nvml.topology import (
     cpu_mask_to_ranges,
     normalize_bus_id,
     parse_cpu_list,
 )
 from gpustation.telemetry.sampler import Sampler
-from tests.conftest import REPO, child_env, gpustation_cmd
-from tests.telemetry.conftest import FAKE_NVML_DIR
+from tests.conftest import FAKE_NVML_DIR, REPO, child_env, gpustation_cmd
 
 MIB = 1024 * 1024
 
@@ -78,6 +79,8 @@ def test_every_field_is_read_with_its_unit(open_backend: Callable[..., NvmlBacke
     # Memory info v2: used excludes the driver's reservation.
     assert (rtx.memory_used_mib, rtx.memory_total_mib) == (8192, 24564)
     assert (rtx.utilization_gpu_pct, rtx.utilization_memory_pct) == (97, 45)
+    assert (rtx.encoder_utilization_pct, rtx.decoder_utilization_pct) == (7, 23)
+    assert (h200.encoder_utilization_pct, h200.decoder_utilization_pct) == (0, 0)  # idle, not None
     assert rtx.fans_pct == [45, 47] and rtx.fan_control == ["auto", "auto"]
     assert rtx.pstate == 2
     assert rtx.throttle_reasons == ["sw_power_cap"] and rtx.power_throttled
@@ -149,6 +152,8 @@ FIELDS: dict[str, tuple[list[str], list[str]]] = {
         ["nvmlDeviceGetUtilizationRates"],
         ["utilization_gpu_pct", "utilization_memory_pct"],
     ),
+    "encoder": (["nvmlDeviceGetEncoderUtilization"], ["encoder_utilization_pct"]),
+    "decoder": (["nvmlDeviceGetDecoderUtilization"], ["decoder_utilization_pct"]),
     "fans": (["nvmlDeviceGetFanSpeed_v2"], ["fans_pct"]),
     "fan_control": (["nvmlDeviceGetFanControlPolicy_v2"], ["fan_control"]),
     "pstate": (["nvmlDeviceGetPerformanceState"], ["pstate"]),
@@ -233,8 +238,11 @@ def test_other_errors_are_recorded_and_retried(
 
 
 def test_function_not_found_is_remembered(
-    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+    fake_nvml: ModuleType,
+    open_backend: Callable[..., NvmlBackend],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="gpustation.telemetry.nvml.query")
     fake_nvml.function_not_found("nvmlDeviceGetCurrentClocksEventReasons")
     backend = open_backend()
     for _ in range(3):
@@ -246,6 +254,9 @@ def test_function_not_found_is_remembered(
     assert len(fake_nvml.calls_of("nvmlDeviceGetCurrentClocksThrottleReasons")) == 6
     assert "nvmlDeviceGetCurrentClocksEventReasons" in backend.missing_functions
     assert backend.errors == {}
+    # said once in the log, not on every read
+    said = [r for r in caplog.records if "nvmlDeviceGetCurrentClocksEventReasons" in r.getMessage()]
+    assert len(said) == 1
 
 
 def test_function_absent_from_an_old_pynvml_falls_back(
@@ -292,14 +303,17 @@ def test_processes_fall_back_to_v1_and_unavailable_memory_is_none(
 def test_memory_v2_refused_falls_back_to_v1(
     fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend], code: str
 ) -> None:
+    # A refused version is not asked again of that GPU; a function the driver
+    # lacks is not asked again in this process.
     fake_nvml.fail(None, "nvmlDeviceGetMemoryInfo_v2", getattr(fake_nvml, code))
     backend = open_backend()
     for _ in range(3):
         rtx = read(backend, slow=False)[0]
         # v1 counts the reservation (372 MiB) as used.
         assert (rtx.memory_used_mib, rtx.memory_total_mib) == (8192 + 372, 24564)
-    # Tried once per GPU, then v1 only.
-    assert len(fake_nvml.calls_of("nvmlDeviceGetMemoryInfo_v2")) == 2
+    # Tried once per GPU (or once at all when the driver lacks it), then v1 only.
+    tries = 1 if code == "NVML_ERROR_FUNCTION_NOT_FOUND" else 2
+    assert len(fake_nvml.calls_of("nvmlDeviceGetMemoryInfo_v2")) == tries
 
 
 def test_memory_info_without_version_argument_falls_back(
@@ -455,6 +469,24 @@ def test_slow_fields_only_when_asked_and_reused_between(
     assert read(backend, slow=True)[0].energy_j == 92_000
 
 
+def test_the_slow_pass_reads_the_functions_declared_slow(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    declared = {
+        spec.nvml.function
+        for cls in (GpuSample, PcieInfo)
+        for spec in specs(cls).values()
+        if spec.cost == SLOW_COST and spec.nvml is not None
+    }
+    assert "nvmlDeviceGetPcieReplayCounter" in declared
+    backend = open_backend()
+    fake_nvml.calls.clear()
+    read(backend, slow=False)
+    assert not {name for name, _ in fake_nvml.calls} & declared
+    read(backend, slow=True)
+    assert {name for name, _ in fake_nvml.calls} >= declared
+
+
 def test_slow_getters_of_all_gpus_run_side_by_side(
     fake_nvml: ModuleType,
     open_backend: Callable[..., NvmlBackend],
@@ -475,50 +507,6 @@ def test_slow_getters_of_all_gpus_run_side_by_side(
     assert (rtx.pcie.tx_kib_s, rtx.pcie.rx_kib_s) == (1520, 20480)
     assert (h200.pcie.tx_kib_s, h200.pcie.rx_kib_s) == (732, 697)
     assert backend.errors == {}
-
-
-def test_one_shot_backend_reads_slow_fields_while_opening(
-    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
-) -> None:
-    backend = open_backend(prefetch_slow=True)
-    # started while the GPUs opened, beside the static reads
-    assert len(fake_nvml.calls_of("nvmlDeviceGetPcieThroughput")) == 4
-    rtx, h200 = read(backend, slow=True)
-    assert (rtx.pcie.tx_kib_s, rtx.pcie.rx_kib_s) == (1520, 20480)
-    assert h200.energy_j is not None
-    # the first slow read used them rather than asking again ...
-    assert len(fake_nvml.calls_of("nvmlDeviceGetPcieThroughput")) == 4
-    # ... and later slow reads ask the driver as usual
-    read(backend, slow=True)
-    assert len(fake_nvml.calls_of("nvmlDeviceGetPcieThroughput")) == 8
-
-
-def test_one_shot_reads_the_gpus_side_by_side(
-    fake_nvml: ModuleType, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Each temperature read waits until both GPUs are being read at once: read
-    # one after the other (as a long-lived backend does), the barrier breaks.
-    barriers = [threading.Barrier(2, timeout=10)]
-    original = fake_nvml.nvmlDeviceGetTemperature
-
-    def together(handle: Any, sensor: int) -> int:
-        barriers[0].wait()
-        return int(original(handle, sensor))
-
-    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetTemperature", together)
-    backend = NvmlBackend(nvml=fake_nvml, one_shot=True, static_cache="/nonexistent/cache")
-    try:
-        rtx, h200 = read(backend, slow=False)
-        assert rtx.temperature_c is not None and h200.temperature_c is not None
-    finally:
-        backend.close()
-    barriers[0] = threading.Barrier(2, timeout=0.3)
-    backend = NvmlBackend(nvml=fake_nvml)
-    try:
-        samples = read(backend, slow=False)  # one at a time: the barrier breaks
-        assert [s.temperature_c for s in samples] == [None, None]
-    finally:
-        backend.close()
 
 
 def test_energy_left_out_when_the_reader_does_not_show_it(
@@ -554,31 +542,17 @@ def test_ecc_left_out_when_the_reader_does_not_show_it(
     assert read(backend, slow=False)[0].ecc_uncorrected == 3
 
 
-def test_close_waits_for_calls_in_flight_and_one_shot_leaves_nvml_to_the_exit(
-    fake_nvml: ModuleType, monkeypatch: pytest.MonkeyPatch
+def test_a_read_leaves_no_call_running_and_close_shuts_nvml_down(
+    fake_nvml: ModuleType, tmp_path: Path
 ) -> None:
-    release = threading.Event()
-    original = fake_nvml.nvmlDeviceGetPcieThroughput
-
-    def held(handle: Any, counter: int) -> int:
-        release.wait(30)
-        return int(original(handle, counter))
-
-    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetPcieThroughput", held)
     for one_shot in (False, True):
         fake_nvml.calls.clear()
-        release.clear()
-        backend = NvmlBackend(nvml=fake_nvml, one_shot=one_shot, prefetch_slow=True)
-        closer = threading.Thread(target=backend.close)
-        closer.start()
-        closer.join(0.2)
-        assert closer.is_alive()  # a PCIe read is in flight: close waits for it
-        assert not fake_nvml.calls_of("nvmlShutdown")
-        release.set()
-        closer.join(30)
-        assert not closer.is_alive()
-        # a long-lived backend shuts NVML down; a one-shot one leaves it to the exit
-        assert len(fake_nvml.calls_of("nvmlShutdown")) == (0 if one_shot else 1)
+        backend = NvmlBackend(nvml=fake_nvml, one_shot=one_shot, static_cache=str(tmp_path / "c"))
+        read(backend, slow=True)
+        # every slow call has answered before read_gpus returns
+        assert not [t for t in threading.enumerate() if t.name == "gpustation-nvml"]
+        backend.close()
+        assert len(fake_nvml.calls_of("nvmlShutdown")) == 1
 
 
 # ---- topology ----------------------------------------------------------------------------
@@ -831,7 +805,6 @@ def snapshot_cli(tmp_path: Path, scenario: dict[str, Any], *args: str) -> Any:
         env=child_env(
             PYTHONPATH=os.pathsep.join([str(FAKE_NVML_DIR), str(REPO)]),
             FAKE_NVML_SCENARIO=str(path),
-            GPUSTATION_NVML="pynvml",  # the fake stands in for nvidia-ml-py
         ),
     )
 
@@ -884,44 +857,3 @@ def test_fan_range_unread_at_open_is_asked_again(
         backend.fan_speed_range(0)
     fake_nvml.heal(0, "nvmlDeviceGetMinMaxFanSpeed")
     assert backend.fan_speed_range(0) == (30, 100)
-
-
-def test_topology_is_asked_beside_the_first_read(
-    fake_nvml: ModuleType,
-    open_backend: Callable[..., NvmlBackend],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # The driver takes ~20 ms for two GPUs' topology and samples the PCIe
-    # throughput over 20 ms: the first snapshot asks for both at once.
-    asked = threading.Event()
-    overlapped: list[bool] = []
-    ancestor = fake_nvml.nvmlDeviceGetTopologyCommonAncestor
-    throughput = fake_nvml.nvmlDeviceGetPcieThroughput
-
-    def slow_throughput(handle: Any, counter: int) -> int:
-        overlapped.append(asked.wait(5))  # still in flight when the topology is asked
-        return throughput(handle, counter)
-
-    def watched_ancestor(a: Any, b: Any) -> int:
-        asked.set()
-        return ancestor(a, b)
-
-    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetPcieThroughput", slow_throughput)
-    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetTopologyCommonAncestor", watched_ancestor)
-    backend = open_backend()
-    snap = Sampler(backend).sample(slow=True)
-    assert overlapped and all(overlapped)
-    assert snap.gpus[1].pcie.tx_kib_s == 732
-    assert snap.topology == open_backend().topology([0, 1])  # the same answer as asked later
-    assert snap.topology.links[0].level
-
-
-def test_no_topology_beside_reads_with_nvidia_ml_py(
-    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
-) -> None:
-    # nvidia-ml-py hands some getters one shared ctypes object: nothing overlaps.
-    backend = open_backend()
-    backend._reads_in_parallel = False  # what the backend decides for the real pynvml module
-    backend.prefetch_topology([0, 1])
-    assert backend._topology_prefetch is None
-    assert backend.topology([0, 1]).links

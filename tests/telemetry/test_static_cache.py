@@ -10,8 +10,11 @@ from types import ModuleType
 import pytest
 
 from gpustation.cli import main
-from gpustation.paths import state_dir_name
-from gpustation.telemetry.nvml import STATIC_CACHE_FILE, NvmlBackend, StaticCache
+from gpustation.paths import state_dir
+from gpustation.telemetry.model import STATIC, GpuSample, PcieInfo, specs
+from gpustation.telemetry.nvml import NvmlBackend
+from gpustation.telemetry.nvml.backend import CACHED_KEYS
+from gpustation.telemetry.nvml.static_cache import STATIC_CACHE_FILE, StaticCache
 from gpustation.telemetry.sampler import Sampler
 
 # The getters whose answers cannot change while the machine is up.
@@ -63,14 +66,18 @@ def test_file_of_another_boot_or_driver_is_not_used(fake_nvml: ModuleType, tmp_p
     path = tmp_path / "cache.json"
     backend = NvmlBackend(nvml=fake_nvml)
     try:
-        cache = StaticCache(str(path), "580.159.04", boot_id="boot-1")
-        cache.remember(backend._gpus[0])
-        cache.save()
-        gpu = backend._gpus[0]
-        assert StaticCache(str(path), "580.159.04", boot_id="boot-1").fill(gpu)
-        assert not StaticCache(str(path), "580.159.04", boot_id="boot-2").fill(gpu)
-        assert not StaticCache(str(path), "590.10", boot_id="boot-1").fill(gpu)
-        assert not StaticCache(str(path), "580.159.04", boot_id="boot-1").fill(backend._gpus[1])
+
+        def cache(driver: str = "580.159.04", boot: str = "boot-1") -> StaticCache:
+            return StaticCache(str(path), driver, CACHED_KEYS, boot_id=boot)
+
+        gpu, other = backend._gpus
+        first = cache()
+        first.remember(gpu.uuid, gpu.pci_bus_id, {**gpu.static, "num_fans": gpu.num_fans})
+        first.save()
+        assert cache().get(gpu.uuid, gpu.pci_bus_id) == {**gpu.static, "num_fans": 2}
+        assert cache(boot="boot-2").get(gpu.uuid, gpu.pci_bus_id) is None
+        assert cache(driver="590.10").get(gpu.uuid, gpu.pci_bus_id) is None
+        assert cache().get(other.uuid, other.pci_bus_id) is None
     finally:
         backend.close()
 
@@ -79,8 +86,8 @@ def test_file_of_another_boot_or_driver_is_not_used(fake_nvml: ModuleType, tmp_p
     "damage",
     [
         lambda doc: doc["gpus"].clear(),
-        lambda doc: [e.update(temp_slowdown="hot") for e in doc["gpus"].values()],
-        lambda doc: [e.pop("clock_sm_max") for e in doc["gpus"].values()],
+        lambda doc: [e.update(temperature_slowdown_c="hot") for e in doc["gpus"].values()],
+        lambda doc: [e.pop("clock_sm_max_mhz") for e in doc["gpus"].values()],
         lambda doc: [e.update(pci_bus_id="00000000:99:00.0") for e in doc["gpus"].values()],
     ],
     ids=["empty", "wrong-type", "missing-field", "moved-gpu"],
@@ -114,7 +121,7 @@ def test_a_gpu_whose_static_read_failed_is_not_kept(fake_nvml: ModuleType, tmp_p
 
 
 def test_long_lived_backends_always_ask_the_driver(fake_nvml: ModuleType) -> None:
-    path = Path(state_dir_name()) / STATIC_CACHE_FILE  # where a one-shot run keeps it
+    path = state_dir() / STATIC_CACHE_FILE  # where a one-shot run keeps it
     one_shot(fake_nvml, path)
     fake_nvml.calls.clear()
     NvmlBackend(nvml=fake_nvml).close()  # as control and the dashboard open it
@@ -152,3 +159,13 @@ def test_sampler_without_topology_reads_none(fake_nvml: ModuleType) -> None:
         assert snap.topology.links == [] and snap.gpus[0].pcie.tx_kib_s is None
     finally:
         backend.close()
+
+
+def test_the_file_keeps_the_fields_declared_static(fake_nvml: ModuleType, tmp_path: Path) -> None:
+    path = tmp_path / STATIC_CACHE_FILE
+    one_shot(fake_nvml, path)
+    declared = [n for n, s in specs(GpuSample).items() if s.cost == STATIC]
+    declared += [f"pcie.{n}" for n, s in specs(PcieInfo).items() if s.cost == STATIC]
+    assert "power_max_w" in declared and "pcie.max_gen" in declared
+    for entry in marshal.loads(path.read_bytes())["gpus"].values():
+        assert set(entry) == {*declared, "num_fans", "pci_bus_id"}

@@ -1,0 +1,544 @@
+"""The NVML backend: open the GPUs, read their fields, carry out control.
+
+Which fields there are, what each costs and how NVML reads it come from the
+declarations in :mod:`gpustation.telemetry.model`; this module interprets
+them. Identity and static fields are read when a GPU opens (static ones from
+the :class:`StaticCache` when ``one_shot``), fast fields on every read, one
+GPU after another, and slow fields only when asked (``slow=True``), each on a
+thread of its own beside the fast reads: they are the slow driver calls
+(PCIe throughput samples the bus for a while), and NVML drops the GIL.
+
+Every call goes through :class:`~gpustation.telemetry.nvml.query.Query`, so
+one failing field never hides the others. A GPU that falls off the bus is
+reported with ``lost=True`` and retried at most every ``LOST_RETRY_S``
+seconds; the other GPUs keep reporting.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from gpustation.errors import (
+    GpustationError,
+    NeedsRootError,
+    NoDriverError,
+    NotSupportedError,
+    UsageError,
+)
+from gpustation.paths import state_dir
+from gpustation.telemetry.backend import Backend
+from gpustation.telemetry.model import (
+    FAST,
+    IDENTITY,
+    SLOW,
+    STATIC,
+    GpuSample,
+    NvmlRead,
+    PcieInfo,
+    ProcessInfo,
+    Topology,
+    decode_throttle,
+    specs,
+)
+from gpustation.telemetry.nvml.query import (
+    MISSING,
+    Device,
+    GpuLost,
+    Query,
+    no_driver_message,
+    start_nvml,
+)
+from gpustation.telemetry.nvml.static_cache import STATIC_CACHE_FILE, StaticCache
+from gpustation.telemetry.nvml.topology import TopologyReader, text
+
+#: A lost GPU's handle is tried again at most this often.
+LOST_RETRY_S = 10.0
+
+_MIB = 1024.0 * 1024.0
+# NVML's "value not available" for unsigned long long fields (usedGpuMemory).
+_NOT_AVAILABLE_ULL = (1 << 64) - 1
+
+
+class Field(NamedTuple):
+    """A declared field the backend reads: ``key`` is ``power_w`` or ``pcie.tx_kib_s``."""
+
+    key: str
+    record: str | None  # None: a GpuSample attribute; "pcie": one of PcieInfo
+    name: str
+    cost: str
+    read: NvmlRead
+
+
+def _declared() -> tuple[Field, ...]:
+    found = [
+        Field(name, None, name, spec.cost, spec.nvml)
+        for name, spec in specs(GpuSample).items()
+        if spec.nvml is not None
+    ]
+    found += [
+        Field(f"pcie.{name}", "pcie", name, spec.cost, spec.nvml)
+        for name, spec in specs(PcieInfo).items()
+        if spec.nvml is not None
+    ]
+    return tuple(found)
+
+
+FIELDS = _declared()
+BY_COST = {
+    cost: tuple(f for f in FIELDS if f.cost == cost) for cost in (IDENTITY, STATIC, FAST, SLOW)
+}
+_BY_KEY = {f.key: f for f in FIELDS}
+#: What the static cache keeps of a GPU: its static fields, and the fan count the
+#: per-fan reads need.
+CACHED_KEYS = (*(f.key for f in BY_COST[STATIC]), "num_fans")
+
+
+class Gpu(Device):
+    """What the backend keeps per GPU between reads."""
+
+    __slots__ = ("fan_max", "fan_min", "name", "num_fans", "slow", "static", "uuid")
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.uuid: str | None = None
+        self.name: str | None = None
+        self.num_fans = 0
+        self.fan_min: int | None = None
+        self.fan_max: int | None = None
+        #: Static field values by key, read once.
+        self.static: dict[str, Any] = {}
+        #: Slow field values by key: the last read, reused between slow reads.
+        self.slow: dict[str, Any] = {}
+
+
+def _put(sample: GpuSample, f: Field, value: Any) -> None:
+    setattr(sample if f.record is None else getattr(sample, f.record), f.name, value)
+
+
+def _sudo_hint() -> str:
+    """The command line to run again as root, when we can tell what it was."""
+    argv0 = os.path.basename(sys.argv[0]) if sys.argv else ""
+    if argv0 in ("gpustation", "__main__.py") and len(sys.argv) > 1:
+        return "sudo gpustation " + shlex.join(sys.argv[1:])
+    return "sudo gpustation ..."
+
+
+class NvmlBackend(Backend):
+    """Reads and controls real GPUs through ``pynvml`` (or a module like it: a fake)."""
+
+    simulated = False
+
+    def __init__(
+        self,
+        nvml: Any = None,
+        sysfs_pci_root: str = "/sys/bus/pci/devices",
+        sysfs_node_root: str = "/sys/devices/system/node",
+        one_shot: bool = False,
+        static_cache: str | None = None,
+    ) -> None:
+        """``one_shot`` says the process reads once and exits (``gpustation
+        snapshot``): static values then come from the :class:`StaticCache` in
+        the state directory when it has them. ``static_cache`` names another
+        file for that cache."""
+        self.nvml = nvml = start_nvml(nvml)
+        self.q = Query(nvml)
+        self._closed = False
+        # One read or write at a time: nvidia-ml-py hands some getters one shared
+        # ctypes object (nvmlDeviceGetFanControlPolicy_v2).
+        self._lock = threading.RLock()
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except self.q.error_type as err:
+            self._shutdown()
+            raise NoDriverError(no_driver_message(err)) from None
+        self._args = {a: self._const(a) for f in FIELDS for a in f.read.args}
+        self._manual = self._const("NVML_FAN_POLICY_MANUAL")
+        self._pstate_unknown = self._const("NVML_PSTATE_UNKNOWN")
+        self._convert: dict[str, Callable[[Any], Any]] = {
+            "float": float,
+            "int": int,
+            "milli": lambda v: v / 1000.0,
+            "mib": lambda v: v / _MIB,
+            "text": text,
+            "throttle": lambda v: decode_throttle(int(v)),
+            "pstate": lambda v: None if int(v) == self._pstate_unknown else int(v),
+            "fan_policy": lambda v: "manual" if v == self._manual else "auto",
+        }
+        self._driver = text(self.q(None, "driver_version", "nvmlSystemGetDriverVersion"))
+        self._nvml_version = text(self.q(None, "nvml_version", "nvmlSystemGetNVMLVersion"))
+        cuda = self.q(None, "cuda_driver_version", "nvmlSystemGetCudaDriverVersion")
+        self._cuda = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}" if cuda else None
+        self._cache: StaticCache | None = None
+        if one_shot or static_cache:
+            if static_cache is None:
+                static_cache = str(state_dir() / STATIC_CACHE_FILE)
+            self._cache = StaticCache(static_cache, self._driver, CACHED_KEYS)
+        self._gpus = [Gpu(i) for i in range(count)]
+        self._topology = TopologyReader(
+            self.q, self._gpus, self._mark_lost, sysfs_pci_root, sysfs_node_root
+        )
+        try:
+            for gpu in self._gpus:
+                self._open_gpu(gpu)
+        except BaseException:
+            self.close()  # leave no NVML session behind
+            raise
+
+    def _const(self, name: str) -> int | None:
+        try:
+            return self.q.const(name)
+        except (AttributeError, TypeError, ValueError):  # an nvidia-ml-py without it
+            return None
+
+    @property
+    def errors(self) -> dict[tuple[int, str], str]:
+        """(gpu index or -1 for system calls, field) -> last error text, for a debug view."""
+        return self.q.errors
+
+    @property
+    def missing_functions(self) -> set[str]:
+        """pynvml functions absent or unknown to the driver; never called again."""
+        return MISSING
+
+    # ---- reading one declared field -------------------------------------------
+
+    def _read(self, gpu: Gpu, f: Field, memo: dict[tuple[Any, ...], Any]) -> Any:
+        """One field's value, ``None`` when NVML cannot give it; raises GpuLost."""
+        r = f.read
+        args = tuple(self._args[a] for a in r.args)
+        if None in args:
+            return None
+        convert = self._convert[r.convert]
+        if r.per_fan:
+            values = [self.q(gpu, f.key, r.function, *args, fan) for fan in range(gpu.num_fans)]
+            return [convert(v) for v in values if v is not None]
+        call = (r.function, *args)
+        if call in memo:  # one call answers several fields (memory used and total...)
+            raw = memo[call]
+        else:
+            raw = memo[call] = self.q(gpu, f.key, r.function, *args)
+        if raw is not None and r.part is not None:
+            raw = raw[r.part] if isinstance(r.part, int) else getattr(raw, r.part, None)
+        return None if raw is None else convert(raw)
+
+    # ---- opening a GPU: handle, identity and static values --------------------
+
+    def _open_gpu(self, gpu: Gpu) -> bool:
+        """Get the handle and read the identity and static values; False if lost."""
+        try:
+            gpu.handle = self.nvml.nvmlDeviceGetHandleByIndex(gpu.index)
+            memo: dict[tuple[Any, ...], Any] = {}
+            ident = {f.key: self._read(gpu, f, memo) for f in BY_COST[IDENTITY]}
+            gpu.uuid = ident["uuid"] or gpu.uuid
+            gpu.name = ident["name"] or gpu.name
+            gpu.pci_bus_id = ident["pci_bus_id"] or gpu.pci_bus_id
+            if not gpu.static:
+                self._read_static(gpu, memo)
+        except self.q.error_type as err:  # from nvmlDeviceGetHandleByIndex
+            self._mark_lost(gpu, f"nvmlDeviceGetHandleByIndex: {err}")
+            return False
+        except GpuLost as err:
+            self._mark_lost(gpu, str(err))
+            return False
+        gpu.lost = False
+        return True
+
+    def _read_static(self, gpu: Gpu, memo: dict[tuple[Any, ...], Any]) -> None:
+        cache = self._cache
+        cached = cache.get(gpu.uuid, gpu.pci_bus_id) if cache is not None else None
+        if cached is not None:
+            gpu.num_fans = int(cached.pop("num_fans") or 0)
+            gpu.static = cached
+            return
+        errors_before = self.q.error_count
+        gpu.num_fans = int(self.q(gpu, "fan_count", "nvmlDeviceGetNumFans") or 0)
+        gpu.static = {f.key: self._read(gpu, f, memo) for f in BY_COST[STATIC]}
+        if cache is not None and self.q.error_count == errors_before:
+            # Kept only when every value was answered cleanly.
+            cache.remember(gpu.uuid, gpu.pci_bus_id, {**gpu.static, "num_fans": gpu.num_fans})
+
+    def _mark_lost(self, gpu: Device, why: str) -> None:
+        gpu.lost = True
+        gpu.lost_at = time.monotonic()
+        self.q.errors[(gpu.index, "lost")] = why
+
+    def _gpu(self, index: int) -> Gpu:
+        if not 0 <= index < len(self._gpus):
+            raise UsageError(f"no GPU {index} on this machine ({len(self._gpus)} GPUs)")
+        return self._gpus[index]
+
+    def _available(self, gpu: Gpu) -> bool:
+        """True unless the GPU is lost; a lost GPU is retried now and then."""
+        if not gpu.lost:
+            return True
+        now = time.monotonic()
+        if now - gpu.lost_at < LOST_RETRY_S:
+            return False
+        gpu.lost_at = now
+        return self._open_gpu(gpu)
+
+    # ---- Backend: reading -----------------------------------------------------
+
+    def device_count(self) -> int:
+        return len(self._gpus)
+
+    def driver_version(self) -> str | None:
+        return self._driver
+
+    def nvml_version(self) -> str | None:
+        return self._nvml_version
+
+    def cuda_driver_version(self) -> str | None:
+        return self._cuda
+
+    def read_gpus(self, indices: Sequence[int], slow: bool) -> list[GpuSample]:
+        """Read the fast fields of each GPU; the slow ones too when ``slow``."""
+        with self._lock:
+            gpus = [self._gpu(i) for i in indices]
+            live = [g for g in gpus if self._available(g)]
+            slow_pass = self._start_slow(live) if slow else None
+            samples: dict[int, GpuSample] = {}
+            for gpu in live:
+                try:
+                    samples[gpu.index] = self._read_fast(gpu)
+                except GpuLost as err:
+                    self._mark_lost(gpu, str(err))
+            if slow_pass is not None:
+                self._finish_slow(*slow_pass)
+            result = []
+            for gpu in gpus:
+                sample = samples.get(gpu.index)
+                if sample is None or gpu.lost:
+                    # Its identity and nothing else: no stale numbers.
+                    sample = GpuSample(
+                        index=gpu.index,
+                        uuid=gpu.uuid,
+                        name=gpu.name,
+                        pci_bus_id=gpu.pci_bus_id,
+                        lost=True,
+                    )
+                else:
+                    for key, value in gpu.slow.items():
+                        _put(sample, _BY_KEY[key], value)
+                result.append(sample)
+            return result
+
+    def _read_fast(self, gpu: Gpu) -> GpuSample:
+        sample = GpuSample(index=gpu.index, uuid=gpu.uuid, name=gpu.name, pci_bus_id=gpu.pci_bus_id)
+        for key, value in gpu.static.items():
+            _put(sample, _BY_KEY[key], value)
+        memo: dict[tuple[Any, ...], Any] = {}
+        for f in BY_COST[FAST]:
+            if f.key == "ecc_uncorrected" and not self.read_ecc:
+                continue
+            _put(sample, f, self._read(gpu, f, memo))
+        sample.processes = self._processes(gpu)
+        return sample
+
+    def _processes(self, gpu: Gpu) -> list[ProcessInfo]:
+        by_pid: dict[int, ProcessInfo] = {}
+        for kind in ("compute", "graphics"):
+            name = f"nvmlDeviceGet{kind.capitalize()}RunningProcesses"
+            for proc in self.q(gpu, "processes", name) or ():
+                pid = int(proc.pid)
+                raw = getattr(proc, "usedGpuMemory", None)
+                mib = None if raw is None or raw >= _NOT_AVAILABLE_ULL else raw / _MIB
+                seen = by_pid.get(pid)
+                if seen is None:
+                    by_pid[pid] = ProcessInfo(pid=pid, gpu_memory_mib=mib, kind=kind)
+                elif mib is not None:
+                    # A process that is both compute and graphics: NVML reports
+                    # the same allocation twice, so keep the larger, not the sum.
+                    seen.gpu_memory_mib = max(seen.gpu_memory_mib or 0.0, mib)
+        return list(by_pid.values())
+
+    # ---- slow fields: each call on a thread of its own ------------------------
+
+    def _start_slow(
+        self, gpus: list[Gpu]
+    ) -> tuple[list[tuple[Gpu, Field]], list[Any], list[threading.Thread]]:
+        calls = [
+            (gpu, f)
+            for gpu in gpus
+            for f in BY_COST[SLOW]
+            if f.key != "energy_j" or self.read_energy
+        ]
+        results: list[Any] = [None] * len(calls)
+
+        def run(i: int, gpu: Gpu, f: Field) -> None:
+            try:
+                results[i] = self._read(gpu, f, {})
+            except GpuLost as err:
+                results[i] = err
+
+        threads = [
+            threading.Thread(target=run, args=(i, *call), name="gpustation-nvml", daemon=True)
+            for i, call in enumerate(calls)
+        ]
+        for thread in threads:
+            thread.start()
+        return calls, results, threads
+
+    def _finish_slow(
+        self, calls: list[tuple[Gpu, Field]], results: list[Any], threads: list[threading.Thread]
+    ) -> None:
+        for thread in threads:
+            thread.join()
+        for (gpu, f), value in zip(calls, results, strict=True):
+            if isinstance(value, GpuLost):
+                self._mark_lost(gpu, str(value))
+            else:
+                gpu.slow[f.key] = value
+        if not self.read_energy:
+            for gpu, _ in calls:
+                gpu.slow.pop("energy_j", None)
+
+    # ---- topology ----------------------------------------------------------------
+
+    def topology(self, indices: Sequence[int]) -> Topology:
+        """Links between each pair of GPUs and where each GPU sits (NUMA, CPUs)."""
+        with self._lock:
+            gpus = [self._gpu(i) for i in indices]
+            return self._topology.read(gpus, [g for g in gpus if self._available(g)])
+
+    # ---- control ------------------------------------------------------------------
+
+    def _control_handle(self, index: int, what: str) -> Gpu:
+        gpu = self._gpu(index)
+        if gpu.lost and not self._available(gpu):
+            raise GpustationError(
+                f"cannot {what}: GPU {index} has fallen off the bus (NVML: GPU is lost). "
+                "Check `nvidia-smi` and the kernel log; a reboot may be needed."
+            )
+        return gpu
+
+    def _set(self, gpu: Gpu, name: str, what: str, value: str, *args: Any) -> None:
+        """Call an NVML setter and turn its refusals into errors for the user."""
+        fn = self.q.function(name)
+        label = f"GPU {gpu.index}" + (f" ({gpu.name})" if gpu.name else "")
+        if fn is None:
+            raise NotSupportedError(
+                f"cannot {what} on {label}: this NVML library has no {name}. "
+                "Update the NVIDIA driver and nvidia-ml-py."
+            )
+        nvml = self.nvml
+        try:
+            with self._lock:
+                fn(gpu.handle, *args)
+        except self.q.error_type as err:
+            code = getattr(err, "value", None)
+            if code == nvml.NVML_ERROR_NO_PERMISSION:
+                raise NeedsRootError(
+                    f"cannot {what} on {label}: the driver refused ({err}); this needs root: "
+                    f"run it as {_sudo_hint()}"
+                ) from None
+            if code in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                if code == nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    self.q.forget(name)
+                raise NotSupportedError(f"{label} cannot {what} (NVML: {err}).") from None
+            if code == nvml.NVML_ERROR_INVALID_ARGUMENT:
+                raise GpustationError(
+                    f"{label} rejected {value} when asked to {what} (NVML: {err})."
+                ) from None
+            if code == nvml.NVML_ERROR_GPU_IS_LOST:
+                self._mark_lost(gpu, f"{name}: {err}")
+                raise GpustationError(
+                    f"cannot {what}: {label} has fallen off the bus (NVML: {err})."
+                ) from None
+            raise GpustationError(f"cannot {what} on {label}: NVML said {err}.") from None
+
+    def set_power_limit(self, index: int, watts: float) -> None:
+        """Set the power limit (the driver takes milliwatts)."""
+        gpu = self._control_handle(index, "set the power limit")
+        lo, hi = gpu.static.get("power_min_w"), gpu.static.get("power_max_w")
+        accepted = f" (it accepts {lo:g}-{hi:g} W)" if lo is not None and hi is not None else ""
+        self._set(
+            gpu,
+            "nvmlDeviceSetPowerManagementLimit",
+            "set the power limit",
+            f"a power limit of {watts:g} W{accepted}",
+            round(watts * 1000),
+        )
+
+    def fan_count(self, index: int) -> int:
+        return self._gpu(index).num_fans
+
+    def _check_fan(self, gpu: Gpu, fan: int, what: str) -> None:
+        if gpu.num_fans == 0:
+            raise NotSupportedError(
+                f"GPU {gpu.index} ({gpu.name or 'unknown'}) has no fans NVML can {what}; "
+                "datacenter cards are cooled by the chassis."
+            )
+        if not 0 <= fan < gpu.num_fans:
+            raise UsageError(
+                f"GPU {gpu.index} has fans 0-{gpu.num_fans - 1}; there is no fan {fan}"
+            )
+
+    def fan_speed_range(self, index: int) -> tuple[int, int]:
+        gpu = self._gpu(index)
+        self._check_fan(gpu, 0, "control")
+        if gpu.fan_min is None and not gpu.lost:
+            # Read when control first asks (no display shows it); asked again
+            # after a passing error.
+            with self._lock:
+                try:
+                    fan_range = self.q(gpu, "fan_range", "nvmlDeviceGetMinMaxFanSpeed")
+                except GpuLost as err:
+                    self._mark_lost(gpu, str(err))
+                    fan_range = None
+            if fan_range is not None:
+                gpu.fan_min, gpu.fan_max = int(fan_range[0]), int(fan_range[1])
+        if gpu.fan_min is None or gpu.fan_max is None:
+            raise NotSupportedError(
+                f"GPU {index} does not report the fan speeds it accepts "
+                "(nvmlDeviceGetMinMaxFanSpeed); manual fan control is not available."
+            )
+        return gpu.fan_min, gpu.fan_max
+
+    def set_fan_speed(self, index: int, fan: int, pct: int) -> None:
+        gpu = self._control_handle(index, "set a fan speed")
+        self._check_fan(gpu, fan, "control")
+        accepted = ""
+        if gpu.fan_min is not None and gpu.fan_max is not None:
+            accepted = f" (it accepts {gpu.fan_min}-{gpu.fan_max}%)"
+        self._set(
+            gpu,
+            "nvmlDeviceSetFanSpeed_v2",
+            f"set fan {fan} speed",
+            f"a fan speed of {pct}%{accepted}",
+            fan,
+            int(pct),
+        )
+
+    def set_fan_auto(self, index: int, fan: int) -> None:
+        gpu = self._control_handle(index, "return a fan to automatic control")
+        self._check_fan(gpu, fan, "control")
+        self._set(
+            gpu,
+            "nvmlDeviceSetDefaultFanSpeed_v2",
+            f"return fan {fan} to automatic control",
+            f"fan {fan}",
+            fan,
+        )
+
+    # ---- closing --------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        try:
+            self.nvml.nvmlShutdown()
+        except Exception:  # shutting down a half-broken library must not raise
+            pass
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._cache is not None:
+            self._cache.save()
+        self._shutdown()
