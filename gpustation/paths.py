@@ -44,3 +44,24 @@ def user_profiles_dir() -> Path:
 
 def package_dir() -> Path:
     return Path(__file__).resolve().parent
+
+
+def check_writable_dirs() -> None:
+    """The data and state directories are directories gpustation can write.
+
+    Checked once as a command starts, so a directory that is a file, cannot be
+    created or is read-only is one clear message naming the variable to set
+    (exit 2), not a traceback from whichever writer meets it first.
+    """
+    from gpustation.errors import UsageError
+
+    for env, path in (("GPUSTATION_DATA_DIR", data_dir()), ("GPUSTATION_STATE_DIR", state_dir())):
+        where = f"{env}={path}" if os.environ.get(env) else f"{path} (set {env} to move it)"
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"{where}: not a directory")
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UsageError(f"{where}: cannot be created ({err.strerror or err})") from None
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UsageError(f"{where}: not writable")

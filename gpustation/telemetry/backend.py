@@ -116,6 +116,27 @@ def parse_gpu_list(text: str | None) -> list[int] | None:
     return sorted(dict.fromkeys(result))
 
 
+def simulate_from_env() -> int | None:
+    """``GPUSTATION_SIMULATE``: a count of simulated GPUs (``-1``: the default
+    machine), None when unset; UsageError for anything else."""
+    import os
+
+    raw = os.environ.get("GPUSTATION_SIMULATE", "").strip()
+    if not raw:
+        return None
+    if raw.lower() in ("1", "yes", "true", "on") and not raw.isdigit():
+        return -1
+    try:
+        count = int(raw)
+    except ValueError:
+        raise UsageError(
+            f"GPUSTATION_SIMULATE={raw!r}: a number of simulated GPUs (e.g. 2), or unset it"
+        ) from None
+    if count < 0:
+        raise UsageError(f"GPUSTATION_SIMULATE={raw!r}: a number of simulated GPUs, 1 or more")
+    return count
+
+
 def open_backend(
     simulate: int | None = None,
     sim_card: str | None = None,
@@ -133,11 +154,8 @@ def open_backend(
     """
     import os
 
-    if simulate is None and os.environ.get("GPUSTATION_SIMULATE"):
-        try:
-            simulate = int(os.environ["GPUSTATION_SIMULATE"])
-        except ValueError:
-            simulate = -1
+    if simulate is None:
+        simulate = simulate_from_env()
     if sim_card is None:
         sim_card = os.environ.get("GPUSTATION_SIM_CARD") or None
     if simulate is not None:

@@ -158,6 +158,58 @@ def _new_gpu_state(spec: CardSpec) -> dict[str, Any]:
     }
 
 
+_NULLABLE = frozenset({"load", "ecc_uncorrected"})
+
+
+def _gpu_state_ok(g: Any, spec: CardSpec) -> bool:
+    """One GPU's saved state has every key, each of the type (and list length)
+    a fresh one has: a hand-edited or foreign file never crashes a read."""
+    fresh = _new_gpu_state(spec)
+    if not isinstance(g, dict) or not fresh.keys() <= g.keys():
+        return False
+    for key, template in fresh.items():
+        value = g[key]
+        if value is None and key in _NULLABLE:
+            continue
+        if isinstance(template, bool) or isinstance(value, bool):
+            if type(value) is not type(template) and key not in _NULLABLE:
+                return False
+            continue
+        if isinstance(template, (int, float)) or key in _NULLABLE:
+            if not isinstance(value, (int, float)) or value != value:  # NaN is not a state
+                return False
+        elif isinstance(template, list):
+            # one entry per fan; the throttle reasons come and go
+            fixed = key.startswith("fan")
+            if not isinstance(value, list) or (fixed and len(value) != len(template)):
+                return False
+        elif not isinstance(value, type(template)):
+            return False
+    return True
+
+
+#: The machine last opened (card and count), reused by a plain ``--simulate``.
+LAST_MACHINE_FILE = "sim-last.json"
+
+
+def machine_path(card: str, count: int) -> Path:
+    """The state file of one simulated machine."""
+    from gpustation.paths import state_dir
+
+    return state_dir() / f"sim-{card}-{count}.json"
+
+
+def seed_from_env() -> int:
+    """``GPUSTATION_SIM_SEED`` (default 0); UsageError when it is not a whole number."""
+    raw = os.environ.get("GPUSTATION_SIM_SEED", "").strip()
+    if not raw:
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        raise UsageError(f"GPUSTATION_SIM_SEED={raw!r}: a whole number, or unset it") from None
+
+
 class SimBackend(Backend):
     """N simulated GPUs of one card model, state shared through a file."""
 
@@ -197,24 +249,49 @@ class SimBackend(Backend):
     def open(
         cls, count: int | None = None, card: str | None = None, seed: int | None = None
     ) -> SimBackend:
-        """Open the shared simulated machine in the state directory.
+        """Open a simulated machine, its state kept in the state directory.
 
-        With no count/card given, the last simulated machine is reused so that
-        ``gpustation power set`` acts on the cards the dashboard shows.
+        Each machine (card and count) has a file of its own, so a snapshot of
+        simulated H200s never disturbs a dashboard of simulated RTX 4090s.
+        With no count or card given, the machine last opened is used again, so
+        that ``gpustation power set`` acts on the cards the dashboard shows.
         """
         from gpustation.paths import state_dir
 
-        path = state_dir() / "sim-state.json"
-        previous: dict[str, Any] = {}
+        last_path = state_dir() / LAST_MACHINE_FILE
+        last: Any = {}
         with contextlib.suppress(OSError, ValueError):
-            previous = json.loads(path.read_text())
+            last = json.loads(last_path.read_text())
+        if not isinstance(last, dict):
+            last = {}
         if count is None:
-            count = int(previous.get("count") or DEFAULT_COUNT)
+            remembered = last.get("count")
+            count = remembered if isinstance(remembered, int) and 1 <= remembered <= 16 else None
+            count = count or DEFAULT_COUNT
         if card is None:
-            card = str(previous.get("card") or DEFAULT_CARD)
+            remembered_card = last.get("card")
+            card = remembered_card if remembered_card in CARDS else DEFAULT_CARD
         if seed is None:
-            seed = int(os.environ.get("GPUSTATION_SIM_SEED", previous.get("seed", 0)))
-        return cls(count=count, card=card, seed=seed, state_path=path)
+            seed = seed_from_env()
+        backend = cls(count=count, card=card, seed=seed, state_path=machine_path(card, count))
+        if last.get("card") != card or last.get("count") != count:
+            with contextlib.suppress(OSError):
+                tmp = last_path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps({"card": card, "count": count}))
+                os.replace(tmp, last_path)
+        return backend
+
+    def _valid(self, state: Any) -> bool:
+        """A state file of the right shape (anything else is started afresh)."""
+        if not isinstance(state, dict):
+            return False
+        gpus = state.get("gpus")
+        return (
+            isinstance(gpus, list)
+            and len(gpus) == self.count
+            and all(_gpu_state_ok(g, self.spec) for g in gpus)
+            and isinstance(state.get("updated"), (int, float))
+        )
 
     def _fresh_state(self) -> dict[str, Any]:
         return {
@@ -241,8 +318,10 @@ class SimBackend(Backend):
             try:
                 try:
                     state = json.loads(self.state_path.read_text())
-                except (OSError, ValueError):
+                except (OSError, ValueError, RecursionError):
                     state = {}
+                if not self._valid(state):
+                    state = self._fresh_state()  # damaged or of another shape: start afresh
                 yield state
                 tmp = self.state_path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(state))

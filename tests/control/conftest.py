@@ -10,7 +10,7 @@ import pytest
 from gpustation.cli import main
 from gpustation.commands import options as cmdutil
 from gpustation.control import journal
-from gpustation.telemetry.sim import SimBackend
+from gpustation.telemetry.sim import SimBackend, machine_path
 
 
 class RecordingSim(SimBackend):
@@ -36,7 +36,7 @@ class RecordingSim(SimBackend):
 def _recording_sim(
     card: str, count: int, state: Path, monkeypatch: pytest.MonkeyPatch
 ) -> RecordingSim:
-    backend = RecordingSim(count=count, card=card, state_path=state / "sim-state.json")
+    backend = RecordingSim(count=count, card=card, state_path=machine_path(card, count))
     # Commands run in this process act on this very object, so its record of
     # set calls covers them; child processes share its state file instead.
     monkeypatch.setattr(cmdutil, "backend_from_args", lambda args, **kwargs: backend)

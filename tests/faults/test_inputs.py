@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +102,43 @@ def test_a_remote_host_cannot_write_to_the_terminal() -> None:
     assert "\x1b" not in text and "\x9b" not in text and "\x07" not in text
     assert snapshot.hostname == "box" and snapshot.gpus[0].name == "H200"
     assert snapshot.gpus[0].processes[0].command == "python train.py"
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"GPUSTATION_SIMULATE": "abc"}, "GPUSTATION_SIMULATE"),
+        ({"GPUSTATION_SIMULATE": "-3"}, "GPUSTATION_SIMULATE"),
+        ({"GPUSTATION_SIM_SEED": "abc"}, "GPUSTATION_SIM_SEED"),
+    ],
+)
+def test_a_bad_environment_variable_exits_2_and_names_itself(
+    env: dict[str, str], named: str
+) -> None:
+    result = subprocess.run(
+        gpustation_cmd("snapshot", *(() if "GPUSTATION_SIMULATE" in env else ("--simulate",))),
+        env=child_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("which", ["GPUSTATION_STATE_DIR", "GPUSTATION_DATA_DIR"])
+def test_a_directory_that_is_a_file_exits_2_and_names_its_variable(
+    which: str, tmp_path: Path
+) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for argv in (("snapshot", "--simulate"), ("runs", "list"), ("power", "show", "--simulate")):
+        result = subprocess.run(
+            gpustation_cmd(*argv),
+            env=child_env(**{which: str(afile)}),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2, (argv, result.stderr)
+        assert f"{which}={afile}: not a directory" in result.stderr

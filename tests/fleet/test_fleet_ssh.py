@@ -36,8 +36,8 @@ def test_rows_arrive_from_two_hosts(ssh_env: LoopbackSshd) -> None:
     assert [r.key for r in rows] == ["box1#0", "box1#1", "box2#0", "box2#1"]
     assert all(r.simulated and r.status == "up" for r in rows)
     # each fake host ran in its own state directory, from its own ssh session
-    assert (ssh_env.host_dir("box1") / "state" / "sim-state.json").exists()
-    assert (ssh_env.host_dir("box2") / "state" / "sim-state.json").exists()
+    assert (ssh_env.host_dir("box1") / "state" / "sim-last.json").exists()
+    assert (ssh_env.host_dir("box2") / "state" / "sim-last.json").exists()
 
 
 def test_host_that_dies_mid_stream_is_down_then_comes_back(ssh_env: LoopbackSshd) -> None:

@@ -252,12 +252,12 @@ class NvmlBackend(Backend):
     def _read_static(self, gpu: Gpu, memo: dict[tuple[Any, ...], Any]) -> None:
         cache = self._cache
         cached = cache.get(gpu.uuid, gpu.pci_bus_id) if cache is not None else None
-        if cached is not None:
-            gpu.num_fans = int(cached.pop("num_fans") or 0)
+        if cached is not None and _fan_count(cached.get("num_fans")) is not None:
+            gpu.num_fans = _fan_count(cached.pop("num_fans")) or 0
             gpu.static = cached
             return
         errors_before = self.q.error_count
-        gpu.num_fans = int(self.q(gpu, "fan_count", "nvmlDeviceGetNumFans") or 0)
+        gpu.num_fans = _fan_count(self.q(gpu, "fan_count", "nvmlDeviceGetNumFans")) or 0
         gpu.static = {f.key: self._read(gpu, f, memo) for f in BY_COST[STATIC]}
         if cache is not None and self.q.error_count == errors_before:
             # Kept only when every value was answered cleanly.
@@ -542,3 +542,16 @@ class NvmlBackend(Backend):
         if self._cache is not None:
             self._cache.save()
         self._shutdown()
+
+
+#: more fans than any card has: a count above it is a damaged cache or driver answer
+MAX_FANS = 32
+
+
+def _fan_count(value: Any) -> int | None:
+    """A fan count as a card can have one (0 to MAX_FANS), else None."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_FANS:
+        return None
+    return value

@@ -1,0 +1,85 @@
+"""Simulated machines never disturb each other, and a damaged state file never
+stops a command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from gpustation.telemetry.sim import LAST_MACHINE_FILE, SimBackend, machine_path
+from tests.conftest import child_env, gpustation_cmd
+
+
+def gs(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        gpustation_cmd(*argv), env=child_env(), capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_snapshot_of_other_simulated_cards_leaves_an_open_machine_alone(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    dashboard = SimBackend.open(count=2, card="rtx4090")  # what an open dashboard holds
+    assert gs("power", "set", "300", "--simulate", "2", "--sim-card", "rtx4090").returncode == 0
+    other = gs("snapshot", "--json", "--simulate", "4", "--sim-card", "h200")
+    assert other.returncode == 0, other.stderr
+    assert len(json.loads(other.stdout)["gpus"]) == 4
+    # the RTX 4090 machine still reads, with its limits and fans as they were
+    gpus = dashboard.read_gpus([0, 1], slow=False)
+    assert [g.power_limit_w for g in gpus] == [300.0, 300.0]
+    assert all(len(g.fans_pct) == 2 for g in gpus)
+
+
+def test_plain_simulate_means_the_machine_last_opened_and_the_default_first(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    first = json.loads(gs("snapshot", "--json", "--simulate").stdout)
+    assert len(first["gpus"]) == 2 and "4090" in first["gpus"][0]["name"]  # the documented default
+    assert gs("snapshot", "--simulate", "3", "--sim-card", "h200").returncode == 0
+    again = json.loads(gs("snapshot", "--json", "--simulate").stdout)
+    assert len(again["gpus"]) == 3 and "H200" in again["gpus"][0]["name"]
+    assert (gpustation_dirs["state"] / LAST_MACHINE_FILE).exists()
+
+
+def test_a_state_file_of_the_wrong_shape_is_started_afresh(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    path = machine_path("rtx4090", 2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for damaged in (
+        "[1, 2]",
+        '{"gpus": 5}',
+        '{"gpus": [{"power_limit_w": "high"}, {}], "updated": 1}',
+        "[" * 5000,
+        "\x00\xff",
+    ):
+        path.write_text(damaged)
+        result = gs("power", "set", "310", "--simulate", "2")
+        assert result.returncode == 0, (damaged, result.stderr)
+        shown = json.loads(gs("snapshot", "--json", "--simulate", "2").stdout)
+        assert [g["power_limit_w"] for g in shown["gpus"]] == [310.0, 310.0]
+
+
+def test_an_absurd_fan_count_in_the_static_cache_is_read_again_from_the_driver(
+    fake_nvml: object, tmp_path: Path
+) -> None:
+    import marshal
+
+    from gpustation.telemetry.nvml.backend import NvmlBackend
+
+    path = tmp_path / "static-cache"
+    first = NvmlBackend(nvml=fake_nvml, one_shot=True, static_cache=str(path))
+    first.read_gpus([0, 1], slow=False)
+    first.close()
+    doc = marshal.loads(path.read_bytes())
+    for entry in doc["gpus"].values():
+        entry["num_fans"] = 10**7  # a damaged file
+    path.write_bytes(marshal.dumps(doc))
+    backend = NvmlBackend(nvml=fake_nvml, one_shot=True, static_cache=str(path))
+    try:
+        samples = backend.read_gpus([0, 1], slow=False)
+    finally:
+        backend.close()
+    assert [len(s.fans_pct) for s in samples] == [backend.fan_count(0), backend.fan_count(1)]
+    assert max(backend.fan_count(0), backend.fan_count(1)) <= 32
