@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from gpustation.telemetry.model import HostSample, ProcessInfo
+from gpustation.textsafe import safe
 
 MIB = 1024 * 1024
 _LINUX = sys.platform.startswith("linux") and os.path.exists("/proc/stat")
@@ -262,6 +263,9 @@ def describe_process(proc: ProcessInfo) -> None:
     except Exception:
         # A process in another PID namespace (containers), or already gone.
         return
+    # Any local user's argv can hold escape sequences (a retitled terminal, a
+    # clipboard write): made safe once, here, for every renderer (rule 8).
+    details = tuple(None if d is None else safe(d) for d in details)  # type: ignore[assignment]
     if len(_PROC_CACHE) > 4096:
         _PROC_CACHE.clear()
     _PROC_CACHE[key] = details

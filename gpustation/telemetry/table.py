@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry.model import LIMITING_REASONS, GpuSample, Snapshot, specs
+from gpustation.textsafe import safe
 
 Cell = tuple[str, str]  # (text, style name)
 
@@ -36,7 +37,12 @@ def _paint(text: str, style: str, color: bool) -> str:
 
 
 def _table(header: list[str], rows: list[list[Cell]], right: set[int], color: bool) -> list[str]:
-    """Align cells in columns two spaces apart; ``right`` holds right-aligned columns."""
+    """Align cells in columns two spaces apart; ``right`` holds right-aligned columns.
+
+    Every cell is made safe for the terminal first (rule 8): a GPU name or a
+    command line may come from another host or another user.
+    """
+    rows = [[(safe(text), style) for text, style in row] for row in rows]
     widths = [len(h) for h in header]
     for row in rows:
         for i, (text, _) in enumerate(row):
@@ -143,8 +149,9 @@ def gpu_lines(snap: Snapshot, color: bool = False) -> list[str]:
 def host_line(snap: Snapshot) -> str:
     h = snap.host
     load = " ".join(f"{x:.2f}" for x in h.load_avg) if h.load_avg else fmt.NA
+    cores = len(h.cpu_per_core_pct)
     return (
-        f"host {snap.hostname}: CPU {fmt.num(h.cpu_pct, 0, '%')} ({len(h.cpu_per_core_pct)} cores)"
+        f"host {safe(snap.hostname)}: CPU {fmt.num(h.cpu_pct, 0, '%')} ({cores} cores)"
         f"  load {load}"
         f"  RAM {fmt.mib(h.memory_used_mib)}/{fmt.mib(h.memory_total_mib)}"
         f"  swap {fmt.mib(h.swap_used_mib)}/{fmt.mib(h.swap_total_mib)}"
@@ -175,7 +182,7 @@ def process_lines(snap: Snapshot, color: bool = False, command_width: int = 100)
 
 def header_line(snap: Snapshot, color: bool = False) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap.time))
-    text = f"{snap.hostname}  {when}  driver {snap.driver_version or fmt.NA}"
+    text = safe(f"{snap.hostname}  {when}  driver {snap.driver_version or fmt.NA}")
     if snap.cuda_driver_version:
         text += f"  CUDA {snap.cuda_driver_version}"
     text = _paint(text, "bold", color)
@@ -188,7 +195,7 @@ def render_snapshot(snap: Snapshot, color: bool = False) -> str:
     """The whole snapshot as text: header, GPU table, host line, processes."""
     lines = [header_line(snap, color)]
     if snap.note:
-        lines.append(_paint(snap.note, "yellow", color))
+        lines.append(_paint(safe(snap.note), "yellow", color))
     lines += gpu_lines(snap, color)
     lines.append(host_line(snap))
     if any(g.processes for g in snap.gpus):

@@ -1,0 +1,67 @@
+"""No text from another party reaches the terminal raw: another user's argv,
+another host's fields. Escape sequences are removed, control characters shown
+as U+FFFD."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gpustation.telemetry import host
+from gpustation.telemetry.model import GpuSample, ProcessInfo, Snapshot
+from gpustation.telemetry.table import render_snapshot
+from gpustation.textsafe import safe
+
+HOSTILE = [
+    "\x1b]0;owned\x07",  # OSC 0: retitle the terminal
+    "\x1b]52;c;aGVsbG8=\x07",  # OSC 52: write the clipboard
+    "\x1b]52;c;aGk=\x1b\\",  # the same, ended by ST
+    "\x1b[2J\x1b[H",  # clear the screen, home the cursor
+    "\x9b31m",  # an 8-bit CSI
+    "\x1bP+q\x1b\\",  # DCS
+    "\x07\x08\x7f",  # bell, backspace, delete
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_safe_leaves_no_escape_or_control_character(text: str) -> None:
+    out = safe(f"python {text}train.py")
+    assert out.startswith("python ") and out.endswith("train.py")
+    assert not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in out)
+
+
+def test_another_user_s_argv_is_made_safe_where_it_is_read() -> None:
+    if not host._LINUX:
+        pytest.skip("reads /proc")
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()", *HOSTILE], stdin=subprocess.PIPE
+    )
+    try:
+        proc = ProcessInfo(pid=child.pid)
+        host.describe_process(proc)
+        assert proc.command is not None and "import sys" in proc.command
+        assert "\x1b" not in proc.command and "\x07" not in proc.command
+        assert "\x9b" not in proc.command
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_snapshot_table_draws_no_escape_from_any_field() -> None:
+    hostile = "".join(HOSTILE)
+    snap = Snapshot(
+        hostname=f"box{hostile}",
+        time=0.0,
+        gpus=[
+            GpuSample(
+                index=0,
+                name=f"H200{hostile}",
+                processes=[ProcessInfo(pid=1, user=f"eve{hostile}", command=f"x{hostile}")],
+            )
+        ],
+    )
+    text = render_snapshot(snap, color=False)
+    assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text
+    assert "H200" in text and "eve" in text
