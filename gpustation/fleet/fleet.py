@@ -41,6 +41,7 @@ from gpustation.fleet.ssh import (
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry import health
 from gpustation.telemetry.model import GpuSample
+from gpustation.textsafe import safe
 
 FLEET_SCHEMA = "gpustation.fleet/1"
 FIRST_SNAPSHOT_TIMEOUT_S = 10.0
@@ -277,7 +278,12 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 def row_cells(row: FleetRow) -> dict[str, str]:
-    """The text of each column for one row (a missing value reads n/a)."""
+    """The text of each column for one row (a missing value reads n/a), safe for a
+    terminal: a host's error can quote what its ssh session printed."""
+    return {k: safe(v) for k, v in _row_cells(row).items()}
+
+
+def _row_cells(row: FleetRow) -> dict[str, str]:
     g = row.gpu
     cells = {"host": row.host, "status": row.status}
     if g is None:
