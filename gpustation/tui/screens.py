@@ -19,6 +19,7 @@ from textual.widgets import Select
 
 from gpustation.telemetry.history import METRIC_KEYS, METRICS
 from gpustation.tui import render
+from gpustation.tui.linecache import KeepsLines
 from gpustation.tui.source import Frame
 from gpustation.tui.widgets import (
     Caption,
@@ -26,7 +27,6 @@ from gpustation.tui.widgets import (
     GpuCard,
     HistoryGraph,
     HostPane,
-    KeepsLines,
     KeysFooter,
     LiveText,
     ProcessTable,

@@ -23,13 +23,16 @@ from gpustation.tui.control import (
 from gpustation.tui.source import DataSource
 from gpustation.tui.widgets import LiveText
 from tests.control.conftest import RecordingSim, journal_entries
+from tests.tui.conftest import notifications, record_notifications
 
 TIMEOUT_S = 30.0
 
 
 def make_app(sim: RecordingSim) -> DashboardApp:
     source = DataSource(lambda: sim, host_source=HostSample, hostname="test-host")
-    return DashboardApp(source, refresh_s=0.25)
+    app = DashboardApp(source, refresh_s=0.25)
+    record_notifications(app)
+    return app
 
 
 async def wait_until(pilot: Pilot[object], condition: Callable[[], bool], what: str) -> None:
@@ -39,7 +42,7 @@ async def wait_until(pilot: Pilot[object], condition: Callable[[], bool], what: 
             return
         await pilot.pause(0.05)
     app = pilot.app
-    notes = [n.message for n in app._notifications]
+    notes = notifications(app)
     pytest.fail(f"timed out waiting for {what}; notifications: {notes}")
 
 
@@ -109,8 +112,7 @@ def test_a_confirmed_profile_stays_and_the_curve_stops_with_the_app(
             assert ui.live is not None and ui.live.curve_running
             await wait_until(pilot, lambda: bool(ui.live and ui.live.last_poll), "a curve poll")
             state = app.screen.query_one("#control-state", LiveText)
-            assert state._shown is not None
-            assert "Fan curve 'balanced' running" in state._shown.plain
+            assert "Fan curve 'balanced' running" in state.plain
         # Closing the dashboard handed the fans back; the power cap stays (it was kept).
         assert fan_modes(sim) == {"auto"}
         assert limits(sim) == [351.0, 351.0]
