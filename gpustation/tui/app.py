@@ -42,6 +42,7 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
+from textual.message import Message
 from textual.screen import Screen
 
 from gpustation.errors import GpustationError
@@ -140,6 +141,23 @@ def _resolve(factory: type[Screen[Any]] | str) -> Any:
         return None
 
 
+class FrameReady(Message):
+    """A sampling pass ended with a frame (posted from the sampling thread)."""
+
+    def __init__(self, frame: Frame) -> None:
+        super().__init__()
+        self.frame = frame
+
+
+class SampleFailed(Message):
+    """A sampling pass failed; ``fatal``: the backend could not be opened at all."""
+
+    def __init__(self, message: str, fatal: bool) -> None:
+        super().__init__()
+        self.message = message
+        self.fatal = fatal
+
+
 class DashboardApp(App[int]):
     """The gpustation dashboard. See the module docstring for extension points."""
 
@@ -180,7 +198,7 @@ class DashboardApp(App[int]):
         self.passes = 0
         self._kill = kill
         #: the sampling thread; a pass is scheduled after each frame
-        self._poller = Poller(self._sample_pass)
+        self._poller = Poller(self._sample_pass, target=self, name="gpustation-sampler")
         self._autostart = autostart
         self._notify_alerts = notify_alerts
         self._last_frame_at = time.monotonic()
@@ -218,35 +236,14 @@ class DashboardApp(App[int]):
         """Start a sampling pass now (replaces a scheduled one)."""
         self._poller.run_now()
 
-    def _sample_pass(self) -> None:
-        # Runs on the poller's thread.
+    def _sample_pass(self) -> FrameReady | SampleFailed:
+        # Runs on the poller's thread; the poller posts what it returns.
         try:
-            frame = self.source.sample()
+            return FrameReady(self.source.sample())
         except GpustationError as err:
-            self._post(self._sample_failed, str(err), fatal=True)
-            return
+            return SampleFailed(str(err), fatal=True)
         except Exception as err:  # a driver hiccup must not end the dashboard
-            self._post(self._sample_failed, f"{type(err).__name__}: {err}", fatal=False)
-            return
-        self._post(self._take_frame, frame)
-
-    def _post(self, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
-        # A plain callback on the event loop: call_from_thread would wrap it in
-        # a coroutine and inspect its signature on every pass.
-        def run() -> None:
-            with self._context():
-                try:
-                    fn(*args, **kwargs)
-                except Exception as err:
-                    self._handle_exception(err)
-
-        loop = self._loop
-        try:
-            if loop is None or loop.is_closed():
-                return
-            loop.call_soon_threadsafe(run)
-        except RuntimeError:
-            pass  # the app is shutting down
+            return SampleFailed(f"{type(err).__name__}: {err}", fatal=False)
 
     def _rearm(self, delay: float) -> None:
         if not self.paused and self.is_running:
@@ -257,11 +254,11 @@ class DashboardApp(App[int]):
         """Seconds until the next scheduled sampling pass (None: none is scheduled)."""
         return self._poller.pending_s
 
-    def _sample_failed(self, message: str, fatal: bool) -> None:
-        self.error = message
-        self.notify(message, title="Sampling failed", severity="error", timeout=8)
+    def on_sample_failed(self, event: SampleFailed) -> None:
+        self.error = event.message
+        self.notify(event.message, title="Sampling failed", severity="error", timeout=8)
         self.update_chrome(self.screen)
-        if not fatal:
+        if not event.fatal:
             self._rearm(max(self.refresh_s, 2.0))
 
     def _check_stale(self) -> None:
@@ -277,7 +274,8 @@ class DashboardApp(App[int]):
         age = time.monotonic() - self._last_frame_at
         return age if age > max(3 * self.refresh_s, STALE_AFTER_S) else None
 
-    def _take_frame(self, frame: Frame) -> None:
+    def on_frame_ready(self, event: FrameReady) -> None:
+        frame = event.frame
         self.passes += 1
         self._last_frame_at = time.monotonic()
         self.error = None
