@@ -95,7 +95,7 @@ SCREENS_BY_MODE: list[ScreenEntry] = [
         "c",
         "Control",
         "power limits, fan curve, hardware profiles (keys 1-9), journal",
-        "gpustation.tui.control:ControlScreen",
+        "gpustation.tui.control.screen:ControlScreen",
     ),
     ScreenEntry(
         "runs",
@@ -471,7 +471,7 @@ class DashboardApp(App[int]):
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        control_commands = _resolve("gpustation.tui.control:system_commands")  # type: ignore[arg-type]
+        control_commands = _resolve("gpustation.tui.control.ui:system_commands")  # type: ignore[arg-type]
         if control_commands is not None:
             yield from control_commands(self, screen)  # type: ignore[call-arg]
         for entry in self._modes_in_use:

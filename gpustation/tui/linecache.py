@@ -26,6 +26,7 @@ from textual.strip import Strip
 
 if TYPE_CHECKING:
     from textual.widget import Widget
+    from typing_extensions import Self
 
     _WidgetBase = Widget
 else:
@@ -42,10 +43,14 @@ class KeepsLines(_WidgetBase):
 
     _kept: tuple[Region, Size, tuple[object, ...], list[Strip]] | None = None
 
-    def refresh(self, *regions: Region, repaint: bool = True, **kwargs: bool) -> Widget:
+    def refresh(
+        self, *regions: Region, repaint: bool = True, layout: bool = False, recompose: bool = False
+    ) -> Self:
         if repaint:
             self._kept = None
-        return super().refresh(*regions, repaint=repaint, **kwargs)  # type: ignore[safe-super]
+        return super().refresh(  # type: ignore[safe-super,no-any-return]
+            *regions, repaint=repaint, layout=layout, recompose=recompose
+        )
 
     def render_lines(self, crop: Region) -> list[Strip]:
         filters = tuple(self.get_line_filters())

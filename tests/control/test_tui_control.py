@@ -64,6 +64,19 @@ async def open_control(pilot: Pilot[object], app: DashboardApp) -> None:
     await wait_until(pilot, lambda: isinstance(app.screen, ControlScreen), "the control screen")
 
 
+async def open_keep_dialog(pilot: Pilot[object], app: DashboardApp) -> KeepChangeDialog:
+    """Wait until the keep dialog is mounted and counting down: its keys work from then."""
+
+    def ready() -> bool:
+        screen = app.screen
+        return isinstance(screen, KeepChangeDialog) and "reverts by itself" in screen.countdown
+
+    await wait_until(pilot, ready, "the keep dialog")
+    dialog = app.screen
+    assert isinstance(dialog, KeepChangeDialog)
+    return dialog
+
+
 def test_an_unconfirmed_profile_reverts_by_itself(sim: RecordingSim) -> None:
     async def scenario() -> None:
         app = make_app(sim)
@@ -102,7 +115,7 @@ def test_a_confirmed_profile_stays_and_the_curve_stops_with_the_app(
             ui = control_ui(app)
             ui.confirm_timeout_s = 120.0  # a loaded machine must not time out the test
             await pilot.press("3")
-            await wait_until(pilot, lambda: isinstance(app.screen, KeepChangeDialog), "the dialog")
+            await open_keep_dialog(pilot, app)
             await pilot.press("y")
             await wait_until(pilot, lambda: ui.events[-1:] == [("kept", ANY)], "keep")
             assert limits(sim) == [351.0, 351.0]
@@ -117,6 +130,44 @@ def test_a_confirmed_profile_stays_and_the_curve_stops_with_the_app(
         assert fan_modes(sim) == {"auto"}
         assert limits(sim) == [351.0, 351.0]
         assert not curve_threads()
+
+    asyncio.run(scenario())
+
+
+def test_the_deadline_reverts_while_the_ui_thread_is_frozen(
+    sim: RecordingSim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    restored = threading.Event()
+    set_power_limit = sim.set_power_limit
+
+    def watched(index: int, watts: float) -> None:
+        set_power_limit(index, watts)
+        if watts == 450.0:
+            restored.set()
+
+    monkeypatch.setattr(sim, "set_power_limit", watched)
+
+    async def scenario() -> None:
+        app = make_app(sim)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await open_control(pilot, app)
+            ui = control_ui(app)
+            ui.confirm_timeout_s = 0.5
+            await pilot.press("w", "minus", "enter")  # the change is made in a worker
+            await wait_until(
+                pilot, lambda: restored.is_set() or ui.pending is not None, "the change"
+            )
+            # Block the UI thread now (this test runs on it): no timer, no
+            # dialog, no message is handled until the revert has happened.
+            assert restored.wait(TIMEOUT_S), "the change was not reverted"
+            assert [c for c in sim.set_calls if c[0] == "power"] == [
+                ("power", 0, 440.0),
+                ("power", 0, 450.0),
+            ]
+            # Once the UI runs again it hears of it; no dialog asks about it any more.
+            await wait_until(pilot, lambda: ui.events[-1:] == [("reverted", ANY)], "the news")
+            assert not isinstance(app.screen, KeepChangeDialog)
+            assert ui.pending is None
 
     asyncio.run(scenario())
 
@@ -157,7 +208,7 @@ def test_power_cap_dialog_steps_within_the_range(sim: RecordingSim) -> None:
                 await pilot.press("plus")
             assert dialog.watts == 600.0
             await pilot.press("minus", "enter")
-            await wait_until(pilot, lambda: isinstance(app.screen, KeepChangeDialog), "confirm")
+            await open_keep_dialog(pilot, app)
             await pilot.press("y")
             await wait_until(pilot, lambda: ui.events[-1:] == [("kept", ANY)], "keep")
         assert limits(sim) == [450.0, 590.0]
@@ -174,7 +225,7 @@ def test_revert_now_and_the_journal_screen(sim: RecordingSim) -> None:
             ui = control_ui(app)
             ui.confirm_timeout_s = 120.0  # a loaded machine must not time out the test
             await pilot.press("w", "minus", "enter")
-            await wait_until(pilot, lambda: isinstance(app.screen, KeepChangeDialog), "confirm")
+            await open_keep_dialog(pilot, app)
             assert limits(sim)[0] == 440.0
             await pilot.press("n")
             await wait_until(
