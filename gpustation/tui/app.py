@@ -51,6 +51,7 @@ from gpustation.telemetry.backend import Backend, open_backend
 from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
 from gpustation.tui.dialogs import KillDialog
+from gpustation.tui.keys import KeymapConfig, apply_keymap, load_keymap
 from gpustation.tui.poll import Poller
 from gpustation.tui.screens import (
     AlertLogScreen,
@@ -105,6 +106,14 @@ SCREENS_BY_MODE: list[ScreenEntry] = [
         "gpustation.tui.runs:RunsScreen",
     ),
 ]
+
+
+#: the screens every dashboard has; the others get a key binding of their own
+BUILTIN_MODES = ("dashboard", "topology", "alerts", "help")
+
+
+def _mode_binding(entry: ScreenEntry) -> Binding:
+    return Binding(entry.key, f"switch_to('{entry.mode}')", entry.title, id=f"app.{entry.mode}")
 
 
 def _available(factory: type[Screen[Any]] | str) -> bool:
@@ -174,6 +183,9 @@ class DashboardApp(App[int]):
         Binding("plus", "slower", "Slower", key_display="+", id="app.slower"),
         Binding("minus", "faster", "Faster", key_display="-", id="app.faster"),
         Binding("p", "toggle_pause", "Pause", id="app.pause"),
+        # One key per added screen (app.control, app.runs ...): hidden by
+        # check_action where this dashboard runs without that screen.
+        *(_mode_binding(e) for e in SCREENS_BY_MODE if e.mode not in BUILTIN_MODES),
     ]
 
     def __init__(
@@ -185,6 +197,7 @@ class DashboardApp(App[int]):
         autostart: bool = True,
         notify_alerts: bool = True,
         screens: Sequence[ScreenEntry] | None = None,
+        keymap: KeymapConfig | None = None,
     ) -> None:
         self.source = source or DataSource()
         self.refresh_s = min(MAX_REFRESH_S, max(MIN_REFRESH_S, refresh_s))
@@ -208,10 +221,18 @@ class DashboardApp(App[int]):
         entries = SCREENS_BY_MODE if screens is None else screens
         self._modes_in_use = [e for e in entries if _available(e.factory)]
         self.MODES = {e.mode: _screen_maker(e) for e in self._modes_in_use}  # type: ignore[misc]
+        #: the [keys] table of config.toml, applied on mount
+        self.keymap_config = keymap if keymap is not None else load_keymap()
         super().__init__()
+        known = {e.mode for e in SCREENS_BY_MODE}
         for entry in self._modes_in_use:
-            if entry.mode not in ("dashboard", "topology", "alerts", "help"):
+            if entry.mode not in BUILTIN_MODES and entry.mode not in known:
+                # A screen added at run time: a key, though not one [keys] can remap.
                 self.bind(entry.key, f"switch_to('{entry.mode}')", description=entry.title)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # A screen this dashboard runs without: its key is neither shown nor live.
+        return not (action == "switch_to" and parameters and parameters[0] not in self.MODES)
 
     # ---- public state ------------------------------------------------------
     @property
@@ -226,6 +247,7 @@ class DashboardApp(App[int]):
 
     # ---- sampling ----------------------------------------------------------
     def on_mount(self) -> None:
+        apply_keymap(self, self.keymap_config)
         self.switch_mode("dashboard")
         # A driver call that hangs must show, not freeze the picture silently.
         self.set_interval(STALE_CHECK_S, self._check_stale)
@@ -463,11 +485,24 @@ class DashboardApp(App[int]):
 
     # ---- command palette and help ------------------------------------------------
     def all_bindings(self) -> list[Binding]:
-        out = [b for b in self.BINDINGS if isinstance(b, Binding)]
+        """The app's bindings, as remapped by [keys], without those of absent screens."""
+        added = {f"app.{e.mode}" for e in SCREENS_BY_MODE if e.mode not in BUILTIN_MODES}
+        in_use = {f"app.{e.mode}" for e in self._modes_in_use}
+        out = [
+            b
+            for b in self.BINDINGS
+            if isinstance(b, Binding) and (b.id not in added or b.id in in_use)
+        ]
+        known = {e.mode for e in SCREENS_BY_MODE}
         for entry in self._modes_in_use:
-            if entry.mode not in ("dashboard", "topology", "alerts", "help"):
+            if entry.mode not in BUILTIN_MODES and entry.mode not in known:
                 out.append(Binding(entry.key, f"switch_to('{entry.mode}')", entry.title))
-        return out
+        return [self.remapped(b) for b in out]
+
+    def remapped(self, binding: Binding) -> Binding:
+        """``binding`` with the keys [keys] gives it (itself when not remapped)."""
+        keys = self.keymap_config.keymap.get(binding.id or "")
+        return binding if keys is None else binding.with_key(keys, key_display=None)
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

@@ -289,6 +289,7 @@ class HelpScreen(LiveScreen):
         t.append("\nOn the main screen\n", style="bold")
         for binding in DashboardScreen.BINDINGS:
             if isinstance(binding, Binding):
+                binding = self.dash.remapped(binding)
                 t.append(f"  {KEY_NAMES.get(binding.key, binding.key):<10}", style="bold cyan")
                 t.append(f"{binding.description}\n")
         t.append(f"  {'↑ ↓':<10}", style="bold cyan")
