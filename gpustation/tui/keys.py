@@ -23,6 +23,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from textual.app import App
 from textual.binding import Binding
@@ -53,7 +54,7 @@ class KeymapConfig:
         return where + "; ".join(self.problems)
 
 
-def apply_keymap(app: App[object], config: KeymapConfig) -> None:
+def apply_keymap(app: App[Any], config: KeymapConfig) -> None:
     """Apply ``config``'s keymap to ``app`` and report its problems there."""
     if config.keymap:
         app.set_keymap(config.keymap)
@@ -62,6 +63,7 @@ def apply_keymap(app: App[object], config: KeymapConfig) -> None:
 
 
 def _subclasses(cls: type) -> Iterator[type]:
+    sub: type
     for sub in cls.__subclasses__():
         yield sub
         yield from _subclasses(sub)
