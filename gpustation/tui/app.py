@@ -2,8 +2,9 @@
 
 Data flow: one sampling thread (:class:`~gpustation.tui.poll.Poller`) samples
 (:class:`~gpustation.tui.source.DataSource`: backend,
-:class:`~gpustation.telemetry.sampler.Sampler`, process CPU/RSS) and hands a
-:class:`~gpustation.tui.source.Frame` to the UI thread, which feeds the ring
+:class:`~gpustation.telemetry.sampler.Sampler`, process CPU/RSS) and posts a
+:class:`FrameReady` message with the :class:`~gpustation.tui.source.Frame`
+(or :class:`SampleFailed`) to the app, whose handler feeds the ring
 buffers (:class:`~gpustation.telemetry.history.History`) and alert rules
 (:class:`~gpustation.telemetry.alerts.AlertLog`) and repaints the visible
 screen. The next pass is scheduled when a frame has been taken, so passes
@@ -23,9 +24,10 @@ Extension points (for new screens: runs, hardware control, fleet):
 * ``app.latest`` is the newest :class:`~gpustation.telemetry.model.Snapshot`,
   ``app.frame`` the newest frame, ``app.backend`` the open backend (``None``
   until the first pass). Control actions must run in a worker
-  (``app.run_worker(fn, thread=True)``), never on the UI thread.
-* Bindings all carry ids (``app.quit``, ``dashboard.kill`` ...) so keys can be
-  remapped with ``App.set_keymap``.
+  (``app.run_worker(fn, thread=True)``), never on the UI thread; a worker's
+  result reaches the UI as a typed message it posts (``post_message``).
+* Bindings all carry ids (``app.quit``, ``dashboard.kill`` ...): the ``[keys]``
+  table of config.toml remaps them (:mod:`gpustation.tui.keys`).
 """
 
 from __future__ import annotations
