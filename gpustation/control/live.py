@@ -1,8 +1,12 @@
 """Control from a long-running program (the dashboard): changes that can be undone.
 
 Every change made here returns a :class:`Change` whose ``revert()`` puts the
-previous state back through the same journalled control functions, so the
-dashboard can apply a change at once and undo it unless the user confirms it.
+previous state back through the same journalled control functions. The
+change takes effect at once and is handed to :attr:`LiveControl.confirmer`
+(:mod:`gpustation.control.confirm`) before the method returns: unless
+:meth:`LiveControl.confirm` is called within ``confirm_timeout_s``, the
+confirmer's own thread reverts it, whatever the program's UI is doing.
+
 A fan curve runs in a thread of its own (:class:`FanController` in a plain,
 non-daemon thread) until another change replaces it or :meth:`LiveControl.close`
 stops it; the controller hands the fans back to automatic control as it ends.
@@ -14,8 +18,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
+from gpustation.control.confirm import CONFIRM_TIMEOUT_S, Change, Confirmer, Outcome
 from gpustation.control.fancurve import FanController, stop_controllers
 from gpustation.control.fans import fan_gpus, set_fans_auto
 from gpustation.control.power import PowerChange, apply_power, plan_power
@@ -26,14 +30,7 @@ from gpustation.telemetry.backend import Backend
 #: (GPU index -> (temperature C or None, fan % or None)) after each controller poll
 PollReport = dict[int, tuple[float | None, int | None]]
 
-
-@dataclass
-class Change:
-    """A change that has been made, with how to undo it."""
-
-    description: str
-    revert: Callable[[], None]
-    notes: list[str] = field(default_factory=list)
+__all__ = ["Change", "LiveControl", "Outcome", "PollReport"]
 
 
 class LiveControl:
@@ -46,6 +43,8 @@ class LiveControl:
         command: str = "gpustation dashboard",
         on_poll: Callable[[PollReport], None] | None = None,
         on_error: Callable[[str], None] | None = None,
+        confirm_timeout_s: float = CONFIRM_TIMEOUT_S,
+        on_outcome: Callable[[Outcome], None] | None = None,
     ) -> None:
         self.backend = backend
         self.indices = list(indices)
@@ -60,6 +59,40 @@ class LiveControl:
         self._controller: FanController | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.RLock()
+        #: holds the unconfirmed change and reverts it at its deadline
+        self.confirmer = Confirmer(confirm_timeout_s, on_outcome)
+
+    # ---- confirm or revert ------------------------------------------------------
+    @property
+    def confirm_timeout_s(self) -> float:
+        """Seconds a new change waits for :meth:`confirm` before it reverts."""
+        return self.confirmer.timeout_s
+
+    @confirm_timeout_s.setter
+    def confirm_timeout_s(self, seconds: float) -> None:
+        self.confirmer.timeout_s = seconds
+
+    @property
+    def pending(self) -> Change | None:
+        """The change waiting to be confirmed, if any."""
+        return self.confirmer.pending
+
+    def confirm(self) -> bool:
+        """Keep the pending change; False when it is already reverting or gone."""
+        return self.confirmer.confirm()
+
+    def revert(self) -> bool:
+        """Revert the pending change now, on the confirmer's thread (returns at once)."""
+        return self.confirmer.revert()
+
+    def _check_none_pending(self) -> None:
+        pending = self.confirmer.pending
+        if pending is not None:
+            raise GpustationError(f"confirm or revert {pending.description} first")
+
+    def _propose(self, change: Change) -> Change:
+        self.confirmer.propose(change)
+        return change
 
     # ---- the fan curve thread ------------------------------------------------
     @property
@@ -114,9 +147,22 @@ class LiveControl:
                     f"the fan curve did not stop within {timeout_s:g} s; run `gpustation fan auto`."
                 )
 
+    def request_stop(self, signum: int | None = None) -> None:
+        """From a signal handler: end the fan curve and revert an unconfirmed change.
+
+        Returns at once; both happen on their own threads.
+        """
+        controller = self._controller
+        if controller is not None:
+            controller.request_stop(signum)
+        self.confirmer.revert()
+
     def close(self) -> None:
-        """Stop the fan curve; the fans go back to automatic control."""
-        self.stop_curve()
+        """Revert an unconfirmed change, then stop the fan curve (fans to automatic)."""
+        try:
+            self.confirmer.close()
+        finally:
+            self.stop_curve()
 
     # ---- changes ---------------------------------------------------------------
     def _restore_power(self, changes: Sequence[PowerChange], why: str) -> None:
@@ -144,23 +190,28 @@ class LiveControl:
     def set_power_limit(self, index: int, watts: float) -> Change:
         """Set one GPU's limit; the change's revert puts the old limit back."""
         with self._lock:
+            self._check_none_pending()
             samples = self.backend.read_gpus([index], slow=False)
             changes = plan_power(samples, PowerValue("watts", watts))
             apply_power(self.backend, changes, f"{self.command}: power limit {watts:g} W")
         old = changes[0].current_w
         was = f"{old:g} W" if old is not None else "n/a"
-        return Change(
-            description=f"GPU {index} power limit {was} -> {watts:g} W",
-            revert=lambda: self._restore_power(changes, "revert power limit"),
+        return self._propose(
+            Change(
+                description=f"GPU {index} power limit {was} -> {watts:g} W",
+                revert=lambda: self._restore_power(changes, "revert power limit"),
+            )
         )
 
     def apply_profile(self, profile: Profile) -> Change:
         """Apply power and fans; check everything first.
 
         Cards without fans get the power part only (said in the notes). A fan
-        curve runs in a thread until replaced, reverted or closed.
+        curve runs in a thread until replaced, reverted or closed. The change
+        reverts by itself unless confirmed (see :attr:`confirmer`).
         """
         with self._lock:
+            self._check_none_pending()
             notes: list[str] = []
             samples = self.backend.read_gpus(self.indices, slow=False)
             changes = plan_power(samples, profile.power) if profile.power is not None else []
@@ -206,4 +257,6 @@ class LiveControl:
                     self._restore_fans(previous_curve, fan_indices)
                 self.applied_profile = previous_name
 
-        return Change(description=f"profile {profile.name}", revert=revert, notes=notes)
+        return self._propose(
+            Change(description=f"profile {profile.name}", revert=revert, notes=notes)
+        )

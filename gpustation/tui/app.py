@@ -2,8 +2,9 @@
 
 Data flow: one sampling thread (:class:`~gpustation.tui.poll.Poller`) samples
 (:class:`~gpustation.tui.source.DataSource`: backend,
-:class:`~gpustation.telemetry.sampler.Sampler`, process CPU/RSS) and hands a
-:class:`~gpustation.tui.source.Frame` to the UI thread, which feeds the ring
+:class:`~gpustation.telemetry.sampler.Sampler`, process CPU/RSS) and posts a
+:class:`FrameReady` message with the :class:`~gpustation.tui.source.Frame`
+(or :class:`SampleFailed`) to the app, whose handler feeds the ring
 buffers (:class:`~gpustation.telemetry.history.History`) and alert rules
 (:class:`~gpustation.telemetry.alerts.AlertLog`) and repaints the visible
 screen. The next pass is scheduled when a frame has been taken, so passes
@@ -23,9 +24,10 @@ Extension points (for new screens: runs, hardware control, fleet):
 * ``app.latest`` is the newest :class:`~gpustation.telemetry.model.Snapshot`,
   ``app.frame`` the newest frame, ``app.backend`` the open backend (``None``
   until the first pass). Control actions must run in a worker
-  (``app.run_worker(fn, thread=True)``), never on the UI thread.
-* Bindings all carry ids (``app.quit``, ``dashboard.kill`` ...) so keys can be
-  remapped with ``App.set_keymap``.
+  (``app.run_worker(fn, thread=True)``), never on the UI thread; a worker's
+  result reaches the UI as a typed message it posts (``post_message``).
+* Bindings all carry ids (``app.quit``, ``dashboard.kill`` ...): the ``[keys]``
+  table of config.toml remaps them (:mod:`gpustation.tui.keys`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
+from textual.message import Message
 from textual.screen import Screen
 
 from gpustation.errors import GpustationError
@@ -50,6 +53,7 @@ from gpustation.telemetry.backend import Backend, open_backend
 from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
 from gpustation.tui.dialogs import KillDialog
+from gpustation.tui.keys import KeymapConfig, apply_keymap, load_keymap
 from gpustation.tui.poll import Poller
 from gpustation.tui.screens import (
     AlertLogScreen,
@@ -94,7 +98,7 @@ SCREENS_BY_MODE: list[ScreenEntry] = [
         "c",
         "Control",
         "power limits, fan curve, hardware profiles (keys 1-9), journal",
-        "gpustation.tui.control:ControlScreen",
+        "gpustation.tui.control.screen:ControlScreen",
     ),
     ScreenEntry(
         "runs",
@@ -104,6 +108,14 @@ SCREENS_BY_MODE: list[ScreenEntry] = [
         "gpustation.tui.runs:RunsScreen",
     ),
 ]
+
+
+#: the screens every dashboard has; the others get a key binding of their own
+BUILTIN_MODES = ("dashboard", "topology", "alerts", "help")
+
+
+def _mode_binding(entry: ScreenEntry) -> Binding:
+    return Binding(entry.key, f"switch_to('{entry.mode}')", entry.title, id=f"app.{entry.mode}")
 
 
 def _available(factory: type[Screen[Any]] | str) -> bool:
@@ -140,6 +152,23 @@ def _resolve(factory: type[Screen[Any]] | str) -> Any:
         return None
 
 
+class FrameReady(Message):
+    """A sampling pass ended with a frame (posted from the sampling thread)."""
+
+    def __init__(self, frame: Frame) -> None:
+        super().__init__()
+        self.frame = frame
+
+
+class SampleFailed(Message):
+    """A sampling pass failed; ``fatal``: the backend could not be opened at all."""
+
+    def __init__(self, message: str, fatal: bool) -> None:
+        super().__init__()
+        self.message = message
+        self.fatal = fatal
+
+
 class DashboardApp(App[int]):
     """The gpustation dashboard. See the module docstring for extension points."""
 
@@ -156,6 +185,9 @@ class DashboardApp(App[int]):
         Binding("plus", "slower", "Slower", key_display="+", id="app.slower"),
         Binding("minus", "faster", "Faster", key_display="-", id="app.faster"),
         Binding("p", "toggle_pause", "Pause", id="app.pause"),
+        # One key per added screen (app.control, app.runs ...): hidden by
+        # check_action where this dashboard runs without that screen.
+        *(_mode_binding(e) for e in SCREENS_BY_MODE if e.mode not in BUILTIN_MODES),
     ]
 
     def __init__(
@@ -167,6 +199,7 @@ class DashboardApp(App[int]):
         autostart: bool = True,
         notify_alerts: bool = True,
         screens: Sequence[ScreenEntry] | None = None,
+        keymap: KeymapConfig | None = None,
     ) -> None:
         self.source = source or DataSource()
         self.refresh_s = min(MAX_REFRESH_S, max(MIN_REFRESH_S, refresh_s))
@@ -180,7 +213,7 @@ class DashboardApp(App[int]):
         self.passes = 0
         self._kill = kill
         #: the sampling thread; a pass is scheduled after each frame
-        self._poller = Poller(self._sample_pass)
+        self._poller = Poller(self._sample_pass, target=self, name="gpustation-sampler")
         self._autostart = autostart
         self._notify_alerts = notify_alerts
         self._last_frame_at = time.monotonic()
@@ -190,10 +223,18 @@ class DashboardApp(App[int]):
         entries = SCREENS_BY_MODE if screens is None else screens
         self._modes_in_use = [e for e in entries if _available(e.factory)]
         self.MODES = {e.mode: _screen_maker(e) for e in self._modes_in_use}  # type: ignore[misc]
+        #: the [keys] table of config.toml, applied on mount
+        self.keymap_config = keymap if keymap is not None else load_keymap()
         super().__init__()
+        known = {e.mode for e in SCREENS_BY_MODE}
         for entry in self._modes_in_use:
-            if entry.mode not in ("dashboard", "topology", "alerts", "help"):
+            if entry.mode not in BUILTIN_MODES and entry.mode not in known:
+                # A screen added at run time: a key, though not one [keys] can remap.
                 self.bind(entry.key, f"switch_to('{entry.mode}')", description=entry.title)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # A screen this dashboard runs without: its key is neither shown nor live.
+        return not (action == "switch_to" and parameters and parameters[0] not in self.MODES)
 
     # ---- public state ------------------------------------------------------
     @property
@@ -208,6 +249,7 @@ class DashboardApp(App[int]):
 
     # ---- sampling ----------------------------------------------------------
     def on_mount(self) -> None:
+        apply_keymap(self, self.keymap_config)
         self.switch_mode("dashboard")
         # A driver call that hangs must show, not freeze the picture silently.
         self.set_interval(STALE_CHECK_S, self._check_stale)
@@ -218,35 +260,14 @@ class DashboardApp(App[int]):
         """Start a sampling pass now (replaces a scheduled one)."""
         self._poller.run_now()
 
-    def _sample_pass(self) -> None:
-        # Runs on the poller's thread.
+    def _sample_pass(self) -> FrameReady | SampleFailed:
+        # Runs on the poller's thread; the poller posts what it returns.
         try:
-            frame = self.source.sample()
+            return FrameReady(self.source.sample())
         except GpustationError as err:
-            self._post(self._sample_failed, str(err), fatal=True)
-            return
+            return SampleFailed(str(err), fatal=True)
         except Exception as err:  # a driver hiccup must not end the dashboard
-            self._post(self._sample_failed, f"{type(err).__name__}: {err}", fatal=False)
-            return
-        self._post(self._take_frame, frame)
-
-    def _post(self, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
-        # A plain callback on the event loop: call_from_thread would wrap it in
-        # a coroutine and inspect its signature on every pass.
-        def run() -> None:
-            with self._context():
-                try:
-                    fn(*args, **kwargs)
-                except Exception as err:
-                    self._handle_exception(err)
-
-        loop = self._loop
-        try:
-            if loop is None or loop.is_closed():
-                return
-            loop.call_soon_threadsafe(run)
-        except RuntimeError:
-            pass  # the app is shutting down
+            return SampleFailed(f"{type(err).__name__}: {err}", fatal=False)
 
     def _rearm(self, delay: float) -> None:
         if not self.paused and self.is_running:
@@ -257,11 +278,11 @@ class DashboardApp(App[int]):
         """Seconds until the next scheduled sampling pass (None: none is scheduled)."""
         return self._poller.pending_s
 
-    def _sample_failed(self, message: str, fatal: bool) -> None:
-        self.error = message
-        self.notify(message, title="Sampling failed", severity="error", timeout=8)
+    def on_sample_failed(self, event: SampleFailed) -> None:
+        self.error = event.message
+        self.notify(event.message, title="Sampling failed", severity="error", timeout=8)
         self.update_chrome(self.screen)
-        if not fatal:
+        if not event.fatal:
             self._rearm(max(self.refresh_s, 2.0))
 
     def _check_stale(self) -> None:
@@ -277,7 +298,8 @@ class DashboardApp(App[int]):
         age = time.monotonic() - self._last_frame_at
         return age if age > max(3 * self.refresh_s, STALE_AFTER_S) else None
 
-    def _take_frame(self, frame: Frame) -> None:
+    def on_frame_ready(self, event: FrameReady) -> None:
+        frame = event.frame
         self.passes += 1
         self._last_frame_at = time.monotonic()
         self.error = None
@@ -465,15 +487,28 @@ class DashboardApp(App[int]):
 
     # ---- command palette and help ------------------------------------------------
     def all_bindings(self) -> list[Binding]:
-        out = [b for b in self.BINDINGS if isinstance(b, Binding)]
+        """The app's bindings, as remapped by [keys], without those of absent screens."""
+        added = {f"app.{e.mode}" for e in SCREENS_BY_MODE if e.mode not in BUILTIN_MODES}
+        in_use = {f"app.{e.mode}" for e in self._modes_in_use}
+        out = [
+            b
+            for b in self.BINDINGS
+            if isinstance(b, Binding) and (b.id not in added or b.id in in_use)
+        ]
+        known = {e.mode for e in SCREENS_BY_MODE}
         for entry in self._modes_in_use:
-            if entry.mode not in ("dashboard", "topology", "alerts", "help"):
+            if entry.mode not in BUILTIN_MODES and entry.mode not in known:
                 out.append(Binding(entry.key, f"switch_to('{entry.mode}')", entry.title))
-        return out
+        return [self.remapped(b) for b in out]
+
+    def remapped(self, binding: Binding) -> Binding:
+        """``binding`` with the keys [keys] gives it (itself when not remapped)."""
+        keys = self.keymap_config.keymap.get(binding.id or "")
+        return binding if keys is None else binding.with_key(keys, key_display=None)
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        control_commands = _resolve("gpustation.tui.control:system_commands")  # type: ignore[arg-type]
+        control_commands = _resolve("gpustation.tui.control.ui:system_commands")  # type: ignore[arg-type]
         if control_commands is not None:
             yield from control_commands(self, screen)  # type: ignore[call-arg]
         for entry in self._modes_in_use:

@@ -45,6 +45,7 @@ from gpustation.fleet.fleet import (
 from gpustation.fleet.ssh import UP
 from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
+from gpustation.tui.keys import KeymapConfig, apply_keymap, load_keymap
 from gpustation.tui.widgets import GpuCard, HistoryGraph, HostPane, ProcessTable, process_rows
 
 _NUMERIC = {"temp", "power", "util", "vram"}
@@ -454,8 +455,11 @@ class FleetApp(App[int]):
         refresh_s: float = 1.0,
         ssh_config: str | None = None,
         fleet: Fleet | None = None,
+        keymap: KeymapConfig | None = None,
     ) -> None:
         super().__init__()
+        #: the [keys] table of config.toml, applied on mount
+        self.keymap_config = keymap if keymap is not None else load_keymap()
         refresh = refresh_s
         if fleet is None:
             config = load_fleet_config()
@@ -473,6 +477,7 @@ class FleetApp(App[int]):
         self._started = False
 
     def on_mount(self) -> None:
+        apply_keymap(self, self.keymap_config)
         if not self._started:
             self.fleet.start()
             self._started = True

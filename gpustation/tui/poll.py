@@ -98,4 +98,7 @@ class Poller:
             except Exception:  # work reports its own errors; this only keeps the thread alive
                 message = None
             if message is not None and self._target is not None:
-                self._target.post_message(message)  # thread-safe in Textual
+                try:
+                    self._target.post_message(message)  # thread-safe in Textual
+                except RuntimeError:
+                    return  # the app's event loop has closed: nothing is listening

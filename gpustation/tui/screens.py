@@ -19,6 +19,7 @@ from textual.widgets import Select
 
 from gpustation.telemetry.history import METRIC_KEYS, METRICS
 from gpustation.tui import render
+from gpustation.tui.linecache import KeepsLines
 from gpustation.tui.source import Frame
 from gpustation.tui.widgets import (
     Caption,
@@ -26,7 +27,6 @@ from gpustation.tui.widgets import (
     GpuCard,
     HistoryGraph,
     HostPane,
-    KeepsLines,
     KeysFooter,
     LiveText,
     ProcessTable,
@@ -289,6 +289,7 @@ class HelpScreen(LiveScreen):
         t.append("\nOn the main screen\n", style="bold")
         for binding in DashboardScreen.BINDINGS:
             if isinstance(binding, Binding):
+                binding = self.dash.remapped(binding)
                 t.append(f"  {KEY_NAMES.get(binding.key, binding.key):<10}", style="bold cyan")
                 t.append(f"{binding.description}\n")
         t.append(f"  {'↑ ↓':<10}", style="bold cyan")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from rich.style import Style
 from rich.text import Text
@@ -26,53 +26,8 @@ from gpustation.telemetry import format as fmt
 from gpustation.telemetry.history import History
 from gpustation.telemetry.model import GpuSample, Snapshot
 from gpustation.tui import render
+from gpustation.tui.linecache import KeepsLines
 from gpustation.tui.source import ProcStat
-
-# Textual marks a widget for repainting through this method, whatever the cause.
-_CAN_KEEP_LINES = callable(getattr(Widget, "_set_dirty", None))
-
-
-if TYPE_CHECKING:
-    _WidgetBase = Widget
-else:
-    _WidgetBase = object
-
-
-class KeepsLines(_WidgetBase):
-    """Gives the compositor back the strips it had last time, until the widget changes.
-
-    When any part of the screen is repainted, Textual asks every widget whose
-    clip overlaps the box around all repainted regions for every one of its
-    lines, and builds each again from its line cache: the background colours
-    looked up through the ancestors, the line filters applied to every line.
-    With a GPU card, the graph and the host pane changing each second, that
-    box is most of the screen: about a dozen widgets and 150 lines a tick for
-    a few changed ones, a third of the dashboard's steady CPU. Here the
-    strips are kept per crop and dropped whenever Textual marks the widget
-    dirty (``_set_dirty``: new content, styles, size, theme), the moments its
-    own line cache is cleared; the line filters in use are part of the key.
-
-    A mixin, named before the Textual class it extends (``class
-    Rows(KeepsLines, Vertical)``): not being a widget itself, it leaves that
-    class's stylesheet and CSS type name to the subclass.
-    """
-
-    _kept: tuple[Region, tuple[object, ...], list[Strip]] | None = None
-
-    def _set_dirty(self, *regions: Region) -> None:
-        self._kept = None
-        super()._set_dirty(*regions)  # type: ignore[safe-super]
-
-    def render_lines(self, crop: Region) -> list[Strip]:
-        if not _CAN_KEEP_LINES:
-            return super().render_lines(crop)  # type: ignore[safe-super]
-        filters = tuple(self.get_line_filters())
-        kept = self._kept
-        if kept is not None and kept[0] == crop and kept[1] == filters:
-            return kept[2]
-        strips = super().render_lines(crop)  # type: ignore[safe-super]
-        self._kept = (crop, filters, strips)
-        return strips
 
 
 class Rows(KeepsLines, Vertical):
@@ -252,7 +207,7 @@ class GpuCard(DrawnText):
             self.show(render.compact_text(g, width, focused=self._focused))
         else:
             self.show(render.card_text(g, width, focused=self._focused))
-            if self._border_title is not None:
+            if self.border_title is not None:
                 self.border_title = None  # setting it repaints the whole card
 
 

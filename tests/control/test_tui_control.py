@@ -23,13 +23,16 @@ from gpustation.tui.control import (
 from gpustation.tui.source import DataSource
 from gpustation.tui.widgets import LiveText
 from tests.control.conftest import RecordingSim, journal_entries
+from tests.tui.conftest import notifications, record_notifications
 
 TIMEOUT_S = 30.0
 
 
 def make_app(sim: RecordingSim) -> DashboardApp:
     source = DataSource(lambda: sim, host_source=HostSample, hostname="test-host")
-    return DashboardApp(source, refresh_s=0.25)
+    app = DashboardApp(source, refresh_s=0.25)
+    record_notifications(app)
+    return app
 
 
 async def wait_until(pilot: Pilot[object], condition: Callable[[], bool], what: str) -> None:
@@ -39,7 +42,7 @@ async def wait_until(pilot: Pilot[object], condition: Callable[[], bool], what: 
             return
         await pilot.pause(0.05)
     app = pilot.app
-    notes = [n.message for n in app._notifications]
+    notes = notifications(app)
     pytest.fail(f"timed out waiting for {what}; notifications: {notes}")
 
 
@@ -59,6 +62,19 @@ async def open_control(pilot: Pilot[object], app: DashboardApp) -> None:
     await wait_until(pilot, lambda: app.latest is not None, "the first sample")
     await pilot.press("c")
     await wait_until(pilot, lambda: isinstance(app.screen, ControlScreen), "the control screen")
+
+
+async def open_keep_dialog(pilot: Pilot[object], app: DashboardApp) -> KeepChangeDialog:
+    """Wait until the keep dialog is mounted and counting down: its keys work from then."""
+
+    def ready() -> bool:
+        screen = app.screen
+        return isinstance(screen, KeepChangeDialog) and "reverts by itself" in screen.countdown
+
+    await wait_until(pilot, ready, "the keep dialog")
+    dialog = app.screen
+    assert isinstance(dialog, KeepChangeDialog)
+    return dialog
 
 
 def test_an_unconfirmed_profile_reverts_by_itself(sim: RecordingSim) -> None:
@@ -99,7 +115,7 @@ def test_a_confirmed_profile_stays_and_the_curve_stops_with_the_app(
             ui = control_ui(app)
             ui.confirm_timeout_s = 120.0  # a loaded machine must not time out the test
             await pilot.press("3")
-            await wait_until(pilot, lambda: isinstance(app.screen, KeepChangeDialog), "the dialog")
+            await open_keep_dialog(pilot, app)
             await pilot.press("y")
             await wait_until(pilot, lambda: ui.events[-1:] == [("kept", ANY)], "keep")
             assert limits(sim) == [351.0, 351.0]
@@ -109,12 +125,49 @@ def test_a_confirmed_profile_stays_and_the_curve_stops_with_the_app(
             assert ui.live is not None and ui.live.curve_running
             await wait_until(pilot, lambda: bool(ui.live and ui.live.last_poll), "a curve poll")
             state = app.screen.query_one("#control-state", LiveText)
-            assert state._shown is not None
-            assert "Fan curve 'balanced' running" in state._shown.plain
+            assert "Fan curve 'balanced' running" in state.plain
         # Closing the dashboard handed the fans back; the power cap stays (it was kept).
         assert fan_modes(sim) == {"auto"}
         assert limits(sim) == [351.0, 351.0]
         assert not curve_threads()
+
+    asyncio.run(scenario())
+
+
+def test_the_deadline_reverts_while_the_ui_thread_is_frozen(
+    sim: RecordingSim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    restored = threading.Event()
+    set_power_limit = sim.set_power_limit
+
+    def watched(index: int, watts: float) -> None:
+        set_power_limit(index, watts)
+        if watts == 450.0:
+            restored.set()
+
+    monkeypatch.setattr(sim, "set_power_limit", watched)
+
+    async def scenario() -> None:
+        app = make_app(sim)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await open_control(pilot, app)
+            ui = control_ui(app)
+            ui.confirm_timeout_s = 0.5
+            await pilot.press("w", "minus", "enter")  # the change is made in a worker
+            await wait_until(
+                pilot, lambda: restored.is_set() or ui.pending is not None, "the change"
+            )
+            # Block the UI thread now (this test runs on it): no timer, no
+            # dialog, no message is handled until the revert has happened.
+            assert restored.wait(TIMEOUT_S), "the change was not reverted"
+            assert [c for c in sim.set_calls if c[0] == "power"] == [
+                ("power", 0, 440.0),
+                ("power", 0, 450.0),
+            ]
+            # Once the UI runs again it hears of it; no dialog asks about it any more.
+            await wait_until(pilot, lambda: ui.events[-1:] == [("reverted", ANY)], "the news")
+            assert not isinstance(app.screen, KeepChangeDialog)
+            assert ui.pending is None
 
     asyncio.run(scenario())
 
@@ -155,7 +208,7 @@ def test_power_cap_dialog_steps_within_the_range(sim: RecordingSim) -> None:
                 await pilot.press("plus")
             assert dialog.watts == 600.0
             await pilot.press("minus", "enter")
-            await wait_until(pilot, lambda: isinstance(app.screen, KeepChangeDialog), "confirm")
+            await open_keep_dialog(pilot, app)
             await pilot.press("y")
             await wait_until(pilot, lambda: ui.events[-1:] == [("kept", ANY)], "keep")
         assert limits(sim) == [450.0, 590.0]
@@ -172,7 +225,7 @@ def test_revert_now_and_the_journal_screen(sim: RecordingSim) -> None:
             ui = control_ui(app)
             ui.confirm_timeout_s = 120.0  # a loaded machine must not time out the test
             await pilot.press("w", "minus", "enter")
-            await wait_until(pilot, lambda: isinstance(app.screen, KeepChangeDialog), "confirm")
+            await open_keep_dialog(pilot, app)
             assert limits(sim)[0] == 440.0
             await pilot.press("n")
             await wait_until(

@@ -167,3 +167,25 @@ def test_app_takes_interval_and_ssh_config_from_config_unless_given(
     argv = given.fleet.streams["box1"].argv
     assert given.fleet.interval == 0.5
     assert argv[1:3] == ["-F", "/mine"] and argv[-1] == "0.5"
+
+
+def test_the_fleet_takes_its_keys_from_config(
+    tmp_path: Path, gpustation_dirs: dict[str, Path]
+) -> None:
+    (gpustation_dirs["config"] / "config.toml").write_text('[keys]\n"fleet.sort" = "o"\n')
+
+    async def scenario() -> None:
+        fleet = Fleet(["a"], interval=0.3, argv_for=_argv_for(tmp_path), backoff_initial_s=5)
+        app = FleetApp([], fleet=fleet)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await _wait(pilot, lambda: isinstance(app.screen, FleetScreen))
+            screen = app.screen
+            assert isinstance(screen, FleetScreen)
+            assert screen.sort_key == "host"
+            await pilot.press("s")  # replaced by the remapped key
+            await pilot.pause()
+            assert screen.sort_key == "host"
+            await pilot.press("o")
+            await _wait(pilot, lambda: screen.sort_key != "host")
+
+    asyncio.run(scenario())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,29 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     names = pyfuncitem._fixtureinfo.argnames
     asyncio.run(pyfuncitem.obj(**{n: pyfuncitem.funcargs[n] for n in names}))
     return True
+
+
+_NOTES: weakref.WeakKeyDictionary[Any, list[str]] = weakref.WeakKeyDictionary()
+
+
+def record_notifications(app: Any) -> list[str]:
+    """Keep the text of every notification ``app`` shows (through its public ``notify``)."""
+    notes = _NOTES.get(app)
+    if notes is None:
+        notes = _NOTES[app] = []
+        shown = app.notify
+
+        def notify(message: str, *args: Any, **kwargs: Any) -> None:
+            notes.append(str(message))
+            shown(message, *args, **kwargs)
+
+        app.notify = notify
+    return notes
+
+
+def notifications(app: Any) -> list[str]:
+    """The notifications ``app`` has shown (recorded from its start by ``make_app``)."""
+    return list(_NOTES.get(app, []))
 
 
 class Clock:
@@ -84,6 +108,7 @@ def make_app(
     # when another screen registers itself.
     kwargs.setdefault("screens", BUILTIN_SCREENS)
     app = DashboardApp(source, **kwargs)
+    record_notifications(app)
     if prefill:
         past = Clock(clk() - prefill)
         pre = SimBackend(count=count, card=card, seed=0, state_path=None, clock=past)

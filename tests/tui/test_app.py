@@ -15,17 +15,13 @@ from gpustation.tui.screens import DashboardScreen
 from gpustation.tui.source import DataSource
 from gpustation.tui.widgets import GpuCard, HistoryGraph, LiveText, ProcessTable
 
-from .conftest import Clock, RealLookingSim, first_frame, make_app, wait_for
+from .conftest import Clock, RealLookingSim, first_frame, make_app, notifications, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def text_of(app: DashboardApp, selector: str) -> str:
     return app.screen.query_one(selector, LiveText).plain
-
-
-def notifications(app: DashboardApp) -> list[str]:
-    return [n.message for n in app._notifications]
 
 
 async def test_first_frame_shows_every_gpu_and_the_simulated_banner() -> None:

@@ -14,6 +14,7 @@ class Page(App[None]):
     def compose(self) -> ComposeResult:
         with ScrollRows(id="body"), Rows(id="box"):
             yield LiveText("first line\nsecond line", id="text")
+            yield LiveText("a neighbour", id="other")
         yield KeysFooter()
 
 
@@ -55,6 +56,32 @@ async def test_kept_strips_are_given_back_until_the_widget_changes() -> None:
         assert plain(text.render_lines(other)) == plain(restyled)[1:2]
 
 
+async def test_a_neighbour_s_change_keeps_the_strips_and_a_new_size_drops_them() -> None:
+    app = Page()
+    async with app.run_test(size=(40, 10)) as pilot:
+        await pilot.pause()
+        text = app.query_one("#text", LiveText)
+        other = app.query_one("#other", LiveText)
+        crop = Region(0, 0, text.size.width, text.size.height)
+        first = text.render_lines(crop)
+        other.show("a new neighbour")  # repainted beside it, not in it
+        await pilot.pause()
+        assert text.render_lines(crop) is first
+        assert plain(other.render_lines(Region(0, 0, other.size.width, 1)))[0].startswith(
+            "a new neighbour"
+        )
+
+        # A new terminal size gives the widget a new size without a refresh
+        # of its own: it is drawn afresh for the new size.
+        await pilot.resize_terminal(30, 10)
+        await pilot.pause()
+        assert text.size.width == 30
+        resized = text.render_lines(Region(0, 0, 30, 2))
+        assert resized is not first
+        assert [s.cell_length for s in resized] == [30, 30]
+        assert plain(resized)[0].startswith("first line")
+
+
 async def test_keeping_subclasses_keep_their_textual_stylesheet() -> None:
     # The mixin must not hide the Textual class's CSS: the footer docks at the
     # bottom and the scroll container fills the rest.
@@ -64,6 +91,6 @@ async def test_keeping_subclasses_keep_their_textual_stylesheet() -> None:
         footer = app.query_one(KeysFooter)
         assert footer.region.y == 9 and footer.region.height == 1
         assert app.query_one("#box", Rows).region.height == 5
-        assert "Footer" in footer._css_type_names and "VerticalScroll" in (
-            app.query_one("#body")._css_type_names
-        )
+        # Textual's own CSS type names still select them.
+        assert app.query_one("Footer") is footer
+        assert app.query_one("VerticalScroll#body") is app.query_one("#body", ScrollRows)
