@@ -19,7 +19,6 @@ default) and named in the report.
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,8 @@ from textual.app import App
 from textual.binding import Binding
 from textual.dom import DOMNode
 
-from gpustation import paths
+from gpustation.config import config_path, read_config
+from gpustation.errors import UsageError
 
 #: the modules whose screens and widgets define gpustation's bindings
 BINDING_MODULES = (
@@ -124,21 +124,11 @@ def parse_keys(table: object, known: set[str] | None = None) -> KeymapConfig:
 
 def load_keymap(path: Path | None = None, known: set[str] | None = None) -> KeymapConfig:
     """Read ``[keys]`` from config.toml; a missing file or table means the defaults."""
-    path = path or paths.config_dir() / "config.toml"
+    path = path or config_path()
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return KeymapConfig(path=path)
-    except OSError as err:
-        return KeymapConfig(problems=[f"cannot read it ({err}); using the default keys"], path=path)
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
-    try:
-        data = tomllib.loads(raw.decode("utf-8", errors="replace"))
-    except tomllib.TOMLDecodeError as err:
-        return KeymapConfig(problems=[f"not valid TOML ({err}); using the default keys"], path=path)
+        data = read_config(path)
+    except UsageError as err:
+        return KeymapConfig(problems=[f"{err}; using the default keys"])
     config = parse_keys(data.get("keys", {}), known)
     config.path = path
     return config
