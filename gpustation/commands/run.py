@@ -60,7 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpustation.runs.launcher import launch
+    from gpustation.runs.launch import launch
     from gpustation.runs.presets import find_preset, load_presets
 
     if args.grace < 0:
@@ -216,7 +216,7 @@ def follow(
     without it Ctrl-C only stops following and the run goes on.
     """
     from gpustation.runs.follow import RunFollower
-    from gpustation.runs.launcher import stop_run
+    from gpustation.runs.stop import stop_run
 
     run = rundir.read_run(directory) or {}
     title = (run.get("preset") or {}).get("name") or directory.name

@@ -56,7 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _refresh() -> None:
     """Mark runs whose supervisor vanished as lost before showing the history."""
-    from gpustation.runs.launcher import list_active_runs
+    from gpustation.runs.reconcile import list_active_runs
 
     list_active_runs()
 
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             _print_show(record)
         return 0
     if action == "stop":
-        from gpustation.runs.launcher import stop_run
+        from gpustation.runs.stop import stop_run
 
         run_id = store.resolve_id(args.id)
         state = stop_run(run_id, grace_s=args.grace)

@@ -63,7 +63,7 @@ class RunFollower:
         """New lines and events, and the state (checked every ``state_every_s``)."""
         if self._ended:
             return FollowUpdate(state=self.state, ended=True)
-        from gpustation.runs.launcher import check_run
+        from gpustation.runs.reconcile import check_run
 
         # The state is read before the files: when it says "ended", everything
         # the run wrote is already on disk, and the reads below will see it.

@@ -77,7 +77,8 @@ from gpustation.tui.source import Frame
 from gpustation.tui.widgets import LiveText
 
 if TYPE_CHECKING:
-    from gpustation.runs.launcher import ActiveRun, RunHandle
+    from gpustation.runs.launch import RunHandle
+    from gpustation.runs.reconcile import ActiveRun
     from gpustation.runs.store import RunRecord
     from gpustation.tui.app import DashboardApp
 
@@ -510,7 +511,7 @@ class RunsUI:
 
     def _poll_pass(self) -> None:
         """One pass (worker thread): read every followed run, post one batch."""
-        from gpustation.runs.launcher import list_active_runs
+        from gpustation.runs.reconcile import list_active_runs
         from gpustation.runs.store import RunStore
 
         result = PassResult()
@@ -734,7 +735,7 @@ class RunsUI:
             sim_card = getattr(getattr(backend, "spec", None), "key", None)
 
         def job() -> None:
-            from gpustation.runs.launcher import launch
+            from gpustation.runs.launch import launch
 
             try:
                 handle = launch(preset, overrides, gpus, simulate=simulate, sim_card=sim_card)
@@ -797,7 +798,7 @@ class RunsUI:
             self.screen.runs_changed(True, view.id == self.selected)
 
         def job() -> None:
-            from gpustation.runs.launcher import stop_run
+            from gpustation.runs.stop import stop_run
 
             try:
                 state = stop_run(view.run_dir, by="dashboard")
@@ -859,7 +860,7 @@ class RunsUI:
         )
 
         def job() -> None:
-            from gpustation.runs.launcher import stop_runs
+            from gpustation.runs.stop import stop_runs
 
             try:
                 stop_runs([v.run_dir for v in views], by="dashboard")
@@ -1168,7 +1169,7 @@ def _arg_text(value: ArgValue) -> str:
 
 def default_gpus(preset: RunPreset, device_count: int | None) -> list[int] | None:
     """The GPUs a launch would take without a choice (None when it cannot be said)."""
-    from gpustation.runs.launcher import resolve_gpus
+    from gpustation.runs.argv import resolve_gpus
 
     try:
         return resolve_gpus(preset, None, device_count)
@@ -1241,7 +1242,7 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
                 overrides.append(f"{key}={text}")
         applied, _, _ = apply_overrides(self.preset, overrides)
         gpus = parse_gpu_list(self.query_one("#launch-gpus", Input).value)
-        from gpustation.runs.launcher import resolve_gpus
+        from gpustation.runs.argv import resolve_gpus
 
         resolve_gpus(applied, gpus, self.device_count)
         return LaunchRequest(self.preset, overrides, gpus)

@@ -11,15 +11,10 @@ from pathlib import Path
 import pytest
 
 from gpustation.runs import rundir
-from gpustation.runs.launcher import (
-    check_run,
-    launch,
-    list_active_runs,
-    stop_run,
-    stop_runs,
-    wait_for_end,
-)
+from gpustation.runs.launch import launch
 from gpustation.runs.presets import load_presets
+from gpustation.runs.reconcile import check_run, list_active_runs
+from gpustation.runs.stop import stop_run, stop_runs, wait_for_end
 from gpustation.runs.store import RunStore
 from tests.runs.conftest import assert_no_process, command_preset, wait_until
 

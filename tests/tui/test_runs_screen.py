@@ -22,8 +22,9 @@ from textual.widgets import DataTable, Input, Label, OptionList
 from textual.widgets._footer import FooterKey
 
 from gpustation.runs import rundir
-from gpustation.runs.launcher import launch, stop_run
+from gpustation.runs.launch import launch
 from gpustation.runs.presets import load_presets
+from gpustation.runs.stop import stop_run
 from gpustation.tui.app import SCREENS_BY_MODE, DashboardApp
 from gpustation.tui.runs import (
     MAX_LOG_LINES,
@@ -434,7 +435,7 @@ async def test_a_flood_keeps_a_bounded_log_and_scrolling_back_pauses(
 async def test_launching_is_said_in_the_run_pane_not_in_toasts(
     presets: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpustation.runs import launcher
+    from gpustation.runs import launch as launcher
 
     # The launch waits until the test has seen the pane say so.
     seen = threading.Event()
