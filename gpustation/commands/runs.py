@@ -1,4 +1,10 @@
-"""``gpustation runs list | show ID | stop ID | compare ID ID...``: the run history."""
+"""``gpustation runs list | show ID | stop ID | follow ID | compare ID ID...``: the run history.
+
+Only ``stop`` writes (it records the run's end when no supervisor does); the
+others read ``runs.db`` and the run directories and change neither. A run
+whose supervisor died is shown ``lost`` from its files; the launcher records
+that before its next launch (see :mod:`gpustation.runs.reconcile`).
+"""
 
 from __future__ import annotations
 
@@ -54,17 +60,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cmp_.add_argument("--json", action="store_true", help="print JSON")
 
 
-def _refresh() -> None:
-    """Mark runs whose supervisor vanished as lost before showing the history."""
-    from gpustation.runs.reconcile import list_active_runs
-
-    list_active_runs()
-
-
 def run(args: argparse.Namespace) -> int:
     action = getattr(args, "runs_action", None) or "list"
     store = RunStore()
-    _refresh()
     if action == "list":
         records = [
             _fresh(r)
@@ -125,13 +123,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _fresh(record: RunRecord) -> RunRecord:
-    """A running run's row, refreshed from its files (the row is written at start and end)."""
+    """A running run's row, read afresh from its files (the row is written at start and end).
+
+    Its state is checked, so a run whose supervisor died reads ``lost``.
+    """
     if record.status in ("starting", "running") and record.run_dir:
         from pathlib import Path
 
+        from gpustation.runs.reconcile import check_run
         from gpustation.runs.store import record_from_dir
 
-        return record_from_dir(Path(record.run_dir))
+        directory = Path(record.run_dir)
+        return record_from_dir(directory, check_run(directory))
     return record
 
 

@@ -27,6 +27,7 @@ from gpustation.errors import GpustationError, NoDriverError
 from gpustation.runs import rundir
 from gpustation.runs.argv import build_argv, build_env, resolve_gpus
 from gpustation.runs.presets import RunPreset, apply_overrides
+from gpustation.runs.reconcile import record_lost_runs
 from gpustation.runs.rundir import RunState
 from gpustation.runs.stop import DEFAULT_GRACE_S
 
@@ -108,6 +109,9 @@ def launch(
     unless ``device_count``/``backend_info`` are given.
     """
     preset, parsed, warnings = apply_overrides(preset, list(overrides))
+    # The launcher is a writer: runs found lost since the last launch are
+    # recorded now (readers only show them lost; see reconcile.py).
+    record_lost_runs()
     if backend_info is None or device_count == -1:
         device_count, backend_info = _open_device_count(simulate, sim_card)
     chosen = resolve_gpus(preset, gpus, device_count)

@@ -6,6 +6,17 @@ re-attach after a restart), checking that each recorded PID is still the
 process it was. :func:`record_end` saves a run's end: the history row first,
 then ``state.json``.
 
+Readers never write. A run whose supervisor died without recording its end
+is *found* lost by whoever reads it (:func:`check_run` returns a ``lost``
+state in memory, and the runs screen, ``runs list`` and ``runs follow`` show
+it so) but the files and ``runs.db`` still say it is running. The end is
+persisted by the writers only: :func:`record_lost_runs`, which the launcher
+calls before it starts the next run, and ``runs stop`` on that run
+(:func:`gpustation.runs.stop.stop_run`). Until one of them runs, every reader
+comes to the same answer from the same files, so nothing is lost by waiting;
+and a dashboard or a ``runs list`` can be pointed at another user's run
+directory, or a read-only copy, without changing it.
+
 No function here keeps anything in memory between calls: a run is its
 directory, so a UI may drop every handle and find its runs again.
 """
@@ -35,7 +46,14 @@ class ActiveRun:
     supervised: bool = True
 
 
-def mark_ended(directory: Path, state: RunState, status: str, reason: str) -> RunState:
+LOST_REASON = (
+    "the run's supervisor ended without recording how the run ended "
+    "(killed, or the machine restarted)"
+)
+
+
+def ended(directory: Path, state: RunState, status: str, reason: str) -> RunState:
+    """``state`` as ended with ``status`` (in memory: nothing is written)."""
     state.status = status
     state.reason = reason
     if state.ended_at is None:
@@ -44,7 +62,12 @@ def mark_ended(directory: Path, state: RunState, status: str, reason: str) -> Ru
         except OSError:
             state.ended_at = time.time()
     state.error_tail = rundir.tail_lines(directory / rundir.OUTPUT_LOG, 20)
-    record_end(directory, state)
+    return state
+
+
+def mark_ended(directory: Path, state: RunState, status: str, reason: str) -> RunState:
+    """Record that a run ended with ``status`` (for writers: supervisor, launcher, stop)."""
+    record_end(directory, ended(directory, state, status, reason))
     return state
 
 
@@ -64,10 +87,12 @@ def record_end(directory: Path, state: RunState) -> None:
 
 
 def check_run(directory: Path, starting_grace_s: float = 30.0) -> RunState | None:
-    """A run's state, corrected when the processes it names are gone.
+    """A run's state, corrected when the processes it names are gone (reads only).
 
     A run whose supervisor and child both vanished without recording an end
-    (a reboot, ``kill -9``) is marked ``lost`` with what is known.
+    (a reboot, ``kill -9``) comes back ``lost`` with what is known; the
+    files still say it is active until :func:`record_lost_runs` (or a stop)
+    records it.
     """
     state = rundir.read_state(directory)
     if state is None or not state.active:
@@ -88,13 +113,25 @@ def check_run(directory: Path, starting_grace_s: float = 30.0) -> RunState | Non
         return again
     if rundir.process_matches(state.child_pid, state.child_create_time):
         return state  # unsupervised but alive
-    return mark_ended(
-        directory,
-        state,
-        "lost",
-        "the run's supervisor ended without recording how the run ended "
-        "(killed, or the machine restarted)",
-    )
+    return ended(directory, state, "lost", LOST_REASON)
+
+
+def record_lost_runs() -> list[RunState]:
+    """Record the end of every run found lost (a writer's job: the launcher calls it)."""
+    root = paths.runs_dir()
+    if not root.is_dir():
+        return []
+    recorded: list[RunState] = []
+    for state_file in sorted(root.glob(f"*/{rundir.STATE_JSON}")):
+        directory = state_file.parent
+        first = rundir.read_state(directory)
+        if first is None or not first.active:
+            continue
+        state = check_run(directory)
+        if state is not None and state.status == "lost":
+            record_end(directory, state)
+            recorded.append(state)
+    return recorded
 
 
 def list_active_runs() -> list[ActiveRun]:

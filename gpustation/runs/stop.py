@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gpustation.errors import UsageError
 from gpustation.runs import rundir
-from gpustation.runs.reconcile import check_run, mark_ended
+from gpustation.runs.reconcile import check_run, mark_ended, record_end
 from gpustation.runs.rundir import RunState
 
 DEFAULT_GRACE_S = 10.0
@@ -172,6 +172,10 @@ def stop_run(
         raise UsageError(f"no run directory {directory}")
     if not state.active:
         return state
+    checked = check_run(directory)
+    if checked is not None and checked.status == "lost":
+        record_end(directory, checked)
+        return checked
     if grace_s is None:
         grace_s = float((rundir.read_run(directory) or {}).get("stop_grace_s", DEFAULT_GRACE_S))
     rundir.request_stop(directory, by)
@@ -194,9 +198,15 @@ def stop_run(
             known=state.descendants,
         )
     final = wait_for_end(directory, timeout=wait_s)
-    if final is not None and final.active:
-        # The supervisor is gone or hung: record the end ourselves.
-        final = mark_ended(directory, final, "stopped", "stopped; its supervisor did not respond")
+    on_disk = rundir.read_state(directory)
+    if final is not None and on_disk is not None and on_disk.active:
+        # No supervisor recorded the end (gone or hung): this command does.
+        if final.active:
+            final = mark_ended(
+                directory, final, "stopped", "stopped; its supervisor did not respond"
+            )
+        else:  # found lost while we waited
+            record_end(directory, final)
     return final
 
 

@@ -6,6 +6,12 @@ launched (``run.json``), how it ended (``state.json``), what the run reported
 Building it again from the files is always safe, so the launcher writes the
 row when a run starts and the supervisor rewrites it when the run ends.
 
+Readers never write: :meth:`RunStore.get`, :meth:`RunStore.list_runs` and
+:meth:`RunStore.resolve_id` open the database read-only (no schema set-up, no
+file created when there is none), so following runs or listing them leaves
+``runs.db`` as it was. Only :meth:`RunStore.upsert` (the launcher, the
+supervisor, a stop) opens it for writing.
+
 Each call opens its own connection, so any thread (a UI worker, the
 supervisor) may use a :class:`RunStore`; WAL mode lets readers and the one
 writer of a finishing run work at once.
@@ -129,6 +135,23 @@ class RunStore:
         finally:
             conn.close()
 
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection | None]:
+        """A read-only connection, or None when there is no database yet."""
+        path = self.path or db_path()
+        if not path.exists():
+            yield None
+            return
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0)
+        conn.row_factory = sqlite3.Row
+        try:
+            yield conn
+        except sqlite3.OperationalError as err:
+            if "no such table" not in str(err):
+                raise
+        finally:
+            conn.close()
+
     def _setup(self, conn: sqlite3.Connection) -> None:
         conn.execute("PRAGMA journal_mode=WAL")
         cols = ", ".join(
@@ -164,8 +187,10 @@ class RunStore:
     @staticmethod
     def _record(row: sqlite3.Row) -> RunRecord:
         data: dict[str, Any] = {}
+        have = set(row.keys())
         for name in COLUMNS:
-            value = row[name]
+            # A database written by an older version lacks the newer columns.
+            value = row[name] if name in have else None
             if name in _JSON_FIELDS:
                 try:
                     value = json.loads(value) if value else None
@@ -181,9 +206,10 @@ class RunStore:
         return RunRecord(**data)
 
     def get(self, run_id: str) -> RunRecord | None:
-        with self._connect() as conn:
-            conn.row_factory = sqlite3.Row
-            row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        row = None
+        with self._read() as conn:
+            if conn is not None:
+                row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         return self._record(row) if row else None
 
     def list_runs(self, limit: int | None = None, status: str | None = None) -> list[RunRecord]:
@@ -197,15 +223,18 @@ class RunStore:
         if limit:
             query += " LIMIT ?"
             params.append(limit)
-        with self._connect() as conn:
-            conn.row_factory = sqlite3.Row
-            rows = conn.execute(query, params).fetchall()
+        rows: list[sqlite3.Row] = []
+        with self._read() as conn:
+            if conn is not None:
+                rows = conn.execute(query, params).fetchall()
         return [self._record(r) for r in rows]
 
     def resolve_id(self, text: str) -> str:
         """A run id from what the user typed: the id, ``last``, or a unique part of it."""
-        with self._connect() as conn:
-            ids = [r[0] for r in conn.execute("SELECT id FROM runs ORDER BY started_at DESC")]
+        ids: list[str] = []
+        with self._read() as conn:
+            if conn is not None:
+                ids = [r[0] for r in conn.execute("SELECT id FROM runs ORDER BY started_at DESC")]
         if text == "last" and ids:
             return ids[0]
         if text in ids:
