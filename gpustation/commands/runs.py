@@ -16,7 +16,8 @@ import time
 from gpustation.errors import UsageError
 from gpustation.runs.compare import CompareRow, compare_rows, fmt_energy, fmt_num, status_text
 from gpustation.runs.output import console
-from gpustation.runs.store import RunRecord, RunStore
+from gpustation.runs.store import RunStore
+from gpustation.runs.summary import RunSummary
 from gpustation.telemetry import format as fmt
 
 
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     raise UsageError(f"unknown action {action!r}")
 
 
-def _fresh(record: RunRecord) -> RunRecord:
+def _fresh(record: RunSummary) -> RunSummary:
     """A running run's row, read afresh from its files (the row is written at start and end).
 
     Its state is checked, so a run whose supervisor died reads ``lost``.
@@ -138,7 +139,7 @@ def _fresh(record: RunRecord) -> RunRecord:
     return record
 
 
-def _get(store: RunStore, text: str) -> RunRecord:
+def _get(store: RunStore, text: str) -> RunSummary:
     run_id = store.resolve_id(text)
     record = store.get(run_id)
     if record is None:
@@ -152,13 +153,13 @@ def _get(store: RunStore, text: str) -> RunRecord:
 fmt_duration = fmt.duration
 
 
-def _started(record: RunRecord) -> str:
+def _started(record: RunSummary) -> str:
     if record.started_at is None:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(record.started_at))
 
 
-def _print_list(records: list[RunRecord]) -> None:
+def _print_list(records: list[RunSummary]) -> None:
     if not records:
         print("no runs yet; start one with `gpustation run PRESET`")
         return
@@ -194,7 +195,7 @@ def _print_list(records: list[RunRecord]) -> None:
     console().print(table)
 
 
-def _print_show(r: RunRecord) -> None:
+def _print_show(r: RunSummary) -> None:
     from rich.table import Table
 
     table = Table.grid(padding=(0, 2))
@@ -250,7 +251,7 @@ def _print_show(r: RunRecord) -> None:
             out.print("  " + line, markup=False)
 
 
-def _print_compare(records: list[RunRecord], rows: list[CompareRow]) -> None:
+def _print_compare(records: list[RunSummary], rows: list[CompareRow]) -> None:
     from rich.table import Table
 
     table = Table(header_style="bold", box=None, pad_edge=False)

@@ -38,9 +38,7 @@ from gpustation.tui.runs import (
     RunsTable,
     RunsUI,
     RunView,
-    Series,
     StopRunDialog,
-    ema,
     freeze_heap,
     runs_ui,
 )
@@ -348,8 +346,8 @@ async def test_reattaches_to_a_run_started_before_and_quit_can_leave_it(
         await wait_for(pilot, lambda: ui.selected == handle.id)
         # It follows the log from the start, and keeps following.
         await wait_for(pilot, lambda: "trainer ready" in log_text(app), timeout=30)
-        seen = view.figures.get("step") or 0
-        await wait_for(pilot, lambda: (view.figures.get("step") or 0) > seen + 2, timeout=30)
+        seen = view.summary.steps or 0
+        await wait_for(pilot, lambda: (view.summary.steps or 0) > seen + 2, timeout=30)
 
         # q asks; Cancel keeps the dashboard; Leave quits and the run goes on.
         await pilot.press("q")
@@ -630,23 +628,3 @@ async def test_runs_table_takes_rows_without_relayout(monkeypatch: pytest.Monkey
         await pilot.pause()
         assert table.scroll_y == table.max_scroll_y > 0
         assert table.is_vertical_scroll_end
-
-
-# ---- pieces ---------------------------------------------------------------------------
-
-
-def test_series_stays_bounded_and_ends_at_the_last_point() -> None:
-    series = Series(max_points=100)
-    for i in range(10_000):
-        series.add(float(i), 1.0 / (i + 1))
-    xs, ys = series.points()
-    assert len(xs) <= 101
-    assert xs[0] == 0.0 and xs[-1] == 9999.0 and ys[-1] == pytest.approx(1e-4)
-    assert xs == sorted(xs)
-
-
-def test_ema_is_debiased_and_smooths() -> None:
-    assert ema([2.0]) == [pytest.approx(2.0)]
-    smooth = ema([1.0, 0.0, 1.0, 0.0, 1.0, 0.0], weight=0.8)
-    assert all(0.0 < v <= 1.0 for v in smooth)
-    assert max(smooth[2:]) - min(smooth[2:]) < 0.5

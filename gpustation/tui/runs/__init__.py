@@ -13,7 +13,7 @@ from __future__ import annotations
 from gpustation.tui.runs.compare import CompareScreen
 from gpustation.tui.runs.controller import RunsUI, runs_ui
 from gpustation.tui.runs.dialogs import LaunchDialog, LaunchRequest, QuitRunsDialog, StopRunDialog
-from gpustation.tui.runs.model import MAX_LOG_LINES, RunView, Series, ema
+from gpustation.tui.runs.model import MAX_LOG_LINES, RunView
 from gpustation.tui.runs.screen import RunsScreen, freeze_heap
 from gpustation.tui.runs.widgets import LossPlot, QuietFooter, RunLog, RunsTable
 
@@ -30,9 +30,7 @@ __all__ = [
     "RunsScreen",
     "RunsTable",
     "RunsUI",
-    "Series",
     "StopRunDialog",
-    "ema",
     "freeze_heap",
     "runs_ui",
 ]

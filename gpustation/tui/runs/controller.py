@@ -1,11 +1,12 @@
-"""The runs of one dashboard: the views, the poll worker, launching, stopping, quitting.
+"""The runs of one dashboard: the views, following, launching, stopping, quitting.
 
 Threads: the UI thread never reads a run's files, never waits on a process
-and never touches the history database. One poll worker reads every followed
-run, folds what it read into a :class:`~gpustation.tui.runs.model.RunDelta`
-per run and hands the batch to the UI thread, which re-arms it once the batch
-is applied, so passes never overlap. Launching, stopping and the history
-comparison run in their own short-lived workers.
+and never touches the history database. The screen's
+:class:`~gpustation.tui.poll.Poller` runs :class:`~gpustation.tui.runs.poller.RunsPass`
+and posts its :class:`~gpustation.tui.runs.poller.RunsPolled`; the screen
+hands it to :meth:`RunsUI.apply` and re-arms the poller. Loading the presets,
+launching and stopping run as Textual thread workers, each posting one typed
+message with its result to the screen (below), whose handlers call back here.
 
 A run outlives the dashboard (each has its own detached supervisor). Opening
 the screen re-attaches to the runs still going (from their run directories,
@@ -15,28 +16,20 @@ stop them or leave them running.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+import weakref
+from typing import TYPE_CHECKING
 
-from textual.timer import Timer
+from textual.message import Message
 
 from gpustation.errors import GpustationError
-from gpustation.runs import rundir
 from gpustation.runs.presets import PresetProblem, RunPreset
 from gpustation.runs.rundir import RunState
+from gpustation.runs.summary import RunSummary
+from gpustation.tui.poll import Poller
 from gpustation.tui.runs.dialogs import QuitRunsDialog
-from gpustation.tui.runs.model import (
-    DISCOVER_EVERY_S,
-    HISTORY_LIMIT,
-    IDLE_POLL_S,
-    POLL_S,
-    PassResult,
-    RunView,
-)
-from gpustation.tui.runs.poller import _Track
+from gpustation.tui.runs.model import IDLE_POLL_S, POLL_S, PassResult, RunView
+from gpustation.tui.runs.poller import RunsPass
 
 if TYPE_CHECKING:
     from gpustation.runs.launch import RunHandle
@@ -44,11 +37,52 @@ if TYPE_CHECKING:
     from gpustation.tui.runs.screen import RunsScreen
 
 
+# ---- what the workers post (to the screen) --------------------------------------------------
+
+
+class PresetsLoaded(Message):
+    def __init__(self, presets: dict[str, RunPreset], problems: list[PresetProblem]) -> None:
+        super().__init__()
+        self.presets = presets
+        self.problems = problems
+
+
+class Launched(Message):
+    def __init__(self, handle: RunHandle) -> None:
+        super().__init__()
+        self.handle = handle
+
+
+class LaunchFailed(Message):
+    def __init__(self, name: str, error: str) -> None:
+        super().__init__()
+        self.name = name
+        self.error = error
+
+
+class Stopped(Message):
+    def __init__(self, run_id: str, state: RunState | None) -> None:
+        super().__init__()
+        self.run_id = run_id
+        self.state = state
+
+
+class StopFailed(Message):
+    def __init__(self, run_id: str, error: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+        self.error = error
+
+
+class AllStopped(Message):
+    """The runs stopped on quitting have ended: the dashboard may exit."""
+
+
 # ---- the runs state of one dashboard ---------------------------------------------------------
 
 
 class RunsUI:
-    """Owns the dashboard's runs: the views, the poll worker, launching and stopping."""
+    """Owns the dashboard's runs: the views, the poll pass, launching and stopping."""
 
     def __init__(self, app: DashboardApp) -> None:
         self.app = app
@@ -60,142 +94,65 @@ class RunsUI:
         self.screen: RunsScreen | None = None
         #: presets being launched (shown in the run pane until the run appears)
         self.launching: list[str] = []
-        # Shared with the worker, under the lock.
-        self._lock = threading.Lock()
-        self._wanted: dict[str, tuple[Path, bool]] = {}
-        self._unwanted: set[str] = set()
-        self._want_history = True
-        self._closed = False
-        # Worker-only.
-        self._tracks: dict[str, _Track] = {}
-        self._next_discover = 0.0
-        # UI-only.
-        self._timer: Timer | None = None
+        self.work = RunsPass()
+        self.poller: Poller | None = None
         self._started = False
         self._quitting = False
         app_hooks = getattr(app, "quit_hooks", None)
         if isinstance(app_hooks, list):
             app_hooks.append(self.before_quit)
 
-    # -- the poll worker -------------------------------------------------------------
-    def start(self) -> None:
+    # -- the poller ----------------------------------------------------------------------
+    def start(self, screen: RunsScreen) -> None:
         """Start following (once): re-attach to active runs, read the history and presets."""
+        self.screen = screen
         if self._started:
             return
         self._started = True
-        self.app.run_worker(
-            self._load_presets, thread=True, exit_on_error=False, group="runs", name="presets"
-        )
-        self._poll()
+        self.poller = Poller(self.work, screen, name="gpustation-runs")
+        self._worker(self._load_presets, "presets")
+        self.poller.run_now()
 
-    def _poll(self) -> None:
-        self._timer = None
-        if self._closed:
-            return
-        self.app.run_worker(
-            self._poll_pass, thread=True, exit_on_error=False, group="runs-poll", name="runs poll"
-        )
-
-    def _poll_pass(self) -> None:
-        """One pass (worker thread): read every followed run, post one batch."""
-        from gpustation.runs.reconcile import list_active_runs
-        from gpustation.runs.store import RunStore
-
-        result = PassResult()
-        with self._lock:
-            if self._closed:
-                self._close_tracks()
-                return
-            wanted = dict(self._wanted)
-            unwanted, self._unwanted = self._unwanted, set()
-            want_history, self._want_history = self._want_history, False
-        for run_id in unwanted:
-            track = self._tracks.pop(run_id, None)
-            if track is not None:
-                track.close()
-        now = time.monotonic()
-        if now >= self._next_discover:
-            self._next_discover = now + DISCOVER_EVERY_S
-            try:
-                result.discovered = list_active_runs()
-            except Exception as err:  # a damaged run directory must not stop the others
-                result.errors.append(f"looking for active runs: {err}")
-            for active in result.discovered or []:
-                wanted.setdefault(active.id, (active.run_dir, True))
-                with self._lock:
-                    self._wanted.setdefault(active.id, (active.run_dir, True))
-        for run_id, (directory, is_active) in wanted.items():
-            if run_id not in self._tracks:
-                self._tracks[run_id] = _Track(run_id, directory, is_active)
-        ended: list[str] = []
-        for run_id, track in list(self._tracks.items()):
-            try:
-                update = track.follower.poll()
-                delta = track.digest(update)
-            except Exception as err:
-                result.errors.append(f"run {run_id}: {type(err).__name__}: {err}")
-                ended.append(run_id)
-                continue
-            if delta.reset or delta.lines or delta.state or delta.figures or delta.ended:
-                result.deltas.append(delta)
-            if delta.ended:
-                ended.append(run_id)
-        for run_id in ended:
-            self._tracks.pop(run_id).close()
-            with self._lock:
-                self._wanted.pop(run_id, None)
-        if want_history or any(d.ended for d in result.deltas):
-            try:
-                result.history = RunStore().list_runs(limit=HISTORY_LIMIT)
-            except Exception as err:
-                result.errors.append(f"reading the run history: {err}")
-        try:
-            # Waits for the UI thread to apply it: a slow UI slows the passes down
-            # instead of queueing batches (the coalescing of a log flood).
-            self.app.call_from_thread(self._apply, result)
-        except RuntimeError:
-            pass  # the dashboard is closing
-
-    def _close_tracks(self) -> None:
-        for track in self._tracks.values():
-            track.close()
-        self._tracks.clear()
-
-    def _rearm(self) -> None:
-        if self._closed or not self.app.is_running:
-            return
-        with self._lock:
-            busy = bool(self._wanted)
-        self._timer = self.app.set_timer(POLL_S if busy else IDLE_POLL_S, self._poll)
+    def rearm(self) -> None:
+        """Schedule the next pass (called once a pass has been applied)."""
+        if self.poller is not None:
+            self.poller.schedule(POLL_S if self.work.following else IDLE_POLL_S)
 
     def poll_soon(self) -> None:
         """Run a pass now instead of at the end of an idle wait."""
-        if self._timer is not None:
-            self._timer.stop()
-            self._poll()
+        if self.poller is not None:
+            self.poller.run_now()
 
-    # -- applying a batch (UI thread) ------------------------------------------------------
-    def _apply(self, result: PassResult) -> None:
-        try:
-            self._apply_result(result)
-        finally:
-            self._rearm()
+    def close(self) -> None:
+        """Stop the poller and close the files it holds (the dashboard is closing)."""
+        self.work.close()
+        if self.poller is not None:
+            self.poller.close(timeout_s=0.0)
+        self.screen = None
 
-    def _apply_result(self, result: PassResult) -> None:
+    def _worker(self, job: object, name: str) -> None:
+        self.app.run_worker(job, thread=True, exit_on_error=False, group="runs", name=name)  # type: ignore[arg-type]
+
+    def _post(self, message: Message) -> None:
+        screen = self.screen
+        if screen is not None:
+            screen.post_message(message)  # thread-safe
+
+    # -- applying a pass (UI thread) ------------------------------------------------------
+    def apply(self, result: PassResult) -> tuple[bool, bool]:
+        """Fold a pass into the views; returns (table changed, selected run changed)."""
         now = time.time()
         table_changed = False
         for message in result.errors:
             self.app.notify(message, title="Runs", severity="error", timeout=8)
-        for active in result.discovered or []:
-            view = self.views.get(active.id)
+        for summary in result.discovered or []:
+            view = self.views.get(summary.id)
             if view is None:
-                view = self.views[active.id] = RunView(active.id, active.run_dir)
-                view.take_run(active.run)
+                view = self.views[summary.id] = RunView.of(summary, now)
                 table_changed = True
             if not view.live:
                 view.live = True
                 table_changed = True
-            view.take_state(active.state)
         changed_selected = False
         for delta in result.deltas:
             view = self.views.get(delta.id)
@@ -204,15 +161,11 @@ class RunsUI:
             if delta.reset:
                 view.unload()
                 view.loaded = True
-                if delta.run:
-                    view.take_run(delta.run)
             old_status = view.status_text()
-            if delta.state is not None:
-                view.take_state(delta.state)
-            if delta.figures:
-                view.figures = delta.figures
-                view.figures_at = now
-                table_changed = True
+            if delta.summary is not None:
+                if delta.summary.steps != view.summary.steps:
+                    table_changed = True
+                view.take(delta.summary, now)
             if delta.lines:
                 view.dropped += delta.dropped
                 view.lines.extend(delta.lines)
@@ -229,30 +182,31 @@ class RunsUI:
                 if self.screen is not None:
                     self.screen.log_append(view, delta)
         if result.history is not None:
-            self.history_ids = [r.id for r in result.history]
-            for record in result.history:
-                view = self.views.get(record.id)
-                if view is None:
-                    view = self.views[record.id] = RunView(
-                        record.id, Path(record.run_dir or rundir.run_dir(record.id))
-                    )
-                if view.live and view.active:
-                    continue  # the files are fresher than the row
-                view.take_record(record)
-            known = set(self.history_ids)
-            for run_id in [i for i, v in self.views.items() if not v.live and i not in known]:
-                if run_id != self.selected:
-                    del self.views[run_id]
+            self._take_history(result.history, now)
             table_changed = True
-        if self.screen is not None:
-            self.screen.runs_changed(table_changed, changed_selected)
+        return table_changed, changed_selected
+
+    def _take_history(self, history: list[RunSummary], now: float) -> None:
+        self.history_ids = [r.id for r in history]
+        for record in history:
+            view = self.views.get(record.id)
+            if view is None:
+                self.views[record.id] = RunView.of(record, now)
+                continue
+            if view.live and view.active:
+                continue  # the files are fresher than the row
+            if record.active and not view.active:
+                continue  # ended (or found lost) since the row was written
+            view.take(record, now)
+        known = set(self.history_ids)
+        for run_id in [i for i, v in self.views.items() if not v.live and i not in known]:
+            if run_id != self.selected:
+                del self.views[run_id]
 
     # -- following ------------------------------------------------------------------
     def follow(self, view: RunView) -> None:
         """Read ``view``'s run (its log from the start) until it ends."""
-        with self._lock:
-            self._unwanted.discard(view.id)
-            self._wanted[view.id] = (view.run_dir, view.active)
+        self.work.want(view.id, view.run_dir, view.active)
         view.loaded = True
         self.poll_soon()
 
@@ -262,9 +216,7 @@ class RunsUI:
         self.selected = run_id
         if previous is not None and previous.id != run_id and not previous.active:
             # A finished run no longer shown: free its log and curve.
-            with self._lock:
-                self._wanted.pop(previous.id, None)
-                self._unwanted.add(previous.id)
+            self.work.drop(previous.id)
             previous.unload()
         view = self.views.get(run_id) if run_id else None
         if view is not None and not view.loaded:
@@ -299,16 +251,11 @@ class RunsUI:
             presets, problems = load_presets()
         except Exception as err:
             presets, problems = {}, [PresetProblem("presets", f"{type(err).__name__}: {err}")]
-        try:
-            self.app.call_from_thread(self._presets_loaded, presets, problems)
-        except RuntimeError:
-            pass
+        self._post(PresetsLoaded(presets, problems))
 
-    def _presets_loaded(self, presets: dict[str, RunPreset], problems: list[PresetProblem]) -> None:
-        self.presets = presets
-        self.problems = problems
-        if self.screen is not None:
-            self.screen.show_presets()
+    def presets_loaded(self, message: PresetsLoaded) -> None:
+        self.presets = message.presets
+        self.problems = message.problems
 
     # -- launching ------------------------------------------------------------------
     def launch(self, preset: RunPreset, overrides: list[str], gpus: list[int] | None) -> None:
@@ -327,53 +274,50 @@ class RunsUI:
             try:
                 handle = launch(preset, overrides, gpus, simulate=simulate, sim_card=sim_card)
             except GpustationError as err:
-                self._post(self._launch_failed, preset.name, str(err))
+                self._post(LaunchFailed(preset.name, str(err)))
                 return
             except Exception as err:
-                self._post(self._launch_failed, preset.name, f"{type(err).__name__}: {err}")
+                self._post(LaunchFailed(preset.name, f"{type(err).__name__}: {err}"))
                 return
-            self._post(self._launched, handle)
+            self._post(Launched(handle))
 
-        self.app.run_worker(
-            job, thread=True, exit_on_error=False, group="runs", name=f"launch {preset.name}"
-        )
+        self._worker(job, f"launch {preset.name}")
         # Said in the run pane, not in a toast: a toast mounts (and later
         # unmounts) widgets, a relayout of the screen each, while the run starts.
         self.launching.append(preset.name)
-        if self.screen is not None:
-            self.screen.runs_changed(False, True)
 
-    def _post(self, fn: Callable[..., None], *args: Any) -> None:
-        try:
-            self.app.call_from_thread(fn, *args)
-        except RuntimeError:
-            pass  # the dashboard is closing
-
-    def _launch_failed(self, name: str, message: str) -> None:
-        self._launch_done(name)
-        self.app.notify(message, title=f"Could not launch {name}", severity="error", timeout=10)
-        if self.screen is not None:
-            self.screen.runs_changed(False, True)
+    def launch_failed(self, message: LaunchFailed) -> None:
+        self._launch_done(message.name)
+        self.app.notify(
+            message.error, title=f"Could not launch {message.name}", severity="error", timeout=10
+        )
 
     def _launch_done(self, name: str) -> None:
         if name in self.launching:
             self.launching.remove(name)
 
-    def _launched(self, handle: RunHandle) -> None:
-        view = RunView(handle.id, handle.run_dir, title=handle.title, preset=handle.preset)
-        view.gpus = list(handle.gpus)
-        view.started_at = handle.created_at
-        view.live = True
+    def launched(self, message: Launched) -> RunView:
+        handle = message.handle
+        summary = RunSummary(
+            id=handle.id,
+            preset=handle.preset,
+            title=handle.title,
+            gpus=list(handle.gpus),
+            argv=list(handle.argv),
+            run_dir=str(handle.run_dir),
+            started_at=handle.created_at,
+        )
         if handle.state is not None:
-            view.take_state(handle.state)
+            summary.apply_state(handle.state)
+        view = RunView.of(summary, time.time())
+        view.live = True
         self.views[handle.id] = view
         self._launch_done(handle.preset)
         for warning in handle.warnings:
             self.app.notify(warning, title="Runs", severity="warning", timeout=8)
         # No "started" toast: the new run is selected and its pane says where it runs.
         self.follow(view)
-        if self.screen is not None:
-            self.screen.runs_changed(True, False, select=handle.id)
+        return view
 
     # -- stopping -------------------------------------------------------------------
     def stop(self, view: RunView) -> None:
@@ -381,40 +325,39 @@ class RunsUI:
         if not view.active:
             return
         view.stopping = True
-        if self.screen is not None:
-            self.screen.runs_changed(True, view.id == self.selected)
+        run_id, run_dir = view.id, view.run_dir
 
         def job() -> None:
             from gpustation.runs.stop import stop_run
 
             try:
-                state = stop_run(view.run_dir, by="dashboard")
+                state = stop_run(run_dir, by="dashboard")
             except Exception as err:
-                self._post(self._stop_failed, view.id, str(err))
+                self._post(StopFailed(run_id, str(err)))
                 return
-            self._post(self._stopped, view.id, state)
+            self._post(Stopped(run_id, state))
 
-        self.app.run_worker(job, thread=True, exit_on_error=False, group="runs", name="stop run")
+        self._worker(job, "stop run")
+        if self.screen is not None:
+            self.screen.runs_changed(True, view.id == self.selected)
 
-    def _stop_failed(self, run_id: str, message: str) -> None:
-        view = self.views.get(run_id)
+    def stop_failed(self, message: StopFailed) -> None:
+        view = self.views.get(message.run_id)
         if view is not None:
             view.stopping = False
-        self.app.notify(message, title=f"Could not stop {run_id}", severity="error", timeout=10)
-        if self.screen is not None:
-            self.screen.runs_changed(True, run_id == self.selected)
+        self.app.notify(
+            message.error, title=f"Could not stop {message.run_id}", severity="error", timeout=10
+        )
 
-    def _stopped(self, run_id: str, state: RunState | None) -> None:
-        view = self.views.get(run_id)
+    def stopped(self, message: Stopped) -> None:
+        view = self.views.get(message.run_id)
+        state = message.state
         if view is not None and state is not None:
-            view.take_state(state)
+            view.take_state(state, time.time())
         status = state.status if state is not None else "unknown"
-        self.app.notify(f"Run {run_id}: {status}.", title="Runs")
-        with self._lock:
-            self._want_history = True
+        self.app.notify(f"Run {message.run_id}: {status}.", title="Runs")
+        self.work.want_history()
         self.poll_soon()
-        if self.screen is not None:
-            self.screen.runs_changed(True, run_id == self.selected)
 
     # -- quitting -------------------------------------------------------------------
     def before_quit(self) -> bool:
@@ -445,33 +388,25 @@ class RunsUI:
             title="Runs",
             timeout=30,
         )
+        run_dirs = [v.run_dir for v in views]
 
         def job() -> None:
             from gpustation.runs.stop import stop_runs
 
             try:
-                stop_runs([v.run_dir for v in views], by="dashboard")
+                stop_runs(run_dirs, by="dashboard")
             finally:
-                self._post(self.app.exit)
+                self._post(AllStopped())
 
-        self.app.run_worker(job, thread=True, exit_on_error=False, group="runs", name="stop all")
+        self._worker(job, "stop all")
 
-    def close(self) -> None:
-        """Stop the poll worker and close the files it holds (the dashboard is closing)."""
-        if self._timer is not None:
-            self._timer.stop()
-            self._timer = None
-        with self._lock:
-            self._closed = True
-        # A pass in flight closes the followers itself; otherwise do it here.
-        if not any(w.group == "runs-poll" and w.is_running for w in self.app.workers):
-            self._close_tracks()
+
+_UIS: weakref.WeakKeyDictionary[DashboardApp, RunsUI] = weakref.WeakKeyDictionary()
 
 
 def runs_ui(app: DashboardApp) -> RunsUI:
     """The app's RunsUI, made on first use."""
-    ui = getattr(app, "_runs_ui", None)
+    ui = _UIS.get(app)
     if ui is None:
-        ui = RunsUI(app)
-        app._runs_ui = ui  # type: ignore[attr-defined]
+        ui = _UIS[app] = RunsUI(app)
     return ui

@@ -27,7 +27,16 @@ from textual.widgets.option_list import Option
 
 from gpustation.runs.presets import RunPreset
 from gpustation.tui.runs.compare import CompareScreen
-from gpustation.tui.runs.controller import RunsUI, runs_ui
+from gpustation.tui.runs.controller import (
+    AllStopped,
+    Launched,
+    LaunchFailed,
+    PresetsLoaded,
+    RunsUI,
+    StopFailed,
+    Stopped,
+    runs_ui,
+)
 from gpustation.tui.runs.dialogs import LaunchDialog, LaunchRequest, StopRunDialog
 from gpustation.tui.runs.model import (
     FLOOD_FLUSH_S,
@@ -40,6 +49,7 @@ from gpustation.tui.runs.model import (
     fmt_duration,
     fmt_value,
 )
+from gpustation.tui.runs.poller import RunsPolled
 from gpustation.tui.runs.widgets import LossPlot, QuietFooter, RunLog, RunsTable, gpu_line
 from gpustation.tui.screens import LiveScreen
 from gpustation.tui.source import Frame
@@ -145,8 +155,7 @@ class RunsScreen(LiveScreen):
         table.border_title = "Runs (x stops · space marks · v compares)"
         table.add_columns("", "status", "preset", "started", "time", "GPUs", "step", "loss")
         self.query_one("#run-log", RunLog).border_title = "Log"
-        self.ui.screen = self
-        self.ui.start()
+        self.ui.start(self)
         self.show_presets()
         self.runs_changed(True, True)
         self.query_one("#runs-presets", OptionList).focus()
@@ -154,7 +163,6 @@ class RunsScreen(LiveScreen):
         self.call_after_refresh(freeze_heap)
 
     def on_unmount(self) -> None:
-        self.ui.screen = None
         self.ui.close()
 
     def on_screen_resume(self) -> None:
@@ -168,6 +176,37 @@ class RunsScreen(LiveScreen):
     def show_frame(self, frame: Frame) -> None:
         if self.is_mounted:
             self._show_selected()
+
+    # -- what the poller and the workers post --------------------------------------------
+    def on_runs_polled(self, message: RunsPolled) -> None:
+        try:
+            table, selected = self.ui.apply(message.result)
+            self.runs_changed(table, selected)
+        finally:
+            self.ui.rearm()  # the next pass only once this one is on screen
+
+    def on_presets_loaded(self, message: PresetsLoaded) -> None:
+        self.ui.presets_loaded(message)
+        self.show_presets()
+
+    def on_launched(self, message: Launched) -> None:
+        view = self.ui.launched(message)
+        self.runs_changed(True, False, select=view.id)
+
+    def on_launch_failed(self, message: LaunchFailed) -> None:
+        self.ui.launch_failed(message)
+        self.runs_changed(False, True)
+
+    def on_stopped(self, message: Stopped) -> None:
+        self.ui.stopped(message)
+        self.runs_changed(True, message.run_id == self.ui.selected)
+
+    def on_stop_failed(self, message: StopFailed) -> None:
+        self.ui.stop_failed(message)
+        self.runs_changed(True, message.run_id == self.ui.selected)
+
+    def on_all_stopped(self, message: AllStopped) -> None:
+        self.app.exit()
 
     # -- presets ------------------------------------------------------------------------
     def show_presets(self) -> None:
@@ -237,9 +276,9 @@ class RunsScreen(LiveScreen):
         started = (
             time.strftime("%m-%d %H:%M", time.localtime(v.started_at)) if v.started_at else "-"
         )
-        f = v.figures
-        step = f.get("step")
-        total = f.get("total_steps")
+        s = v.summary
+        step = s.steps
+        total = s.total_steps
         step_text = "-" if step is None else (f"{step}/{total}" if total else str(step))
         return (
             "✓" if v.marked else "",
@@ -249,7 +288,7 @@ class RunsScreen(LiveScreen):
             fmt_duration(v.elapsed_s(now)) if not v.active else "",
             ",".join(map(str, v.gpus)) or "-",
             step_text,
-            fmt_value(f.get("loss")),
+            fmt_value(s.final_loss),
         )
 
     def runs_changed(self, table: bool, selected: bool, select: str | None = None) -> None:
@@ -343,24 +382,25 @@ class RunsScreen(LiveScreen):
             header.append(view.title or view.preset, style="bold")
             header.append(f"  {view.id}\n", style="dim")
             header.append(view.status_text(), style=STATUS_STYLE.get(view.status, ""))
-            f = view.figures
-            step, total = f.get("step"), f.get("total_steps")
+            s = view.summary
+            step, total = s.steps, s.total_steps
             if step is not None:
                 header.append(f" · step {step:,}" + (f"/{total:,}" if total else ""))
                 if total:
                     header.append(f" ({100 * min(1.0, step / total):.0f} %)")
-            if f.get("throughput") is not None:
-                header.append(f" · {fmt_value(f['throughput'], 1)} {f.get('unit') or ''}".rstrip())
+            if s.throughput is not None:
+                unit = s.throughput_unit or ""
+                header.append(f" · {fmt_value(s.throughput, 1)} {unit}".rstrip())
             eta = view.eta_s(now)
             if eta is not None:
                 header.append(f" · ETA {fmt_duration(eta)}", style="bold")
             header.append(f" · {'elapsed' if view.active else 'took'} ")
             header.append(fmt_duration(view.elapsed_s(now)))
             header.append("\nloss ")
-            header.append(fmt_value(f.get("loss")), style="bold")
-            header.append(f" (best {fmt_value(f.get('best_loss'))})")
-            if f.get("eval_loss") is not None:
-                header.append(f" · eval loss {fmt_value(f['eval_loss'])}")
+            header.append(fmt_value(s.final_loss), style="bold")
+            header.append(f" (best {fmt_value(s.best_loss)})")
+            if s.final_eval_loss is not None:
+                header.append(f" · eval loss {fmt_value(s.final_eval_loss)}")
             if view.reason and not view.active:
                 header.append(f"\n{view.reason}", style="dim")
             snap = self.dash.latest
@@ -482,6 +522,7 @@ class RunsScreen(LiveScreen):
         def chosen(request: LaunchRequest | None) -> None:
             if request is not None:
                 self.ui.launch(request.preset, request.overrides, request.gpus)
+                self.runs_changed(False, True)
 
         self.app.push_screen(LaunchDialog(preset, device_count), chosen)
 

@@ -28,9 +28,10 @@ from textual.strip import Strip
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Static
 
+from gpustation.runs.fold import ema
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry.model import GpuSample
-from gpustation.tui.runs.model import MAX_LOG_LINES, PLOT_EVERY_S, RunView, ema
+from gpustation.tui.runs.model import MAX_LOG_LINES, PLOT_EVERY_S, RunView
 
 if TYPE_CHECKING:
     pass
