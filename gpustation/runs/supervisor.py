@@ -104,7 +104,7 @@ class _Telemetry:
             self.sampler = Sampler(
                 backend,
                 gpus=gpus,
-                # Energy is a slow field (as is PCIe throughput, ~20 ms a GPU on
+                # Energy is a slow field (as is PCIe throughput, slow to read on
                 # NVML): read every few seconds; the counter is cumulative.
                 slow_interval_s=SLOW_INTERVAL_S,
                 with_host=False,

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
+from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-if TYPE_CHECKING:
-    pass
+
+class CompareRead(Message):
+    """The comparison table, read from the history on a worker thread."""
+
+    def __init__(self, table: Table, run_ids: list[str]) -> None:
+        super().__init__()
+        self.table = table
+        self.run_ids = run_ids
 
 
 class CompareScreen(ModalScreen[None]):
@@ -51,15 +58,12 @@ class CompareScreen(ModalScreen[None]):
         for row in compare_rows(records) if records else []:
             table.add_row(row.name, *row.cells())
         table.caption = "changes in brackets are from the first run · Esc closes"
-        try:
-            self.app.call_from_thread(self._show, table, [r.id for r in records])
-        except RuntimeError:
-            pass
+        self.post_message(CompareRead(table, [r.id for r in records]))  # thread-safe
 
-    def _show(self, table: Table, run_ids: list[str]) -> None:
+    def on_compare_read(self, message: CompareRead) -> None:
         #: the runs shown, in column order (read by tests)
-        self.shown = run_ids
-        self.query_one("#compare-table", Static).update(table)
+        self.shown = message.run_ids
+        self.query_one("#compare-table", Static).update(message.table)
 
     def action_close(self) -> None:
         self.dismiss(None)

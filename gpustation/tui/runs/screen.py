@@ -62,9 +62,9 @@ if TYPE_CHECKING:
 def freeze_heap() -> bool:
     """Collect, then move every object alive now out of the collector's sight (once).
 
-    A full collection walks every tracked object: with the dashboard and this
-    screen built that is ~100,000 objects and 50-90 ms on a busy 2-core
-    machine, long enough to stall a key pressed during a log flood. The
+    A full collection walks every tracked object, and with the dashboard and
+    this screen built there are enough of them to stall a key pressed during a
+    log flood (``bench/log_flood.py``; figures in ``bench/RESULTS.md``). The
     screens, widgets, modules and stylesheets alive at this point live as long
     as the app, so freezing them costs nothing and leaves later full
     collections only the objects made since (dialogs, rows, render caches).

@@ -95,6 +95,39 @@ def _printable(line: str) -> str:
     return _CONTROL.sub("\ufffd", line.expandtabs()) if not line.isprintable() else line
 
 
+def fit_scrollbars(widget: ScrollView, size: Size) -> None:
+    """Fit ``widget``'s scrollbars to content of ``size`` without laying the screen out.
+
+    Only a scrollbar appearing or going changes the layout (its own reactive);
+    otherwise the bars' lengths and the scroll position are all that change.
+    """
+    styles = widget.styles
+    width, height = widget.container_size
+
+    def wants(overflow: str, content: int, window: int) -> bool:
+        return overflow == "scroll" or (overflow == "auto" and content > window)
+
+    show_v = wants(styles.overflow_y, size.height, height)
+    bar_w = int(styles.scrollbar_size_vertical) if show_v else 0
+    show_h = wants(styles.overflow_x, size.width, width - bar_w)
+    if show_v != widget.show_vertical_scrollbar:
+        widget.show_vertical_scrollbar = show_v
+    if show_h != widget.show_horizontal_scrollbar:
+        widget.show_horizontal_scrollbar = show_h
+    if show_v and styles.scrollbar_size_vertical:
+        vertical = widget.vertical_scrollbar
+        vertical.window_virtual_size = size.height
+        vertical.window_size = height - widget.scrollbar_size_horizontal
+        vertical.refresh()
+    if show_h and styles.scrollbar_size_horizontal:
+        horizontal = widget.horizontal_scrollbar
+        horizontal.window_virtual_size = size.width
+        horizontal.window_size = width - widget.scrollbar_size_vertical
+        horizontal.refresh()
+    widget.scroll_x = widget.validate_scroll_x(widget.scroll_x)
+    widget.scroll_y = widget.validate_scroll_y(widget.scroll_y)
+
+
 class RunLog(ScrollView, can_focus=True):
     """The log pane: a run's last lines, drawn a screen at a time.
 
@@ -176,11 +209,11 @@ class RunLog(ScrollView, can_focus=True):
         size = Size(self._width, len(self._lines))
         if size != self.virtual_size:
             # Not through the reactive: it would lay the whole screen out again
-            # (~50 ms on a small machine) for what changes only this widget's
-            # scrollbars. Showing or hiding a scrollbar still relayouts (its
-            # own reactive), which a flood does at most once.
+            # for what changes only this widget's scrollbars. Showing or hiding
+            # a scrollbar still relayouts (its own reactive), which a flood does
+            # at most once.
             self.set_reactive(ScrollView.virtual_size, size)
-            self._scroll_update(size)
+            fit_scrollbars(self, size)
         self.refresh()
 
     def show_end(self) -> None:
@@ -273,7 +306,7 @@ class RunsTable(DataTable[Any]):
     virtual_size: Reactive[Size] = Reactive(Size(0, 0), layout=False)
 
     def watch_virtual_size(self, size: Size) -> None:
-        self._scroll_update(size)
+        fit_scrollbars(self, size)
 
 
 class QuietFooter(Footer):
@@ -293,7 +326,9 @@ class QuietFooter(Footer):
             (binding, enabled, tooltip)
             for (_, binding, enabled, tooltip) in screen.active_bindings.values()
         ]
-        if keys == self._keys and self._bindings_ready:
+        # _keys is only set just before Textual's own rebuild, so a match means
+        # the footer already shows these keys.
+        if keys == self._keys:
             return
         if screen.app.app_focus and self.is_attached and screen is self.screen:
             self._keys = keys  # what the rebuild about to happen will show
