@@ -628,3 +628,45 @@ async def test_runs_table_takes_rows_without_relayout(monkeypatch: pytest.Monkey
         await pilot.pause()
         assert table.scroll_y == table.max_scroll_y > 0
         assert table.is_vertical_scroll_end
+
+
+async def test_the_screen_reads_finished_and_lost_runs_without_writing(
+    presets: dict[str, Any],
+) -> None:
+    from gpustation.runs.stop import wait_for_end
+    from gpustation.runs.store import RunStore
+    from tests.runs.test_readers import snapshot
+
+    all_presets, _ = load_presets()
+    done = launch(all_presets["a-train"], ["steps=3", "sleep=0.01"])
+    lost = launch(all_presets["a-train"], ["steps=3", "sleep=0.01"])
+    for handle in (done, lost):
+        final = wait_for_end(handle.run_dir, 40)
+        assert final is not None and final.status == "succeeded"
+        wait_gone(run_pids(handle.run_dir))
+    # As if the machine had restarted mid-run: files and row say running, no process is left.
+    running = rundir.read_state(lost.run_dir)
+    assert running is not None and lost.state is not None
+    running.status, running.ended_at, running.exit_code = "running", None, None
+    running.supervisor_pid = lost.state.supervisor_pid
+    running.supervisor_create_time = lost.state.supervisor_create_time
+    rundir.write_state(lost.run_dir, running)
+    row = RunStore().get(lost.id)
+    assert row is not None
+    row.status = "running"
+    RunStore().upsert(row)
+    before = snapshot([done.run_dir, lost.run_dir])
+
+    app, _ = make_app(count=1)
+    async with app.run_test(size=(160, 48)) as pilot:
+        ui = await open_runs(pilot)
+        await wait_for(pilot, lambda: {done.id, lost.id} <= set(ui.history_ids))
+        await wait_for(pilot, lambda: ui.views[lost.id].status == "lost")
+        table = app.screen.query_one("#runs-table", DataTable)
+        table.focus()
+        for run_id in (done.id, lost.id):
+            table.move_cursor(row=table.get_row_index(run_id))
+            await wait_for(pilot, lambda run_id=run_id: ui.selected == run_id)
+            await wait_for(pilot, lambda: "trainer done" in log_text(app))
+        assert str(table.get_cell(lost.id, table.ordered_columns[1].key)) == "lost"
+    assert snapshot([done.run_dir, lost.run_dir]) == before
