@@ -50,7 +50,14 @@ from gpustation.tui.runs.model import (
     fmt_value,
 )
 from gpustation.tui.runs.poller import RunsPolled
-from gpustation.tui.runs.widgets import LossPlot, QuietFooter, RunLog, RunsTable, gpu_line
+from gpustation.tui.runs.widgets import (
+    LossPlot,
+    QuietFooter,
+    RunLog,
+    RunsTable,
+    run_gpus,
+    run_header,
+)
 from gpustation.tui.screens import LiveScreen
 from gpustation.tui.source import Frame
 from gpustation.tui.widgets import LiveText
@@ -367,55 +374,16 @@ class RunsScreen(LiveScreen):
     def _show_selected(self) -> None:
         view = self.current_view()
         now = time.time()
-        header = Text()
-        gpus = Text()
         if self.ui.launching:
+            header = Text()
             header.append(f"Launching {', '.join(self.ui.launching)}…", style="bold yellow")
             header.append("\nstarting its supervisor and process", style="dim")
             # The GPU lines and the plot stay as they are until the run appears.
             self.query_one("#run-header", LiveText).show(header)
             return
-        if view is None:
-            header.append("No run selected. ", style="bold")
-            header.append("Launch a preset with l (or Enter on the list).", style="dim")
-        else:
-            header.append(view.title or view.preset, style="bold")
-            header.append(f"  {view.id}\n", style="dim")
-            header.append(view.status_text(), style=STATUS_STYLE.get(view.status, ""))
-            s = view.summary
-            step, total = s.steps, s.total_steps
-            if step is not None:
-                header.append(f" · step {step:,}" + (f"/{total:,}" if total else ""))
-                if total:
-                    header.append(f" ({100 * min(1.0, step / total):.0f} %)")
-            if s.throughput is not None:
-                unit = s.throughput_unit or ""
-                header.append(f" · {fmt_value(s.throughput, 1)} {unit}".rstrip())
-            eta = view.eta_s(now)
-            if eta is not None:
-                header.append(f" · ETA {fmt_duration(eta)}", style="bold")
-            header.append(f" · {'elapsed' if view.active else 'took'} ")
-            header.append(fmt_duration(view.elapsed_s(now)))
-            header.append("\nloss ")
-            header.append(fmt_value(s.final_loss), style="bold")
-            header.append(f" (best {fmt_value(s.best_loss)})")
-            if s.final_eval_loss is not None:
-                header.append(f" · eval loss {fmt_value(s.final_eval_loss)}")
-            if view.reason and not view.active:
-                header.append(f"\n{view.reason}", style="dim")
-            snap = self.dash.latest
-            by_index = {g.index: g for g in snap.gpus} if snap is not None else {}
-            for n, index in enumerate(view.gpus):
-                if n:
-                    gpus.append("\n")
-                sample = by_index.get(index)
-                if sample is None:
-                    gpus.append(f"GPU {index} ", style="bold")
-                    gpus.append("not sampled by this dashboard", style="dim")
-                else:
-                    gpus.append_text(gpu_line(sample))
-            if not view.gpus:
-                gpus.append("no GPU", style="dim")
+        snap = self.dash.latest
+        header = run_header(view, now)
+        gpus = run_gpus(view, {g.index: g for g in snap.gpus} if snap is not None else {})
         # No forced relayout: LiveText asks for one itself when its line count changes.
         self.query_one("#run-header", LiveText).show(header)
         self.query_one("#run-gpus", LiveText).show(gpus)

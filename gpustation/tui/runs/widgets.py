@@ -31,7 +31,14 @@ from textual.widgets import DataTable, Footer, Static
 from gpustation.runs.fold import ema
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry.model import GpuSample
-from gpustation.tui.runs.model import MAX_LOG_LINES, PLOT_EVERY_S, RunView
+from gpustation.tui.runs.model import (
+    MAX_LOG_LINES,
+    PLOT_EVERY_S,
+    STATUS_STYLE,
+    RunView,
+    fmt_duration,
+    fmt_value,
+)
 
 if TYPE_CHECKING:
     pass
@@ -85,6 +92,59 @@ def gpu_line(g: GpuSample) -> Text:
 
 
 # ---- widgets -------------------------------------------------------------------------------
+
+
+def run_header(view: RunView | None, now: float) -> Text:
+    """The run pane's header: the run, its status, progress, ETA and losses."""
+    header = Text()
+    if view is None:
+        header.append("No run selected. ", style="bold")
+        header.append("Launch a preset with l (or Enter on the list).", style="dim")
+        return header
+    header.append(view.title or view.preset, style="bold")
+    header.append(f"  {view.id}\n", style="dim")
+    header.append(view.status_text(), style=STATUS_STYLE.get(view.status, ""))
+    s = view.summary
+    step, total = s.steps, s.total_steps
+    if step is not None:
+        header.append(f" · step {step:,}" + (f"/{total:,}" if total else ""))
+        if total:
+            header.append(f" ({100 * min(1.0, step / total):.0f} %)")
+    if s.throughput is not None:
+        unit = s.throughput_unit or ""
+        header.append(f" · {fmt_value(s.throughput, 1)} {unit}".rstrip())
+    eta = view.eta_s(now)
+    if eta is not None:
+        header.append(f" · ETA {fmt_duration(eta)}", style="bold")
+    header.append(f" · {'elapsed' if view.active else 'took'} ")
+    header.append(fmt_duration(view.elapsed_s(now)))
+    header.append("\nloss ")
+    header.append(fmt_value(s.final_loss), style="bold")
+    header.append(f" (best {fmt_value(s.best_loss)})")
+    if s.final_eval_loss is not None:
+        header.append(f" · eval loss {fmt_value(s.final_eval_loss)}")
+    if view.reason and not view.active:
+        header.append(f"\n{view.reason}", style="dim")
+    return header
+
+
+def run_gpus(view: RunView | None, samples: dict[int, GpuSample]) -> Text:
+    """A line of telemetry per GPU of the run (``samples`` by GPU index)."""
+    gpus = Text()
+    if view is None:
+        return gpus
+    for n, index in enumerate(view.gpus):
+        if n:
+            gpus.append("\n")
+        sample = samples.get(index)
+        if sample is None:
+            gpus.append(f"GPU {index} ", style="bold")
+            gpus.append("not sampled by this dashboard", style="dim")
+        else:
+            gpus.append_text(gpu_line(sample))
+    if not view.gpus:
+        gpus.append("no GPU", style="dim")
+    return gpus
 
 
 #: control characters a terminal would act on (tab is expanded instead)
