@@ -30,6 +30,7 @@ from gpustation.runs.presets import RunPreset, apply_overrides
 from gpustation.runs.reconcile import record_lost_runs
 from gpustation.runs.rundir import RunState
 from gpustation.runs.stop import DEFAULT_GRACE_S
+from gpustation.runs.summary import RunSummary
 
 
 def new_run_id(name: str, now: float | None = None) -> str:
@@ -52,6 +53,19 @@ class RunHandle:
     created_at: float
     warnings: list[str] = field(default_factory=list)
     state: RunState | None = None
+
+    def summary(self) -> RunSummary:
+        """The run as it starts, in the one shape of a run."""
+        summary = RunSummary(
+            id=self.id,
+            preset=self.preset,
+            title=self.title,
+            gpus=list(self.gpus),
+            argv=list(self.argv),
+            run_dir=str(self.run_dir),
+            started_at=self.created_at,
+        )
+        return summary if self.state is None else summary.apply_state(self.state)
 
     @property
     def output_log(self) -> Path:

@@ -298,17 +298,7 @@ class RunsUI:
 
     def launched(self, message: Launched) -> RunView:
         handle = message.handle
-        summary = RunSummary(
-            id=handle.id,
-            preset=handle.preset,
-            title=handle.title,
-            gpus=list(handle.gpus),
-            argv=list(handle.argv),
-            run_dir=str(handle.run_dir),
-            started_at=handle.created_at,
-        )
-        if handle.state is not None:
-            summary.apply_state(handle.state)
+        summary = handle.summary()
         view = RunView.of(summary, time.time())
         view.live = True
         self.views[handle.id] = view
