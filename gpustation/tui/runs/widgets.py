@@ -170,6 +170,11 @@ def fit_scrollbars(widget: ScrollView, size: Size) -> None:
     show_v = wants(styles.overflow_y, size.height, height)
     bar_w = int(styles.scrollbar_size_vertical) if show_v else 0
     show_h = wants(styles.overflow_x, size.width, width - bar_w)
+    if show_h and not show_v:
+        # The horizontal bar takes a row: the content may now need the vertical one.
+        show_v = wants(
+            styles.overflow_y, size.height, height - int(styles.scrollbar_size_horizontal)
+        )
     if show_v != widget.show_vertical_scrollbar:
         widget.show_vertical_scrollbar = show_v
     if show_h != widget.show_horizontal_scrollbar:
