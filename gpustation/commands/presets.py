@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     preset, _parsed, warnings = apply_overrides(preset, args.set)
     for warning in warnings:
         print(f"gpustation: warning: {warning}", file=sys.stderr)
-    from gpustation.runs.launcher import build_argv, format_args
+    from gpustation.runs.argv import build_argv, format_args
 
     # The GPUs a launch would pick when the machine has enough (for nproc).
     if isinstance(preset.gpus, list):

@@ -20,7 +20,7 @@ from typing import Any
 from gpustation.commands.options import add_gpu_options
 from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, UsageError
 from gpustation.runs import rundir
-from gpustation.runs.tail import MetricsAccumulator
+from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.backend import parse_gpu_list
 from gpustation.telemetry.format import duration
 
@@ -60,7 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpustation.runs.launcher import launch
+    from gpustation.runs.launch import launch
     from gpustation.runs.presets import find_preset, load_presets
 
     if args.grace < 0:
@@ -118,7 +118,6 @@ class _Progress:
         self.fancy = sys.stderr.isatty()
         self._last_decile = -1
         self._last_print = 0.0
-        self._first: tuple[float, int] | None = None  # (t, step) of the first report
 
     def start(self, total: int) -> None:
         if not self.fancy or self.bar is not None:
@@ -157,36 +156,30 @@ class _Progress:
             sys.stdout.buffer.write(data)
             sys.stdout.flush()
 
-    def update(self, acc: MetricsAccumulator) -> None:
-        if acc.step is None or not acc.total_steps:
+    def update(self, run: RunSummary) -> None:
+        if run.steps is None or not run.total_steps:
             return
         info = []
-        if acc.final_loss is not None:
-            info.append(f"loss {acc.final_loss:.4g}")
-        if acc.throughput is not None:
-            info.append(f"{acc.throughput:.1f} {acc.unit or '/s'}")
+        if run.final_loss is not None:
+            info.append(f"loss {run.final_loss:.4g}")
+        if run.throughput is not None:
+            info.append(f"{run.throughput:.1f} {run.throughput_unit or '/s'}")
         if self.fancy:
-            self.start(acc.total_steps)
+            self.start(run.total_steps)
             self.bar.update(
-                self.task, completed=acc.step, total=acc.total_steps, info="  ".join(info)
+                self.task, completed=run.steps, total=run.total_steps, info="  ".join(info)
             )
             return
-        if acc.last_t is not None and self._first is None:
-            self._first = (acc.last_t, acc.step)
-        decile = int(10 * acc.step / acc.total_steps)
+        decile = int(10 * run.steps / run.total_steps)
         now = time.monotonic()
         if decile == self._last_decile and now - self._last_print < 60:
             return
         self._last_decile, self._last_print = decile, now
-        eta = ""
-        if self._first is not None and acc.last_t is not None:
-            t0, s0 = self._first
-            if acc.step > s0 and acc.last_t > t0:
-                rate = (acc.step - s0) / (acc.last_t - t0)
-                remaining = (acc.total_steps - acc.step) / rate
-                eta = f"  ETA {_clock(remaining)}"
-        pct = 100.0 * acc.step / acc.total_steps
-        line = f"gpustation: step {acc.step}/{acc.total_steps} ({pct:.0f} %){eta}"
+        eta = run.eta_s()
+        pct = 100.0 * run.steps / run.total_steps
+        line = f"gpustation: step {run.steps}/{run.total_steps} ({pct:.0f} %)"
+        if eta is not None:
+            line += f"  ETA {_clock(eta)}"
         if info:
             line += "  " + "  ".join(info)
         print(line, file=sys.stderr, flush=True)
@@ -216,7 +209,7 @@ def follow(
     without it Ctrl-C only stops following and the run goes on.
     """
     from gpustation.runs.follow import RunFollower
-    from gpustation.runs.launcher import stop_run
+    from gpustation.runs.stop import stop_run
 
     run = rundir.read_run(directory) or {}
     title = (run.get("preset") or {}).get("name") or directory.name
@@ -263,7 +256,7 @@ def follow(
             if update.lines:
                 progress.write_log(b"\n".join(update.lines) + b"\n")
             if update.events or update.ended:
-                progress.update(follower.acc)
+                progress.update(follower.summary())
             if update.ended:
                 break
             if not update.lines and not update.events:
@@ -275,10 +268,10 @@ def follow(
     if stopper is not None:
         stopper.join(timeout=30)
     state = rundir.read_state(directory) or follower.state
-    return _report(directory, state, follower.acc)
+    return _report(directory, state, follower.summary())
 
 
-def _report(directory: Path, state: rundir.RunState | None, acc: MetricsAccumulator) -> int:
+def _report(directory: Path, state: rundir.RunState | None, run: RunSummary) -> int:
     if state is None:
         print(f"gpustation: run {directory.name}: no state recorded", file=sys.stderr)
         return EXIT_FAILURE
@@ -287,10 +280,10 @@ def _report(directory: Path, state: rundir.RunState | None, acc: MetricsAccumula
         parts.append(f"after {_clock(state.ended_at - state.started_at)}")
     if state.reason and state.status != "succeeded":
         parts.append(f"- {state.reason}")
-    if acc.final_loss is not None:
-        parts.append(f"- final loss {acc.final_loss:.4g}")
-    if acc.best_throughput is not None:
-        parts.append(f"- best {acc.best_throughput:.1f} {acc.unit or '/s'}")
+    if run.final_loss is not None:
+        parts.append(f"- final loss {run.final_loss:.4g}")
+    if run.best_throughput is not None:
+        parts.append(f"- best {run.best_throughput:.1f} {run.throughput_unit or '/s'}")
     try:
         from gpustation.runs.store import RunStore
 

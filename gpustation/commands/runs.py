@@ -1,4 +1,10 @@
-"""``gpustation runs list | show ID | stop ID | compare ID ID...``: the run history."""
+"""``gpustation runs list | show ID | stop ID | follow ID | compare ID ID...``: the run history.
+
+Only ``stop`` writes (it records the run's end when no supervisor does); the
+others read ``runs.db`` and the run directories and change neither. A run
+whose supervisor died is shown ``lost`` from its files; the launcher records
+that before its next launch (see :mod:`gpustation.runs.reconcile`).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,8 @@ import time
 from gpustation.errors import UsageError
 from gpustation.runs.compare import CompareRow, compare_rows, fmt_energy, fmt_num, status_text
 from gpustation.runs.output import console
-from gpustation.runs.store import RunRecord, RunStore
+from gpustation.runs.store import RunStore
+from gpustation.runs.summary import RunSummary
 from gpustation.telemetry import format as fmt
 
 
@@ -54,17 +61,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cmp_.add_argument("--json", action="store_true", help="print JSON")
 
 
-def _refresh() -> None:
-    """Mark runs whose supervisor vanished as lost before showing the history."""
-    from gpustation.runs.launcher import list_active_runs
-
-    list_active_runs()
-
-
 def run(args: argparse.Namespace) -> int:
     action = getattr(args, "runs_action", None) or "list"
     store = RunStore()
-    _refresh()
     if action == "list":
         records = [
             _fresh(r)
@@ -85,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             _print_show(record)
         return 0
     if action == "stop":
-        from gpustation.runs.launcher import stop_run
+        from gpustation.runs.stop import stop_run
 
         run_id = store.resolve_id(args.id)
         state = stop_run(run_id, grace_s=args.grace)
@@ -124,18 +123,23 @@ def run(args: argparse.Namespace) -> int:
     raise UsageError(f"unknown action {action!r}")
 
 
-def _fresh(record: RunRecord) -> RunRecord:
-    """A running run's row, refreshed from its files (the row is written at start and end)."""
+def _fresh(record: RunSummary) -> RunSummary:
+    """A running run's row, read afresh from its files (the row is written at start and end).
+
+    Its state is checked, so a run whose supervisor died reads ``lost``.
+    """
     if record.status in ("starting", "running") and record.run_dir:
         from pathlib import Path
 
+        from gpustation.runs.reconcile import check_run
         from gpustation.runs.store import record_from_dir
 
-        return record_from_dir(Path(record.run_dir))
+        directory = Path(record.run_dir)
+        return record_from_dir(directory, check_run(directory))
     return record
 
 
-def _get(store: RunStore, text: str) -> RunRecord:
+def _get(store: RunStore, text: str) -> RunSummary:
     run_id = store.resolve_id(text)
     record = store.get(run_id)
     if record is None:
@@ -149,13 +153,13 @@ def _get(store: RunStore, text: str) -> RunRecord:
 fmt_duration = fmt.duration
 
 
-def _started(record: RunRecord) -> str:
+def _started(record: RunSummary) -> str:
     if record.started_at is None:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(record.started_at))
 
 
-def _print_list(records: list[RunRecord]) -> None:
+def _print_list(records: list[RunSummary]) -> None:
     if not records:
         print("no runs yet; start one with `gpustation run PRESET`")
         return
@@ -191,7 +195,7 @@ def _print_list(records: list[RunRecord]) -> None:
     console().print(table)
 
 
-def _print_show(r: RunRecord) -> None:
+def _print_show(r: RunSummary) -> None:
     from rich.table import Table
 
     table = Table.grid(padding=(0, 2))
@@ -247,7 +251,7 @@ def _print_show(r: RunRecord) -> None:
             out.print("  " + line, markup=False)
 
 
-def _print_compare(records: list[RunRecord], rows: list[CompareRow]) -> None:
+def _print_compare(records: list[RunSummary], rows: list[CompareRow]) -> None:
     from rich.table import Table
 
     table = Table(header_style="bold", box=None, pad_edge=False)

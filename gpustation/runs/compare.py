@@ -7,8 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpustation.runs.rundir import status_label
-from gpustation.runs.store import RunRecord
+from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.format import duration as fmt_duration
 
 
@@ -34,8 +33,8 @@ def fmt_energy(joules: float | None) -> str:
     return f"{joules:.0f} J"
 
 
-def status_text(record: RunRecord) -> str:
-    return status_label(record.status, record.oom, record.signal, record.exit_code)
+def status_text(record: RunSummary) -> str:
+    return record.status_text()
 
 
 @dataclass
@@ -71,7 +70,7 @@ class CompareRow:
         return cells
 
 
-def _epoch_time(r: RunRecord) -> float | None:
+def _epoch_time(r: RunSummary) -> float | None:
     value = r.summary.get("epoch_time_s")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
@@ -80,7 +79,7 @@ def _epoch_time(r: RunRecord) -> float | None:
     return None
 
 
-def compare_rows(records: list[RunRecord]) -> list[CompareRow]:
+def compare_rows(records: list[RunSummary]) -> list[CompareRow]:
     """The rows of the comparison, leaving out rows no run has a value for."""
     unit = next((r.throughput_unit for r in records if r.throughput_unit), None)
     work_unit = next((r.work_unit for r in records if r.work_unit), None)

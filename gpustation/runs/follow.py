@@ -4,8 +4,11 @@
 run`` needs from a run directory. Creating one does no I/O; each
 :meth:`RunFollower.poll` reads only what was appended since the last (at most
 ``max_bytes`` of log, so a flood is taken in bites) and returns a plain
-:class:`FollowUpdate`. A UI calls ``poll`` from a worker thread and posts the
-update to its widgets.
+:class:`FollowUpdate`; the metric events are folded as they come
+(:attr:`RunFollower.fold`) and :meth:`RunFollower.summary` reads the run as a
+:class:`~gpustation.runs.summary.RunSummary`. A UI calls both from a worker
+thread and posts what they return. Following only reads: it never writes the
+run directory or ``runs.db``.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from gpustation.runs import rundir
+from gpustation.runs.fold import MetricsFold
 from gpustation.runs.rundir import RunState
-from gpustation.runs.tail import MetricsAccumulator, MetricsReader, Tailer
+from gpustation.runs.summary import RunSummary
+from gpustation.runs.tail import MetricsReader, Tailer
 
 
 @dataclass
@@ -50,7 +55,8 @@ class RunFollower:
         self.state_every_s = state_every_s
         self.log = Tailer(self.directory / rundir.OUTPUT_LOG)
         self.metrics = MetricsReader(self.directory / rundir.METRICS_FILE)
-        self.acc = MetricsAccumulator()
+        self.fold = MetricsFold()
+        self._run: dict[str, Any] | None = None
         self.state: RunState | None = None
         self._next_check = 0.0
         self._ended = False
@@ -63,7 +69,7 @@ class RunFollower:
         """New lines and events, and the state (checked every ``state_every_s``)."""
         if self._ended:
             return FollowUpdate(state=self.state, ended=True)
-        from gpustation.runs.launcher import check_run
+        from gpustation.runs.reconcile import check_run
 
         # The state is read before the files: when it says "ended", everything
         # the run wrote is already on disk, and the reads below will see it.
@@ -86,8 +92,18 @@ class RunFollower:
         elif final:
             self._next_check = 0.0  # more to drain; stay on "final" next poll
         for event in update.events:
-            self.acc.add(event)
+            self.fold.add(event)
         return update
+
+    def summary(self) -> RunSummary:
+        """The run as read so far: ``run.json``, the last state checked, the folded figures."""
+        if not self._run:
+            self._run = rundir.read_run(self.directory) or {}
+        summary = RunSummary.from_run(self._run, self.directory)
+        if self.state is not None:
+            summary.apply_state(self.state)
+        summary.malformed_metrics = self.metrics.malformed_count
+        return self.fold.apply(summary)
 
     def close(self) -> None:
         self.log.close()

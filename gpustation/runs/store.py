@@ -6,6 +6,12 @@ launched (``run.json``), how it ended (``state.json``), what the run reported
 Building it again from the files is always safe, so the launcher writes the
 row when a run starts and the supervisor rewrites it when the run ends.
 
+Readers never write: :meth:`RunStore.get`, :meth:`RunStore.list_runs` and
+:meth:`RunStore.resolve_id` open the database read-only (no schema set-up, no
+file created when there is none), so following runs or listing them leaves
+``runs.db`` as it was. Only :meth:`RunStore.upsert` (the launcher, the
+supervisor, a stop) opens it for writing.
+
 Each call opens its own connection, so any thread (a UI worker, the
 supervisor) may use a :class:`RunStore`; WAL mode lets readers and the one
 writer of a finishing run work at once.
@@ -18,63 +24,20 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from gpustation import paths
 from gpustation.errors import UsageError
 from gpustation.runs import rundir
+from gpustation.runs.fold import MetricsFold
 from gpustation.runs.gputrace import summarize_telemetry
 from gpustation.runs.rundir import RunState
-from gpustation.runs.tail import MetricsAccumulator, parse_metric_line
+from gpustation.runs.summary import RunSummary
 
-
-@dataclass
-class RunRecord:
-    """One run in the history (all units in the names; None = not known)."""
-
-    id: str
-    preset: str | None = None
-    title: str | None = None
-    runner: str | None = None
-    launcher: str | None = None
-    overrides: dict[str, Any] = field(default_factory=dict)
-    gpus: list[int] = field(default_factory=list)
-    argv: list[str] = field(default_factory=list)
-    run_dir: str | None = None
-    simulated: bool = False
-    started_at: float | None = None
-    ended_at: float | None = None
-    duration_s: float | None = None
-    status: str = "starting"
-    exit_code: int | None = None
-    signal: str | None = None
-    oom: bool = False
-    reason: str | None = None
-    steps: int | None = None
-    total_steps: int | None = None
-    epochs: float | None = None
-    final_loss: float | None = None
-    best_loss: float | None = None
-    final_eval_loss: float | None = None
-    best_throughput: float | None = None
-    throughput_unit: str | None = None
-    work: float | None = None
-    work_unit: str | None = None
-    peak_vram_mib: float | None = None
-    energy_j: float | None = None
-    energy_per_unit_j: float | None = None
-    avg_power_w: float | None = None
-    peak_power_w: float | None = None
-    peak_temp_c: float | None = None
-    throttled_s: float | None = None
-    malformed_metrics: int = 0
-    summary: dict[str, Any] = field(default_factory=dict)
-    error_tail: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+#: the store's row is the one run summary (the name older code knows it by)
+RunRecord = RunSummary
 
 
 _JSON_FIELDS = {"overrides", "gpus", "argv", "summary", "error_tail"}
@@ -101,7 +64,7 @@ def _sql_type(name: str) -> str:
     return "REAL"
 
 
-COLUMNS = [f.name for f in fields(RunRecord)]
+COLUMNS = [f.name for f in fields(RunSummary)]
 
 
 def db_path() -> Path:
@@ -129,6 +92,23 @@ class RunStore:
         finally:
             conn.close()
 
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection | None]:
+        """A read-only connection, or None when there is no database yet."""
+        path = self.path or db_path()
+        if not path.exists():
+            yield None
+            return
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0)
+        conn.row_factory = sqlite3.Row
+        try:
+            yield conn
+        except sqlite3.OperationalError as err:
+            if "no such table" not in str(err):
+                raise
+        finally:
+            conn.close()
+
     def _setup(self, conn: sqlite3.Connection) -> None:
         conn.execute("PRAGMA journal_mode=WAL")
         cols = ", ".join(
@@ -143,7 +123,7 @@ class RunStore:
                 conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {_sql_type(name)}")
         conn.execute("CREATE INDEX IF NOT EXISTS runs_started ON runs(started_at)")
 
-    def upsert(self, record: RunRecord) -> None:
+    def upsert(self, record: RunSummary) -> None:
         values = []
         for name in COLUMNS:
             value = getattr(record, name)
@@ -162,10 +142,12 @@ class RunStore:
             )
 
     @staticmethod
-    def _record(row: sqlite3.Row) -> RunRecord:
+    def _record(row: sqlite3.Row) -> RunSummary:
         data: dict[str, Any] = {}
+        have = set(row.keys())
         for name in COLUMNS:
-            value = row[name]
+            # A database written by an older version lacks the newer columns.
+            value = row[name] if name in have else None
             if name in _JSON_FIELDS:
                 try:
                     value = json.loads(value) if value else None
@@ -178,15 +160,16 @@ class RunStore:
             elif name == "malformed_metrics":
                 value = value or 0
             data[name] = value
-        return RunRecord(**data)
+        return RunSummary(**data)
 
-    def get(self, run_id: str) -> RunRecord | None:
-        with self._connect() as conn:
-            conn.row_factory = sqlite3.Row
-            row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+    def get(self, run_id: str) -> RunSummary | None:
+        row = None
+        with self._read() as conn:
+            if conn is not None:
+                row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         return self._record(row) if row else None
 
-    def list_runs(self, limit: int | None = None, status: str | None = None) -> list[RunRecord]:
+    def list_runs(self, limit: int | None = None, status: str | None = None) -> list[RunSummary]:
         """Runs, newest first."""
         query = "SELECT * FROM runs"
         params: list[Any] = []
@@ -197,15 +180,18 @@ class RunStore:
         if limit:
             query += " LIMIT ?"
             params.append(limit)
-        with self._connect() as conn:
-            conn.row_factory = sqlite3.Row
-            rows = conn.execute(query, params).fetchall()
+        rows: list[sqlite3.Row] = []
+        with self._read() as conn:
+            if conn is not None:
+                rows = conn.execute(query, params).fetchall()
         return [self._record(r) for r in rows]
 
     def resolve_id(self, text: str) -> str:
         """A run id from what the user typed: the id, ``last``, or a unique part of it."""
-        with self._connect() as conn:
-            ids = [r[0] for r in conn.execute("SELECT id FROM runs ORDER BY started_at DESC")]
+        ids: list[str] = []
+        with self._read() as conn:
+            if conn is not None:
+                ids = [r[0] for r in conn.execute("SELECT id FROM runs ORDER BY started_at DESC")]
         if text == "last" and ids:
             return ids[0]
         if text in ids:
@@ -221,7 +207,7 @@ class RunStore:
         )
 
 
-def record_from_dir(directory: Path, state: RunState | None = None) -> RunRecord:
+def record_from_dir(directory: Path, state: RunState | None = None) -> RunSummary:
     """Build a run's history row from its run directory.
 
     ``state`` stands in for ``state.json`` (one about to be written).
@@ -229,63 +215,14 @@ def record_from_dir(directory: Path, state: RunState | None = None) -> RunRecord
     run = rundir.read_run(directory) or {}
     if state is None:
         state = rundir.read_state(directory)
-    preset = run.get("preset") or {}
-    record = RunRecord(
-        id=run.get("id") or directory.name,
-        preset=preset.get("name"),
-        title=preset.get("title") or preset.get("name"),
-        runner=preset.get("runner"),
-        launcher=preset.get("launcher"),
-        overrides=run.get("overrides") or {},
-        gpus=run.get("gpus") or [],
-        argv=run.get("argv") or [],
-        run_dir=str(directory),
-        simulated=bool((run.get("backend") or {}).get("simulated")),
-        started_at=run.get("created_at"),
-    )
+    record = RunSummary.from_run(run, directory)
     if state is not None:
-        record.status = state.status
-        record.started_at = state.started_at or record.started_at
-        record.ended_at = state.ended_at
-        record.exit_code = state.exit_code
-        record.signal = state.signal
-        record.oom = state.oom
-        record.reason = state.reason
-        record.error_tail = list(state.error_tail)
-    if record.started_at is not None:
-        end = record.ended_at if record.ended_at is not None else time.time()
-        record.duration_s = max(0.0, end - record.started_at)
-
-    acc = MetricsAccumulator()
-    malformed = 0
-    try:
-        with open(directory / rundir.METRICS_FILE, "rb") as fh:
-            for line in fh:
-                if not line.strip():
-                    continue
-                event = parse_metric_line(line)
-                if event is None:
-                    malformed += 1
-                else:
-                    acc.add(event)
-    except OSError:
-        pass
-    record.malformed_metrics = malformed
-    record.steps = acc.step
-    record.total_steps = acc.total_steps
-    record.epochs = acc.epoch
-    record.final_loss = acc.final_loss
-    record.best_loss = acc.best_loss
-    record.final_eval_loss = acc.last_eval_loss
-    record.best_throughput = acc.best_throughput
-    record.throughput_unit = acc.unit
-    record.summary = dict(acc.summary)
-    # A summary may state its own final figures; they beat the running ones.
-    for key, attr in (("final_loss", "final_loss"), ("best_loss", "best_loss")):
-        value = acc.summary.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            setattr(record, attr, float(value))
-    record.work, record.work_unit = acc.work_done()
+        record.apply_state(state)
+    elif record.started_at is not None:
+        record.duration_s = max(0.0, time.time() - record.started_at)
+    fold = MetricsFold()
+    record.malformed_metrics = fold.read(directory / rundir.METRICS_FILE)
+    fold.apply(record)
 
     tele = summarize_telemetry(directory / rundir.TELEMETRY_FILE)
     record.energy_j = tele.energy_j
@@ -293,7 +230,7 @@ def record_from_dir(directory: Path, state: RunState | None = None) -> RunRecord
     record.peak_power_w = tele.peak_power_w
     record.peak_temp_c = tele.peak_temp_c
     record.throttled_s = tele.throttled_s
-    peaks = [v for v in (acc.mem_peak_mib, tele.peak_vram_mib) if v is not None]
+    peaks = [v for v in (record.peak_vram_mib, tele.peak_vram_mib) if v is not None]
     record.peak_vram_mib = max(peaks) if peaks else None
     if record.energy_j is not None and record.work:
         record.energy_per_unit_j = record.energy_j / record.work
@@ -302,7 +239,7 @@ def record_from_dir(directory: Path, state: RunState | None = None) -> RunRecord
 
 def sync_run(
     directory: Path, store: RunStore | None = None, state: RunState | None = None
-) -> RunRecord:
+) -> RunSummary:
     """Rebuild a run's row from its directory (and ``state``, if given) and save it."""
     record = record_from_dir(directory, state)
     (store or RunStore()).upsert(record)

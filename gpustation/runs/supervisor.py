@@ -1,6 +1,6 @@
 """The process that watches over one run: ``python -m gpustation.runs.supervisor DIR``.
 
-Started detached by :func:`gpustation.runs.launcher.launch`. It starts the
+Started detached by :func:`gpustation.runs.launch.launch`. It starts the
 child in its own process group with stdout and stderr going to
 ``output.log``, samples the run's GPUs once a second into
 ``telemetry.jsonl``, waits for the child and records how it ended in
@@ -23,8 +23,9 @@ from typing import Any
 
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import compact_sample, write_sample
-from gpustation.runs.launcher import DEFAULT_GRACE_S, record_end, terminate_group
+from gpustation.runs.reconcile import record_end
 from gpustation.runs.rundir import RunState
+from gpustation.runs.stop import DEFAULT_GRACE_S, terminate_group
 
 SAMPLE_INTERVAL_S = 1.0
 SLOW_INTERVAL_S = 5.0
@@ -103,7 +104,7 @@ class _Telemetry:
             self.sampler = Sampler(
                 backend,
                 gpus=gpus,
-                # Energy is a slow field (as is PCIe throughput, ~20 ms a GPU on
+                # Energy is a slow field (as is PCIe throughput, slow to read on
                 # NVML): read every few seconds; the counter is cumulative.
                 slow_interval_s=SLOW_INTERVAL_S,
                 with_host=False,
@@ -324,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         _log("supervisor error:\n" + traceback.format_exc())
         state = rundir.read_state(directory)
         if state is not None and state.active:
-            from gpustation.runs.launcher import _mark_ended
+            from gpustation.runs.reconcile import mark_ended
 
             terminate_group(
                 state.pgid,
@@ -334,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                 log=_log,
                 known=state.descendants,
             )
-            _mark_ended(directory, state, "failed", f"the run's supervisor failed: {err!r}")
+            mark_ended(directory, state, "failed", f"the run's supervisor failed: {err!r}")
         return 1
 
 

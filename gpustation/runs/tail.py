@@ -4,8 +4,8 @@
 lines; a line still being written waits until its newline arrives. Nothing is
 read twice, so following a long log costs what the new bytes cost.
 :class:`MetricsReader` parses ``metrics.jsonl`` on top of it: a malformed line
-is counted and skipped, never fatal. :class:`MetricsAccumulator` folds events
-into the figures a progress bar or the run store needs.
+is counted and skipped, never fatal. Folding the events into figures is
+:mod:`gpustation.runs.fold`'s job.
 
 These classes never block on anything but a read of the file, so a UI calls
 them from a worker thread and posts what they return.
@@ -14,9 +14,7 @@ them from a worker thread and posts what they return.
 from __future__ import annotations
 
 import json
-import math
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -144,109 +142,3 @@ class MetricsReader:
 
     def close(self) -> None:
         self.tailer.close()
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def work_unit(throughput_unit: str | None) -> str | None:
-    """``img/s`` -> ``img``: what one unit of work is, when the unit says."""
-    if not throughput_unit or not throughput_unit.endswith("/s"):
-        return None
-    unit = throughput_unit[:-2].strip()
-    singular = {"tokens": "token", "samples": "sample", "images": "img", "imgs": "img"}
-    return singular.get(unit, unit) or None
-
-
-@dataclass
-class MetricsAccumulator:
-    """Running figures from metric events (feed it events in order)."""
-
-    step: int | None = None
-    total_steps: int | None = None
-    epoch: float | None = None
-    last_t: float | None = None
-    final_loss: float | None = None
-    best_loss: float | None = None
-    last_eval_loss: float | None = None
-    best_eval_loss: float | None = None
-    throughput: float | None = None
-    best_throughput: float | None = None
-    unit: str | None = None
-    mem_peak_mib: float | None = None
-    work: float = 0.0  # throughput integrated over time (samples, tokens ...)
-    lr: float | None = None
-    summary: dict[str, Any] = field(default_factory=dict)
-    events: int = 0
-    #: (step or event number, loss) pairs, for curves
-    losses: list[tuple[float, float]] = field(default_factory=list)
-
-    def add(self, event: dict[str, Any]) -> None:
-        self.events += 1
-        t = _num(event.get("t"))
-        step = event.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
-            self.step = step
-        total = event.get("total_steps")
-        if isinstance(total, int) and not isinstance(total, bool) and total > 0:
-            self.total_steps = total
-        epoch = _num(event.get("epoch"))
-        if epoch is not None:
-            self.epoch = epoch
-        loss = _num(event.get("loss"))
-        if loss is not None:
-            self.final_loss = loss
-            self.best_loss = loss if self.best_loss is None else min(self.best_loss, loss)
-            x = float(self.step) if self.step is not None else float(self.events)
-            self.losses.append((x, loss))
-        eval_loss = _num(event.get("eval_loss"))
-        if eval_loss is not None:
-            self.last_eval_loss = eval_loss
-            self.best_eval_loss = (
-                eval_loss if self.best_eval_loss is None else min(self.best_eval_loss, eval_loss)
-            )
-        lr = _num(event.get("lr"))
-        if lr is not None:
-            self.lr = lr
-        if isinstance(event.get("unit"), str):
-            self.unit = event["unit"]
-        rate = _num(event.get("throughput"))
-        if rate is not None:
-            self.throughput = rate
-            self.best_throughput = (
-                rate if self.best_throughput is None else max(self.best_throughput, rate)
-            )
-            # The rate reported at t is the rate since the previous report.
-            if t is not None:
-                since = self.last_t if self.last_t is not None else 0.0
-                if t > since:
-                    self.work += rate * (t - since)
-        mem = _num(event.get("mem_peak_mib"))
-        if mem is not None:
-            self.mem_peak_mib = mem if self.mem_peak_mib is None else max(self.mem_peak_mib, mem)
-        if isinstance(event.get("summary"), dict):
-            self.summary.update(event["summary"])
-        if t is not None:
-            self.last_t = t
-
-    @property
-    def fraction_done(self) -> float | None:
-        if self.step is None or not self.total_steps:
-            return None
-        return min(1.0, max(0.0, self.step / self.total_steps))
-
-    def work_done(self) -> tuple[float | None, str | None]:
-        """Units of work done (e.g. images), preferring what the summary says."""
-        for key in ("samples", "tokens", "images", "work"):
-            value = _num(self.summary.get(key))
-            if value is not None:
-                unit = {"samples": "sample", "tokens": "token", "images": "img"}.get(key)
-                return value, unit or work_unit(self.unit)
-        unit = work_unit(self.unit)
-        if unit is None or self.work <= 0:
-            return None, unit
-        return self.work, unit

@@ -8,7 +8,8 @@ import subprocess
 from pathlib import Path
 
 from gpustation.runs import rundir
-from gpustation.runs.launcher import list_active_runs, wait_for_end
+from gpustation.runs.reconcile import list_active_runs
+from gpustation.runs.stop import wait_for_end
 from gpustation.runs.store import RunStore
 from tests.conftest import child_env, gpustation_cmd
 from tests.runs.conftest import command_preset, wait_until

@@ -6,7 +6,7 @@ import sys
 import time
 
 from gpustation.runs.follow import RunFollower
-from gpustation.runs.launcher import launch
+from gpustation.runs.launch import launch
 from gpustation.runs.presets import load_presets
 
 CODE = (
@@ -44,5 +44,5 @@ def test_follow_a_run_to_its_end(runs_env: dict) -> None:
         # showing the last frame of its \r redraws.
         assert lines == ["line 1", "line 2", "line 3", "progress 100%"]
         assert steps == [1, 2, 3]
-        assert follower.acc.fraction_done == 1.0 and follower.acc.final_loss == 1 / 3
+        assert follower.fold.fraction_done == 1.0 and follower.fold.final_loss == 1 / 3
         assert follower.poll().ended and follower.poll().lines == []

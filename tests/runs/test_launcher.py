@@ -11,15 +11,10 @@ from pathlib import Path
 import pytest
 
 from gpustation.runs import rundir
-from gpustation.runs.launcher import (
-    check_run,
-    launch,
-    list_active_runs,
-    stop_run,
-    stop_runs,
-    wait_for_end,
-)
+from gpustation.runs.launch import launch
 from gpustation.runs.presets import load_presets
+from gpustation.runs.reconcile import check_run, list_active_runs, record_lost_runs
+from gpustation.runs.stop import stop_run, stop_runs, wait_for_end
 from gpustation.runs.store import RunStore
 from tests.runs.conftest import assert_no_process, command_preset, wait_until
 
@@ -193,8 +188,12 @@ def test_reused_pid_is_not_taken_for_the_run(runs_env: dict, tmp_path: Path) -> 
     checked = check_run(handle.run_dir)
     assert checked is not None and checked.status == "lost"
     assert "supervisor" in (checked.reason or "")
+    # A reader only finds it lost; the launcher records it before its next run.
+    assert (rundir.read_state(handle.run_dir) or state).status == "running"
+    assert [s.id for s in record_lost_runs()] == [handle.id]
     record = RunStore().get(handle.id)
     assert record is not None and record.status == "lost"
+    assert (rundir.read_state(handle.run_dir) or state).status == "lost"
 
 
 def test_lost_when_supervisor_and_child_die_unrecorded(runs_env: dict, tmp_path: Path) -> None:
@@ -212,8 +211,14 @@ def test_lost_when_supervisor_and_child_die_unrecorded(runs_env: dict, tmp_path:
         TIMEOUT,
     )
     assert list_active_runs() == []
+    # Found lost, not yet recorded: the next launch records it.
+    assert (rundir.read_state(handle.run_dir) or state).active
+    runs_env["write_preset"]("ok", command_preset("ok", "train_ok", args="steps = 1"))
+    wait_for_end(launch(preset_named("ok")).run_dir, TIMEOUT)
     lost = rundir.read_state(handle.run_dir)
     assert lost is not None and lost.status == "lost"
+    record = RunStore().get(handle.id)
+    assert record is not None and record.status == "lost"
 
 
 @pytest.mark.parametrize("gpus", [[1], None])

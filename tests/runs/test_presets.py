@@ -9,7 +9,7 @@ import pytest
 
 import gpustation.runners
 from gpustation.errors import UsageError
-from gpustation.runs.launcher import build_argv, build_env, format_args, resolve_gpus
+from gpustation.runs.argv import build_argv, build_env, format_args, resolve_gpus
 from gpustation.runs.presets import (
     RunPreset,
     apply_overrides,

@@ -11,7 +11,8 @@ from gpustation.errors import UsageError
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import summarize_telemetry
 from gpustation.runs.rundir import RunState
-from gpustation.runs.store import RunRecord, RunStore, record_from_dir, sync_run
+from gpustation.runs.store import RunStore, record_from_dir, sync_run
+from gpustation.runs.summary import RunSummary
 
 
 def write_lines(path: Path, rows: list[dict]) -> None:
@@ -123,7 +124,7 @@ def test_store_round_trip_and_id_resolution(tmp_path: Path) -> None:
     rec_b.started_at = 2000.0
     store.upsert(rec_b)
     got = store.get(b.name)
-    assert isinstance(got, RunRecord)
+    assert isinstance(got, RunSummary)
     assert got.to_dict() == rec_b.to_dict()
     assert [r.id for r in store.list_runs()] == [b.name, a.name]
     assert [r.id for r in store.list_runs(status="failed")] == [b.name]

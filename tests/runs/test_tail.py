@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpustation.runs.tail import MetricsAccumulator, MetricsReader, Tailer
+from gpustation.runs.fold import MetricsFold
+from gpustation.runs.tail import MetricsReader, Tailer
 
 
 def append(path: Path, data: bytes) -> None:
@@ -86,7 +87,7 @@ def test_finish_takes_a_complete_last_line_without_newline(tmp_path: Path) -> No
 
 
 def test_accumulator_figures() -> None:
-    acc = MetricsAccumulator()
+    acc = MetricsFold()
     events = [
         {
             "t": 1.0,
@@ -110,4 +111,4 @@ def test_accumulator_figures() -> None:
     # 100 img/s for the first second, 300 for the next, 200 for the third.
     assert acc.work_done() == (600.0, "img")
     assert acc.summary == {"accuracy": 0.8}
-    assert acc.losses == [(10.0, 3.0), (20.0, 1.0), (30.0, 2.0)]
+    assert acc.losses.points() == ([10.0, 20.0, 30.0], [3.0, 1.0, 2.0])

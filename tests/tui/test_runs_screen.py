@@ -22,8 +22,9 @@ from textual.widgets import DataTable, Input, Label, OptionList
 from textual.widgets._footer import FooterKey
 
 from gpustation.runs import rundir
-from gpustation.runs.launcher import launch, stop_run
+from gpustation.runs.launch import launch
 from gpustation.runs.presets import load_presets
+from gpustation.runs.stop import stop_run
 from gpustation.tui.app import SCREENS_BY_MODE, DashboardApp
 from gpustation.tui.runs import (
     MAX_LOG_LINES,
@@ -37,9 +38,7 @@ from gpustation.tui.runs import (
     RunsTable,
     RunsUI,
     RunView,
-    Series,
     StopRunDialog,
-    ema,
     freeze_heap,
     runs_ui,
 )
@@ -347,8 +346,8 @@ async def test_reattaches_to_a_run_started_before_and_quit_can_leave_it(
         await wait_for(pilot, lambda: ui.selected == handle.id)
         # It follows the log from the start, and keeps following.
         await wait_for(pilot, lambda: "trainer ready" in log_text(app), timeout=30)
-        seen = view.figures.get("step") or 0
-        await wait_for(pilot, lambda: (view.figures.get("step") or 0) > seen + 2, timeout=30)
+        seen = view.summary.steps or 0
+        await wait_for(pilot, lambda: (view.summary.steps or 0) > seen + 2, timeout=30)
 
         # q asks; Cancel keeps the dashboard; Leave quits and the run goes on.
         await pilot.press("q")
@@ -434,7 +433,7 @@ async def test_a_flood_keeps_a_bounded_log_and_scrolling_back_pauses(
 async def test_launching_is_said_in_the_run_pane_not_in_toasts(
     presets: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpustation.runs import launcher
+    from gpustation.runs import launch as launcher
 
     # The launch waits until the test has seen the pane say so.
     seen = threading.Event()
@@ -631,21 +630,43 @@ async def test_runs_table_takes_rows_without_relayout(monkeypatch: pytest.Monkey
         assert table.is_vertical_scroll_end
 
 
-# ---- pieces ---------------------------------------------------------------------------
+async def test_the_screen_reads_finished_and_lost_runs_without_writing(
+    presets: dict[str, Any],
+) -> None:
+    from gpustation.runs.stop import wait_for_end
+    from gpustation.runs.store import RunStore
+    from tests.runs.test_readers import snapshot
 
+    all_presets, _ = load_presets()
+    done = launch(all_presets["a-train"], ["steps=3", "sleep=0.01"])
+    lost = launch(all_presets["a-train"], ["steps=3", "sleep=0.01"])
+    for handle in (done, lost):
+        final = wait_for_end(handle.run_dir, 40)
+        assert final is not None and final.status == "succeeded"
+        wait_gone(run_pids(handle.run_dir))
+    # As if the machine had restarted mid-run: files and row say running, no process is left.
+    running = rundir.read_state(lost.run_dir)
+    assert running is not None and lost.state is not None
+    running.status, running.ended_at, running.exit_code = "running", None, None
+    running.supervisor_pid = lost.state.supervisor_pid
+    running.supervisor_create_time = lost.state.supervisor_create_time
+    rundir.write_state(lost.run_dir, running)
+    row = RunStore().get(lost.id)
+    assert row is not None
+    row.status = "running"
+    RunStore().upsert(row)
+    before = snapshot([done.run_dir, lost.run_dir])
 
-def test_series_stays_bounded_and_ends_at_the_last_point() -> None:
-    series = Series(max_points=100)
-    for i in range(10_000):
-        series.add(float(i), 1.0 / (i + 1))
-    xs, ys = series.points()
-    assert len(xs) <= 101
-    assert xs[0] == 0.0 and xs[-1] == 9999.0 and ys[-1] == pytest.approx(1e-4)
-    assert xs == sorted(xs)
-
-
-def test_ema_is_debiased_and_smooths() -> None:
-    assert ema([2.0]) == [pytest.approx(2.0)]
-    smooth = ema([1.0, 0.0, 1.0, 0.0, 1.0, 0.0], weight=0.8)
-    assert all(0.0 < v <= 1.0 for v in smooth)
-    assert max(smooth[2:]) - min(smooth[2:]) < 0.5
+    app, _ = make_app(count=1)
+    async with app.run_test(size=(160, 48)) as pilot:
+        ui = await open_runs(pilot)
+        await wait_for(pilot, lambda: {done.id, lost.id} <= set(ui.history_ids))
+        await wait_for(pilot, lambda: ui.views[lost.id].status == "lost")
+        table = app.screen.query_one("#runs-table", DataTable)
+        table.focus()
+        for run_id in (done.id, lost.id):
+            table.move_cursor(row=table.get_row_index(run_id))
+            await wait_for(pilot, lambda run_id=run_id: ui.selected == run_id)
+            await wait_for(pilot, lambda: "trainer done" in log_text(app))
+        assert str(table.get_cell(lost.id, table.ordered_columns[1].key)) == "lost"
+    assert snapshot([done.run_dir, lost.run_dir]) == before

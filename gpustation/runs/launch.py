@@ -1,0 +1,216 @@
+"""Starting a run: a run directory and a detached supervisor.
+
+:func:`launch` turns a preset into a run directory (``runs/<id>/`` in the data
+dir), writes ``run.json``, the first ``state.json`` and the run's history row,
+and starts ``python -m gpustation.runs.supervisor <run dir>`` fully detached.
+The supervisor starts the child in its own process group, records its GPUs'
+telemetry and writes how it ended, so a run outlives whoever launched it and
+its exit status is never lost.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpustation import paths
+from gpustation.errors import GpustationError, NoDriverError
+from gpustation.runs import rundir
+from gpustation.runs.argv import build_argv, build_env, resolve_gpus
+from gpustation.runs.presets import RunPreset, apply_overrides
+from gpustation.runs.reconcile import record_lost_runs
+from gpustation.runs.rundir import RunState
+from gpustation.runs.stop import DEFAULT_GRACE_S
+from gpustation.runs.summary import RunSummary
+
+
+def new_run_id(name: str, now: float | None = None) -> str:
+    """A sortable id: ``20261129-153012-resnet50-bf16-3f2a`` (UTC time)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now if now is not None else time.time()))
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")[:40] or "run"
+    return f"{stamp}-{slug}-{secrets.token_hex(2)}"
+
+
+@dataclass
+class RunHandle:
+    """A launched run. Plain data: everything else is read from ``run_dir``."""
+
+    id: str
+    run_dir: Path
+    preset: str
+    title: str
+    gpus: list[int]
+    argv: list[str]
+    created_at: float
+    warnings: list[str] = field(default_factory=list)
+    state: RunState | None = None
+
+    def summary(self) -> RunSummary:
+        """The run as it starts, in the one shape of a run."""
+        summary = RunSummary(
+            id=self.id,
+            preset=self.preset,
+            title=self.title,
+            gpus=list(self.gpus),
+            argv=list(self.argv),
+            run_dir=str(self.run_dir),
+            started_at=self.created_at,
+        )
+        return summary if self.state is None else summary.apply_state(self.state)
+
+    @property
+    def output_log(self) -> Path:
+        return self.run_dir / rundir.OUTPUT_LOG
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.run_dir / rundir.METRICS_FILE
+
+
+def _open_device_count(
+    simulate: int | None, sim_card: str | None
+) -> tuple[int | None, dict[str, Any]]:
+    from gpustation.telemetry.backend import open_backend
+
+    try:
+        backend = open_backend(simulate=simulate, sim_card=sim_card)
+    except NoDriverError as err:
+        return None, {"kind": "none", "simulated": False, "note": str(err)}
+    try:
+        count = backend.device_count()
+    finally:
+        backend.close()
+    if backend.simulated:
+        if simulate is None:
+            raw = os.environ.get("GPUSTATION_SIMULATE", "")
+            simulate = int(raw) if raw.lstrip("-").isdigit() else -1
+        return count, {
+            "kind": "sim",
+            "simulated": True,
+            "simulate": count if simulate in (None, -1) else simulate,
+            "sim_card": sim_card or os.environ.get("GPUSTATION_SIM_CARD") or None,
+        }
+    return count, {"kind": "nvml", "simulated": False}
+
+
+def launch(
+    preset: RunPreset,
+    overrides: Sequence[str] = (),
+    gpus: Sequence[int] | None = None,
+    *,
+    simulate: int | None = None,
+    sim_card: str | None = None,
+    device_count: int | None = -1,
+    backend_info: dict[str, Any] | None = None,
+    stop_grace_s: float = DEFAULT_GRACE_S,
+    cwd: str | os.PathLike[str] | None = None,
+    wait_started_s: float = 10.0,
+) -> RunHandle:
+    """Start a run of ``preset`` and return once its supervisor has started it.
+
+    ``overrides`` are ``key=value`` strings for the preset's ``[args]``;
+    ``gpus`` the GPUs chosen on the command line (None: the preset's choice).
+    The GPU count comes from the backend (``simulate`` as for every command)
+    unless ``device_count``/``backend_info`` are given.
+    """
+    preset, parsed, warnings = apply_overrides(preset, list(overrides))
+    # The launcher is a writer: runs found lost since the last launch are
+    # recorded now (readers only show them lost; see reconcile.py).
+    record_lost_runs()
+    if backend_info is None or device_count == -1:
+        device_count, backend_info = _open_device_count(simulate, sim_card)
+    chosen = resolve_gpus(preset, gpus, device_count)
+    if device_count is None and (gpus or preset.gpus):
+        warnings.append("no NVIDIA driver: the run starts without GPUs")
+    created = time.time()
+    runs_root = paths.runs_dir()
+    runs_root.mkdir(parents=True, exist_ok=True)
+    while True:
+        run_id = new_run_id(preset.name, created)
+        directory = runs_root / run_id
+        try:
+            directory.mkdir()
+            break
+        except FileExistsError:
+            continue
+    argv = build_argv(preset, chosen)
+    env = build_env(
+        preset, chosen, run_id, directory, has_driver=backend_info.get("kind") != "none"
+    )
+    run = {
+        "id": run_id,
+        "created_at": created,
+        "preset": preset.to_dict(),
+        "overrides": parsed,
+        "argv": argv,
+        "gpus": chosen,
+        "env": env,
+        "cwd": str(Path(cwd) if cwd is not None else Path.cwd()),
+        "backend": backend_info,
+        "stop_grace_s": stop_grace_s,
+        "python": sys.executable,
+        "warnings": warnings,
+    }
+    rundir.write_json(directory / rundir.RUN_JSON, run)
+    rundir.write_state(directory, RunState(id=run_id, status="starting"))
+    from gpustation.runs.store import sync_run
+
+    sync_run(directory)
+
+    sup_env = dict(os.environ)
+    if backend_info.get("simulated"):
+        sup_env["GPUSTATION_SIMULATE"] = str(backend_info.get("simulate", -1))
+        if backend_info.get("sim_card"):
+            sup_env["GPUSTATION_SIM_CARD"] = str(backend_info["sim_card"])
+    else:
+        sup_env.pop("GPUSTATION_SIMULATE", None)
+    with open(directory / rundir.SUPERVISOR_LOG, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpustation.runs.supervisor", str(directory)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            env=sup_env,
+            cwd=str(directory),
+        )
+    # Reap the supervisor when it ends, so a long-lived UI keeps no zombies.
+    threading.Thread(target=proc.wait, name=f"reap-{run_id}", daemon=True).start()
+
+    handle = RunHandle(
+        id=run_id,
+        run_dir=directory,
+        preset=preset.name,
+        title=preset.display_title,
+        gpus=chosen,
+        argv=argv,
+        created_at=created,
+        warnings=warnings,
+    )
+    deadline = time.monotonic() + wait_started_s
+    while time.monotonic() < deadline:
+        state = rundir.read_state(directory)
+        if state is not None and (state.child_pid or not state.active):
+            handle.state = state
+            break
+        if proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    if handle.state is None:
+        handle.state = rundir.read_state(directory)
+        if proc.poll() is not None and (handle.state is None or handle.state.active):
+            raise GpustationError(
+                f"the run supervisor ended at once (exit {proc.returncode}); "
+                f"see {directory / rundir.SUPERVISOR_LOG}"
+            )
+    return handle

@@ -1,0 +1,36 @@
+"""Runs in the dashboard: launch a preset, follow its log and loss curve, stop it.
+
+A module per job: :mod:`.model` (a run as the screen shows it, no textual),
+:mod:`.poller` (reading run directories off the UI thread),
+:mod:`.controller` (the dashboard's runs: views, launching, stopping,
+quitting), :mod:`.widgets`, :mod:`.dialogs`, :mod:`.compare` and
+:mod:`.screen`. The app loads ``gpustation.tui.runs:RunsScreen``; the names
+below are re-exported so that path (and the tests' imports) stay put.
+"""
+
+from __future__ import annotations
+
+from gpustation.tui.runs.compare import CompareScreen
+from gpustation.tui.runs.controller import RunsUI, runs_ui
+from gpustation.tui.runs.dialogs import LaunchDialog, LaunchRequest, QuitRunsDialog, StopRunDialog
+from gpustation.tui.runs.model import MAX_LOG_LINES, RunView
+from gpustation.tui.runs.screen import RunsScreen, freeze_heap
+from gpustation.tui.runs.widgets import LossPlot, QuietFooter, RunLog, RunsTable
+
+__all__ = [
+    "MAX_LOG_LINES",
+    "CompareScreen",
+    "LaunchDialog",
+    "LaunchRequest",
+    "LossPlot",
+    "QuietFooter",
+    "QuitRunsDialog",
+    "RunLog",
+    "RunView",
+    "RunsScreen",
+    "RunsTable",
+    "RunsUI",
+    "StopRunDialog",
+    "freeze_heap",
+    "runs_ui",
+]

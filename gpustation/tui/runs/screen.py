@@ -1,0 +1,542 @@
+"""The runs screen: presets, runs, and the selected run's progress, GPUs, loss curve and log.
+
+Memory stays bounded whatever a run prints: a run keeps its last
+``MAX_LOG_LINES`` log lines, its loss series are thinned to at most
+``MAX_POINTS`` points, and only the active runs and the selected one are held
+at all. Nothing a flood or a launch does lays the screen out again: the run
+header has a fixed height, launching is said in the run pane rather than in
+toasts, and the heap is frozen once the screen is up so that a full garbage
+collection walks only what was made since.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.timer import Timer
+from textual.widgets import DataTable, OptionList
+from textual.widgets.option_list import Option
+
+from gpustation.runs.presets import RunPreset
+from gpustation.tui.runs.compare import CompareScreen
+from gpustation.tui.runs.controller import (
+    AllStopped,
+    Launched,
+    LaunchFailed,
+    PresetsLoaded,
+    RunsUI,
+    StopFailed,
+    Stopped,
+    runs_ui,
+)
+from gpustation.tui.runs.dialogs import LaunchDialog, LaunchRequest, StopRunDialog
+from gpustation.tui.runs.model import (
+    FLOOD_FLUSH_S,
+    FLOOD_LINES,
+    INFO_LINES,
+    MAX_LOG_LINES,
+    STATUS_STYLE,
+    RunDelta,
+    RunView,
+    fmt_duration,
+    fmt_value,
+)
+from gpustation.tui.runs.poller import RunsPolled
+from gpustation.tui.runs.widgets import (
+    LossPlot,
+    QuietFooter,
+    RunLog,
+    RunsTable,
+    run_gpus,
+    run_header,
+)
+from gpustation.tui.screens import LiveScreen
+from gpustation.tui.source import Frame
+from gpustation.tui.widgets import LiveText
+
+if TYPE_CHECKING:
+    from gpustation.tui.runs.screen import RunsScreen
+
+
+def freeze_heap() -> bool:
+    """Collect, then move every object alive now out of the collector's sight (once).
+
+    A full collection walks every tracked object, and with the dashboard and
+    this screen built there are enough of them to stall a key pressed during a
+    log flood (``bench/log_flood.py``; figures in ``bench/RESULTS.md``). The
+    screens, widgets, modules and stylesheets alive at this point live as long
+    as the app, so freezing them costs nothing and leaves later full
+    collections only the objects made since (dialogs, rows, render caches).
+    Returns False when the heap was already frozen.
+    """
+    if gc.get_freeze_count():
+        return False
+    gc.collect()
+    gc.freeze()
+    return True
+
+
+# ---- the screen -----------------------------------------------------------------------------
+
+
+class RunsScreen(LiveScreen):
+    """Presets, runs and the selected run's progress, GPUs, loss curve and log."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("l", "launch", "Launch", id="runs.launch"),
+        Binding("x", "stop", "Stop run", id="runs.stop"),
+        Binding("space", "mark", "Mark", id="runs.mark"),
+        Binding("v", "compare", "Compare", id="runs.compare"),
+        Binding("end", "follow", "Follow log", priority=True, id="runs.follow"),
+        Binding("j", "cursor(1)", "Down", show=False, id="runs.down"),
+        Binding("k", "cursor(-1)", "Up", show=False, id="runs.up"),
+        Binding("escape", "app.show_dashboard", "Back", id="runs.back"),
+    ]
+    DEFAULT_CSS = """
+    #runs-body { height: 1fr; }
+    #runs-left { width: 62; min-width: 40; }
+    #runs-presets { height: 12; border: round $panel; }
+    #runs-presets:focus { border: round $accent; }
+    #runs-preset-info { height: 3; padding: 0 1; color: $text-muted; }
+    #runs-problems { height: auto; max-height: 6; padding: 0 1; }
+    #runs-table { height: 1fr; border: round $panel; }
+    #runs-table:focus { border: round $accent; }
+    #runs-right { width: 1fr; }
+    #run-header { height: 4; padding: 0 1; }
+    #run-gpus { height: auto; padding: 0 1; }
+    #run-plot { height: 14; }
+    #run-log { height: 1fr; border: round $panel; }
+    #run-log:focus { border: round $accent; }
+    #run-log-hint { height: 1; padding: 0 1; }
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._columns_ready = False
+        self._row_ids: list[str] = []
+        self._row_cells: dict[str, tuple[str, ...]] = {}
+        self._log_run: str | None = None
+        #: lines that arrived for the shown run while the user had scrolled up
+        self._unseen = 0
+        #: lines for the log pane not written yet (a flood is written in bigger steps)
+        self._pending: deque[str] = deque(maxlen=MAX_LOG_LINES)
+        self._flush_timer: Timer | None = None
+        self._flushed_at = 0.0
+        self._dirty = True
+        self._log_dirty = True
+
+    @property
+    def ui(self) -> RunsUI:
+        return runs_ui(self.dash)
+
+    def compose(self) -> ComposeResult:
+        yield LiveText(id="banner")
+        with Horizontal(id="runs-body"):
+            with Vertical(id="runs-left"):
+                yield OptionList(id="runs-presets")
+                yield LiveText(id="runs-preset-info")
+                yield LiveText(id="runs-problems", wrap=True)
+                yield RunsTable(id="runs-table", cursor_type="row", zebra_stripes=False)
+            with Vertical(id="runs-right"):
+                yield LiveText(id="run-header")
+                yield LiveText(id="run-gpus")
+                yield LossPlot(id="run-plot")
+                # One more than a run keeps: room for the "earlier lines" note.
+                yield RunLog(self._log_scrolled, max_lines=MAX_LOG_LINES + 1, id="run-log")
+                yield LiveText(id="run-log-hint")
+        yield LiveText(id="status")
+        yield QuietFooter()
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.query_one("#runs-presets", OptionList).border_title = "Presets (l launches)"
+        table = self.query_one("#runs-table", DataTable)
+        table.border_title = "Runs (x stops · space marks · v compares)"
+        table.add_columns("", "status", "preset", "started", "time", "GPUs", "step", "loss")
+        self.query_one("#run-log", RunLog).border_title = "Log"
+        self.ui.start(self)
+        self.show_presets()
+        self.runs_changed(True, True)
+        self.query_one("#runs-presets", OptionList).focus()
+        # Once the screen has painted: its widgets are as long-lived as the app.
+        self.call_after_refresh(freeze_heap)
+
+    def on_unmount(self) -> None:
+        self.ui.close()
+
+    def on_screen_resume(self) -> None:
+        super().on_screen_resume()
+        if self._dirty:
+            self.runs_changed(True, True)
+        if self._log_dirty:
+            # Lines came while another screen or a dialog was on top.
+            self._reload_log()
+
+    def show_frame(self, frame: Frame) -> None:
+        if self.is_mounted:
+            self._show_selected()
+
+    # -- what the poller and the workers post --------------------------------------------
+    def on_runs_polled(self, message: RunsPolled) -> None:
+        try:
+            table, selected = self.ui.apply(message.result)
+            self.runs_changed(table, selected)
+        finally:
+            self.ui.rearm()  # the next pass only once this one is on screen
+
+    def on_presets_loaded(self, message: PresetsLoaded) -> None:
+        self.ui.presets_loaded(message)
+        self.show_presets()
+
+    def on_launched(self, message: Launched) -> None:
+        view = self.ui.launched(message)
+        self.runs_changed(True, False, select=view.id)
+
+    def on_launch_failed(self, message: LaunchFailed) -> None:
+        self.ui.launch_failed(message)
+        self.runs_changed(False, True)
+
+    def on_stopped(self, message: Stopped) -> None:
+        self.ui.stopped(message)
+        self.runs_changed(True, message.run_id == self.ui.selected)
+
+    def on_stop_failed(self, message: StopFailed) -> None:
+        self.ui.stop_failed(message)
+        self.runs_changed(True, message.run_id == self.ui.selected)
+
+    def on_all_stopped(self, message: AllStopped) -> None:
+        self.app.exit()
+
+    # -- presets ------------------------------------------------------------------------
+    def show_presets(self) -> None:
+        if not self.is_mounted:
+            return
+        ui = self.ui
+        options = self.query_one("#runs-presets", OptionList)
+        problems = self.query_one("#runs-problems", LiveText)
+        if ui.presets is None:
+            problems.show(Text("reading the presets…", style="dim"), layout=True)
+            return
+        highlighted = options.highlighted
+        options.clear_options()
+        width = max(20, options.content_region.width or 56)
+        entries = []
+        for p in ui.presets.values():
+            # One line per preset: a wrapped title would make the list hard to scan.
+            label = Text.assemble((f"{p.name:<24}", "bold"), " ", (p.title or "", "dim"))
+            label.truncate(width, overflow="ellipsis")
+            entries.append(Option(label, id=p.name))
+        options.add_options(entries)
+        if ui.presets:
+            options.highlighted = min(highlighted or 0, len(ui.presets) - 1)
+        t = Text()
+        for problem in ui.problems:
+            t.append("✗ ", style="bold red")
+            t.append(f"{Path(problem.path).name}")
+            if problem.line is not None:
+                t.append(f":{problem.line}")
+            t.append(f" {('[' + problem.key + '] ') if problem.key else ''}{problem.message}\n")
+        t.rstrip()
+        problems.show(t, layout=True)
+        self._show_preset_info()
+
+    def _highlighted_preset(self) -> RunPreset | None:
+        presets = self.ui.presets
+        options = self.query_one("#runs-presets", OptionList)
+        if not presets or options.highlighted is None:
+            return None
+        option = options.get_option_at_index(options.highlighted)
+        return presets.get(option.id or "")
+
+    def _show_preset_info(self) -> None:
+        preset = self._highlighted_preset()
+        info = self.query_one("#runs-preset-info", LiveText)
+        width = max(20, info.content_region.width or 58)
+        lines: list[Text] = []
+        if preset is not None:
+            about = Text(preset.description or preset.display_title)
+            lines = list(about.wrap(self.app.console, width, overflow="ellipsis"))[:2]
+            where = preset.runner or " ".join(preset.command or [])
+            lines.append(Text(f"{preset.launcher}: {where}", style="dim"))
+        # Always INFO_LINES lines: moving through the list never relayouts the screen.
+        lines += [Text("")] * (INFO_LINES - len(lines))
+        for line in lines:
+            line.truncate(width, overflow="ellipsis")
+        info.show(Text("\n").join(lines[:INFO_LINES]))
+
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        self._show_preset_info()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.action_launch()
+
+    # -- the runs table -------------------------------------------------------------------
+    def _cells(self, v: RunView, now: float) -> tuple[str, ...]:
+        started = (
+            time.strftime("%m-%d %H:%M", time.localtime(v.started_at)) if v.started_at else "-"
+        )
+        s = v.summary
+        step = s.steps
+        total = s.total_steps
+        step_text = "-" if step is None else (f"{step}/{total}" if total else str(step))
+        return (
+            "✓" if v.marked else "",
+            v.status_text(),
+            v.preset or v.title or "?",
+            started,
+            fmt_duration(v.elapsed_s(now)) if not v.active else "",
+            ",".join(map(str, v.gpus)) or "-",
+            step_text,
+            fmt_value(s.final_loss),
+        )
+
+    def runs_changed(self, table: bool, selected: bool, select: str | None = None) -> None:
+        """The UI has new data: redraw what is visible (or remember to, when hidden)."""
+        if not self.is_mounted:
+            return
+        if self.app.screen is not self:
+            self._dirty = True
+            return
+        self._dirty = False
+        if table or select:
+            self._update_table(select)
+        if selected or select:
+            self._show_selected()
+            self._show_hint()
+
+    def _update_table(self, select: str | None = None) -> None:
+        table = self.query_one("#runs-table", DataTable)
+        now = time.time()
+        views = self.ui.ordered()
+        ids = [v.id for v in views]
+        if ids != self._row_ids:
+            current = select or self.ui.selected
+            table.clear()
+            self._row_cells.clear()
+            for v in views:
+                cells = self._cells(v, now)
+                self._row_cells[v.id] = cells
+                table.add_row(*self._styled(cells, v), key=v.id)
+            self._row_ids = ids
+            if current in ids:
+                table.move_cursor(row=ids.index(current), animate=False)
+            elif ids:
+                table.move_cursor(row=0, animate=False)
+        else:
+            if select in ids:
+                table.move_cursor(row=ids.index(select), animate=False)
+            columns = list(table.columns)
+            for v in views:
+                cells = self._cells(v, now)
+                old = self._row_cells.get(v.id)
+                if cells == old:
+                    continue
+                self._row_cells[v.id] = cells
+                styled = self._styled(cells, v)
+                for n, value in enumerate(styled):
+                    if old is None or cells[n] != old[n]:
+                        table.update_cell(v.id, columns[n], value, update_width=True)
+        self._sync_selection()
+
+    @staticmethod
+    def _styled(cells: tuple[str, ...], v: RunView) -> list[Text | str]:
+        out: list[Text | str] = list(cells)
+        out[1] = Text(cells[1], style=STATUS_STYLE.get(v.status, ""))
+        return out
+
+    def _sync_selection(self) -> None:
+        table = self.query_one("#runs-table", DataTable)
+        run_id: str | None = None
+        if table.row_count:
+            row = min(max(table.cursor_row, 0), table.row_count - 1)
+            run_id = self._row_ids[row] if row < len(self._row_ids) else None
+        if run_id != self.ui.selected:
+            self.ui.select(run_id)
+            self._reload_log()
+            self._show_selected()
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._sync_selection()
+
+    def current_view(self) -> RunView | None:
+        selected = self.ui.selected
+        return self.ui.views.get(selected) if selected else None
+
+    # -- the selected run -----------------------------------------------------------------
+    def _show_selected(self) -> None:
+        view = self.current_view()
+        now = time.time()
+        if self.ui.launching:
+            header = Text()
+            header.append(f"Launching {', '.join(self.ui.launching)}…", style="bold yellow")
+            header.append("\nstarting its supervisor and process", style="dim")
+            # The GPU lines and the plot stay as they are until the run appears.
+            self.query_one("#run-header", LiveText).show(header)
+            return
+        snap = self.dash.latest
+        header = run_header(view, now)
+        gpus = run_gpus(view, {g.index: g for g in snap.gpus} if snap is not None else {})
+        # No forced relayout: LiveText asks for one itself when its line count changes.
+        self.query_one("#run-header", LiveText).show(header)
+        self.query_one("#run-gpus", LiveText).show(gpus)
+        self.query_one("#run-plot", LossPlot).show(view)
+
+    # -- the log pane ------------------------------------------------------------------------
+    def _reload_log(self) -> None:
+        """Show the selected run's kept lines, at the end unless the user has scrolled back."""
+        log = self.query_one("#run-log", RunLog)
+        view = self.current_view()
+        if self._log_run != (view.id if view else None):
+            log.follow = True  # another run: start at its end
+        self._log_dirty = False
+        self._unseen = 0
+        self._pending.clear()
+        self._log_run = view.id if view else None
+        lines: list[str] = []
+        if view is not None:
+            if view.dropped:
+                lines.append(f"… {view.dropped:,} earlier lines in {view.run_dir / 'output.log'}")
+            lines.extend(view.lines)
+            log.border_title = f"Log · {view.id}"
+        log.replace(lines)
+        if log.follow:
+            log.show_end()
+        self._show_hint()
+
+    def log_append(self, view: RunView, delta: RunDelta) -> None:
+        """New lines for the shown run (called with each batch, so at most once a pass)."""
+        if not self.is_mounted or self.app.screen is not self:
+            self._log_dirty = True
+            return
+        if delta.reset or self._log_run != view.id:
+            self._reload_log()
+            return
+        if not delta.lines:
+            return
+        log = self.query_one("#run-log", RunLog)
+        if log.follow:
+            self._pending.extend(delta.lines)
+            self._flush_soon()
+        else:
+            # Scrolled back: keep the view still; the lines wait in the run's buffer.
+            self._unseen += len(delta.lines) + delta.dropped
+            self._show_hint()
+
+    def _flush_soon(self) -> None:
+        """Write the pending lines now, or a little later during a flood."""
+        if self._flush_timer is not None:
+            return
+        spacing = FLOOD_FLUSH_S if len(self._pending) >= FLOOD_LINES else 0.0
+        wait = self._flushed_at + spacing - time.monotonic()
+        if wait <= 0:
+            self._flush_log()
+        else:
+            self._flush_timer = self.set_timer(wait, self._flush_log)
+
+    def _flush_log(self) -> None:
+        self._flush_timer = None
+        self._flushed_at = time.monotonic()
+        if not self._pending or not self.is_mounted:
+            return
+        log = self.query_one("#run-log", RunLog)
+        lines = list(self._pending)
+        self._pending.clear()
+        if not log.follow:
+            self._unseen += len(lines)
+            self._show_hint()
+            return
+        log.write_lines(lines)
+        log.show_end()
+
+    def _log_scrolled(self) -> None:
+        log = self.query_one("#run-log", RunLog)
+        if log.follow and self._unseen:
+            self._reload_log()
+        else:
+            self._show_hint()
+
+    def _show_hint(self) -> None:
+        log = self.query_one("#run-log", RunLog)
+        hint = Text()
+        if not log.follow:
+            hint.append(" paused — End to follow ", style="bold black on yellow")
+            if self._unseen:
+                hint.append(f" {self._unseen:,} new lines", style="yellow")
+        elif self._log_run is not None:
+            view = self.ui.views.get(self._log_run)
+            if view is not None and view.active:
+                hint.append("following the log", style="dim")
+        self.query_one("#run-log-hint", LiveText).show(hint)
+
+    # -- actions ---------------------------------------------------------------------------
+    def action_launch(self) -> None:
+        preset = self._highlighted_preset()
+        if preset is None:
+            self.notify("No preset selected.", severity="warning")
+            return
+        snap = self.dash.latest
+        device_count: int | None = None
+        if snap is not None and snap.gpus:
+            device_count = max(g.index for g in snap.gpus) + 1
+
+        def chosen(request: LaunchRequest | None) -> None:
+            if request is not None:
+                self.ui.launch(request.preset, request.overrides, request.gpus)
+                self.runs_changed(False, True)
+
+        self.app.push_screen(LaunchDialog(preset, device_count), chosen)
+
+    def action_stop(self) -> None:
+        view = self.current_view()
+        if view is None or not view.active:
+            self.notify("Select a running run first.", severity="warning")
+            return
+        if view.stopping:
+            self.notify("That run is already stopping.")
+            return
+
+        def answered(stop: bool | None) -> None:
+            if stop:
+                self.ui.stop(view)
+
+        self.app.push_screen(StopRunDialog(view), answered)
+
+    def action_mark(self) -> None:
+        view = self.current_view()
+        if view is None:
+            return
+        view.marked = not view.marked
+        self._update_table()
+
+    def action_compare(self) -> None:
+        marked = [v for v in self.ui.ordered() if v.marked]
+        if len(marked) < 2:
+            self.notify("Mark two or more runs with space, then press v.", severity="warning")
+            return
+        # Oldest first: the changes read as "from the first run".
+        marked.sort(key=lambda v: (v.started_at or 0.0, v.id))
+        self.app.push_screen(CompareScreen([v.id for v in marked]))
+
+    def action_follow(self) -> None:
+        log = self.query_one("#run-log", RunLog)
+        log.follow = True
+        if self._unseen:
+            self._reload_log()
+        log.show_end()
+        self._show_hint()
+
+    def action_cursor(self, delta: int) -> None:
+        focused = self.focused
+        if isinstance(focused, OptionList):
+            focused.action_cursor_down() if delta > 0 else focused.action_cursor_up()
+        else:
+            table = self.query_one("#runs-table", DataTable)
+            table.move_cursor(row=max(0, table.cursor_row + delta), animate=False)

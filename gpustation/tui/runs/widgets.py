@@ -1,0 +1,443 @@
+"""The runs screen's widgets: the log pane, the runs table, the loss curve, the footer.
+
+Keys stay quick while a run floods its log (``bench/log_flood.py``): the log
+pane and the runs table change their scrollable size without a relayout of
+the screen, the loss curve is redrawn at most every ``PLOT_EVERY_S``, and the
+footer is rebuilt only when its keys change.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from rich.cells import cell_len
+from rich.segment import Segment
+from rich.text import Text
+from textual import events
+from textual.geometry import Size
+from textual.reactive import Reactive
+from textual.screen import Screen
+from textual.scroll_view import ScrollView
+from textual.scrollbar import ScrollTo, ScrollUp
+from textual.selection import Selection
+from textual.strip import Strip
+from textual.timer import Timer
+from textual.widgets import DataTable, Footer, Static
+
+from gpustation.runs.fold import ema
+from gpustation.telemetry import format as fmt
+from gpustation.telemetry.model import GpuSample
+from gpustation.tui.runs.model import (
+    MAX_LOG_LINES,
+    PLOT_EVERY_S,
+    STATUS_STYLE,
+    RunView,
+    fmt_duration,
+    fmt_value,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+def loss_plot(
+    losses: tuple[list[float], list[float]],
+    evals: tuple[list[float], list[float]],
+    width: int,
+    height: int,
+) -> Text:
+    """The loss curve: raw, smoothed, and eval loss when the run reports it."""
+    import plotext as plt
+
+    xs, ys = losses
+    plt.clear_figure()
+    plt.plotsize(max(20, width), max(5, height))
+    plt.theme("clear")
+    if xs:
+        plt.plot(xs, ys, marker="braille", color="gray", label="loss")
+        if len(ys) > 2:
+            plt.plot(xs, ema(ys), marker="braille", color="cyan", label="smoothed")
+    ex, ey = evals
+    if ex:
+        plt.plot(ex, ey, marker="braille", color="orange", label="eval loss")
+    plt.xlabel("step")
+    return Text.from_ansi(plt.build())
+
+
+def gpu_line(g: GpuSample) -> Text:
+    """One compact line of a GPU's telemetry for the run pane."""
+    t = Text()
+    t.append(f"GPU {g.index} ", style="bold")
+    if g.lost:
+        t.append("lost", style="bold red")
+        return t
+    temp = fmt.num(g.temperature_c, 0, " C")
+    hot = (
+        g.temperature_c is not None
+        and g.temperature_slowdown_c is not None
+        and g.temperature_c >= g.temperature_slowdown_c - 5
+    )
+    t.append(temp, style="bold red" if hot else "")
+    t.append(f" · {fmt.pair(g.power_w, g.power_limit_w, ' W')}")
+    t.append(f" · util {fmt.num(g.utilization_gpu_pct, 0, ' %')}")
+    t.append(f" · VRAM {fmt.mib(g.memory_used_mib)}/{fmt.mib(g.memory_total_mib)}")
+    reasons = [r for r in (g.throttle_reasons or []) if r != "gpu_idle"]
+    if reasons:
+        t.append(f" · throttled: {fmt.throttle(reasons)}", style="yellow")
+    return t
+
+
+# ---- widgets -------------------------------------------------------------------------------
+
+
+def run_header(view: RunView | None, now: float) -> Text:
+    """The run pane's header: the run, its status, progress, ETA and losses."""
+    header = Text()
+    if view is None:
+        header.append("No run selected. ", style="bold")
+        header.append("Launch a preset with l (or Enter on the list).", style="dim")
+        return header
+    header.append(view.title or view.preset, style="bold")
+    header.append(f"  {view.id}\n", style="dim")
+    header.append(view.status_text(), style=STATUS_STYLE.get(view.status, ""))
+    s = view.summary
+    step, total = s.steps, s.total_steps
+    if step is not None:
+        header.append(f" · step {step:,}" + (f"/{total:,}" if total else ""))
+        if total:
+            header.append(f" ({100 * min(1.0, step / total):.0f} %)")
+    if s.throughput is not None:
+        unit = s.throughput_unit or ""
+        header.append(f" · {fmt_value(s.throughput, 1)} {unit}".rstrip())
+    eta = view.eta_s(now)
+    if eta is not None:
+        header.append(f" · ETA {fmt_duration(eta)}", style="bold")
+    header.append(f" · {'elapsed' if view.active else 'took'} ")
+    header.append(fmt_duration(view.elapsed_s(now)))
+    header.append("\nloss ")
+    header.append(fmt_value(s.final_loss), style="bold")
+    header.append(f" (best {fmt_value(s.best_loss)})")
+    if s.final_eval_loss is not None:
+        header.append(f" · eval loss {fmt_value(s.final_eval_loss)}")
+    if view.reason and not view.active:
+        header.append(f"\n{view.reason}", style="dim")
+    return header
+
+
+def run_gpus(view: RunView | None, samples: dict[int, GpuSample]) -> Text:
+    """A line of telemetry per GPU of the run (``samples`` by GPU index)."""
+    gpus = Text()
+    if view is None:
+        return gpus
+    for n, index in enumerate(view.gpus):
+        if n:
+            gpus.append("\n")
+        sample = samples.get(index)
+        if sample is None:
+            gpus.append(f"GPU {index} ", style="bold")
+            gpus.append("not sampled by this dashboard", style="dim")
+        else:
+            gpus.append_text(gpu_line(sample))
+    if not view.gpus:
+        gpus.append("no GPU", style="dim")
+    return gpus
+
+
+#: control characters a terminal would act on (tab is expanded instead)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def _printable(line: str) -> str:
+    return _CONTROL.sub("\ufffd", line.expandtabs()) if not line.isprintable() else line
+
+
+def fit_scrollbars(widget: ScrollView, size: Size) -> None:
+    """Fit ``widget``'s scrollbars to content of ``size`` without laying the screen out.
+
+    Only a scrollbar appearing or going changes the layout (its own reactive);
+    otherwise the bars' lengths and the scroll position are all that change.
+    """
+    styles = widget.styles
+    width, height = widget.container_size
+
+    def wants(overflow: str, content: int, window: int) -> bool:
+        return overflow == "scroll" or (overflow == "auto" and content > window)
+
+    show_v = wants(styles.overflow_y, size.height, height)
+    bar_w = int(styles.scrollbar_size_vertical) if show_v else 0
+    show_h = wants(styles.overflow_x, size.width, width - bar_w)
+    if show_h and not show_v:
+        # The horizontal bar takes a row: the content may now need the vertical one.
+        show_v = wants(
+            styles.overflow_y, size.height, height - int(styles.scrollbar_size_horizontal)
+        )
+    if show_v != widget.show_vertical_scrollbar:
+        widget.show_vertical_scrollbar = show_v
+    if show_h != widget.show_horizontal_scrollbar:
+        widget.show_horizontal_scrollbar = show_h
+    if show_v and styles.scrollbar_size_vertical:
+        vertical = widget.vertical_scrollbar
+        vertical.window_virtual_size = size.height
+        vertical.window_size = height - widget.scrollbar_size_horizontal
+        vertical.refresh()
+    if show_h and styles.scrollbar_size_horizontal:
+        horizontal = widget.horizontal_scrollbar
+        horizontal.window_virtual_size = size.width
+        horizontal.window_size = width - widget.scrollbar_size_vertical
+        horizontal.refresh()
+    widget.scroll_x = widget.validate_scroll_x(widget.scroll_x)
+    widget.scroll_y = widget.validate_scroll_y(widget.scroll_y)
+
+
+class RunLog(ScrollView, can_focus=True):
+    """The log pane: a run's last lines, drawn a screen at a time.
+
+    Holds at most ``max_lines`` lines (the oldest drop out) and renders only
+    the rows on screen, each from its string when it is drawn: appending a
+    flood's worth of lines costs a deque extend and one repaint. New lines
+    never relayout the screen: the content size is set without Textual's
+    layout (only this widget's scrollbars depend on it), and no line's width
+    is measured until it is drawn.
+
+    Following the end is a flag set by what the user does (keys, wheel,
+    scrollbar), not read from the scroll position: while a flood comes in,
+    the position lags the content for a moment and would read as "scrolled
+    back". ``on_change`` is called when the flag flips.
+    """
+
+    ALLOW_SELECT = True
+    DEFAULT_CSS = """
+    RunLog {
+        background: $surface;
+        color: $text;
+        overflow-y: scroll;
+        overflow-x: auto;
+        &:focus { background-tint: $foreground 5%; }
+    }
+    """
+
+    def __init__(
+        self, on_change: Callable[[], None], max_lines: int = MAX_LOG_LINES, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.max_lines = max_lines
+        self._lines: deque[str] = deque(maxlen=max_lines)
+        #: the widest line seen, in characters (grows as wider lines are written or drawn)
+        self._width = 0
+        self.follow = True
+        self._on_change = on_change
+
+    @property
+    def lines(self) -> Sequence[str]:
+        """The lines held (the last ``max_lines`` written)."""
+        return self._lines
+
+    @property
+    def line_count(self) -> int:
+        return len(self._lines)
+
+    def write_lines(self, lines: Iterable[str]) -> None:
+        """Append ``lines`` (each without its newline) and repaint."""
+        if self._append(lines):
+            self._content_changed()
+
+    def write_line(self, line: str) -> None:
+        """Append one line."""
+        self.write_lines([line])
+
+    def replace(self, lines: Iterable[str]) -> None:
+        """Show ``lines`` instead of what is there (another run, or a refill)."""
+        self._lines.clear()
+        self._width = 0
+        self._append(lines)
+        self._content_changed()
+
+    def clear(self) -> None:
+        """Remove every line."""
+        self.replace(())
+
+    def _append(self, lines: Iterable[str]) -> bool:
+        added = list(lines)
+        if not added:
+            return False
+        self._lines.extend(added)
+        # len() is the width of plain text; tabs and wide characters are measured
+        # when drawn (render_line widens the content then).
+        self._width = max(self._width, max(map(len, added[-self.max_lines :])))
+        return True
+
+    def _content_changed(self) -> None:
+        size = Size(self._width, len(self._lines))
+        if size != self.virtual_size:
+            # Not through the reactive: it would lay the whole screen out again
+            # for what changes only this widget's scrollbars. Showing or hiding
+            # a scrollbar still relayouts (its own reactive), which a flood does
+            # at most once.
+            self.set_reactive(ScrollView.virtual_size, size)
+            fit_scrollbars(self, size)
+        self.refresh()
+
+    def show_end(self) -> None:
+        """Scroll to the last line."""
+        self.scroll_end(animate=False, immediate=True, x_axis=False)
+
+    def on_resize(self) -> None:
+        if self.follow:
+            self.show_end()
+
+    # -- drawing -----------------------------------------------------------------------------
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        index = scroll_y + y
+        width = self.size.width
+        style = self.rich_style
+        if index >= len(self._lines):
+            return Strip.blank(width, style)
+        text = _printable(self._lines[index])
+        cells = cell_len(text)
+        if cells > self._width:
+            self._width = cells
+            self.call_later(self._content_changed)
+        selection = self.text_selection
+        span = selection.get_span(index) if selection is not None else None
+        if span is None:
+            strip = Strip([Segment(text, style)], cells)
+        else:
+            start, end = span
+            line = Text(text, style=style, no_wrap=True, end="")
+            line.stylize(
+                self.screen.get_component_rich_style("screen--selection"),
+                start,
+                len(text) if end == -1 else end,
+            )
+            strip = Strip(line.render(self.app.console), cells)
+        return strip.crop_extend(scroll_x, scroll_x + width, style).apply_offsets(scroll_x, index)
+
+    def get_selection(self, selection: Selection) -> tuple[str, str] | None:
+        return selection.extract("\n".join(self._lines)), "\n"
+
+    def selection_updated(self, selection: Selection | None) -> None:
+        self.refresh()
+
+    # -- following -----------------------------------------------------------------------------
+    def _pause(self) -> None:
+        if self.follow and self.max_scroll_y > 0:
+            self.follow = False
+            self._on_change()
+
+    def action_scroll_up(self) -> None:
+        super().action_scroll_up()
+        self._pause()
+
+    def action_page_up(self) -> None:
+        super().action_page_up()
+        self._pause()
+
+    def action_scroll_home(self) -> None:
+        super().action_scroll_home()
+        self._pause()
+
+    def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        self._pause()
+
+    def on_scroll_up(self, message: ScrollUp) -> None:
+        self._pause()
+
+    def on_scroll_to(self, message: ScrollTo) -> None:
+        if message.y is not None and message.y < self.max_scroll_y:
+            self._pause()
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        # Back at the end by scrolling down: follow again.
+        if not self.follow and self.max_scroll_y > 0 and round(new_value) >= self.max_scroll_y:
+            self.follow = True
+            self._on_change()
+
+
+class RunsTable(DataTable[Any]):
+    """The runs table: a new row changes its scrollable height, never the screen's layout.
+
+    Only for a table whose size the stylesheet fixes (``height: 1fr``): then
+    the rows it holds move its scrollbar and nothing else, and a run starting
+    or ending need not lay the whole screen out again. Showing or hiding the
+    scrollbar still does (its own reactive).
+    """
+
+    virtual_size: Reactive[Size] = Reactive(Size(0, 0), layout=False)
+
+    def watch_virtual_size(self, size: Size) -> None:
+        fit_scrollbars(self, size)
+
+
+class QuietFooter(Footer):
+    """A footer rebuilt only when the keys it would show change.
+
+    Textual's footer rebuilds itself (a dozen widgets, so a relayout of the
+    screen) whenever its screen's bindings are refreshed: on each focus change
+    and each time a dialog closes, when the keys are usually the same.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._keys: object = None
+
+    def bindings_changed(self, screen: Screen[Any]) -> None:
+        keys = [
+            (binding, enabled, tooltip)
+            for (_, binding, enabled, tooltip) in screen.active_bindings.values()
+        ]
+        # _keys is only set just before Textual's own rebuild, so a match means
+        # the footer already shows these keys.
+        if keys == self._keys:
+            return
+        if screen.app.app_focus and self.is_attached and screen is self.screen:
+            self._keys = keys  # what the rebuild about to happen will show
+        super().bindings_changed(screen)
+
+
+class LossPlot(Static):
+    """The selected run's loss curve; rebuilt only when its data or size changed."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._key: object = None
+        self._drawn_at = 0.0
+        self._timer: Timer | None = None
+        self.draws = 0
+
+    def show(self, view: RunView | None) -> None:
+        width, height = self.content_region.width, self.content_region.height
+        key = (view.id if view else None, view.curve_version if view else 0, width, height)
+        if key == self._key or not width:
+            return
+        wait = self._drawn_at + PLOT_EVERY_S - time.monotonic()
+        same_run = isinstance(self._key, tuple) and self._key[0] == key[0]
+        if same_run and wait > 0:
+            # New points too soon after the last figure: draw them a bit later.
+            if self._timer is None:
+                self._timer = self.set_timer(wait, lambda: self._later(view))
+            return
+        self._key = key
+        self._drawn_at = time.monotonic()
+        if view is None:
+            self.update(Text("Select a run to see its loss curve.", style="dim"), layout=False)
+        elif not view.losses[0] and not view.evals[0]:
+            self.update(Text("No loss reported yet.", style="dim"), layout=False)
+        else:
+            # The stylesheet fixes the size: no relayout of the screen.
+            self.update(loss_plot(view.losses, view.evals, width, height), layout=False)
+            self.draws += 1
+
+    def _later(self, view: RunView | None) -> None:
+        self._timer = None
+        # The screen's current run, which may have changed since this was asked.
+        current = getattr(self.screen, "current_view", lambda: view)()
+        self.show(current)
+
+    def on_resize(self) -> None:
+        self._key = None
