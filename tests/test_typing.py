@@ -5,21 +5,11 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.tools import tool
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-# raises=AssertionError: only mypy's findings are expected to fail for now; a
-# missing mypy under CI=true still fails the suite.
-@pytest.mark.xfail(
-    strict=False,
-    raises=AssertionError,
-    reason="type errors remain in gpustation/telemetry and gpustation/tui; "
-    "remove this mark once mypy reports none",
-)
 def test_package_type_checks() -> None:
     # The files to check come from [tool.mypy] in pyproject.toml: all of gpustation.
     result = subprocess.run(

@@ -17,6 +17,7 @@ table of version differences.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import Any
 
@@ -83,7 +84,7 @@ def start_nvml(nvml: Any = None) -> Any:
     """
     if nvml is None:
         try:
-            import pynvml as nvml
+            nvml = importlib.import_module("pynvml")
         except ImportError as err:
             raise NoDriverError(
                 f"NVML could not start: the pynvml module is missing ({err}). "

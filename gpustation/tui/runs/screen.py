@@ -15,7 +15,7 @@ import gc
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -61,9 +61,6 @@ from gpustation.tui.runs.widgets import (
 from gpustation.tui.screens import LiveScreen
 from gpustation.tui.source import Frame
 from gpustation.tui.widgets import LiveText
-
-if TYPE_CHECKING:
-    from gpustation.tui.runs.screen import RunsScreen
 
 
 def freeze_heap() -> bool:
