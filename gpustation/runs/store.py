@@ -36,10 +36,6 @@ from gpustation.runs.gputrace import summarize_telemetry
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary
 
-#: the store's row is the one run summary (the name older code knows it by)
-RunRecord = RunSummary
-
-
 _JSON_FIELDS = {"overrides", "gpus", "argv", "summary", "error_tail"}
 _BOOL_FIELDS = {"simulated", "oom"}
 

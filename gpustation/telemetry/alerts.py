@@ -17,7 +17,6 @@ from gpustation.telemetry import health
 from gpustation.telemetry.format import pcie_link
 from gpustation.telemetry.model import GpuSample, Snapshot
 
-TEMP_MARGIN_C = health.CRITICAL_MARGIN_C
 #: a condition that clears and comes back within this time is not logged again
 REPEAT_QUIET_S = 60.0
 

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from gpustation.telemetry import format as fmt
-from gpustation.telemetry.model import LIMITING_REASONS, GpuSample, Snapshot, specs
+from gpustation.telemetry import health
+from gpustation.telemetry.model import GpuSample, Snapshot, specs
 from gpustation.textsafe import safe
 
 Cell = tuple[str, str]  # (text, style name)
@@ -61,28 +62,23 @@ def _table(header: list[str], rows: list[list[Cell]], right: set[int], color: bo
     return lines
 
 
+_TEMPERATURE_STYLES = {health.CRITICAL: "red", health.HOT: "yellow"}
+
+
 def temperature_style(gpu: GpuSample) -> str:
-    """Colour by the distance to the card's slowdown temperature."""
-    margin = gpu.slowdown_margin_c
-    if margin is None:
-        return ""
-    if margin <= 5:
-        return "red"
-    if margin <= 15:
-        return "yellow"
-    return "green"
+    """Colour by the health rules' temperature band."""
+    band = health.temperature_band(gpu)
+    return "" if band is None else _TEMPERATURE_STYLES.get(band, "green")
 
 
 def _link(g: GpuSample) -> Cell:
     pcie = g.pcie
     text = f"{fmt.pcie_link(pcie.gen, pcie.width)}/{fmt.pcie_link(pcie.max_gen, pcie.max_width)}"
-    slow_link = pcie.below_max and (g.utilization_gpu_pct or 0) > 0
-    return text, "yellow" if slow_link else ""
+    return text, "yellow" if health.slow_link_under_load(g) else ""
 
 
 def _throttle(g: GpuSample) -> Cell:
-    limiting = bool(LIMITING_REASONS.intersection(g.throttle_reasons or ()))
-    return fmt.throttle(g.throttle_reasons), "red" if limiting else "dim"
+    return fmt.throttle(g.throttle_reasons), "red" if health.is_limited(g) else "dim"
 
 
 class Column(NamedTuple):

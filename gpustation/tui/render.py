@@ -14,7 +14,9 @@ import functools
 from rich.text import Text
 
 from gpustation.telemetry import format as fmt
-from gpustation.telemetry.alerts import TEMP_MARGIN_C, topology_findings
+from gpustation.telemetry import health
+from gpustation.telemetry.alerts import topology_findings
+from gpustation.telemetry.health import short_name
 from gpustation.telemetry.history import METRICS, History, bucket
 from gpustation.telemetry.model import GpuSample, HostSample, Snapshot
 
@@ -22,27 +24,20 @@ BLOCKS = " ▁▂▃▄▅▆▇█"
 EIGHTHS = " ▏▎▍▌▋▊▉█"
 
 
-def short_name(name: str | None) -> str:
-    """``NVIDIA GeForce RTX 4090 (simulated)`` -> ``RTX 4090 (sim)``."""
-    if not name:
-        return "unknown GPU"
-    for word in ("NVIDIA ", "GeForce ", "Tesla "):
-        name = name.replace(word, "")
-    return name.replace("(simulated)", "(sim)")
+_TEMP_STYLES = {
+    health.CRITICAL: "bold white on red",
+    health.HOT: "bold yellow",
+    health.WARM: "green",
+    health.COOL: "cyan",
+}
 
 
 def temp_style(gpu: GpuSample) -> str:
-    """Colour by the distance to the card's slowdown temperature."""
-    margin = gpu.slowdown_margin_c
-    if margin is None:
+    """Colour by the health rules' temperature band."""
+    band = health.temperature_band(gpu)
+    if band is None:
         return "bold" if gpu.temperature_c is not None else "dim"
-    if margin <= TEMP_MARGIN_C:
-        return "bold white on red"
-    if margin <= 15:
-        return "bold yellow"
-    if margin <= 30:
-        return "green"
-    return "cyan"
+    return _TEMP_STYLES[band]
 
 
 def pct_style(pct: float | None) -> str:
@@ -108,7 +103,7 @@ def pcie_text(gpu: GpuSample, arrows: bool = True) -> Text:
     out = Text(fmt.pcie_link(p.gen, p.width))
     if p.max_gen is not None or p.max_width is not None:
         out.append(f" of {fmt.pcie_link(p.max_gen, p.max_width)}", style="dim")
-    if p.below_max and (gpu.utilization_gpu_pct or 0) > 20:
+    if health.slow_link_under_load(gpu):
         out.stylize("bold yellow")
     if arrows:
         out.append(f"  rx {fmt.kib_rate(p.rx_kib_s)} tx {fmt.kib_rate(p.tx_kib_s)}")

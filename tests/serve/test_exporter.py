@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpustation import cli
 from gpustation.control.journal import active_profile
 from gpustation.errors import EXIT_USAGE, UsageError
-from gpustation.runs.store import RunRecord, RunStore, runs_by_status
+from gpustation.runs.store import RunStore, runs_by_status
+from gpustation.runs.summary import RunSummary
 from gpustation.serve.exporter import (
     GPU_LABELS,
     Exporter,
@@ -203,7 +204,7 @@ def test_runs_by_status_from_the_run_store() -> None:
     assert runs_by_status() == {}
     store = RunStore()
     for i, status in enumerate(["finished", "finished", "failed", "running"]):
-        store.upsert(RunRecord(id=f"run-{i}", status=status, started_at=float(i)))
+        store.upsert(RunSummary(id=f"run-{i}", status=status, started_at=float(i)))
     assert runs_by_status() == {"finished": 2, "failed": 1, "running": 1}
     _, sampler = _frozen()
     exporter = Exporter(sampler.sample)

@@ -30,6 +30,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from gpustation.runs.fold import ema
 from gpustation.telemetry import format as fmt
+from gpustation.telemetry import health
 from gpustation.telemetry.model import GpuSample
 from gpustation.tui.runs.model import (
     MAX_LOG_LINES,
@@ -76,16 +77,11 @@ def gpu_line(g: GpuSample) -> Text:
         t.append("lost", style="bold red")
         return t
     temp = fmt.num(g.temperature_c, 0, " C")
-    hot = (
-        g.temperature_c is not None
-        and g.temperature_slowdown_c is not None
-        and g.temperature_c >= g.temperature_slowdown_c - 5
-    )
-    t.append(temp, style="bold red" if hot else "")
+    t.append(temp, style="bold red" if health.near_slowdown(g) else "")
     t.append(f" · {fmt.pair(g.power_w, g.power_limit_w, ' W')}")
     t.append(f" · util {fmt.num(g.utilization_gpu_pct, 0, ' %')}")
     t.append(f" · VRAM {fmt.mib(g.memory_used_mib)}/{fmt.mib(g.memory_total_mib)}")
-    reasons = [r for r in (g.throttle_reasons or []) if r != "gpu_idle"]
+    reasons = health.limiting_reasons(g)
     if reasons:
         t.append(f" · throttled: {fmt.throttle(reasons)}", style="yellow")
     return t
