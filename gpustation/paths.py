@@ -1,33 +1,61 @@
 """Where gpustation keeps its files.
 
-platformdirs decides (so ``XDG_CONFIG_HOME`` and friends apply on Linux); each
-directory can also be set directly with ``GPUSTATION_CONFIG_DIR``,
-``GPUSTATION_DATA_DIR`` and ``GPUSTATION_STATE_DIR``.
+On Linux the XDG base directory rules (``XDG_CONFIG_HOME``, ``XDG_DATA_HOME``,
+``XDG_STATE_HOME``, else ``~/.config``, ``~/.local/share``,
+``~/.local/state``) are applied here directly, as platformdirs applies them;
+elsewhere platformdirs decides. Importing platformdirs on Linux pulls in
+tempfile and random, a measurable share of a one-shot ``gpustation
+snapshot`` (bench/RESULTS.md). Each directory can also be set directly with
+``GPUSTATION_CONFIG_DIR``, ``GPUSTATION_DATA_DIR`` and
+``GPUSTATION_STATE_DIR``.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
-import platformdirs
-
 APP = "gpustation"
+
+_XDG = {
+    "config": ("XDG_CONFIG_HOME", "~/.config"),
+    "data": ("XDG_DATA_HOME", "~/.local/share"),
+    "state": ("XDG_STATE_HOME", "~/.local/state"),
+}
+
+
+def _user_dir(kind: str) -> Path:
+    if sys.platform.startswith("linux"):
+        var, default = _XDG[kind]
+        base = os.environ.get(var, "").strip()
+        # a relative XDG path is invalid by the specification, and ignored
+        if not os.path.isabs(base):
+            base = os.path.expanduser(default)
+        return Path(base) / APP
+    import platformdirs
+
+    getter = {
+        "config": platformdirs.user_config_dir,
+        "data": platformdirs.user_data_dir,
+        "state": platformdirs.user_state_dir,
+    }[kind]
+    return Path(getter(APP, appauthor=False))
 
 
 def config_dir() -> Path:
     override = os.environ.get("GPUSTATION_CONFIG_DIR")
-    return Path(override or platformdirs.user_config_dir(APP, appauthor=False))
+    return Path(override) if override else _user_dir("config")
 
 
 def data_dir() -> Path:
     override = os.environ.get("GPUSTATION_DATA_DIR")
-    return Path(override or platformdirs.user_data_dir(APP, appauthor=False))
+    return Path(override) if override else _user_dir("data")
 
 
 def state_dir() -> Path:
     override = os.environ.get("GPUSTATION_STATE_DIR")
-    return Path(override or platformdirs.user_state_dir(APP, appauthor=False))
+    return Path(override) if override else _user_dir("state")
 
 
 def runs_dir() -> Path:

@@ -8,7 +8,7 @@ import pytest
 from gpustation import paths
 
 
-@pytest.mark.parametrize("xdg", [None, "", "   ", "/srv/xdg"])
+@pytest.mark.parametrize("xdg", [None, "", "   ", "/srv/xdg", "relative/xdg"])
 def test_linux_directories_are_what_platformdirs_says(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, xdg: str | None
 ) -> None:
