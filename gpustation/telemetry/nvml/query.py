@@ -17,7 +17,6 @@ table of version differences.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import Any
 
@@ -84,12 +83,13 @@ def start_nvml(nvml: Any = None) -> Any:
     """
     if nvml is None:
         try:
-            nvml = importlib.import_module("pynvml")
+            import pynvml
         except ImportError as err:
             raise NoDriverError(
                 f"NVML could not start: the pynvml module is missing ({err}). "
                 "Install nvidia-ml-py. To try gpustation without a GPU, use --simulate."
             ) from None
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except getattr(nvml, "NVMLError", Exception) as err:
