@@ -71,10 +71,6 @@ class RunHandle:
     def output_log(self) -> Path:
         return self.run_dir / rundir.OUTPUT_LOG
 
-    @property
-    def metrics_file(self) -> Path:
-        return self.run_dir / rundir.METRICS_FILE
-
 
 def _open_device_count(
     simulate: int | None, sim_card: str | None
