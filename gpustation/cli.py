@@ -29,6 +29,8 @@ COMMANDS: dict[str, str] = {
     "presets": "gpustation.commands.presets",
     "runs": "gpustation.commands.runs",
     "run": "gpustation.commands.run",
+    "sweep": "gpustation.commands.sweep",
+    "sweeps": "gpustation.commands.sweeps",
 }
 DASHBOARD = "gpustation.commands.dashboard"
 

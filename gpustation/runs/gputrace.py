@@ -40,7 +40,9 @@ def compact_sample(snapshot: Snapshot, t: float) -> dict[str, Any]:
                 "throttle": [r for r in gpu.throttle_reasons or () if r in LIMITING_REASONS],
             }
         )
-    return {"t": round(t, 3), "gpus": gpus}
+    # ``time`` (Unix seconds) lines telemetry up with the run's metrics, whose
+    # ``t`` counts from another start: a sweep leaves out the warm-up by it.
+    return {"t": round(t, 3), "time": round(snapshot.time, 3), "gpus": gpus}
 
 
 def write_sample(path: Path, sample: dict[str, Any]) -> None:

@@ -85,7 +85,11 @@ class MetricsWriter:
         return self._fh is not None
 
     def log(self, step: int | None = None, **values: Any) -> None:
-        event: dict[str, Any] = {"t": round(time.monotonic() - self._start, 4)}
+        # ``time`` (Unix seconds) lines the event up with the GPU telemetry
+        event: dict[str, Any] = {
+            "t": round(time.monotonic() - self._start, 4),
+            "time": round(time.time(), 3),
+        }
         if step is not None:
             event["step"] = step
         event.update(values)

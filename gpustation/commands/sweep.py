@@ -1,0 +1,274 @@
+"""``gpustation sweep PRESET --set KEY=A,B [--power-limit 60%,80%]``: find the cheapest setting.
+
+Runs the grid one point at a time (each a run in the history), then prints a
+table of the points, a plot of throughput against energy per unit with the
+Pareto front, and a recommendation; the plot is also written as SVG in the
+sweep's directory. ``--dry-run`` prints the plan and changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from gpustation.commands.options import add_gpu_options, backend_from_args
+from gpustation.errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
+from gpustation.runs import rundir
+from gpustation.runs.sweep import (
+    Sweep,
+    SweepRunner,
+    check_preset_takes,
+    grid,
+    new_sweep_id,
+    parse_axes,
+    parse_power_axis,
+    plan_limits,
+    require_root_for,
+    restore_limits,
+    unrestored,
+)
+from gpustation.telemetry.backend import parse_gpu_list
+from gpustation.textsafe import safe
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sweep",
+        help="run a preset over a grid of settings and find the cheapest one",
+        description="Run PRESET once per point of the grid of every --set list and "
+        "--power-limit value, each point a run in the history; report throughput, energy "
+        "per unit of work, power, temperature, throttling and VRAM per point, the Pareto "
+        "front and the least energy within --within of the best throughput.",
+    )
+    p.add_argument("preset", metavar="PRESET")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=A,B,...",
+        help="an axis of the grid: the values of one preset argument (repeatable)",
+    )
+    p.add_argument(
+        "--power-limit",
+        metavar="LIST",
+        help="an axis of power limits set on every GPU of the run, e.g. 60%%,80%%,100%% or "
+        "300W,350W (needs root; each card's limit is put back afterwards)",
+    )
+    add_gpu_options(p)
+    for action in p._actions:
+        if action.dest in ("gpus", "simulate", "sim_card"):
+            action.default = argparse.SUPPRESS
+    p.add_argument("--repeat", type=int, default=1, metavar="N", help="runs per point (noise)")
+    p.add_argument(
+        "--warmup-s",
+        type=float,
+        metavar="SECONDS",
+        help="leave out this many seconds from each run's start (default: until the "
+        "runner's first throughput report)",
+    )
+    p.add_argument(
+        "--within",
+        default="5%",
+        metavar="PCT",
+        help="the recommendation: least energy within PCT of the best throughput (default 5%%)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
+    p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS", help=argparse.SUPPRESS)
+
+
+def _within(text: str) -> float:
+    try:
+        value = float(text.strip().rstrip("%"))
+    except ValueError:
+        raise UsageError(f"--within: a percentage such as 5%, got {text!r}") from None
+    if not (math.isfinite(value) and 0 <= value < 100):
+        raise UsageError(f"--within: between 0 and 100 %, got {text!r}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpustation.runs.argv import resolve_gpus
+    from gpustation.runs.presets import find_preset, load_presets
+
+    if args.repeat < 1 or args.repeat > 20:
+        raise UsageError(f"--repeat: between 1 and 20, got {args.repeat}")
+    if args.warmup_s is not None and not (math.isfinite(args.warmup_s) and args.warmup_s >= 0):
+        raise UsageError(f"--warmup-s: 0 or more seconds, got {args.warmup_s:g}")
+    within = _within(args.within)
+    presets, _ = load_presets()
+    preset = find_preset(args.preset, presets)
+    axes = parse_axes(args.set)
+    check_preset_takes(preset, axes)
+    powers = parse_power_axis(args.power_limit)
+    points = grid(axes, powers, args.repeat)
+    backend = backend_from_args(args)
+    try:
+        gpus = resolve_gpus(
+            preset, parse_gpu_list(getattr(args, "gpus", None)), backend.device_count()
+        )
+        if powers and not gpus:
+            raise UsageError("--power-limit: the run has no GPU to set a limit on")
+        limits = plan_limits(backend, gpus, powers) if powers else {}
+        sweep = Sweep(
+            id=new_sweep_id(preset.name),
+            preset=preset.name,
+            axes=axes,
+            power_limits=powers,
+            gpus=gpus,
+            repeat=args.repeat,
+            warmup_s=args.warmup_s,
+            within_pct=within,
+            created_at=time.time(),
+            simulated=backend.simulated,
+            points=points,
+        )
+        if backend.simulated:
+            print("SIMULATED GPUs (no hardware is changed)")
+        if args.dry_run:
+            _print_plan(sweep, limits)
+            return EXIT_OK
+        require_root_for(sweep, backend.simulated)
+        for old in unrestored(backend.simulated) if powers else []:
+            print(f"gpustation: sweep {old.id} left power limits changed; restoring them first")
+            restore_limits(old, backend)
+        return _run(sweep, preset, backend, args)
+    finally:
+        backend.close()
+
+
+def _print_plan(sweep: Sweep, limits: dict[str, dict[int, float]]) -> None:
+    est = _estimate_s(sweep.preset)
+    total = f"about {est * len(sweep.points) / 60:.0f} min" if est else "unknown (no earlier run)"
+    print(f"Dry run: sweep of {sweep.preset}, {len(sweep.points)} points; nothing is changed.")
+    print(f"GPUs: {', '.join(map(str, sweep.gpus)) or 'none'}; estimated time: {total}")
+    for p in sweep.points:
+        line = f"  {p.index + 1:>3}. {p.label}"
+        if p.power is not None:
+            line += "  ->  " + ", ".join(
+                f"GPU {i} {w:g} W" for i, w in sorted(limits[p.power].items())
+            )
+        print(line)
+
+
+def _estimate_s(preset: str) -> float | None:
+    """The median time of this preset's earlier successful runs, if any."""
+    try:
+        from gpustation.runs.store import RunStore
+
+        done = [
+            r.duration_s
+            for r in RunStore().list_runs(limit=200)
+            if r.preset == preset and r.status == "succeeded" and r.duration_s
+        ]
+    except Exception:
+        return None
+    return statistics.median(done) if done else None
+
+
+def _wait(directory: Path) -> None:
+    while True:
+        state = rundir.read_state(directory)
+        if state is not None and not state.active:
+            return
+        time.sleep(0.2)  # polling the run's state file
+
+
+def _run(sweep: Sweep, preset: object, backend: object, args: argparse.Namespace) -> int:
+    from gpustation.runs.launch import launch
+    from gpustation.runs.stop import stop_run
+
+    runner = SweepRunner(
+        sweep,
+        preset,  # type: ignore[arg-type]
+        backend if sweep.power_limits else None,  # type: ignore[arg-type]
+        launch=launch,
+        wait=_wait,
+        stop=lambda directory: stop_run(directory, grace_s=args.grace, by="gpustation sweep"),
+        say=lambda text: print(f"gpustation: {text}", file=sys.stderr, flush=True),
+        stop_grace_s=args.grace,
+        simulate=getattr(args, "simulate", None),
+        sim_card=getattr(args, "sim_card", None),
+    )
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        runner.run()
+    except KeyboardInterrupt:
+        _report(sweep)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    _report(sweep)
+    return EXIT_OK
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _report(sweep: Sweep) -> None:
+    from gpustation.runs.sweep_report import recommendation_text, svg_plot, terminal_plot
+
+    print_points(sweep)
+    plot = terminal_plot(sweep)
+    if plot:
+        print(plot)
+    path = sweep.directory / "plot.svg"
+    try:
+        path.write_text(svg_plot(sweep), encoding="utf-8")
+        print(f"plot: {path}")
+    except OSError as err:
+        print(f"gpustation: could not write {path}: {err.strerror or err}", file=sys.stderr)
+    print(recommendation_text(sweep))
+
+
+def print_points(sweep: Sweep) -> None:
+    from rich.table import Table
+
+    from gpustation.runs.output import console
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    unit = next((p.figures.get("unit") for p in sweep.points if p.figures.get("unit")), None)
+    wu = next(
+        (p.figures.get("work_unit") for p in sweep.points if p.figures.get("work_unit")), "unit"
+    )
+    for column in (
+        "#",
+        "point",
+        "status",
+        f"throughput ({unit or '/s'})",
+        f"J/{wu}",
+        "avg W",
+        "peak W",
+        "peak °C",
+        "throttled s",
+        "peak VRAM MiB",
+        "run",
+    ):
+        table.add_column(
+            column, justify="left" if column in ("point", "status", "run") else "right"
+        )
+
+    def num(value: object, fmt: str) -> str:
+        return format(value, fmt) if isinstance(value, (int, float)) else "-"
+
+    for p in sweep.points:
+        f = p.figures
+        table.add_row(
+            str(p.index + 1),
+            safe(p.label),
+            p.status + (" [SIMULATED]" if sweep.simulated else ""),
+            num(f.get("throughput"), ",.1f"),
+            num(f.get("energy_per_unit_j"), ".4g"),
+            num(f.get("avg_power_w"), ".0f"),
+            num(f.get("peak_power_w"), ".0f"),
+            num(f.get("peak_temp_c"), ".0f"),
+            num(f.get("throttled_s"), ".0f"),
+            num(f.get("peak_vram_mib"), ",.0f"),
+            p.run_id or "-",
+        )
+    console(160).print(table)
