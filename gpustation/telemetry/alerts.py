@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpustation.telemetry import health
 from gpustation.telemetry.format import pcie_link
@@ -167,6 +168,34 @@ class IdleRule:
     min_gib: float = 1.0
     max_util_pct: float = 5.0
     minutes: float = 10.0
+
+
+def load_idle_rule(path: Path | None = None) -> IdleRule:
+    """``[alerts] idle_min_gib / idle_max_util_pct / idle_minutes`` from config.toml."""
+    from gpustation.config import config_path, section
+    from gpustation.errors import UsageError
+
+    path = path or config_path()
+    table = section("alerts", path)
+    default = IdleRule()
+    values: dict[str, float] = {}
+    problems = []
+    for key, attr in (
+        ("idle_min_gib", "min_gib"),
+        ("idle_max_util_pct", "max_util_pct"),
+        ("idle_minutes", "minutes"),
+    ):
+        value = table.get(key, getattr(default, attr))
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            problems.append(f"{key} must be a number of 0 or more")
+            continue
+        values[attr] = float(value)
+    unknown = sorted(set(table) - {"idle_min_gib", "idle_max_util_pct", "idle_minutes"})
+    if unknown:
+        problems.append(f"unknown key(s): {', '.join(unknown)}")
+    if problems:
+        raise UsageError(f"{path} [alerts]: " + "; ".join(problems))
+    return IdleRule(**values)
 
 
 class IdleHeld:

@@ -170,3 +170,18 @@ def test_small_holders_and_busy_gpus_are_not_idle_held() -> None:
     log = AlertLog(idle=IdleRule(min_gib=1, max_util_pct=5, minutes=1))
     for t in range(0, 600, 60):
         assert log.update(_held(t, util=50)) == []  # the GPU works
+
+
+def test_the_idle_rule_comes_from_the_alerts_table(gpustation_dirs: dict) -> None:
+    import pytest
+
+    from gpustation.errors import UsageError
+    from gpustation.telemetry.alerts import load_idle_rule
+
+    config = gpustation_dirs["config"] / "config.toml"
+    assert load_idle_rule() == IdleRule()
+    config.write_text("[alerts]\nidle_min_gib = 4\nidle_minutes = 30\n")
+    assert load_idle_rule() == IdleRule(min_gib=4, max_util_pct=5, minutes=30)
+    config.write_text('[alerts]\nidle_minutes = "soon"\nidle_typo = 1\n')
+    with pytest.raises(UsageError, match=r"idle_minutes.*idle_typo"):
+        load_idle_rule()
