@@ -34,6 +34,9 @@ COMMANDS: dict[str, str] = {
 }
 DASHBOARD = "gpustation.commands.dashboard"
 
+# Commands that take a command of the user's after `--`.
+_TAKES_A_COMMAND = {"run"}
+
 # Top-level options that take a value (so a value is not mistaken for a command).
 _VALUE_OPTIONS = {"--gpus", "--refresh", "--host", "--sim-card", "--ssh-config"}
 
@@ -116,11 +119,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpustation: error: {err}", file=sys.stderr)
         return err.exit_code
     command = _command_in(argv)
+    # Everything after a bare `--` is the caller's, untouched by the parser
+    # (`gpustation run -- python train.py --lr 3e-4`).
+    after: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, after = argv[:cut], argv[cut + 1 :]
     if command is None and ({"-h", "--help"} & set(argv)):
         parser = build_parser()  # the full help lists every command
     else:
         parser = build_parser(only=command or "")
     args = parser.parse_args(argv)
+    if after and args.command not in _TAKES_A_COMMAND:
+        parser.error(f"arguments after -- are only for `gpustation run`: {' '.join(after)}")
+    args.after_dashes = after
     module = DASHBOARD if args.command is None else COMMANDS[args.command]
     try:
         return int(importlib.import_module(module).run(args) or 0)

@@ -20,6 +20,7 @@ from typing import Any
 from gpustation.commands.options import add_gpu_options
 from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, UsageError
 from gpustation.runs import rundir
+from gpustation.runs.presets import RunPreset
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.backend import parse_gpu_list
 from gpustation.telemetry.format import duration
@@ -33,7 +34,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "the run (SIGINT, then SIGTERM, then SIGKILL); exit status 0 when it "
         "succeeded, 1 when it failed, 130 when it was stopped.",
     )
-    p.add_argument("preset", metavar="PRESET", help="preset name (see `gpustation presets list`)")
+    p.add_argument(
+        "preset",
+        metavar="PRESET",
+        nargs="?",
+        help="preset name (see `gpustation presets list`), or -- and any command to run "
+        "as a supervised run (no shell): gpustation run -- python train.py --lr 3e-4",
+    )
+    p.add_argument("--name", help="the run's name when running a command (default: its program)")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment variable for a command run (repeatable)",
+    )
     p.add_argument(
         "--set",
         action="append",
@@ -59,21 +74,58 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
 
 
+def command_preset(command: list[str], name: str | None, env: list[str]) -> RunPreset:
+    """A preset for any command: its argv as given (no shell), its environment."""
+    import re
+
+    from gpustation.runs.presets import RunPreset
+
+    variables: dict[str, str] = {}
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise UsageError(f"--env {item!r}: expected KEY=VALUE with a variable name as KEY")
+        variables[key] = value
+    label = name or Path(command[0]).name
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", label):
+        raise UsageError(f"--name {label!r}: letters, digits, '.', '_' and '-', at most 64")
+    return RunPreset(
+        name=label,
+        title=" ".join(command),
+        command=list(command),
+        env=variables,
+        tags=["command"],
+        origin="command",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from gpustation.runs.launch import launch
     from gpustation.runs.presets import find_preset, load_presets
 
     if args.grace < 0:
         raise UsageError(f"--grace: 0 or more seconds, got {args.grace:g}")
-    presets, problems = load_presets()
-    if args.preset not in presets:
+    command: list[str] = list(getattr(args, "after_dashes", None) or [])
+    if command and args.preset is not None:
+        raise UsageError("give a preset or a command after --, not both")
+    if not command and args.preset is None:
+        raise UsageError("give a preset (`gpustation presets list`) or a command after --")
+    if not command and (args.name or args.env):
+        raise UsageError("--name and --env go with a command given after --")
+    if command:
+        preset = command_preset(command, args.name, args.env)
+        presets: dict[str, RunPreset] = {preset.name: preset}
+        problems: list[Any] = []
+    else:
+        presets, problems = load_presets()
+    if not command and args.preset not in presets:
         # A preset that failed to load says why, rather than "not found".
         bad = [p for p in problems if Path(p.path).stem == args.preset]
         if bad:
             raise UsageError(
                 f"preset {args.preset!r} has problems:\n  " + "\n  ".join(str(p) for p in bad)
             )
-    preset = find_preset(args.preset, presets)
+    preset = find_preset(preset.name if command else args.preset, presets)
     # Catch Ctrl-C from here on: one pressed while the run starts must stop it
     # too, not leave it running behind an interrupted command.
     interrupts: list[float] = []

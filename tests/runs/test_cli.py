@@ -201,3 +201,44 @@ def test_follow_reattaches_and_ctrl_c_leaves_the_run_going(runs_env: dict, tmp_p
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["ready", "released"]
     assert "succeeded" in done.stderr
+
+
+def test_any_command_runs_supervised_with_no_preset(runs_env: dict) -> None:
+    import sys
+
+    code = "import os, time; time.sleep(1.5); print('FOO is', os.environ['FOO'])"
+    result = gs(
+        "run",
+        "--name",
+        "mytrain",
+        "--env",
+        "FOO=bar",
+        "--gpus",
+        "1",
+        "--",
+        sys.executable,
+        "-c",
+        code,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "FOO is bar" in result.stdout
+    shown = gs("runs", "show", "last", "--json")
+    run = json.loads(shown.stdout)
+    assert run["preset"] == "mytrain" and run["status"] == "succeeded" and run["gpus"] == [1]
+    assert run["argv"][-2:] == ["-c", code]  # as given, no shell
+    assert run["duration_s"] > 1.0
+    # no metrics protocol, yet the run has its GPU figures
+    assert run["peak_power_w"] is not None and run["simulated"] is True
+
+
+def test_a_command_run_refuses_bad_names_and_environment(runs_env: dict) -> None:
+    for argv, named in (
+        (("run", "--env", "1BAD=x", "--", "true"), "--env"),
+        (("run", "--name", "../escape", "--", "true"), "--name"),
+        (("run", "somepreset", "--", "true"), "not both"),
+        (("run",), "give a preset"),
+        (("snapshot", "--simulate", "--", "true"), "only for `gpustation run`"),
+    ):
+        result = gs(*argv)
+        assert result.returncode == 2, (argv, result.stderr)
+        assert named in result.stderr
