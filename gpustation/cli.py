@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "run": "gpustation.commands.run",
     "sweep": "gpustation.commands.sweep",
     "sweeps": "gpustation.commands.sweeps",
+    "energy": "gpustation.commands.energy",
 }
 DASHBOARD = "gpustation.commands.dashboard"
 

@@ -1,0 +1,93 @@
+"""``gpustation energy [--since 30d] [--by day|preset]``: the runs' GPU energy and cost."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from collections import defaultdict
+from typing import Any
+
+from gpustation.errors import UsageError
+from gpustation.runs.cost import J_PER_KWH, load_price
+from gpustation.runs.store import RunStore
+from gpustation.textsafe import safe
+
+_SPAN = re.compile(r"(\d+(?:\.\d+)?)\s*([hdw])")
+_UNIT_S = {"h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "energy",
+        help="the GPU energy and cost of the runs, per day or per preset",
+        description="Sum the GPU energy of the runs in the history over a period, per day "
+        "or per preset, with its cost when [energy] price_per_kwh is set in config.toml.",
+    )
+    p.add_argument("--since", default="30d", metavar="SPAN", help="e.g. 12h, 7d, 4w (default 30d)")
+    p.add_argument("--by", choices=["day", "preset"], default="day")
+    p.add_argument("--json", action="store_true")
+
+
+def parse_span(text: str) -> float:
+    m = _SPAN.fullmatch(text.strip())
+    if not m:
+        raise UsageError(f"--since: a span such as 12h, 7d or 4w, got {text!r}")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def run(args: argparse.Namespace) -> int:
+    since = time.time() - parse_span(args.since)
+    price = load_price()
+    groups: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"runs": 0, "energy_j": 0.0, "gpu_hours": 0.0, "unmeasured": 0}
+    )
+    for r in RunStore().list_runs():
+        if r.started_at is None or r.started_at < since:
+            continue
+        key = (
+            time.strftime("%Y-%m-%d", time.localtime(r.started_at))
+            if args.by == "day"
+            else (r.preset or "-")
+        )
+        g = groups[key]
+        g["runs"] += 1
+        if r.energy_j is None:
+            g["unmeasured"] += 1
+        else:
+            g["energy_j"] += r.energy_j
+        g["gpu_hours"] += (r.duration_s or 0.0) * max(1, len(r.gpus)) / 3600
+    rows = []
+    for key in sorted(groups):
+        g = groups[key]
+        row = {args.by: key, **g, "kwh": g["energy_j"] / J_PER_KWH}
+        if price is not None:
+            row["cost"] = price.cost(g["energy_j"])
+            row["currency"] = price.currency
+        rows.append(row)
+    if args.json:
+        print(json.dumps(rows, indent=2, allow_nan=False))
+        return 0
+    if not rows:
+        print(f"no runs since {args.since} ago")
+        return 0
+    head = f"{args.by:<24} {'runs':>5} {'GPU h':>8} {'kWh':>9}"
+    print(head + (f" {'cost':>12}" if price else ""))
+    total_j = 0.0
+    for row in rows:
+        total_j += row["energy_j"]
+        line = (
+            f"{safe(row[args.by]):<24} {row['runs']:>5} {row['gpu_hours']:>8.2f} {row['kwh']:>9.3f}"
+        )
+        if price is not None:
+            line += f" {price.text(row['energy_j']):>12}"
+        if row["unmeasured"]:
+            line += f"  ({row['unmeasured']} without energy)"
+        print(line)
+    total = f"{'total':<24} {sum(r['runs'] for r in rows):>5} "
+    total += f"{sum(r['gpu_hours'] for r in rows):>8.2f} {total_j / J_PER_KWH:>9.3f}"
+    print(total + (f" {price.text(total_j):>12}" if price else ""))
+    if price is None:
+        print("(set [energy] price_per_kwh and currency in config.toml for the cost)")
+    return 0

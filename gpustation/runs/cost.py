@@ -1,0 +1,59 @@
+"""What runs cost: ``[energy] price_per_kwh`` and ``currency`` from config.toml.
+
+A run's cost is its GPUs' energy times the price; a run without a recorded
+energy has no cost (``None``), never 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpustation.config import config_path, section
+from gpustation.errors import UsageError
+
+J_PER_KWH = 3.6e6
+
+
+@dataclass(frozen=True)
+class Price:
+    per_kwh: float
+    currency: str
+
+    def cost(self, energy_j: float | None) -> float | None:
+        return None if energy_j is None else energy_j / J_PER_KWH * self.per_kwh
+
+    def text(self, energy_j: float | None) -> str:
+        value = self.cost(energy_j)
+        if value is None:
+            return "-"
+        return f"{value:,.2f} {self.currency}" if value >= 0.01 else f"<0.01 {self.currency}"
+
+
+def load_price(path: Path | None = None) -> Price | None:
+    """The configured price, or None when ``[energy]`` names none."""
+    path = path or config_path()
+    table = section("energy", path)
+    if not table:
+        return None
+    unknown = sorted(set(table) - {"price_per_kwh", "currency"})
+    price = table.get("price_per_kwh")
+    currency = table.get("currency", "")
+    problems = []
+    if price is None:
+        problems.append("price_per_kwh is missing (e.g. price_per_kwh = 0.30)")
+    elif (
+        isinstance(price, bool)
+        or not isinstance(price, (int, float))
+        or not (math.isfinite(price) and price >= 0)
+    ):
+        problems.append("price_per_kwh must be a number of 0 or more")
+    if not isinstance(currency, str) or len(currency) > 8:
+        problems.append('currency must be a short text such as "EUR"')
+    if unknown:
+        problems.append(f"unknown key(s): {', '.join(unknown)}")
+    if problems:
+        raise UsageError(f"{path} [energy]: " + "; ".join(problems))
+    assert isinstance(price, (int, float))
+    return Price(float(price), str(currency))

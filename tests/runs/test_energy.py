@@ -1,0 +1,61 @@
+"""A run's cost from [energy], and the energy report per day and per preset."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from gpustation.errors import UsageError
+from gpustation.runs.cost import Price, load_price
+from gpustation.runs.store import RunStore
+from gpustation.runs.summary import RunSummary
+from tests.control.conftest import cli
+
+
+def test_the_price_comes_from_the_energy_table(gpustation_dirs: dict[str, Path]) -> None:
+    config = gpustation_dirs["config"] / "config.toml"
+    assert load_price() is None
+    config.write_text('[energy]\nprice_per_kwh = 0.30\ncurrency = "EUR"\n')
+    price = load_price()
+    assert price == Price(0.30, "EUR")
+    assert price.cost(3.6e6) == pytest.approx(0.30) and price.cost(None) is None
+    assert price.text(7.2e6) == "0.60 EUR"
+    config.write_text('[energy]\nprice_per_kwh = "cheap"\nextra = 1\n')
+    with pytest.raises(UsageError, match="price_per_kwh"):
+        load_price()
+
+
+def test_the_energy_report_sums_runs_per_preset_with_their_cost(
+    gpustation_dirs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (gpustation_dirs["config"] / "config.toml").write_text(
+        '[energy]\nprice_per_kwh = 0.5\ncurrency = "EUR"\n'
+    )
+    store = RunStore()
+    now = time.time()
+    for i, (preset, joules) in enumerate([("a", 3.6e6), ("a", 1.8e6), ("b", None)]):
+        store.upsert(
+            RunSummary(
+                id=f"r{i}",
+                preset=preset,
+                status="succeeded",
+                started_at=now - 60 * i,
+                duration_s=3600.0,
+                gpus=[0, 1],
+                energy_j=joules,
+            )
+        )
+    store.upsert(RunSummary(id="old", preset="a", started_at=now - 90 * 86400, energy_j=1e9))
+    code, out, err = cli(capsys, "energy", "--by", "preset", "--json")
+    assert code == 0, err
+    rows = {r["preset"]: r for r in json.loads(out)}
+    assert rows["a"]["runs"] == 2 and rows["a"]["kwh"] == pytest.approx(1.5)
+    assert rows["a"]["cost"] == pytest.approx(0.75) and rows["a"]["gpu_hours"] == 4.0
+    assert rows["b"]["unmeasured"] == 1
+    code, out, _ = cli(capsys, "energy", "--since", "7d")
+    assert code == 0 and "total" in out and "EUR" in out
+    code, _, err = cli(capsys, "energy", "--since", "lately")
+    assert code == 2 and "--since" in err
