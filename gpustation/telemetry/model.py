@@ -149,7 +149,7 @@ class ProcessInfo:
     user: str | None = None
     name: str | None = None
     command: str | None = None
-    kind: str = "compute"  # compute | graphics
+    kind: str = "compute"  # compute | graphics | holder (holds the device node open)
     #: Share of the SMs' time this process used since the last read
     #: (``nvmlDeviceGetProcessUtilization``); None where the driver does not say.
     sm_pct: float | None = None
