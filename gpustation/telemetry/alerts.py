@@ -135,7 +135,8 @@ def _new_xids(old: GpuSample | None, gpu: GpuSample) -> list[Alert]:
     """An alert for each XID in ``gpu`` that ``old`` (the GPU's previous sample) had not."""
     if gpu.lost or not gpu.xid_events:
         return []
-    seen = max((e.time for e in (old.xid_events or ()) if old is not None), default=None)
+    before = (old.xid_events or []) if old is not None else []
+    seen = max((e.time for e in before), default=None)
     out = []
     for event in gpu.xid_events:
         if seen is not None and event.time <= seen:
@@ -175,8 +176,8 @@ def _evaluate(
     before = {a.key for a in prev_conditions}
     new = [a for a in cur_conditions if a.key not in before]
     old_by_index = {g.index: g for g in prev.gpus} if prev is not None else {}
-    for g in cur.gpus:
-        new.extend(_new_xids(old_by_index.get(g.index), g))
+    for now_gpu in cur.gpus:
+        new.extend(_new_xids(old_by_index.get(now_gpu.index), now_gpu))
     if prev is None:
         return new
     now_by_index = {g.index: g for g in cur.gpus}
