@@ -53,6 +53,16 @@ class Sampler:
             backend.cuda_driver_version(),
         )
 
+    @property
+    def read_gpm(self) -> bool:
+        """Read the profiling metrics (GPM) with each sample: the dashboard turns
+        it on while a card that shows them is on screen or a run is live."""
+        return self.backend.read_gpm
+
+    @read_gpm.setter
+    def read_gpm(self, on: bool) -> None:
+        self.backend.read_gpm = on
+
     def topology(self) -> Topology:
         if self._topology is None:
             self._topology = self.backend.topology(self.gpus)

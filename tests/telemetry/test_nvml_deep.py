@@ -414,3 +414,40 @@ def test_unowned_memory_is_unknown_when_a_process_share_is() -> None:
     gpu.processes[0].gpu_memory_mib = 1200.0  # never below 0
     assert unowned_memory(gpu) == 0.0
     assert unowned_memory(GpuSample(index=0)) is None
+
+
+# ---- the snapshot command -------------------------------------------------------------------
+
+
+def test_snapshot_json_reads_gpm_and_the_table_does_not(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    from tests.conftest import FAKE_NVML_DIR, child_env, gpustation_cmd
+
+    path = tmp_path / "scenario.json"
+    path.write_text(json.dumps({"devices": [{"card": "rtx4090"}, {"card": "h200"}]}))
+    env = child_env(
+        PYTHONPATH=os.pathsep.join([str(FAKE_NVML_DIR), str(REPO)]), FAKE_NVML_SCENARIO=str(path)
+    )
+
+    def snapshot(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            gpustation_cmd("snapshot", *args), capture_output=True, text=True, env=env, timeout=60
+        )
+
+    result = snapshot("--json")
+    assert result.returncode == 0, result.stderr
+    rtx, h200 = json.loads(result.stdout)["gpus"]
+    assert h200["tensor_active_pct"] == pytest.approx(87.8)
+    assert h200["sm_active_pct"] == pytest.approx(92.7)
+    assert rtx["tensor_active_pct"] is None  # no GPM on the card: null, never 0
+    assert rtx["processes"][0]["sm_pct"] == 88
+    assert rtx["remapped_rows"]["pending"] is False
+    assert h200["nvlink"] == [] and h200["mig"]["enabled"] is False and rtx["mig"] is None
+    assert rtx["xid_events"] is None  # a one-shot read does not watch
+    assert rtx["unowned_memory_mib"] == pytest.approx(8192 - 7680 - 210)
+    assert isinstance(rtx["device_holders"], list)
+    table = snapshot()
+    assert table.returncode == 0, table.stderr
+    assert "SM %" in table.stdout
