@@ -10,7 +10,8 @@ Metric names follow dcgm-exporter where DCGM has the field, with its labels
 (``gpu``, ``UUID``, ``pci_bus_id``, ``modelName``, ``hostname``) and its units
 (W, MHz, MiB, mJ, °C, %), so existing Grafana dashboards work unchanged. What
 DCGM lacks carries the ``gpustation_`` prefix. A value the card does not report
-is left out, never exported as 0.
+is left out, never exported as 0. The profiling series (``DCGM_FI_PROF_*``) are
+ratios 0-1, as DCGM gives them, from GPM where the card has it.
 
 dcgm-exporter types the energy and PCIe replay series as counters without a
 ``_total`` suffix. prometheus_client always appends ``_total`` to counters in
@@ -105,22 +106,22 @@ _DCGM_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | None]], ...] =
     ),
     (
         "DCGM_FI_PROF_SM_ACTIVE",
-        "The ratio of cycles an SM has at least 1 warp assigned (in %).",
+        "Ratio (0-1) of cycles an SM has at least 1 warp assigned.",
         lambda g: _ratio(g.sm_active_pct),
     ),
     (
         "DCGM_FI_PROF_SM_OCCUPANCY",
-        "The ratio of number of warps resident on an SM (in %).",
+        "Ratio (0-1) of warps resident on an SM to the most it can hold.",
         lambda g: _ratio(g.sm_occupancy_pct),
     ),
     (
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-        "Ratio of cycles the tensor (HMMA) pipe is active (in %).",
+        "Ratio (0-1) of cycles any tensor pipe is active.",
         lambda g: _ratio(g.tensor_active_pct),
     ),
     (
         "DCGM_FI_PROF_DRAM_ACTIVE",
-        "Ratio of cycles the device memory interface is active sending or receiving data (in %).",
+        "Ratio (0-1) of cycles the device memory interface is sending or receiving data.",
         lambda g: _ratio(g.dram_active_pct),
     ),
     (
