@@ -451,3 +451,25 @@ def test_snapshot_json_reads_gpm_and_the_table_does_not(tmp_path: Path) -> None:
     table = snapshot()
     assert table.returncode == 0, table.stderr
     assert "SM %" in table.stdout
+
+
+def test_not_supported_past_the_last_link_ends_the_list_and_is_asked_again(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    nvlinked(fake_nvml)
+    real = fake_nvml.nvmlDeviceGetNvLinkState
+
+    def state(handle: Any, link: int) -> int:
+        if link >= 2:
+            fake_nvml.calls.append(("nvmlDeviceGetNvLinkState", (handle.index, link)))
+            raise fake_nvml.NVMLError(fake_nvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(real(handle, link))
+
+    fake_nvml.nvmlDeviceGetNvLinkState = state
+    try:
+        backend = open_backend()
+        for _ in range(2):
+            assert [x.link for x in read(backend)[0].nvlink or ()] == [0, 1]
+    finally:
+        fake_nvml.nvmlDeviceGetNvLinkState = real
+    assert backend.errors == {}

@@ -330,13 +330,13 @@ class NvLinkReader:
             return []
         links: list[NvLinkInfo] = []
         for link in range(self._max):
+            # Past its last link a GPU answers InvalidArgument (or NotSupported on
+            # some drivers): the end of the list, not a GPU without NVLink.
+            past = ("NVML_ERROR_INVALID_ARGUMENT",) + (
+                ("NVML_ERROR_NOT_SUPPORTED",) if link else ()
+            )
             state = self.q(
-                gpu,
-                "nvlink",
-                "nvmlDeviceGetNvLinkState",
-                link,
-                expected=("NVML_ERROR_INVALID_ARGUMENT",),
-                failed=FAILED,
+                gpu, "nvlink", "nvmlDeviceGetNvLinkState", link, expected=past, failed=FAILED
             )
             if state is FAILED:
                 if link == 0:
