@@ -8,7 +8,9 @@ Each GPU field is declared once, below, with :func:`gpu_field`: its cost
 class, how NVML reads it (plain data that ``telemetry/nvml`` interprets) and
 its short label and unit for renderers. The JSON document, the NVML backend's
 reads, its static cache and slow cadence, and the snapshot table's headers all
-derive from those declarations.
+derive from those declarations. Fields declared without an NVML read are
+filled by dedicated code: the backend's deep readers (``telemetry/nvml/deep.py``:
+events, GPM, NVLink, MIG, per-process SM) and the sampler (the host fields).
 """
 
 from __future__ import annotations
