@@ -473,3 +473,15 @@ def test_not_supported_past_the_last_link_ends_the_list_and_is_asked_again(
     finally:
         fake_nvml.nvmlDeviceGetNvLinkState = real
     assert backend.errors == {}
+
+
+def test_a_wait_the_driver_does_not_support_ends_the_watcher(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    fake_nvml.fail(None, "nvmlEventSetWait_v2", fake_nvml.NVML_ERROR_NOT_SUPPORTED)
+    fake_nvml.remove_function("nvmlEventSetWait")
+    backend = open_backend()
+    until(lambda: not any(t.name == "gpustation-xid" for t in threading.enumerate()))
+    rtx, h200 = read(backend)
+    assert (rtx.xid_events, h200.xid_events) == (None, None)  # no longer watched
+    assert rtx.power_w is not None and backend.errors == {}

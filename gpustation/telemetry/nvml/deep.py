@@ -124,8 +124,8 @@ class XidWatcher:
                 self._received(data)
 
     def _gone(self) -> bool:
-        """True when neither wait function is there to call."""
-        return all(self.q.function(n) is None for n in ("nvmlEventSetWait_v2", "nvmlEventSetWait"))
+        """True when no wait function is left to call (missing or NotSupported)."""
+        return not self.q.available(None, "nvmlEventSetWait_v2")
 
     def _received(self, data: Any) -> None:
         xid_type = _const(self.q, "nvmlEventTypeXidCriticalError")

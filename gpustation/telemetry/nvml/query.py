@@ -150,6 +150,14 @@ class Query:
             self.forget(name)
         return fn
 
+    def available(self, gpu: Device | None, name: str) -> bool:
+        """Whether a call of ``name`` (or a version of it) would still be made."""
+        device = self._system if gpu is None else gpu
+        return any(
+            v not in MISSING and v not in device.unsupported and hasattr(self.nvml, v)
+            for v in FALLBACKS.get(name, (name,))
+        )
+
     def forget(self, name: str) -> None:
         """Remember (once per process) that ``name`` is missing."""
         if name not in MISSING:
