@@ -485,3 +485,13 @@ def test_a_wait_the_driver_does_not_support_ends_the_watcher(
     rtx, h200 = read(backend)
     assert (rtx.xid_events, h200.xid_events) == (None, None)  # no longer watched
     assert rtx.power_w is not None and backend.errors == {}
+
+
+def test_a_gpu_lost_while_gpm_is_read_is_marked_and_the_other_reports(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    backend = open_backend()
+    backend.read_gpm = True
+    fake_nvml.fail(1, "nvmlGpmQueryDeviceSupport", fake_nvml.NVML_ERROR_GPU_IS_LOST)
+    rtx, h200 = read(backend)
+    assert h200.lost and not rtx.lost and rtx.power_w is not None

@@ -330,7 +330,12 @@ class NvmlBackend(Backend):
             gpus = [self._gpu(i) for i in indices]
             live = [g for g in gpus if self._available(g)]
             if self.read_gpm:
-                self._gpm.begin(live)  # the first samples, before the other reads
+                for gpu in live:
+                    try:
+                        self._gpm.begin([gpu])  # a first sample, before the other reads
+                    except GpuLost as err:
+                        self._mark_lost(gpu, str(err))
+                live = [g for g in live if not g.lost]
             else:
                 self._gpm.forget()
             slow_pass = self._start_slow(live) if slow else None
