@@ -12,6 +12,17 @@ read at import; its keys are :func:`load_scenario`'s.
 
 The default machine is an RTX 4090 (two fans) and an H200 (no fans), with
 values like those a real H200 reports.
+
+The deeper readings answer as a driver would: XID events come from a queue
+(:func:`push_xid`) that ``nvmlEventSetWait_v2`` waits on, timing out as the
+real one does; GPM samples carry busy-time counters that advance with the
+driver's clock, so ``nvmlGpmMetricsGet`` computes a value from two of them
+(the H200's are those measured under a bf16 matmul; the RTX 4090 has no GPM);
+NVLink data counters advance by each link's rate; process utilisation gives
+samples newer than the timestamp asked for, or NotFound; :func:`mig_scenario`
+puts the H200 in MIG mode with two instances, each running a process.
+``nvmlDeviceSetMigMode`` exists, as in nvidia-ml-py, so that a call to it
+would show in :data:`calls`.
 """
 
 from __future__ import annotations
