@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0.1 <= args.interval <= 3600:
         raise UsageError(f"--interval: between 0.1 and 3600 seconds, got {args.interval:g}")
     backend = backend_from_args(args)
+    backend.read_gpm = True  # DCGM_FI_PROF_*: the profiling metrics on every sample
     stop = threading.Event()
 
     def _on_term(signum: int, frame: FrameType | None) -> None:

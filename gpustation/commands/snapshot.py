@@ -64,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     full = bool(args.json)
     backend = options.backend_from_args(args, one_shot=one_shot)
     backend.read_ecc = full  # nor the ECC counter, whose first read is slow
+    # nor the profiling metrics (GPM), which take two samples a moment apart
+    backend.read_gpm = full
     try:
         sampler = Sampler(backend, gpus=wanted, slow_interval_s=5.0, with_topology=full)
         if one_shot:

@@ -10,7 +10,8 @@ Metric names follow dcgm-exporter where DCGM has the field, with its labels
 (``gpu``, ``UUID``, ``pci_bus_id``, ``modelName``, ``hostname``) and its units
 (W, MHz, MiB, mJ, °C, %), so existing Grafana dashboards work unchanged. What
 DCGM lacks carries the ``gpustation_`` prefix. A value the card does not report
-is left out, never exported as 0.
+is left out, never exported as 0. The profiling series (``DCGM_FI_PROF_*``) are
+ratios 0-1, as DCGM gives them, from GPM where the card has it.
 
 dcgm-exporter types the energy and PCIe replay series as counters without a
 ``_total`` suffix. prometheus_client always appends ``_total`` to counters in
@@ -37,6 +38,31 @@ from gpustation.runs import store
 from gpustation.telemetry.model import THROTTLE_REASONS, GpuSample, Snapshot, encode_throttle
 
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "hostname")
+
+
+def _ratio(pct: float | None) -> float | None:
+    """DCGM's profiling fields are ratios 0-1; the model's are percentages."""
+    return None if pct is None else pct / 100.0
+
+
+def _last_xid(g: GpuSample) -> float | None:
+    """The last XID's code, 0 while watched with none, as dcgm-exporter gives it."""
+    if g.xid_events is None:
+        return None
+    return float(g.xid_events[-1].code) if g.xid_events else 0.0
+
+
+def _nvlink_mb_s(g: GpuSample) -> float | None:
+    """Sent and received over every link, in MB/s (what DCGM's field 449 reads)."""
+    rates = [r for link in g.nvlink or () if link.active for r in (link.tx_kib_s, link.rx_kib_s)]
+    if not rates or any(r is None for r in rates):
+        return None
+    return sum(r or 0.0 for r in rates) * 1024.0 / 1e6
+
+
+def _flag(value: bool | None) -> float | None:
+    return None if value is None else float(value)
+
 
 # (metric name, help text, how to read the value from a GpuSample)
 _DCGM_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | None]], ...] = (
@@ -72,6 +98,56 @@ _DCGM_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | None]], ...] =
         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
         "Total number of PCIe retries; only ever increases.",
         lambda g: None if g.pcie.replay_errors is None else float(g.pcie.replay_errors),
+    ),
+    (
+        "DCGM_FI_DEV_XID_ERRORS",
+        "Value of the last XID error encountered (0: none since watching began).",
+        _last_xid,
+    ),
+    (
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "Ratio (0-1) of cycles an SM has at least 1 warp assigned.",
+        lambda g: _ratio(g.sm_active_pct),
+    ),
+    (
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+        "Ratio (0-1) of warps resident on an SM to the most it can hold.",
+        lambda g: _ratio(g.sm_occupancy_pct),
+    ),
+    (
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "Ratio (0-1) of cycles any tensor pipe is active.",
+        lambda g: _ratio(g.tensor_active_pct),
+    ),
+    (
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "Ratio (0-1) of cycles the device memory interface is sending or receiving data.",
+        lambda g: _ratio(g.dram_active_pct),
+    ),
+    (
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "NVLink throughput, sent and received, over all links (in MB/s).",
+        _nvlink_mb_s,
+    ),
+    (
+        "DCGM_FI_DEV_ROW_REMAP_PENDING",
+        "1 while a memory row remap waits for a GPU reset.",
+        lambda g: _flag(g.remapped_rows.pending),
+    ),
+    (
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "1 when a memory row remap failed.",
+        lambda g: _flag(g.remapped_rows.failure),
+    ),
+    (
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "Number of remapped rows for correctable errors.",
+        lambda g: g.remapped_rows.correctable,
+    ),
+    (
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "Number of remapped rows for uncorrectable errors.",
+        lambda g: g.remapped_rows.uncorrectable,
     ),
     (
         "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
@@ -126,6 +202,26 @@ _OWN_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | None]], ...] = 
         lambda g: g.ecc_uncorrected,
     ),
     ("gpustation_gpu_processes", "Processes using the GPU.", lambda g: float(len(g.processes))),
+    (
+        "gpustation_unowned_memory_mib",
+        "VRAM used that no listed process holds (MiB).",
+        lambda g: g.unowned_memory_mib,
+    ),
+    (
+        "gpustation_device_holders",
+        "Processes holding the GPU's device node open without being in NVML's list.",
+        lambda g: None if g.device_holders is None else float(len(g.device_holders)),
+    ),
+    (
+        "gpustation_mig_enabled",
+        "1 when MIG mode is on.",
+        lambda g: None if g.mig is None else _flag(g.mig.enabled),
+    ),
+    (
+        "gpustation_mig_instances",
+        "MIG devices on the GPU.",
+        lambda g: None if g.mig is None or not g.mig.enabled else float(len(g.mig.instances)),
+    ),
 )
 
 

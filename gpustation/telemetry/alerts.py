@@ -30,8 +30,13 @@ RULES: dict[str, str] = {
     "ecc_uncorrected": "new uncorrected ECC error",
     "gpu_lost": "GPU lost",
     "gpu_idle_held": "GPU memory held while the GPU is idle",
+    "xid": "new XID error from the driver",
+    "row_remap_pending": "memory row remap pending: reset the GPU",
+    "row_remap_failure": "memory row remap failed: the card needs service",
 }
-CRITICAL = frozenset({"gpu_lost", "ecc_uncorrected", "thermal_throttle"})
+CRITICAL = frozenset(
+    {"gpu_lost", "ecc_uncorrected", "thermal_throttle", "xid", "row_remap_failure"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,9 @@ class Alert:
             "ecc_uncorrected": "ECC error",
             "gpu_lost": "LOST",
             "gpu_idle_held": "held idle",
+            "xid": "XID",
+            "row_remap_pending": "remap pending",
+            "row_remap_failure": "remap failed",
         }
         return f"GPU{self.gpu} {words.get(self.rule, self.rule)}"
 
@@ -101,6 +109,44 @@ def _gpu_conditions(gpu: GpuSample, t: float) -> list[Alert]:
     pct = gpu.memory_pct
     if pct is not None and health.vram_full(gpu):
         out.append(Alert("vram_high", i, f"GPU {i} VRAM {pct:.0f} % used", t))
+    rows = gpu.remapped_rows
+    if rows.pending:
+        out.append(
+            Alert(
+                "row_remap_pending",
+                i,
+                f"GPU {i} has a memory row remap pending: reset the GPU (when idle) to apply it",
+                t,
+            )
+        )
+    if rows.failure:
+        out.append(
+            Alert(
+                "row_remap_failure",
+                i,
+                f"GPU {i} failed to remap a memory row (no spare left): the card needs service",
+                t,
+            )
+        )
+    return out
+
+
+def _new_xids(old: GpuSample | None, gpu: GpuSample) -> list[Alert]:
+    """An alert for each XID in ``gpu`` that ``old`` (the GPU's previous sample) had not."""
+    if gpu.lost or not gpu.xid_events:
+        return []
+    before = (old.xid_events or []) if old is not None else []
+    seen = max((e.time for e in before), default=None)
+    out = []
+    for event in gpu.xid_events:
+        if seen is not None and event.time <= seen:
+            continue
+        meaning = f": {event.meaning}" if event.meaning else ""
+        out.append(
+            Alert(
+                "xid", gpu.index, f"GPU {gpu.index} reported XID {event.code}{meaning}", event.time
+            )
+        )
     return out
 
 
@@ -115,9 +161,11 @@ def conditions(snapshot: Snapshot) -> list[Alert]:
 def evaluate(prev: Snapshot | None, cur: Snapshot) -> list[Alert]:
     """The alerts that start with ``cur``: conditions that did not hold in ``prev``.
 
-    Also: a GPU in ``prev`` missing from ``cur`` is lost, and an uncorrected ECC
-    count that went up is a new error. With ``prev=None`` every condition that
-    holds is new (the ECC rule needs a previous count and stays quiet).
+    Also: a GPU in ``prev`` missing from ``cur`` is lost, an uncorrected ECC
+    count that went up is a new error, and each XID that ``prev`` did not have
+    is one alert. With ``prev=None`` every condition that holds is new, and so
+    is every XID (they were received while watching); the ECC rule needs a
+    previous count and stays quiet.
     """
     return _evaluate(prev, cur, conditions(prev) if prev is not None else [], conditions(cur))
 
@@ -127,6 +175,9 @@ def _evaluate(
 ) -> list[Alert]:
     before = {a.key for a in prev_conditions}
     new = [a for a in cur_conditions if a.key not in before]
+    old_by_index = {g.index: g for g in prev.gpus} if prev is not None else {}
+    for now_gpu in cur.gpus:
+        new.extend(_new_xids(old_by_index.get(now_gpu.index), now_gpu))
     if prev is None:
         return new
     now_by_index = {g.index: g for g in cur.gpus}
@@ -261,6 +312,7 @@ class AlertLog:
         self._cleared_at: dict[tuple[str, int], float] = {}
         self._vanished: dict[int, Alert] = {}
         self._ecc_events: dict[int, Alert] = {}
+        self._xid_events: dict[int, Alert] = {}
 
     def update(self, snapshot: Snapshot) -> list[Alert]:
         """Take the next snapshot; return the alerts newly written to the log."""
@@ -278,6 +330,8 @@ class AlertLog:
         for alert in raised:
             if alert.rule == "ecc_uncorrected":
                 self._ecc_events[alert.gpu] = alert
+            elif alert.rule == "xid":
+                self._xid_events[alert.gpu] = alert
             elif alert.rule == "gpu_lost" and alert.gpu not in present:
                 self._vanished[alert.gpu] = alert
             cleared = self._cleared_at.get(alert.key)
@@ -293,11 +347,13 @@ class AlertLog:
 
     @property
     def active(self) -> list[Alert]:
-        """Conditions holding now, plus ECC errors since the dashboard started."""
+        """Conditions holding now, plus ECC errors and the last XID of each GPU
+        since the dashboard started."""
         out = [
             *self._active.values(),
             *self._vanished.values(),
             *self._ecc_events.values(),
+            *self._xid_events.values(),
         ]
         return sorted(out, key=lambda a: (a.severity != "critical", a.gpu, a.rule))
 

@@ -29,6 +29,12 @@ class Backend(ABC):
     #: a process is slow, so the snapshot table, which does not print it, turns
     #: it off; ``ecc_uncorrected`` is then ``None``.
     read_ecc: bool = True
+    #: Read the profiling metrics (GPM: SM, tensor and DRAM activity) on each
+    #: read. They cost two driver samples per read, so they are read only while
+    #: asked for: the dashboard sets it while a card that shows them is on
+    #: screen or a run is live; ``snapshot --json`` and the exporter set it.
+    #: Off, the GPM fields are ``None``.
+    read_gpm: bool = False
 
     @abstractmethod
     def device_count(self) -> int: ...

@@ -8,7 +8,9 @@ Each GPU field is declared once, below, with :func:`gpu_field`: its cost
 class, how NVML reads it (plain data that ``telemetry/nvml`` interprets) and
 its short label and unit for renderers. The JSON document, the NVML backend's
 reads, its static cache and slow cadence, and the snapshot table's headers all
-derive from those declarations.
+derive from those declarations. Fields declared without an NVML read are
+filled by dedicated code: the backend's deep readers (``telemetry/nvml/deep.py``:
+events, GPM, NVLink, MIG, per-process SM) and the sampler (the host fields).
 """
 
 from __future__ import annotations
@@ -56,6 +58,14 @@ STATIC = "static"
 FAST = "fast"
 #: Read on a cadence of its own (slow driver calls, counters); reused between.
 SLOW = "slow"
+#: Profiling metrics (GPM) from two samples, read only while a reader asks
+#: for them (``Backend.read_gpm``); ``None`` otherwise and where unsupported.
+GPM = "gpm"
+#: Gathered as they happen by a watcher of the backend's own (XID events);
+#: a read only copies what was gathered.
+EVENTS = "events"
+#: Read from the host (``/proc``), not from the driver, by the sampler.
+HOST = "host"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +151,113 @@ class ProcessInfo:
     user: str | None = None
     name: str | None = None
     command: str | None = None
-    kind: str = "compute"  # compute | graphics
+    kind: str = "compute"  # compute | graphics | holder (holds the device node open)
+    #: Share of the SMs' time this process used since the last read
+    #: (``nvmlDeviceGetProcessUtilization``); None where the driver does not say.
+    sm_pct: float | None = None
+
+
+@dataclass(slots=True)
+class RemappedRows:
+    """HBM rows the card has remapped to spares (``nvmlDeviceGetRemappedRows``).
+
+    ``pending``: a remap waits for the GPU to be reset; ``failure``: a remap
+    failed (no spare left): the card needs service.
+    """
+
+    correctable: int | None = gpu_field(
+        SLOW, _R("nvmlDeviceGetRemappedRows", part=0, convert="int")
+    )
+    uncorrectable: int | None = gpu_field(
+        SLOW, _R("nvmlDeviceGetRemappedRows", part=1, convert="int")
+    )
+    pending: bool | None = gpu_field(SLOW, _R("nvmlDeviceGetRemappedRows", part=2, convert="bool"))
+    failure: bool | None = gpu_field(SLOW, _R("nvmlDeviceGetRemappedRows", part=3, convert="bool"))
+
+
+#: Common XID codes and what they mean (NVIDIA's XID catalogue, in a line each).
+XID_MEANINGS: dict[int, str] = {
+    8: "GPU stopped processing (a hung channel)",
+    13: "graphics engine exception (often an application fault: bad address or instruction)",
+    31: "GPU memory page fault (an application accessed memory it should not)",
+    32: "invalid or corrupted push buffer stream",
+    38: "driver firmware error",
+    43: "GPU stopped processing (a user application crashed or was stopped)",
+    45: "preemptive cleanup: channels torn down after a reset or a killed process",
+    48: "double-bit ECC error (uncorrectable memory error)",
+    56: "display engine error",
+    57: "error programming video memory interface",
+    61: "internal micro-controller breakpoint or warning",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remap recorded",
+    64: "ECC page retirement or row remap failed",
+    68: "video processor exception",
+    69: "graphics engine class error",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error (the affected application must restart)",
+    95: "uncontained ECC error (every application on the GPU is affected; reset the GPU)",
+    109: "context switch timeout",
+    119: "GSP firmware RPC timeout",
+    120: "GSP firmware error",
+    121: "C2C link corrected error",
+    122: "SPI PMU RPC read failure",
+    123: "SPI PMU RPC write failure",
+    140: "unrecovered ECC error",
+    143: "GPU initialization failure",
+    154: "GPU recovery action changed (a reset or reboot may be required)",
+}
+
+
+def xid_meaning(code: int) -> str | None:
+    """One line about an XID code, or None for one the table does not know."""
+    return XID_MEANINGS.get(code)
+
+
+@dataclass(slots=True)
+class XidEvent:
+    """An XID error the driver reported while gpustation watched."""
+
+    time: float  # when it was received (Unix time)
+    code: int
+    meaning: str | None = None
+
+
+@dataclass(slots=True)
+class NvLinkInfo:
+    """One NVLink of a GPU; throughput from the driver's data counters between reads."""
+
+    link: int
+    active: bool | None = None
+    tx_kib_s: float | None = None
+    rx_kib_s: float | None = None
+    replay_errors: int | None = None
+    recovery_errors: int | None = None
+    crc_errors: int | None = None  # flit and data CRC errors together
+
+
+@dataclass(slots=True)
+class MigInstance:
+    """A MIG device (GPU instance and compute instance) of a GPU, read only."""
+
+    index: int  # MIG device index under its GPU
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    profile: str | None = None  # e.g. "3g.71gb", from the GPU instance profile
+    uuid: str | None = None
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    processes: list[ProcessInfo] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class MigInfo:
+    """MIG mode (current and pending) and the MIG devices of a GPU."""
+
+    enabled: bool | None = None
+    pending: bool | None = None  # the mode after the next GPU reset
+    instances: list[MigInstance] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -247,6 +363,28 @@ class GpuSample:
     )
     # Records of their own, read by the backend's process code.
     processes: list[ProcessInfo] = gpu_field(FAST, factory=list)
+    #: The device node's number (``/dev/nvidia<minor>``), to find its holders.
+    minor_number: int | None = gpu_field(STATIC, _R("nvmlDeviceGetMinorNumber", convert="int"))
+    # Memory health; its fields are declared in RemappedRows.
+    remapped_rows: RemappedRows = gpu_field(SLOW, factory=RemappedRows)
+    # Profiling metrics (GPM), read by the backend's deep code while asked for.
+    sm_active_pct: float | None = gpu_field(GPM, label="SM act", unit="%")
+    sm_occupancy_pct: float | None = gpu_field(GPM, label="occ", unit="%")
+    tensor_active_pct: float | None = gpu_field(GPM, label="Tensor", unit="%")
+    dram_active_pct: float | None = gpu_field(GPM, label="DRAM", unit="%")
+    #: The last XIDs seen while watching, oldest first; None: not watched (a
+    #: one-shot read) or the driver cannot report them.
+    xid_events: list[XidEvent] | None = gpu_field(EVENTS, label="XID")
+    #: Each NVLink; [] when the GPU has none, None when it cannot say.
+    nvlink: list[NvLinkInfo] | None = gpu_field(SLOW, label="NVLink")
+    #: MIG mode and instances (read only; gpustation never changes MIG mode).
+    mig: MigInfo | None = gpu_field(SLOW, label="MIG")
+    #: VRAM used minus what the listed processes hold (drivers' and other
+    #: containers' contexts, leaks); None when a process's share is unknown.
+    unowned_memory_mib: float | None = gpu_field(HOST, label="unowned", unit="MiB")
+    #: Processes holding /dev/nvidia<minor> open without being in NVML's list
+    #: (the ones this user may look at); None where /proc cannot be read.
+    device_holders: list[ProcessInfo] | None = gpu_field(HOST)
 
     @property
     def memory_pct(self) -> float | None:
@@ -365,7 +503,16 @@ _NESTED: dict[tuple[type, str], type] = {
     (Topology, "gpus"): GpuPlacement,
     (GpuSample, "pcie"): PcieInfo,
     (GpuSample, "processes"): ProcessInfo,
+    (GpuSample, "remapped_rows"): RemappedRows,
+    (GpuSample, "xid_events"): XidEvent,
+    (GpuSample, "nvlink"): NvLinkInfo,
+    (GpuSample, "mig"): MigInfo,
+    (GpuSample, "device_holders"): ProcessInfo,
+    (MigInfo, "instances"): MigInstance,
+    (MigInstance, "processes"): ProcessInfo,
 }
+#: GpuSample fields that are records with NVML reads of their own.
+RECORDS: dict[str, type] = {"pcie": PcieInfo, "remapped_rows": RemappedRows}
 _NAMES: dict[type, tuple[str, ...]] = {
     cls: tuple(f.name for f in fields(cls)) for cls in {*(c for c, _ in _NESTED), *_NESTED.values()}
 }

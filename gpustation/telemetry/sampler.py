@@ -4,6 +4,12 @@ Fast fields are read on every call; slow ones (PCIe throughput, energy) only
 when ``slow_interval_s`` has passed, so a fast refresh stays fast. Topology is
 static and read once. Process names, users and commands come from psutil and
 are cached per (pid, start time).
+
+The host fields of each GPU are filled here, for every backend alike:
+``unowned_memory_mib`` (VRAM used that no listed process holds) on every
+sample, and ``device_holders`` (processes holding the GPU's device node open
+without being in NVML's list, from ``/proc``) on the first sample and then
+every ``slow_interval_s``.
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ import time
 from collections.abc import Iterator, Sequence
 
 from gpustation.telemetry.backend import Backend, select_gpus
+from gpustation.telemetry.holders import device_node_holders
 from gpustation.telemetry.host import HostSampler, describe_process
-from gpustation.telemetry.model import Snapshot, Topology
+from gpustation.telemetry.model import GpuSample, ProcessInfo, Snapshot, Topology
 
 
 class Sampler:
@@ -26,6 +33,7 @@ class Sampler:
         with_host: bool = True,
         with_topology: bool = True,
         clock=time.time,
+        proc_root: str = "/proc",
     ) -> None:
         self.backend = backend
         self.gpus = select_gpus(backend, list(gpus) if gpus is not None else None)
@@ -34,6 +42,9 @@ class Sampler:
         self.with_topology = with_topology
         self._clock = clock
         self._last_slow = float("-inf")
+        self.proc_root = proc_root
+        self._holders: dict[int, set[int]] | None = None
+        self._last_holders = float("-inf")
         self._topology: Topology | None = None
         self._hostname = _hostname()
         self._static = (
@@ -41,6 +52,16 @@ class Sampler:
             backend.nvml_version(),
             backend.cuda_driver_version(),
         )
+
+    @property
+    def read_gpm(self) -> bool:
+        """Read the profiling metrics (GPM) with each sample: the dashboard turns
+        it on while a card that shows them is on screen or a run is live."""
+        return self.backend.read_gpm
+
+    @read_gpm.setter
+    def read_gpm(self, on: bool) -> None:
+        self.backend.read_gpm = on
 
     def topology(self) -> Topology:
         if self._topology is None:
@@ -61,6 +82,7 @@ class Sampler:
             for proc in gpu.processes:
                 if proc.name is None and not self.backend.simulated:
                     describe_process(proc)
+        self._host_fields(gpus, now)
         topology = self.topology() if self.with_topology else Topology()
         if topology.gpus:
             by_index = {g.index: g for g in gpus}
@@ -83,6 +105,43 @@ class Sampler:
         if host is not None:
             snap.host = host
         return snap
+
+    def _host_fields(self, gpus: list[GpuSample], now: float) -> None:
+        if self.backend.simulated:
+            holders: dict[int, set[int]] | None = {}
+        else:
+            if now - self._last_holders >= self.slow_interval_s:
+                self._last_holders = now
+                self._holders = device_node_holders(self.proc_root, skip=os.getpid())
+            holders = self._holders
+        for gpu in gpus:
+            if gpu.lost:
+                continue
+            gpu.unowned_memory_mib = unowned_memory(gpu)
+            if holders is None or (gpu.minor_number is None and not self.backend.simulated):
+                continue
+            listed = {p.pid for p in gpu.processes}
+            if gpu.mig is not None:
+                listed.update(p.pid for inst in gpu.mig.instances for p in inst.processes)
+            found = []
+            for pid in sorted(
+                holders.get(gpu.minor_number, ()) if gpu.minor_number is not None else ()
+            ):
+                if pid in listed:
+                    continue
+                proc = ProcessInfo(pid=pid, kind="holder")
+                describe_process(proc)
+                found.append(proc)
+            gpu.device_holders = found
+
+
+def unowned_memory(gpu: GpuSample) -> float | None:
+    """VRAM used minus what the listed processes hold (never below 0); None
+    when the used memory or a process's share is unknown."""
+    used = gpu.memory_used_mib
+    if used is None or any(p.gpu_memory_mib is None for p in gpu.processes):
+        return None
+    return max(0.0, used - sum(p.gpu_memory_mib or 0.0 for p in gpu.processes))
 
 
 def _hostname() -> str:

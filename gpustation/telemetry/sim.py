@@ -30,9 +30,14 @@ from gpustation.telemetry.model import (
     GpuLink,
     GpuPlacement,
     GpuSample,
+    MigInfo,
+    NvLinkInfo,
     PcieInfo,
     ProcessInfo,
+    RemappedRows,
     Topology,
+    XidEvent,
+    xid_meaning,
 )
 
 
@@ -62,6 +67,9 @@ class CardSpec:
     pcie_idle_gen: int
     ecc: bool
     nvlinks: int
+    #: profiling metrics (GPM: Hopper and later), MIG and row remapping (datacenter cards)
+    gpm: bool = False
+    mig: bool = False
 
 
 CARDS: dict[str, CardSpec] = {
@@ -112,6 +120,8 @@ CARDS: dict[str, CardSpec] = {
         pcie_idle_gen=5,
         ecc=True,
         nvlinks=18,
+        gpm=True,
+        mig=True,
     ),
 }
 
@@ -149,6 +159,7 @@ def _new_gpu_state(spec: CardSpec) -> dict[str, Any]:
         "lost": False,
         "ecc_uncorrected": 0 if spec.ecc else None,
         "temperature_fails": False,
+        "xid": [],  # [time, code] of each XID poked in, oldest first
         # derived each step, kept for readers
         "power_w": spec.power_idle_w,
         "fans_pct": [float(spec.fan_min_pct)] * spec.fans,
@@ -490,7 +501,49 @@ class SimBackend(Backend):
         sample.energy_j = round(float(g["energy_j"]), 1) if self.read_energy else None
         sample.ecc_uncorrected = g["ecc_uncorrected"] if self.read_ecc else None
         sample.processes = procs
+        sample.minor_number = index
+        self._deep(index, g, sample, load, now)
         return sample
+
+    def _deep(
+        self, index: int, g: dict[str, Any], sample: GpuSample, load: float, now: float
+    ) -> None:
+        """GPM, per-process SM, XIDs, NVLink, MIG and remapped rows, as the card has them."""
+        spec = self.spec
+        busy = load >= 0.05
+        # Tensor-heavy jobs (bf16 training, LLMs) keep the tensor cores busy;
+        # some jobs (fp32, data loading) hardly touch them.
+        tensor_share = 0.35 + 0.6 * self._hash("tensor", index, int(now // JOB_SLOT_S))
+        if spec.gpm and self.read_gpm:
+            sample.sm_active_pct = round(min(100.0, load * 94.0), 1) if busy else 0.0
+            sample.sm_occupancy_pct = round(load * 16.0, 1) if busy else 0.0
+            sample.tensor_active_pct = round(load * 92.0 * tensor_share, 1) if busy else 0.0
+            sample.dram_active_pct = round(load * 18.0 + (2.0 if busy else 0.0), 1) if busy else 0.0
+        util = sample.utilization_gpu_pct or 0.0
+        for n, proc in enumerate(sample.processes):
+            proc.sm_pct = round(util * 0.8) if n == 0 else 0.0
+        sample.xid_events = [
+            XidEvent(time=float(t), code=int(c), meaning=xid_meaning(int(c))) for t, c in g["xid"]
+        ][-16:]
+        if spec.nvlinks:
+            per_link = load * 9_000_000.0 / spec.nvlinks if busy else 0.0  # KiB/s
+            sample.nvlink = [
+                NvLinkInfo(
+                    link=link,
+                    active=True,
+                    tx_kib_s=round(per_link * (0.9 + 0.2 * self._hash("nvtx", index, link))),
+                    rx_kib_s=round(per_link * (0.9 + 0.2 * self._hash("nvrx", index, link))),
+                    replay_errors=0,
+                    recovery_errors=0,
+                    crc_errors=0,
+                )
+                for link in range(spec.nvlinks)
+            ]
+        else:
+            sample.nvlink = []
+        sample.mig = MigInfo(enabled=False, pending=False) if spec.mig else None
+        if spec.ecc:
+            sample.remapped_rows = RemappedRows(0, 0, False, False)
 
     def topology(self, indices: Sequence[int]) -> Topology:
         topo = Topology()
@@ -574,7 +627,9 @@ class SimBackend(Backend):
     def poke(self, index: int, **values: Any) -> None:
         """Change the simulated world: ``load`` (0..1 or None for the schedule),
         ``ambient_c``, ``lost``, ``ecc_uncorrected``, ``temperature_c``,
-        ``temperature_fails`` (temperature reads return nothing)."""
+        ``temperature_fails`` (temperature reads return nothing), ``xid`` (an
+        XID code the card reports now)."""
+        xid = values.pop("xid", None)
         allowed = {
             "load",
             "ambient_c",
@@ -587,5 +642,9 @@ class SimBackend(Backend):
         if unknown:
             raise ValueError(f"unknown simulation knob(s): {', '.join(sorted(unknown))}")
         with self._state() as state:
-            self._advance(state, self.clock())
-            self._gpu_state(state, index).update(values)
+            now = self.clock()
+            self._advance(state, now)
+            g = self._gpu_state(state, index)
+            g.update(values)
+            if xid is not None:
+                g["xid"] = [*g["xid"], [now, int(xid)]][-16:]

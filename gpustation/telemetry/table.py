@@ -170,10 +170,65 @@ def process_lines(snap: Snapshot, color: bool = False, command_width: int = 100)
                 (str(p.pid), ""),
                 (p.user or fmt.NA, ""),
                 (fmt.mib(p.gpu_memory_mib), ""),
+                (fmt.num(p.sm_pct), ""),
                 (command, ""),
             ]
         )
-    return _table(["GPU", "PID", "User", "VRAM", "Command"], rows, right={0, 1, 3}, color=color)
+    header = ["GPU", "PID", "User", "VRAM", "SM %", "Command"]
+    return _table(header, rows, right={0, 1, 3, 4}, color=color)
+
+
+#: Unowned VRAM below this is the driver's own bookkeeping, not worth a line.
+UNOWNED_NOTE_MIB = 256.0
+
+
+def health_lines(snap: Snapshot, color: bool = False, command_width: int = 60) -> list[str]:
+    """A line each for what needs a look: the last XID, a pending or failed row
+    remap, VRAM no listed process holds, processes holding a GPU's device node
+    open without being in NVML's list, and each MIG device."""
+    lines: list[str] = []
+    for g in snap.gpus:
+        if g.lost:
+            continue
+        if g.xid_events:
+            last = g.xid_events[-1]
+            when = time.strftime("%H:%M:%S", time.localtime(last.time))
+            more = f" ({len(g.xid_events)} seen)" if len(g.xid_events) > 1 else ""
+            text = (
+                f"GPU {g.index}: XID {last.code} at {when}: {last.meaning or 'unknown XID'}{more}"
+            )
+            lines.append(_paint(safe(text), "red", color))
+        rows = g.remapped_rows
+        if rows.failure:
+            text = f"GPU {g.index}: a memory row remap failed: the card needs service"
+            lines.append(_paint(text, "red", color))
+        elif rows.pending:
+            text = f"GPU {g.index}: a memory row remap is pending: reset the GPU when it is idle"
+            lines.append(_paint(text, "yellow", color))
+        if g.mig is not None and g.mig.enabled:
+            for inst in g.mig.instances:
+                procs = len(inst.processes)
+                text = (
+                    f"GPU {g.index} MIG {inst.index} {inst.profile or fmt.NA}"
+                    f" (GI {fmt.num(inst.gpu_instance_id)}):"
+                    f" VRAM {fmt.mib(inst.memory_used_mib)}/{fmt.mib(inst.memory_total_mib)},"
+                    f" {procs} process{'es' if procs != 1 else ''}"
+                )
+                lines.append(safe(text))
+        holders = g.device_holders or []
+        unowned = g.unowned_memory_mib
+        if holders or (unowned is not None and unowned >= UNOWNED_NOTE_MIB):
+            text = f"GPU {g.index}: {fmt.mib(unowned)} of VRAM held by no listed process"
+            if holders:
+                who = ", ".join(
+                    f"{p.pid} ({(p.command or p.name or fmt.NA)[:command_width]})" for p in holders
+                )
+                node = (
+                    f"/dev/nvidia{g.minor_number}" if g.minor_number is not None else "its device"
+                )
+                text += f"; {node} is also held open by {who}"
+            lines.append(_paint(safe(text), "yellow", color))
+    return lines
 
 
 def header_line(snap: Snapshot, color: bool = False) -> str:
@@ -193,6 +248,7 @@ def render_snapshot(snap: Snapshot, color: bool = False) -> str:
     if snap.note:
         lines.append(_paint(safe(snap.note), "yellow", color))
     lines += gpu_lines(snap, color)
+    lines += health_lines(snap, color)
     lines.append(host_line(snap))
     if any(g.processes for g in snap.gpus):
         lines += process_lines(snap, color)

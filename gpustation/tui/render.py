@@ -145,6 +145,14 @@ def card_text(gpu: GpuSample, width: int, focused: bool = False) -> Text:
     t.append_text(bar(_frac(gpu.clock_sm_mhz, gpu.clock_sm_max_mhz), barw, "blue"))
     t.append(f" {fmt.pair(gpu.clock_sm_mhz, gpu.clock_sm_max_mhz, ' MHz')}")
     t.append(f"  mem {fmt.pair(gpu.clock_mem_mhz, gpu.clock_mem_max_mhz, ' MHz')}", style="dim")
+    if gpu.sm_active_pct is not None or gpu.tensor_active_pct is not None:
+        # GPM: what the SMs really do (only where the card has it and it is read).
+        t.append(
+            f"  active {fmt.num(gpu.sm_active_pct, unit=' %')}"
+            f" tensor {fmt.num(gpu.tensor_active_pct, unit=' %')}"
+            f" dram {fmt.num(gpu.dram_active_pct, unit=' %')}",
+            style="green",
+        )
     t.append("\nVRAM  ")
     t.append_text(
         bar(_frac(gpu.memory_used_mib, gpu.memory_total_mib), barw, pct_style(gpu.memory_pct))
@@ -158,7 +166,44 @@ def card_text(gpu: GpuSample, width: int, focused: bool = False) -> Text:
     t.append_text(pcie_text(gpu))
     t.append("\nThrottle ")
     t.append_text(throttle_text(gpu))
+    t.append_text(health_text(gpu))
+    t.append_text(mig_text(gpu))
     return t
+
+
+def health_text(gpu: GpuSample) -> Text:
+    """The last XID and a pending or failed row remap, for the end of a card."""
+    out = Text()
+    if gpu.xid_events:
+        last = gpu.xid_events[-1]
+        out.append(f"  XID {last.code}", style="bold white on red")
+        if last.meaning:
+            out.append(f" {last.meaning}", style="red")
+    rows = gpu.remapped_rows
+    if rows.failure:
+        out.append("  row remap failed", style="bold white on red")
+    elif rows.pending:
+        out.append("  row remap pending: reset", style="bold black on yellow")
+    return out
+
+
+def mig_text(gpu: GpuSample) -> Text:
+    """A line per MIG device under its GPU (MIG mode is shown, never changed)."""
+    out = Text()
+    mig = gpu.mig
+    if mig is None or not mig.enabled:
+        return out
+    for inst in mig.instances:
+        procs = len(inst.processes)
+        out.append(f"\n  MIG {inst.index} ", style="bold")
+        out.append(f"{inst.profile or fmt.NA:<8}", style="cyan")
+        out.append(
+            f" GI {fmt.num(inst.gpu_instance_id)}"
+            f"  VRAM {fmt.mib(inst.memory_used_mib)}/{fmt.mib(inst.memory_total_mib)}"
+            f"  {procs} proc{'s' if procs != 1 else ''}",
+            style="dim",
+        )
+    return out
 
 
 def compact_text(gpu: GpuSample, width: int, focused: bool = False) -> Text:

@@ -12,6 +12,17 @@ read at import; its keys are :func:`load_scenario`'s.
 
 The default machine is an RTX 4090 (two fans) and an H200 (no fans), with
 values like those a real H200 reports.
+
+The deeper readings answer as a driver would: XID events come from a queue
+(:func:`push_xid`) that ``nvmlEventSetWait_v2`` waits on, timing out as the
+real one does; GPM samples carry busy-time counters that advance with the
+driver's clock, so ``nvmlGpmMetricsGet`` computes a value from two of them
+(the H200's are those measured under a bf16 matmul; the RTX 4090 has no GPM);
+NVLink data counters advance by each link's rate; process utilisation gives
+samples newer than the timestamp asked for, or NotFound; :func:`mig_scenario`
+puts the H200 in MIG mode with two instances, each running a process.
+``nvmlDeviceSetMigMode`` exists, as in nvidia-ml-py, so that a call to it
+would show in :data:`calls`.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import queue
 import sys
 from types import SimpleNamespace
 from typing import Any
@@ -88,6 +100,33 @@ NVML_FEATURE_DISABLED = 0
 NVML_FEATURE_ENABLED = 1
 nvmlMemory_v2 = 0x02000028
 NVML_VALUE_NOT_AVAILABLE_ULONGLONG = (1 << 64) - 1
+nvmlEventTypeSingleBitEccError = 0x0000000000000001
+nvmlEventTypeDoubleBitEccError = 0x0000000000000002
+nvmlEventTypeXidCriticalError = 0x0000000000000008
+NVML_GPM_METRIC_GRAPHICS_UTIL = 1
+NVML_GPM_METRIC_SM_UTIL = 2
+NVML_GPM_METRIC_SM_OCCUPANCY = 3
+NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5
+NVML_GPM_METRIC_DRAM_BW_UTIL = 10
+NVML_GPM_METRIC_MAX = 477
+NVML_GPM_METRICS_GET_VERSION = 1
+NVML_GPM_SUPPORT_VERSION = 1
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+NVML_NVLINK_ERROR_DL_REPLAY = 0
+NVML_NVLINK_ERROR_DL_RECOVERY = 1
+NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
+NVML_NVLINK_ERROR_DL_CRC_DATA = 3
+NVML_DEVICE_MIG_DISABLE = 0x0
+NVML_DEVICE_MIG_ENABLE = 0x1
+# GPM metric id -> the device's "gpm" key that gives its rate (% of the time)
+_GPM_KEYS = {
+    NVML_GPM_METRIC_SM_UTIL: "sm",
+    NVML_GPM_METRIC_SM_OCCUPANCY: "occupancy",
+    NVML_GPM_METRIC_ANY_TENSOR_UTIL: "tensor",
+    NVML_GPM_METRIC_DRAM_BW_UTIL: "dram",
+}
 
 _MIB = 1024 * 1024
 
@@ -197,6 +236,19 @@ _CARDS: dict[str, dict[str, Any]] = {
         "ecc_uncorrected": 0,
         "compute_procs": [[4242, 7680 * _MIB]],
         "graphics_procs": [[1234, 210 * _MIB]],
+        # [pid, SM %, memory %] per process, as nvmlDeviceGetProcessUtilization gives
+        "process_util": [[4242, 88, 31]],
+        "minor": 0,
+        "remapped_rows": [0, 0, 0, 0],  # correctable, uncorrectable, pending, failure
+        "xid_events": True,  # registration for XID events works
+        # GPM: an Ada card has none (the driver answers isSupportedDevice=0)
+        "gpm_supported": False,
+        "gpm": {"sm": 0.0, "occupancy": 0.0, "tensor": 0.0, "dram": 0.0},
+        # per link: KiB/s sent and received, and the error counters
+        "nvlink_rates": [],
+        "nvlink_errors": {},
+        "mig_mode": None,  # consumer cards have no MIG: NotSupported
+        "mig_devices": [],
         "numa_node": 0,
         "cpu_affinity": list(range(16)),
         "nvlinks": [],
@@ -247,6 +299,17 @@ _CARDS: dict[str, dict[str, Any]] = {
         "ecc_uncorrected": 0,
         "compute_procs": [],
         "graphics_procs": [],
+        "process_util": [],
+        "minor": 1,
+        "remapped_rows": [0, 0, 0, 0],  # as measured on an H200
+        "xid_events": True,
+        # As measured on an H200 under a bf16 matmul.
+        "gpm_supported": True,
+        "gpm": {"sm": 92.7, "occupancy": 15.6, "tensor": 87.8, "dram": 17.0},
+        "nvlink_rates": [],
+        "nvlink_errors": {},
+        "mig_mode": [0, 0],  # MIG off, as measured
+        "mig_devices": [],
         "numa_node": 1,
         "cpu_affinity": list(range(16, 32)),
         "nvlinks": [],
@@ -286,6 +349,12 @@ class _Driver:
         self.driver_version = "580.159.04"
         self.nvml_version = "13.580.159.04"
         self.cuda_version = 13000
+        #: the driver's clock in µs; every sampling call moves it on by one second
+        self.clock_us = 1_700_000_000_000_000
+        #: XIDs pushed by tests, waiting for nvmlEventSetWait: (device index, code)
+        self.events: queue.Queue[tuple[int, int]] = queue.Queue()
+        self.event_sets: list[EventSet] = []
+        self.gpm_samples_alive = 0
 
 
 DRIVER = _Driver()
@@ -359,6 +428,38 @@ def recover_gpu(index: int) -> None:
     DRIVER.lost.discard(index)
 
 
+def push_xid(index: int, code: int) -> None:
+    """An XID on GPU ``index``: the next nvmlEventSetWait of a set it is in returns it."""
+    DRIVER.events.put((index, code))
+
+
+def mig_scenario(index: int = 1) -> None:
+    """GPU ``index`` (an H200) in MIG mode with two instances, each with a process."""
+    dev = DRIVER.devices[index]
+    dev["mig_mode"] = [NVML_DEVICE_MIG_ENABLE, NVML_DEVICE_MIG_ENABLE]
+    dev["util_gpu"] = None  # in MIG mode the GPU's utilisation is NotSupported
+    dev["mig_devices"] = [
+        {
+            "gi": 1,
+            "ci": 0,
+            "profile": "3g.71gb",
+            "uuid": "MIG-1d3c5e7f-0001-4a2b-8c9d-000000000001",
+            "memory_total": 71 * 1024 * _MIB,
+            "memory_used": 20480 * _MIB,
+            "compute_procs": [[5151, 20000 * _MIB]],
+        },
+        {
+            "gi": 2,
+            "ci": 0,
+            "profile": "3g.71gb",
+            "uuid": "MIG-1d3c5e7f-0002-4a2b-8c9d-000000000002",
+            "memory_total": 71 * 1024 * _MIB,
+            "memory_used": 1024 * _MIB,
+            "compute_procs": [[6262, 900 * _MIB]],
+        },
+    ]
+
+
 def calls_of(name: str) -> list[tuple[Any, ...]]:
     """The argument tuples of every call to ``name``."""
     return [args for called, args in calls if called == name]
@@ -398,6 +499,25 @@ class Handle:
 
     def __repr__(self) -> str:
         return f"<fake nvmlDevice {self.index}>"
+
+
+class MigHandle(Handle):
+    """A MIG device's handle: ``index`` is its GPU's (so a lost GPU loses it too)."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, index: int, slot: int) -> None:
+        super().__init__(index)
+        self.slot = slot
+
+    def __repr__(self) -> str:
+        return f"<fake MIG device {self.index}/{self.slot}>"
+
+
+def _mig(handle: Handle) -> dict[str, Any] | None:
+    if isinstance(handle, MigHandle):
+        return DRIVER.devices[handle.index]["mig_devices"][handle.slot]
+    return None
 
 
 def _enter(name: str, *args: Any) -> None:
@@ -474,12 +594,26 @@ def nvmlDeviceGetHandleByIndex(index: int) -> Handle:
 
 def nvmlDeviceGetName(handle: Handle) -> str:
     _enter("nvmlDeviceGetName", handle)
+    mig = _mig(handle)
+    if mig is not None:
+        return f"{_dev(handle)['name']} MIG {mig['profile']}"
     return _dev(handle)["name"]
 
 
 def nvmlDeviceGetUUID(handle: Handle) -> str:
     _enter("nvmlDeviceGetUUID", handle)
-    return _dev(handle)["uuid"]
+    mig = _mig(handle)
+    return _dev(handle)["uuid"] if mig is None else mig["uuid"]
+
+
+def nvmlDeviceGetIndex(handle: Handle) -> int:
+    _enter("nvmlDeviceGetIndex", handle)
+    return handle.index
+
+
+def nvmlDeviceGetMinorNumber(handle: Handle) -> int:
+    _enter("nvmlDeviceGetMinorNumber", handle)
+    return _dev(handle)["minor"]
 
 
 def _pci(handle: Handle) -> SimpleNamespace:
@@ -558,6 +692,11 @@ def nvmlDeviceGetMaxClockInfo(handle: Handle, clock: int) -> int:
 
 def nvmlDeviceGetMemoryInfo(handle: Handle, version: int | None = None) -> SimpleNamespace:
     dev = _dev(handle) if isinstance(handle, Handle) else None
+    mig = _mig(handle)
+    if mig is not None:
+        _enter("nvmlDeviceGetMemoryInfo_v2" if version else "nvmlDeviceGetMemoryInfo", handle)
+        total, used = mig["memory_total"], mig["memory_used"]
+        return SimpleNamespace(total=total, used=used, free=total - used, reserved=0)
     if version:
         _enter("nvmlDeviceGetMemoryInfo_v2", handle)
         if version != nvmlMemory_v2:
@@ -580,6 +719,8 @@ def nvmlDeviceGetMemoryInfo(handle: Handle, version: int | None = None) -> Simpl
 
 def nvmlDeviceGetUtilizationRates(handle: Handle) -> SimpleNamespace:
     _enter("nvmlDeviceGetUtilizationRates", handle)
+    if _dev(handle)["util_gpu"] is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
     return SimpleNamespace(gpu=_dev(handle)["util_gpu"], memory=_dev(handle)["util_mem"])
 
 
@@ -685,6 +826,14 @@ def nvmlDeviceGetTotalEccErrors(handle: Handle, error_type: int, counter_type: i
 
 
 def _procs(handle: Handle, key: str) -> list[SimpleNamespace]:
+    mig = _mig(handle)
+    if mig is not None:
+        return [
+            SimpleNamespace(
+                pid=pid, usedGpuMemory=used, gpuInstanceId=mig["gi"], computeInstanceId=mig["ci"]
+            )
+            for pid, used in mig.get(key, [])
+        ]
     return [
         SimpleNamespace(
             pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF
@@ -786,6 +935,241 @@ def nvmlDeviceGetCpuAffinity(handle: Handle, cpu_set_size: int) -> list[int]:
     return words
 
 
+# ---- events ---------------------------------------------------------------------------
+
+
+class EventSet:
+    """What nvmlEventSetCreate gives: the GPUs registered in it, by event types."""
+
+    def __init__(self) -> None:
+        self.registered: dict[int, int] = {}
+        self.freed = False
+
+
+def nvmlEventSetCreate() -> EventSet:
+    _enter("nvmlEventSetCreate")
+    event_set = EventSet()
+    DRIVER.event_sets.append(event_set)
+    return event_set
+
+
+def nvmlDeviceGetSupportedEventTypes(handle: Handle) -> int:
+    _enter("nvmlDeviceGetSupportedEventTypes", handle)
+    return 0xFF9F if _dev(handle)["xid_events"] else 0
+
+
+def nvmlDeviceRegisterEvents(handle: Handle, event_types: int, event_set: EventSet) -> None:
+    _enter("nvmlDeviceRegisterEvents", handle, event_types)
+    if not _dev(handle)["xid_events"]:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    event_set.registered[handle.index] = event_types
+
+
+def nvmlEventSetWait_v2(event_set: EventSet, timeout_ms: int) -> SimpleNamespace:
+    # Not recorded in ``calls``: a watcher waits in a loop, as long as a test runs.
+    if DRIVER.initialized <= 0:
+        raise NVMLError(NVML_ERROR_UNINITIALIZED)
+    code = DRIVER.failures.get((None, "nvmlEventSetWait_v2"))
+    if code:
+        raise NVMLError(code)
+    try:
+        index, xid = DRIVER.events.get(timeout=timeout_ms / 1000.0)
+    except queue.Empty:
+        raise NVMLError(NVML_ERROR_TIMEOUT) from None
+    if index not in event_set.registered:
+        raise NVMLError(NVML_ERROR_TIMEOUT)
+    return SimpleNamespace(
+        device=Handle(index),
+        eventType=nvmlEventTypeXidCriticalError,
+        eventData=xid,
+        gpuInstanceId=0xFFFFFFFF,
+        computeInstanceId=0xFFFFFFFF,
+    )
+
+
+def nvmlEventSetWait(event_set: EventSet, timeout_ms: int) -> SimpleNamespace:
+    return nvmlEventSetWait_v2(event_set, timeout_ms)
+
+
+def nvmlEventSetFree(event_set: EventSet) -> None:
+    _enter("nvmlEventSetFree")
+    event_set.freed = True
+
+
+# ---- GPM -----------------------------------------------------------------------------
+
+
+class GpmSample:
+    """An opaque GPM sample: the driver's clock and each engine's busy time so far."""
+
+    def __init__(self) -> None:
+        self.index: int | None = None
+        self.time_us = 0
+        self.busy: dict[str, float] = {}
+
+
+class c_nvmlGpmMetricsGet_t:  # the name nvidia-ml-py gives it
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1: GpmSample | None = None
+        self.sample2: GpmSample | None = None
+        self.metrics = [
+            SimpleNamespace(metricId=0, nvmlReturn=NVML_SUCCESS, value=0.0)
+            for _ in range(NVML_GPM_METRIC_MAX)
+        ]
+
+
+def nvmlGpmQueryDeviceSupport(handle: Handle) -> SimpleNamespace:
+    _enter("nvmlGpmQueryDeviceSupport", handle)
+    return SimpleNamespace(version=1, isSupportedDevice=int(_dev(handle)["gpm_supported"]))
+
+
+def nvmlGpmSampleAlloc() -> GpmSample:
+    _enter("nvmlGpmSampleAlloc")
+    DRIVER.gpm_samples_alive += 1
+    return GpmSample()
+
+
+def nvmlGpmSampleFree(sample: GpmSample) -> None:
+    _enter("nvmlGpmSampleFree")
+    DRIVER.gpm_samples_alive -= 1
+
+
+def nvmlGpmSampleGet(handle: Handle, sample: GpmSample) -> GpmSample:
+    """Each sample moves the driver's clock on by a second, the counters by their rates."""
+    _enter("nvmlGpmSampleGet", handle)
+    dev = _dev(handle)
+    if not dev["gpm_supported"]:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    DRIVER.clock_us += 1_000_000
+    seconds = (DRIVER.clock_us - dev.get("_gpm_at", DRIVER.clock_us - 1_000_000)) / 1e6
+    dev["_gpm_at"] = DRIVER.clock_us
+    counters = dev.setdefault("_gpm_busy", {k: 0.0 for k in dev["gpm"]})
+    for key, pct in dev["gpm"].items():
+        counters[key] = counters.get(key, 0.0) + pct / 100.0 * seconds
+    sample.index, sample.time_us, sample.busy = handle.index, DRIVER.clock_us, dict(counters)
+    return sample
+
+
+def nvmlGpmMetricsGet(get: c_nvmlGpmMetricsGet_t) -> c_nvmlGpmMetricsGet_t:
+    _enter("nvmlGpmMetricsGet")
+    first, second = get.sample1, get.sample2
+    if first is None or second is None or first.index != second.index or first is second:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    seconds = (second.time_us - first.time_us) / 1e6
+    if seconds <= 0:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    for metric in get.metrics[: get.numMetrics]:
+        key = _GPM_KEYS.get(metric.metricId)
+        if key is None:
+            metric.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+            continue
+        metric.nvmlReturn = NVML_SUCCESS
+        metric.value = 100.0 * (second.busy[key] - first.busy[key]) / seconds
+    return get
+
+
+# ---- process utilisation, memory health, NVLink counters, MIG ----------------------------
+
+
+def nvmlDeviceGetProcessUtilization(handle: Handle, last_seen: int) -> list[SimpleNamespace]:
+    _enter("nvmlDeviceGetProcessUtilization", handle, last_seen)
+    DRIVER.clock_us += 1_000_000
+    rows = _dev(handle)["process_util"]
+    if not rows:
+        raise NVMLError(NVML_ERROR_NOT_FOUND)  # no samples since last_seen
+    return [
+        SimpleNamespace(
+            pid=pid, timeStamp=DRIVER.clock_us, smUtil=sm, memUtil=mem, encUtil=0, decUtil=0
+        )
+        for pid, sm, mem in rows
+    ]
+
+
+def nvmlDeviceGetRemappedRows(handle: Handle) -> tuple[int, int, int, int]:
+    _enter("nvmlDeviceGetRemappedRows", handle)
+    corr, unc, pending, failure = _dev(handle)["remapped_rows"]
+    return (corr, unc, pending, failure)
+
+
+def nvmlDeviceGetNvLinkErrorCounter(handle: Handle, link: int, counter: int) -> int:
+    _enter("nvmlDeviceGetNvLinkErrorCounter", handle, link, counter)
+    _active_link(handle, link)
+    errors = {int(k): v for k, v in _dev(handle)["nvlink_errors"].items()}
+    return int(errors.get(link, [0, 0, 0, 0])[counter])
+
+
+def nvmlDeviceGetFieldValues(handle: Handle, field_ids: list[Any]) -> list[SimpleNamespace]:
+    """NVLink data counters (KiB so far), moving on by their rates a second per call."""
+    _enter("nvmlDeviceGetFieldValues", handle)
+    DRIVER.clock_us += 1_000_000
+    dev = _dev(handle)
+    seconds = (DRIVER.clock_us - 1_700_000_000_000_000) / 1e6
+    out = []
+    for item in field_ids:
+        fid, scope = item if isinstance(item, tuple) else (item, 0)
+        rates = dev["nvlink_rates"]
+        if fid in (
+            NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+            NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+        ) and (scope < len(rates)):
+            rate = rates[scope][0 if fid == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX else 1]
+            value, ret = int(rate * seconds), NVML_SUCCESS
+        else:
+            value, ret = 0, NVML_ERROR_NOT_SUPPORTED
+        out.append(
+            SimpleNamespace(
+                fieldId=fid,
+                scopeId=scope,
+                timestamp=DRIVER.clock_us,
+                latencyUsec=0,
+                valueType=NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+                nvmlReturn=ret,
+                value=SimpleNamespace(ullVal=value),
+            )
+        )
+    return out
+
+
+def nvmlDeviceGetMigMode(handle: Handle) -> list[int]:
+    _enter("nvmlDeviceGetMigMode", handle)
+    mode = _dev(handle)["mig_mode"]
+    if mode is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return list(mode)
+
+
+def nvmlDeviceGetMaxMigDeviceCount(handle: Handle) -> int:
+    _enter("nvmlDeviceGetMaxMigDeviceCount", handle)
+    if _dev(handle)["mig_mode"] is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return 7
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(handle: Handle, index: int) -> MigHandle:
+    _enter("nvmlDeviceGetMigDeviceHandleByIndex", handle, index)
+    if not 0 <= index < len(_dev(handle)["mig_devices"]):
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+    return MigHandle(handle.index, index)
+
+
+def nvmlDeviceGetGpuInstanceId(handle: Handle) -> int:
+    _enter("nvmlDeviceGetGpuInstanceId", handle)
+    mig = _mig(handle)
+    if mig is None:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return mig["gi"]
+
+
+def nvmlDeviceGetComputeInstanceId(handle: Handle) -> int:
+    _enter("nvmlDeviceGetComputeInstanceId", handle)
+    mig = _mig(handle)
+    if mig is None:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return mig["ci"]
+
+
 # ---- setters ------------------------------------------------------------------------
 
 
@@ -820,6 +1204,13 @@ def nvmlDeviceSetDefaultFanSpeed_v2(handle: Handle, fan: int) -> None:
         raise NVMLError(NVML_ERROR_NO_PERMISSION)
     _dev(handle)["fan_policy"][fan] = NVML_FAN_POLICY_TEMPERATURE_CONTINOUS_SW
     set_calls.append(("nvmlDeviceSetDefaultFanSpeed_v2", (handle.index, fan)))
+
+
+def nvmlDeviceSetMigMode(handle: Handle, mode: int) -> int:
+    """Present, as in nvidia-ml-py, so that a call would be seen: gpustation must never make one."""
+    _enter("nvmlDeviceSetMigMode", handle, mode)
+    set_calls.append(("nvmlDeviceSetMigMode", (handle.index, mode)))
+    return NVML_SUCCESS
 
 
 # ---- start-up ---------------------------------------------------------------------------

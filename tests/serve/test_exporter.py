@@ -516,3 +516,54 @@ def test_a_readable_auth_file_or_half_a_tls_pair_is_refused(tmp_path: Path) -> N
             timeout=60,
         )
         assert result.returncode == EXIT_USAGE and named in result.stderr
+
+
+def test_profiling_xid_nvlink_and_row_remap_series_follow_dcgm() -> None:
+    backend, sampler = _frozen(count=2, card="h200")
+    backend.read_gpm = True
+    backend.poke(0, load=1.0)
+    backend.poke(1, load=0.0)
+    backend.poke(0, xid=13)
+    backend.poke(0, xid=79)
+    exporter = Exporter(sampler.sample, with_extras=False)
+    exporter.sample_once()
+    m = _scrape(exporter)
+    snap = sampler.sample()
+    busy, idle = snap.gpus
+    # DCGM's profiling fields are ratios, the model's percentages.
+    for name, pct in (
+        ("DCGM_FI_PROF_SM_ACTIVE", busy.sm_active_pct),
+        ("DCGM_FI_PROF_SM_OCCUPANCY", busy.sm_occupancy_pct),
+        ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", busy.tensor_active_pct),
+        ("DCGM_FI_PROF_DRAM_ACTIVE", busy.dram_active_pct),
+    ):
+        assert pct is not None and pct > 0
+        assert _gpu_series(m[name], 0) == pytest.approx(pct / 100.0)
+        assert _gpu_series(m[name], 1) == 0.0  # idle is a value, not a gap
+    assert _gpu_series(m["DCGM_FI_DEV_XID_ERRORS"], 0) == 79.0  # the last one
+    assert _gpu_series(m["DCGM_FI_DEV_XID_ERRORS"], 1) == 0.0
+    total_kib = sum(x.tx_kib_s + x.rx_kib_s for x in busy.nvlink)
+    assert _gpu_series(m["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"], 0) == pytest.approx(
+        total_kib * 1024 / 1e6
+    )
+    assert _gpu_series(m["DCGM_FI_DEV_ROW_REMAP_PENDING"], 0) == 0.0
+    assert _gpu_series(m["DCGM_FI_DEV_ROW_REMAP_FAILURE"], 0) == 0.0
+    assert _gpu_series(m["gpustation_mig_enabled"], 0) == 0.0
+    assert idle.tensor_active_pct == 0.0
+
+
+def test_profiling_series_are_left_out_where_the_card_has_no_gpm() -> None:
+    backend, sampler = _frozen(count=1, card="rtx4090")
+    backend.read_gpm = True
+    exporter = Exporter(sampler.sample, with_extras=False)
+    exporter.sample_once()
+    m = _scrape(exporter)
+    for name in (
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "DCGM_FI_DEV_ROW_REMAP_PENDING",
+        "gpustation_mig_enabled",
+    ):
+        assert name not in m, name
+    assert _gpu_series(m["DCGM_FI_DEV_XID_ERRORS"], 0) == 0.0

@@ -185,3 +185,42 @@ def test_the_idle_rule_comes_from_the_alerts_table(gpustation_dirs: dict) -> Non
     config.write_text('[alerts]\nidle_minutes = "soon"\nidle_typo = 1\n')
     with pytest.raises(UsageError, match=r"idle_minutes.*idle_typo"):
         load_idle_rule()
+
+
+# ---- XIDs and remapped rows ------------------------------------------------------------
+
+
+def test_each_new_xid_is_one_critical_alert_and_an_old_one_is_not_raised_again() -> None:
+    from gpustation.telemetry.model import XidEvent
+
+    first = XidEvent(time=10.0, code=13, meaning="graphics engine exception")
+    second = XidEvent(time=12.0, code=79, meaning="GPU has fallen off the bus")
+    log = AlertLog()
+    assert log.update(snap(9, gpu(0, xid_events=[]))) == []
+    raised = log.update(snap(11, gpu(0, xid_events=[first])))
+    assert [(a.rule, a.severity) for a in raised] == [("xid", "critical")]
+    assert "XID 13" in raised[0].message and "graphics engine" in raised[0].message
+    # The same event in the next snapshot is not news; a newer one is.
+    assert log.update(snap(11.5, gpu(0, xid_events=[first]))) == []
+    raised = log.update(snap(13, gpu(0, xid_events=[first, second])))
+    assert [a.message for a in raised] == ["GPU 0 reported XID 79: GPU has fallen off the bus"]
+    # It stays among the active alerts, as an ECC error does.
+    assert [a.rule for a in log.active] == ["xid"]
+    # Not watched (None) raises nothing.
+    assert evaluate(None, snap(1, gpu(0, xid_events=None))) == []
+
+
+def test_a_pending_row_remap_warns_and_a_failed_one_is_critical() -> None:
+    from gpustation.telemetry.model import RemappedRows
+
+    cur = snap(
+        1,
+        gpu(0, remapped_rows=RemappedRows(0, 1, True, False)),
+        gpu(1, remapped_rows=RemappedRows(0, 3, False, True)),
+        gpu(2, remapped_rows=RemappedRows(None, None, None, None)),
+    )
+    alerts = {(a.rule, a.gpu): a for a in evaluate(None, cur)}
+    assert set(alerts) == {("row_remap_pending", 0), ("row_remap_failure", 1)}
+    assert alerts[("row_remap_pending", 0)].severity == "warning"
+    assert alerts[("row_remap_failure", 1)].severity == "critical"
+    assert "reset the GPU" in alerts[("row_remap_pending", 0)].message

@@ -146,3 +146,52 @@ def test_topology_pairs_and_placement() -> None:
     assert topo.link(0, 1).level == "PIX"
     assert topo.link(0, 3).level == "SYS" and topo.link(0, 3).p2p_read is False
     assert [p.numa_node for p in topo.gpus] == [0, 0, 1, 1]
+
+
+def test_gpm_tensor_activity_under_load_none_idle_and_only_when_asked() -> None:
+    clock = Clock()
+    sim = SimBackend(count=2, card="h200", clock=clock)
+    sim.poke(0, load=1.0)
+    sim.poke(1, load=0.0)
+    clock.t += 60
+    busy, idle = sim.read_gpus([0, 1], slow=True)
+    assert busy.tensor_active_pct is None  # not asked for
+    sim.read_gpm = True
+    busy, idle = sim.read_gpus([0, 1], slow=True)
+    assert busy.tensor_active_pct and busy.tensor_active_pct > 30
+    assert busy.sm_active_pct and busy.sm_active_pct > 80
+    assert (idle.tensor_active_pct, idle.sm_active_pct, idle.dram_active_pct) == (0, 0, 0)
+    assert busy.processes and busy.processes[0].sm_pct == pytest.approx(
+        busy.utilization_gpu_pct * 0.8, abs=1
+    )
+    assert len(busy.nvlink or []) == 18 and busy.nvlink[0].tx_kib_s  # type: ignore[index]
+    assert busy.mig is not None and busy.mig.enabled is False
+    assert busy.remapped_rows.pending is False
+    # An RTX 4090 has no GPM, no MIG and no NVLink.
+    rtx = SimBackend(count=1, card="rtx4090", clock=clock)
+    rtx.read_gpm = True
+    g = rtx.read_gpus([0], slow=True)[0]
+    assert (g.tensor_active_pct, g.mig, g.nvlink, g.remapped_rows.pending) == (None, None, [], None)
+
+
+def test_no_xid_unless_poked() -> None:
+    clock = Clock()
+    sim = SimBackend(count=2, card="h200", clock=clock)
+    assert [g.xid_events for g in sim.read_gpus([0, 1], slow=False)] == [[], []]
+    sim.poke(1, xid=79)
+    g0, g1 = sim.read_gpus([0, 1], slow=False)
+    assert g0.xid_events == []
+    assert [(e.code, e.meaning) for e in g1.xid_events or ()] == [
+        (79, "GPU has fallen off the bus")
+    ]
+    with pytest.raises(ValueError):
+        sim.poke(0, nonsense=1)
+
+
+def test_the_sampler_turns_gpm_on_and_off_through_its_backend() -> None:
+    sim = SimBackend(count=1, card="h200", clock=Clock())
+    sim.poke(0, load=1.0)
+    sampler = Sampler(sim, with_host=False, with_topology=False)
+    assert sampler.read_gpm is False and sampler.sample().gpus[0].tensor_active_pct is None
+    sampler.read_gpm = True
+    assert sim.read_gpm is True and sampler.sample().gpus[0].tensor_active_pct

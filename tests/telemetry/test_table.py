@@ -49,3 +49,60 @@ def test_simulated_snapshots_are_labelled_and_colour_is_optional() -> None:
     assert plain.splitlines()[0].startswith(" SIMULATED ")
     coloured = render_snapshot(snap, color=True)
     assert "\x1b[" in coloured and "SIMULATED" in coloured
+
+
+def test_processes_show_their_sm_share_and_health_gets_a_line_each() -> None:
+    from gpustation.telemetry.model import (
+        MigInfo,
+        MigInstance,
+        ProcessInfo,
+        RemappedRows,
+        XidEvent,
+    )
+
+    snap = _h200()
+    g = snap.gpus[0]
+    g.memory_used_mib = 30_000.0
+    g.minor_number = 0
+    g.processes = [ProcessInfo(pid=441, gpu_memory_mib=20_000.0, command="python mm.py", sm_pct=71)]
+    g.unowned_memory_mib = 10_000.0
+    g.device_holders = [ProcessInfo(pid=777, command="python \x1b[31mzombie.py", kind="holder")]
+    g.xid_events = [XidEvent(time=snap.time, code=79, meaning="GPU has fallen off the bus")]
+    g.remapped_rows = RemappedRows(0, 1, True, False)
+    g.mig = MigInfo(
+        enabled=True,
+        pending=True,
+        instances=[
+            MigInstance(
+                index=0,
+                gpu_instance_id=1,
+                profile="3g.71gb",
+                memory_used_mib=1024,
+                memory_total_mib=72704,
+                processes=[ProcessInfo(pid=5)],
+            )
+        ],
+    )
+    lines = render_snapshot(snap).splitlines()
+    header = next(line for line in lines if line.startswith("GPU") and "PID" in line)
+    assert header.split() == ["GPU", "PID", "User", "VRAM", "SM", "%", "Command"]
+    proc = next(line for line in lines if " 441 " in line)
+    assert proc.split()[4] == "71"
+    assert any(
+        line.startswith("GPU 0: XID 79 at ") and "fallen off the bus" in line for line in lines
+    )
+    assert any("row remap is pending" in line for line in lines)
+    assert any(
+        line.startswith("GPU 0 MIG 0 3g.71gb (GI 1)") and "1 process" in line for line in lines
+    )
+    held = next(line for line in lines if "held by no listed process" in line)
+    assert "/dev/nvidia0 is also held open by 777 (python" in held
+    assert "\x1b" not in held  # another user's argv is made safe
+
+
+def test_no_health_lines_for_a_healthy_gpu() -> None:
+    snap = _h200()
+    snap.gpus[0].unowned_memory_mib = 12.0  # the driver's bookkeeping
+    snap.gpus[0].device_holders = []
+    text = render_snapshot(snap)
+    assert "held by no listed process" not in text and "XID" not in text

@@ -36,15 +36,22 @@ from gpustation.telemetry.backend import Backend
 from gpustation.telemetry.model import (
     FAST,
     IDENTITY,
+    RECORDS,
     SLOW,
     STATIC,
     GpuSample,
     NvmlRead,
-    PcieInfo,
     ProcessInfo,
     Topology,
     decode_throttle,
     specs,
+)
+from gpustation.telemetry.nvml.deep import (
+    GpmReader,
+    NvLinkReader,
+    ProcessUtilization,
+    XidWatcher,
+    read_mig,
 )
 from gpustation.telemetry.nvml.query import (
     MISSING,
@@ -69,7 +76,7 @@ class Field(NamedTuple):
     """A declared field the backend reads: ``key`` is ``power_w`` or ``pcie.tx_kib_s``."""
 
     key: str
-    record: str | None  # None: a GpuSample attribute; "pcie": one of PcieInfo
+    record: str | None  # None: a GpuSample attribute; "pcie": one of PcieInfo...
     name: str
     cost: str
     read: NvmlRead
@@ -82,8 +89,9 @@ def _declared() -> tuple[Field, ...]:
         if spec.nvml is not None
     ]
     found += [
-        Field(f"pcie.{name}", "pcie", name, spec.cost, spec.nvml)
-        for name, spec in specs(PcieInfo).items()
+        Field(f"{record}.{name}", record, name, spec.cost, spec.nvml)
+        for record, cls in RECORDS.items()
+        for name, spec in specs(cls).items()
         if spec.nvml is not None
     ]
     return tuple(found)
@@ -94,6 +102,8 @@ BY_COST = {
     cost: tuple(f for f in FIELDS if f.cost == cost) for cost in (IDENTITY, STATIC, FAST, SLOW)
 }
 _BY_KEY = {f.key: f for f in FIELDS}
+#: Slow readings of the deep readers (``telemetry/nvml/deep.py``), by field.
+DEEP_SLOW = ("nvlink", "mig")
 #: What the static cache keeps of a GPU: its static fields, and the fan count the
 #: per-fan reads need.
 CACHED_KEYS = (*(f.key for f in BY_COST[STATIC]), "num_fans")
@@ -119,6 +129,14 @@ class Gpu(Device):
 
 def _put(sample: GpuSample, f: Field, value: Any) -> None:
     setattr(sample if f.record is None else getattr(sample, f.record), f.name, value)
+
+
+def _put_key(sample: GpuSample, key: str, value: Any) -> None:
+    f = _BY_KEY.get(key)
+    if f is not None:
+        _put(sample, f, value)
+    else:  # a deep reading: a GpuSample attribute of its own
+        setattr(sample, key, list(value) if isinstance(value, list) else value)
 
 
 def _sudo_hint() -> str:
@@ -169,6 +187,7 @@ class NvmlBackend(Backend):
             "throttle": lambda v: decode_throttle(int(v)),
             "pstate": lambda v: None if int(v) == self._pstate_unknown else int(v),
             "fan_policy": lambda v: "manual" if v == self._manual else "auto",
+            "bool": lambda v: bool(int(v)),
         }
         self._driver = text(self.q(None, "driver_version", "nvmlSystemGetDriverVersion"))
         self._nvml_version = text(self.q(None, "nvml_version", "nvmlSystemGetNVMLVersion"))
@@ -183,9 +202,17 @@ class NvmlBackend(Backend):
         self._topology = TopologyReader(
             self.q, self._gpus, self._mark_lost, sysfs_pci_root, sysfs_node_root
         )
+        self._gpm = GpmReader(self.q)
+        self._nvlink = NvLinkReader(self.q)
+        self._process_util = ProcessUtilization(self.q)
+        self._xid: XidWatcher | None = None
         try:
             for gpu in self._gpus:
                 self._open_gpu(gpu)
+            if not one_shot:
+                # Events come only from the moment of registration: a one-shot
+                # read would never see one, so it does not watch.
+                self._xid = XidWatcher(self.q, self._gpus)
         except BaseException:
             self.close()  # leave no NVML session behind
             raise
@@ -302,6 +329,15 @@ class NvmlBackend(Backend):
         with self._lock:
             gpus = [self._gpu(i) for i in indices]
             live = [g for g in gpus if self._available(g)]
+            if self.read_gpm:
+                for gpu in live:
+                    try:
+                        self._gpm.begin([gpu])  # a first sample, before the other reads
+                    except GpuLost as err:
+                        self._mark_lost(gpu, str(err))
+                live = [g for g in live if not g.lost]
+            else:
+                self._gpm.forget()
             slow_pass = self._start_slow(live) if slow else None
             samples: dict[int, GpuSample] = {}
             for gpu in live:
@@ -325,7 +361,8 @@ class NvmlBackend(Backend):
                     )
                 else:
                     for key, value in gpu.slow.items():
-                        _put(sample, _BY_KEY[key], value)
+                        _put_key(sample, key, value)
+                    self._read_gpm(gpu, sample)
                 result.append(sample)
             return result
 
@@ -339,9 +376,28 @@ class NvmlBackend(Backend):
                 continue
             _put(sample, f, self._read(gpu, f, memo))
         sample.processes = self._processes(gpu)
+        if sample.processes:
+            sm = self._process_util.read(gpu)
+            if sm is not None:
+                for proc in sample.processes:
+                    # No sample since the last read: the process did not run.
+                    proc.sm_pct = sm.get(proc.pid, 0.0)
+        if self._xid is not None:
+            sample.xid_events = self._xid.events(gpu.index)
         return sample
 
-    def _processes(self, gpu: Gpu) -> list[ProcessInfo]:
+    def _read_gpm(self, gpu: Gpu, sample: GpuSample) -> None:
+        if not self.read_gpm:
+            return
+        try:
+            values = self._gpm.read(gpu)
+        except GpuLost as err:
+            self._mark_lost(gpu, str(err))
+            return
+        for key, value in (values or {}).items():
+            setattr(sample, key, value)
+
+    def _processes(self, gpu: Device) -> list[ProcessInfo]:
         by_pid: dict[int, ProcessInfo] = {}
         for kind in ("compute", "graphics"):
             name = f"nvmlDeviceGet{kind.capitalize()}RunningProcesses"
@@ -360,41 +416,59 @@ class NvmlBackend(Backend):
 
     # ---- slow fields: each call on a thread of its own ------------------------
 
+    def _slow_jobs(self, gpu: Gpu) -> list[tuple[tuple[str, ...], Callable[[], list[Any]]]]:
+        """The slow reads of a GPU: one job per driver call (fields that share a
+        call share its answer), and each deep reading."""
+        groups: dict[tuple[Any, ...], list[Field]] = {}
+        for f in BY_COST[SLOW]:
+            if f.key == "energy_j" and not self.read_energy:
+                continue
+            groups.setdefault((f.read.function, *f.read.args), []).append(f)
+        jobs: list[tuple[tuple[str, ...], Callable[[], list[Any]]]] = []
+        for group in groups.values():
+
+            def call(group: list[Field] = group) -> list[Any]:
+                memo: dict[tuple[Any, ...], Any] = {}
+                return [self._read(gpu, f, memo) for f in group]
+
+            jobs.append((tuple(f.key for f in group), call))
+        jobs.append((("nvlink",), lambda: [self._nvlink.read(gpu)]))
+        jobs.append((("mig",), lambda: [read_mig(self.q, gpu, self._processes)]))
+        return jobs
+
     def _start_slow(
         self, gpus: list[Gpu]
-    ) -> tuple[list[tuple[Gpu, Field]], list[Any], list[threading.Thread]]:
-        calls = [
-            (gpu, f)
-            for gpu in gpus
-            for f in BY_COST[SLOW]
-            if f.key != "energy_j" or self.read_energy
-        ]
-        results: list[Any] = [None] * len(calls)
+    ) -> tuple[list[tuple[Gpu, tuple[str, ...]]], list[Any], list[threading.Thread]]:
+        jobs = [(gpu, keys, call) for gpu in gpus for keys, call in self._slow_jobs(gpu)]
+        results: list[Any] = [None] * len(jobs)
 
-        def run(i: int, gpu: Gpu, f: Field) -> None:
+        def run(i: int, call: Callable[[], list[Any]]) -> None:
             try:
-                results[i] = self._read(gpu, f, {})
+                results[i] = call()
             except GpuLost as err:
                 results[i] = err
 
         threads = [
-            threading.Thread(target=run, args=(i, *call), name="gpustation-nvml", daemon=True)
-            for i, call in enumerate(calls)
+            threading.Thread(target=run, args=(i, call), name="gpustation-nvml", daemon=True)
+            for i, (_, _, call) in enumerate(jobs)
         ]
         for thread in threads:
             thread.start()
-        return calls, results, threads
+        return [(gpu, keys) for gpu, keys, _ in jobs], results, threads
 
     def _finish_slow(
-        self, calls: list[tuple[Gpu, Field]], results: list[Any], threads: list[threading.Thread]
+        self,
+        calls: list[tuple[Gpu, tuple[str, ...]]],
+        results: list[Any],
+        threads: list[threading.Thread],
     ) -> None:
         for thread in threads:
             thread.join()
-        for (gpu, f), value in zip(calls, results, strict=True):
-            if isinstance(value, GpuLost):
-                self._mark_lost(gpu, str(value))
-            else:
-                gpu.slow[f.key] = value
+        for (gpu, keys), values in zip(calls, results, strict=True):
+            if isinstance(values, GpuLost):
+                self._mark_lost(gpu, str(values))
+            elif values is not None:
+                gpu.slow.update(zip(keys, values, strict=True))
         if not self.read_energy:
             for gpu, _ in calls:
                 gpu.slow.pop("energy_j", None)
@@ -541,6 +615,12 @@ class NvmlBackend(Backend):
         self._closed = True
         if self._cache is not None:
             self._cache.save()
+        for reader in (getattr(self, "_xid", None), getattr(self, "_gpm", None)):
+            if reader is not None:
+                try:
+                    reader.close()
+                except Exception:  # closing must not raise
+                    pass
         self._shutdown()
 
 

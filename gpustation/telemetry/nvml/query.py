@@ -53,6 +53,7 @@ FALLBACKS: dict[str, tuple[str, ...]] = {
         "nvmlSystemGetCudaDriverVersion_v2",
         "nvmlSystemGetCudaDriverVersion",
     ),
+    "nvmlEventSetWait_v2": ("nvmlEventSetWait_v2", "nvmlEventSetWait"),
     # v2 leaves the driver's reservation out of ``used``.
     "nvmlDeviceGetMemoryInfo": ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetMemoryInfo"),
 }
@@ -65,6 +66,10 @@ VERSION_KEYWORDS: dict[str, tuple[str, str, str]] = {
 
 #: Functions this process found missing; never called again.
 MISSING: set[str] = set()
+
+#: What a call gives back when asked for ``failed=FAILED``: it could not be read
+#: (as against a function that answers ``None`` when it succeeds).
+FAILED: Any = object()
 
 
 def no_driver_message(err: BaseException) -> str:
@@ -146,6 +151,14 @@ class Query:
             self.forget(name)
         return fn
 
+    def available(self, gpu: Device | None, name: str) -> bool:
+        """Whether a call of ``name`` (or a version of it) would still be made."""
+        device = self._system if gpu is None else gpu
+        return any(
+            v not in MISSING and v not in device.unsupported and hasattr(self.nvml, v)
+            for v in FALLBACKS.get(name, (name,))
+        )
+
     def forget(self, name: str) -> None:
         """Remember (once per process) that ``name`` is missing."""
         if name not in MISSING:
@@ -156,9 +169,22 @@ class Query:
         self.errors[(index, field)] = text
         self.error_count += 1
 
-    def __call__(self, gpu: Device | None, field: str, name: str, *args: Any) -> Any:
-        """``name(handle, *args)`` (no handle for ``gpu=None``) for ``field``; ``None``
-        when it cannot be read. Raises :class:`GpuLost`."""
+    def __call__(
+        self,
+        gpu: Device | None,
+        field: str,
+        name: str,
+        *args: Any,
+        expected: tuple[str, ...] = (),
+        failed: Any = None,
+    ) -> Any:
+        """``name(handle, *args)`` (no handle for ``gpu=None``) for ``field``; ``failed``
+        (default ``None``) when it cannot be read. Raises :class:`GpuLost`.
+
+        ``expected`` names NVML error codes (``NVML_ERROR_TIMEOUT``...) that are
+        an answer, not a failure ("nothing happened", "no samples"): they give
+        ``None``, are not recorded and do not mark the function unsupported.
+        """
         device = self._system if gpu is None else gpu
         lead = () if gpu is None else (gpu.handle,)
         for version in FALLBACKS.get(name, (name,)):
@@ -176,6 +202,8 @@ class Query:
             try:
                 return fn(*lead, *args, **keywords)
             except self.error_type as err:
+                if expected and getattr(err, "value", None) in self._codes(expected):
+                    return None
                 self._failed(device, field, version, err)
             except TypeError as err:
                 if keywords:  # an old nvidia-ml-py without the keyword
@@ -184,7 +212,12 @@ class Query:
                     self.error(device.index, field, f"{version}: TypeError: {err}")
             except Exception as err:  # a broken binding must not hide the other fields
                 self.error(device.index, field, f"{version}: {type(err).__name__}: {err}")
-        return None
+        return failed
+
+    def _codes(self, names: tuple[str, ...]) -> set[int]:
+        return {
+            int(code) for code in (getattr(self.nvml, n, None) for n in names) if code is not None
+        }
 
     def _failed(self, device: Device, field: str, name: str, err: BaseException) -> None:
         code = getattr(err, "value", None)
