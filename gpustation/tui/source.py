@@ -61,6 +61,8 @@ class DataSource:
         if self.backend is None:
             backend = self._factory()
             backend.read_energy = False  # the dashboard does not show it
+            # SM and tensor activity, on the cards; GPM costs nothing on cards without it
+            backend.read_gpm = True
             try:
                 self.sampler = Sampler(
                     backend,
