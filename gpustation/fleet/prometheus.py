@@ -9,7 +9,7 @@ seconds with three instant queries (``/api/v1/query``):
 
 1. ``{__name__=~"DCGM_FI_...|gpustation_..."}``: the latest value of every
    series the model knows, from ``gpustation serve`` or plain dcgm-exporter;
-2. ``max by (job, instance) (timestamp(...))`` of the same series: each
+2. ``max by (job, instance) (timestamp(DCGM_FI_DEV_GPU_TEMP) or ...)``: each
    target's newest sample time (an instant query stamps every value with the
    evaluation time; ``timestamp()`` of a selector gives the sample's own);
 3. ``up``: whether Prometheus could scrape each target.
@@ -54,7 +54,7 @@ from gpustation.textsafe import safe
 REQUEST_TIMEOUT_S = 5.0
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 #: how far back the discovery query looks for targets that are already down
-DISCOVERY_WINDOW = "15m"
+DISCOVERY_WINDOW = "10m"
 #: assumed scrape interval until two samples of a host have been seen (Prometheus's default)
 DEFAULT_SCRAPE_INTERVAL_S = 60.0
 STALE_INTERVALS = 3
@@ -289,6 +289,16 @@ def _selector(names: Sequence[str], matchers: str = "") -> str:
     return f'{{__name__=~"{alternatives}"{extra}}}'
 
 
+def _newest_sample(matchers: str = "") -> str:
+    """Per GPU and per target, the time of the newest sample of the presence series.
+
+    ``timestamp()`` drops the metric name, so series that differ only by name
+    would collide; ``or`` keeps one of each label set instead.
+    """
+    extra = f"{{{matchers}}}" if matchers else ""
+    return " or ".join(f"timestamp({name}{extra})" for name in _PRESENCE)
+
+
 def promql_string(value: str) -> str:
     """``value`` as a double-quoted PromQL string."""
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
@@ -502,7 +512,7 @@ class PrometheusFleet:
 
     def history(self, host: str, minutes: float = 10.0) -> History:
         """The host's recent history from Prometheus (blocking: call it off the UI thread)."""
-        target = self._targets.get(host)
+        target = next((t for t in list(self._targets.values()) if t.name == host), None)
         if target is None:
             return History()
         return host_history(self.client, target.instance, minutes, self.matchers, target.snapshot)
@@ -530,9 +540,7 @@ class PrometheusFleet:
             if not self._discovered:
                 self._discover()
             values = self.client.query(_selector(ALL_SERIES, self.matchers))
-            newest = self.client.query(
-                f"max by (job, instance) (timestamp({_selector(ALL_SERIES, self.matchers)}))"
-            )
+            newest = self.client.query(f"max by (job, instance) ({_newest_sample(self.matchers)})")
             up = self.client.query(f"up{{{self.matchers}}}" if self.matchers else "up")
         except PrometheusError as err:
             self._publish_error(str(err))
@@ -542,10 +550,13 @@ class PrometheusFleet:
 
     def _discover(self) -> None:
         """Targets with GPU series in the last :data:`DISCOVERY_WINDOW`, and their last time."""
-        sel = _selector(_PRESENCE, self.matchers)
+        extra = f"{{{self.matchers}}}" if self.matchers else ""
+        # GPU series carry the Hostname/hostname label (timestamp() drops only the name);
+        # a 1 s step finds a host that lived only a few seconds.
         found = self.client.query(
-            f"max by (job, instance, Hostname, hostname) "
-            f"(max_over_time(timestamp({sel})[{DISCOVERY_WINDOW}:5s]))"
+            "max by (job, instance, Hostname, hostname) (max_over_time(("
+            + " or ".join(f"timestamp({n}{extra})" for n in _PRESENCE[:2])
+            + f")[{DISCOVERY_WINDOW}:1s]))"
         )
         for item in found:
             labels = item.get("metric") or {}
