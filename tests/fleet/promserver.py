@@ -127,7 +127,7 @@ class LoopbackPrometheus:
 
 
 def start_exporter(
-    state_dir: Path, count: int = 2, interval: float = 0.5
+    state_dir: Path, count: int = 2, interval: float = 0.5, card: str | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
     """``gpustation serve --simulate COUNT`` on a free loopback port (its own simulated machine)."""
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -135,7 +135,7 @@ def start_exporter(
     proc = subprocess.Popen(
         gpustation_cmd(
             "serve", "--simulate", str(count), "--interval", str(interval),
-            "--listen", f"127.0.0.1:{port}",
+            "--listen", f"127.0.0.1:{port}", *(["--sim-card", card] if card else []),
         ),
         env=child_env(GPUSTATION_STATE_DIR=str(state_dir)),
         stdin=subprocess.DEVNULL,
