@@ -7,19 +7,27 @@
 the same way. One thread polls Prometheus's HTTP API every ``interval``
 seconds with three instant queries (``/api/v1/query``):
 
-1. ``{__name__=~"DCGM_FI_...|gpustation_..."}``: the latest value of every
-   series the model knows, from ``gpustation serve`` or plain dcgm-exporter;
+1. ``max by (__name__, job, instance, gpu, fan, GPU_I_ID)
+   ({__name__=~"DCGM_FI_...|gpustation_..."})``: the latest value of every
+   changing series the model knows, from ``gpustation serve`` or plain
+   dcgm-exporter, with only the labels that tell series apart;
 2. ``max by (job, instance) (timestamp(DCGM_FI_DEV_GPU_TEMP) or ...)``: each
    target's newest sample time (an instant query stamps every value with the
    evaluation time; ``timestamp()`` of a selector gives the sample's own);
 3. ``up``: whether Prometheus could scrape each target.
 
+Every :data:`STATIC_REFRESH_S`, and when a host appears, two more: each card's
+names (``group by (..., UUID, modelName, pci_bus_id, Hostname, hostname,
+DCGM_FI_DRIVER_VERSION)``) and the series of :data:`STATIC_SERIES` (limits,
+maxima, VRAM total).
+
 A host is a scrape target (its ``instance`` label) that has GPU series, shown
 with its ``Hostname`` (dcgm-exporter) or ``hostname`` (gpustation) label. A
 host whose scrape fails (``up`` 0), whose series vanished, or whose newest
 sample is older than three of its scrape intervals is down, with the time of
-its last sample. Targets already down when the source starts are found by one
-discovery query over the last :data:`DISCOVERY_WINDOW`.
+its last sample. A target already down when the source first sees it is
+asked about once (did it have GPU series in the last :data:`DISCOVERY_WINDOW`,
+and when was its last sample?).
 
 :func:`host_history` reads the last minutes of temperature, power,
 utilisation, SM clock and VRAM of one host with ``/api/v1/query_range``.
@@ -31,8 +39,10 @@ token) come from files named in config.toml, never from the command line.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import math
+import re
 import stat
 import threading
 import time
@@ -58,6 +68,8 @@ DISCOVERY_WINDOW = "10m"
 #: assumed scrape interval until two samples of a host have been seen (Prometheus's default)
 DEFAULT_SCRAPE_INTERVAL_S = 60.0
 STALE_INTERVALS = 3
+#: targets already down when first seen, asked about per pass
+PROBES_PER_PASS = 64
 
 
 class PrometheusError(GpustationError):
@@ -194,6 +206,10 @@ def _api_error(raw: bytes) -> str | None:
     return str(doc.get("error")) if isinstance(doc, dict) and doc.get("error") else None
 
 
+#: label text repeats across every series of a host: clean each distinct string once
+_clean = functools.lru_cache(maxsize=1 << 16)(safe)
+
+
 # ---- series -> model ------------------------------------------------------------------------
 
 
@@ -279,6 +295,22 @@ _HELPER_SERIES = ("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
 #: per-target series without a ``gpu`` label
 HOST_SERIES = ("gpustation_simulated", "gpustation_snapshot_timestamp_seconds", "gpustation_gpus")
 ALL_SERIES = (*GPU_SERIES, *_HELPER_SERIES, *HOST_SERIES)
+#: series that change only when a card is reconfigured: read with the cards' names
+#: every :data:`STATIC_REFRESH_S` (or when a host appears), not every pass
+STATIC_SERIES = (
+    "DCGM_FI_DEV_SLOWDOWN_TEMP",
+    "DCGM_FI_DEV_SHUTDOWN_TEMP",
+    "DCGM_FI_DEV_FB_TOTAL",
+    "gpustation_power_default_limit_watts",
+    "gpustation_power_min_limit_watts",
+    "gpustation_power_max_limit_watts",
+    "gpustation_temperature_slowdown_celsius",
+    "gpustation_sm_clock_max_mhz",
+    "gpustation_pcie_link_gen_max",
+    "gpustation_pcie_link_width_max",
+)
+FAST_SERIES = tuple(n for n in ALL_SERIES if n not in STATIC_SERIES)
+STATIC_REFRESH_S = 30.0
 #: what marks a target as a GPU host in the discovery query
 _PRESENCE = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "gpustation_gpus")
 
@@ -309,11 +341,30 @@ def host_label(labels: dict[str, str]) -> str | None:
     return labels.get("Hostname") or labels.get("hostname") or None
 
 
+#: labels that say which card a series is about; the values query keeps only those
+#: that tell series apart (:data:`_VALUE_LABELS`), the identity query the rest
+_ID_LABELS = ("UUID", "modelName", "pci_bus_id", "Hostname", "hostname", "DCGM_FI_DRIVER_VERSION")
+_VALUE_LABELS = ("__name__", "job", "instance", "gpu", "fan", "GPU_I_ID")
+
+
 def snapshots_from_series(
-    results: Sequence[dict[str, Any]], sample_times: dict[str, float] | None = None
+    results: Sequence[dict[str, Any]],
+    sample_times: dict[str, float] | None = None,
+    identity: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Snapshot]:
-    """One Snapshot per ``instance`` from instant-query results; what is not exported is None."""
+    """One Snapshot per ``instance`` from instant-query results; what is not exported is None.
+
+    ``identity`` (series with the labels of :data:`_ID_LABELS`, one per card)
+    names the cards when ``results`` carries only :data:`_VALUE_LABELS`.
+    Label text is made safe for a terminal where it enters the model; names
+    and indices only select (a name not in the tables is ignored).
+    """
     sample_times = sample_times or {}
+    cards: dict[tuple[str, str], dict[str, Any]] = {}
+    for item in identity:
+        labels = item.get("metric")
+        if isinstance(labels, dict):
+            cards[(str(labels.get("instance", "")), str(labels.get("gpu", "")))] = labels
     gpus: dict[str, dict[int, GpuSample]] = {}
     fb_extra: dict[tuple[str, int], float] = {}
     meta: dict[str, dict[str, Any]] = {}
@@ -322,18 +373,14 @@ def snapshots_from_series(
         value = item.get("value")
         if not isinstance(labels, dict) or not isinstance(value, list) or len(value) != 2:
             continue
-        labels = {safe(str(k)): safe(str(v)) for k, v in labels.items()}
         instance = labels.get("instance")
         name = labels.get("__name__", "")
         number = _number(value[1])
-        if not instance or number is None:
+        if not isinstance(instance, str) or not instance or number is None:
             continue
-        info = meta.setdefault(instance, {"simulated": False})
-        if host_label(labels) and "hostname" not in info:
-            info["hostname"] = host_label(labels)
-        if labels.get("DCGM_FI_DRIVER_VERSION"):
-            info["driver"] = labels["DCGM_FI_DRIVER_VERSION"]
-        info.setdefault("job", labels.get("job"))
+        info = meta.get(instance)
+        if info is None:
+            info = meta[instance] = {"simulated": False, "job": labels.get("job")}
         if name in HOST_SERIES:
             if name == "gpustation_simulated" and number >= 1:
                 info["simulated"] = True
@@ -343,21 +390,18 @@ def snapshots_from_series(
             continue
         if labels.get("GPU_I_ID"):  # a MIG instance's series: the card's own are read instead
             continue
+        host = gpus.get(instance)
+        if host is None:
+            host = gpus[instance] = {}
+        gpu_label = labels.get("gpu", "")
         try:
-            index = int(labels.get("gpu", ""))
-        except ValueError:
+            index = int(gpu_label)
+        except (TypeError, ValueError):
             continue
-        host = gpus.setdefault(instance, {})
         gpu = host.get(index)
         if gpu is None:
-            gpu = host[index] = GpuSample(
-                index=index,
-                uuid=labels.get("UUID") or None,
-                name=labels.get("modelName") or None,
-                pci_bus_id=labels.get("pci_bus_id") or None,
-            )
-            if gpu.name and "(simulated)" in gpu.name:
-                info["simulated"] = True
+            card = {**labels, **cards.get((instance, str(gpu_label)), {})}
+            gpu = host[index] = _new_gpu(index, card, info)
         if name in _HELPER_SERIES:
             fb_extra[(instance, index)] = fb_extra.get((instance, index), 0.0) + number
             continue
@@ -375,17 +419,40 @@ def snapshots_from_series(
                 and gpu.memory_used_mib is not None
             ):
                 gpu.memory_total_mib = gpu.memory_used_mib + extra
-            gpu.fans_pct = [f for f in gpu.fans_pct if f is not None]
+            if None in gpu.fans_pct:
+                gpu.fans_pct = [f for f in gpu.fans_pct if f is not None]
         when = info.get("time") or sample_times.get(instance) or time.time()
+        shown = _clean(instance)
         snaps[instance] = Snapshot(
-            hostname=info.get("hostname") or instance.rsplit(":", 1)[0],
+            hostname=info.get("hostname") or shown.rsplit(":", 1)[0],
             time=when,
             simulated=bool(info.get("simulated")),
             driver_version=info.get("driver"),
             gpus=[by_index[i] for i in sorted(by_index)],
-            note=f"read from Prometheus (job {info.get('job')}, instance {instance})",
+            note=f"read from Prometheus (job {_clean(str(info.get('job')))}, instance {shown})",
         )
-    return snaps
+    return {_clean(k): v for k, v in snaps.items()}
+
+
+def _new_gpu(index: int, labels: dict[str, Any], info: dict[str, Any]) -> GpuSample:
+    """A card named from its labels; the host's name and driver are noted on the way."""
+
+    def text(key: str) -> str | None:
+        value = labels.get(key)
+        return _clean(str(value)) if value else None
+
+    gpu = GpuSample(
+        index=index, uuid=text("UUID"), name=text("modelName"), pci_bus_id=text("pci_bus_id")
+    )
+    if "hostname" not in info:
+        hostname = text("Hostname") or text("hostname")
+        if hostname:
+            info["hostname"] = hostname
+    if "driver" not in info and text("DCGM_FI_DRIVER_VERSION"):
+        info["driver"] = text("DCGM_FI_DRIVER_VERSION")
+    if gpu.name and "(simulated)" in gpu.name:
+        info["simulated"] = True
+    return gpu
 
 
 def host_name(instance: str, hostname: str | None) -> str:
@@ -434,7 +501,11 @@ class PrometheusFleet:
         self._states: dict[str, HostState] = {}
         self._error: str | None = None
         self._passes = 0
-        self._discovered = False
+        self._probed: set[str] = set()
+        self._identity: list[dict[str, Any]] = []
+        self._static: list[dict[str, Any]] = []
+        self._static_for: set[str] = set()
+        self._static_due = 0.0
         self._stop = threading.Event()
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -536,26 +607,60 @@ class PrometheusFleet:
     def poll_once(self) -> None:
         """One pass: query, rebuild every host's state, publish."""
         began = time.monotonic()
+        by = f"max by ({', '.join(_VALUE_LABELS)})"
         try:
-            if not self._discovered:
-                self._discover()
-            values = self.client.query(_selector(ALL_SERIES, self.matchers))
+            # Only the labels that tell series apart travel with every value, and
+            # only the values that change: the cards' names and limits come on a
+            # slow cadence. At 256 hosts x 8 GPUs the per-pass answer is what
+            # Prometheus spends its time on (bench/RESULTS.md).
+            values = self.client.query(f"{by} ({_selector(FAST_SERIES, self.matchers)})")
+            seen = {str((v.get("metric") or {}).get("instance")) for v in values}
+            if time.monotonic() >= self._static_due or not seen <= self._static_for:
+                self._identity = self.client.query(
+                    f"group by (job, instance, gpu, {', '.join(_ID_LABELS)}) "
+                    f"({_selector((*_PRESENCE[:2], 'gpustation_gpu_lost'), self.matchers)})"
+                )
+                self._static = self.client.query(
+                    f"{by} ({_selector(STATIC_SERIES, self.matchers)})"
+                )
+                self._static_for = seen
+                self._static_due = time.monotonic() + STATIC_REFRESH_S
+            # (a host whose series are gone keeps none: its cached limits stay out)
+            values += [v for v in self._static if (v.get("metric") or {}).get("instance") in seen]
             newest = self.client.query(f"max by (job, instance) ({_newest_sample(self.matchers)})")
             up = self.client.query(f"up{{{self.matchers}}}" if self.matchers else "up")
+            self._discover(up)
+            self._update(values, newest, up, self._identity)
         except PrometheusError as err:
             self._publish_error(str(err))
-        else:
-            self._update(values, newest, up)
         self.last_pass_s = time.monotonic() - began
 
-    def _discover(self) -> None:
-        """Targets with GPU series in the last :data:`DISCOVERY_WINDOW`, and their last time."""
-        extra = f"{{{self.matchers}}}" if self.matchers else ""
+    def _discover(self, up: list[dict[str, Any]]) -> None:
+        """Targets down before this source saw them: were they GPU hosts, and when last sampled?
+
+        Asked once per target (at most :data:`PROBES_PER_PASS` a pass), over the
+        last :data:`DISCOVERY_WINDOW`.
+        """
+        down = []
+        for item in up:
+            inst = _clean(str((item.get("metric") or {}).get("instance", "")))
+            value = _number((item.get("value") or [None, None])[1])
+            known = inst in self._targets or inst in self._probed
+            if inst and value is not None and value < 1 and not known:
+                down.append(inst)
+        down = sorted(set(down))[:PROBES_PER_PASS]
+        if not down:
+            return
+        self._probed.update(down)
+        alternatives = "|".join(re.escape(d) for d in down)
+        where = f"instance=~{promql_string(alternatives)}" + (
+            f",{self.matchers}" if self.matchers else ""
+        )
         # GPU series carry the Hostname/hostname label (timestamp() drops only the name);
         # a 1 s step finds a host that lived only a few seconds.
         found = self.client.query(
             "max by (job, instance, Hostname, hostname) (max_over_time(("
-            + " or ".join(f"timestamp({n}{extra})" for n in _PRESENCE[:2])
+            + " or ".join(f"timestamp({n}{{{where}}})" for n in _PRESENCE[:2])
             + f")[{DISCOVERY_WINDOW}:1s]))"
         )
         for item in found:
@@ -565,7 +670,6 @@ class PrometheusFleet:
             if instance and instance not in self._targets:
                 name = host_name(instance, host_label({k: safe(str(v)) for k, v in labels.items()}))
                 self._targets[instance] = _Target(instance, name, when)
-        self._discovered = True
 
     def _publish_error(self, error: str) -> None:
         self._error = error
@@ -580,22 +684,23 @@ class PrometheusFleet:
         values: list[dict[str, Any]],
         newest: list[dict[str, Any]],
         up: list[dict[str, Any]],
+        identity: Sequence[dict[str, Any]] = (),
     ) -> None:
         self._error = None
         now = time.time()
         times: dict[str, float] = {}
         for item in newest:
-            inst = safe(str((item.get("metric") or {}).get("instance", "")))
+            inst = _clean(str((item.get("metric") or {}).get("instance", "")))
             t = _number((item.get("value") or [None, None])[1])
             if inst and t is not None:
                 times[inst] = max(t, times.get(inst, t))
         ups: dict[str, float] = {}
         for item in up:
-            inst = safe(str((item.get("metric") or {}).get("instance", "")))
+            inst = _clean(str((item.get("metric") or {}).get("instance", "")))
             v = _number((item.get("value") or [None, None])[1])
             if inst and v is not None:
                 ups[inst] = max(v, ups.get(inst, v))
-        snaps = snapshots_from_series(values, times)
+        snaps = snapshots_from_series(values, times, identity)
         for instance, snap in snaps.items():
             target = self._targets.get(instance)
             if target is None:
