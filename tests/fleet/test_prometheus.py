@@ -357,3 +357,14 @@ def test_a_killed_exporter_goes_down_with_its_last_sample_time(lab: Lab) -> None
 def test_prometheus_errors_are_messages(lab: Lab) -> None:
     with pytest.raises(PrometheusError, match=r"query failed|HTTP 400"):
         PrometheusClient(lab.prom.url).query("sum(")
+
+
+def test_fleet_option_reads_the_configured_prometheus(
+    fake_api: tuple[str, _Seen],
+    gpustation_dirs: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url, _ = fake_api
+    (gpustation_dirs["config"] / "config.toml").write_text(f'[fleet]\nprometheus = "{url}"\n')
+    assert cli.main(["snapshot", "--fleet"]) == EXIT_UNREACHABLE
+    assert f"Prometheus at {url} has no DCGM_FI_*" in capsys.readouterr().err
