@@ -86,6 +86,36 @@ def test_dcgm_exporter_series_fill_the_model() -> None:
     assert g.power_limit_w is None and g.fans_pct == [] and g.pstate is None
 
 
+def test_a_host_whose_newest_sample_is_old_is_stale() -> None:
+    """No staleness markers (federation, remote write): the sample times tell."""
+    fleet = PrometheusFleet(PrometheusClient("http://127.0.0.1:1"), interval=1.0)
+    values = _fixture_results(DCGM_FIXTURE.read_text())
+
+    def newest(t: float) -> list[dict[str, object]]:
+        return [{"metric": {"instance": "h100:9400", "job": "gpu"}, "value": [0, str(t)]}]
+
+    now = time.time()
+    fleet._update(values, newest(now - 0.5), [])  # no up series at all: fresh is enough
+    (st,) = fleet.states()
+    assert st.state == UP and st.name == f"{DCGM_HOSTNAME} (h100:9400)"
+    fleet._update(values, newest(now - 0.5 + 1), [])  # one more scrape: the interval is 1 s
+    assert fleet.states()[0].state == UP
+    fleet._update(values, newest(now - 20), [])  # (older: not a new sample)
+    time_of_last = now + 0.5
+    later = newest(time_of_last)
+    fleet._update(values, later, [])
+    assert fleet.states()[0].state == UP
+    # the same newest sample, seen again well past three scrape intervals
+    target = fleet._targets["h100:9400"]
+    target.last_sample = time.time() - 10
+    fleet._update(values, newest(target.last_sample), [])
+    st = fleet.states()[0]
+    assert st.state == DOWN and "stale: no new sample for 10 s" in (st.error or "")
+    assert (
+        st.snapshot is not None and len(st.snapshot.gpus) == 8
+    )  # the last values, for the host screen
+
+
 @pytest.mark.parametrize(
     "url", ["ftp://x", "prometheus:9090", "http://", "http://u:p@h:9090", "http://h:9090/?q=1"]
 )
