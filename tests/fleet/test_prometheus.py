@@ -95,25 +95,19 @@ def test_a_host_whose_newest_sample_is_old_is_stale() -> None:
         return [{"metric": {"instance": "h100:9400", "job": "gpu"}, "value": [0, str(t)]}]
 
     now = time.time()
-    fleet._update(values, newest(now - 0.5), [])  # no up series at all: fresh is enough
+    fleet._update(values, newest(now - 1.5), [])  # no up series at all: fresh is enough
     (st,) = fleet.states()
     assert st.state == UP and st.name == f"{DCGM_HOSTNAME} (h100:9400)"
-    fleet._update(values, newest(now - 0.5 + 1), [])  # one more scrape: the interval is 1 s
-    assert fleet.states()[0].state == UP
-    fleet._update(values, newest(now - 20), [])  # (older: not a new sample)
-    time_of_last = now + 0.5
-    later = newest(time_of_last)
-    fleet._update(values, later, [])
-    assert fleet.states()[0].state == UP
-    # the same newest sample, seen again well past three scrape intervals
-    target = fleet._targets["h100:9400"]
-    target.last_sample = time.time() - 10
-    fleet._update(values, newest(target.last_sample), [])
+    fleet._update(values, newest(now - 0.5), [])  # the next scrape: the interval is 1 s
+    assert fleet.states()[0].state == UP and fleet.states()[0].interval == pytest.approx(1.0)
+    # the same newest sample, still there more than three scrape intervals later
+    fleet._targets["h100:9400"].last_sample = last = time.time() - 10
+    fleet._update(values, newest(last), [])
     st = fleet.states()[0]
     assert st.state == DOWN and "stale: no new sample for 10 s" in (st.error or "")
-    assert (
-        st.snapshot is not None and len(st.snapshot.gpus) == 8
-    )  # the last values, for the host screen
+    assert st.received_at == last
+    # its last values stay, for the host screen
+    assert st.snapshot is not None and len(st.snapshot.gpus) == 8
 
 
 @pytest.mark.parametrize(
