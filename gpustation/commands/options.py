@@ -104,7 +104,7 @@ class _FleetAction(argparse.Action):
 
 def _prometheus_url(text: str) -> str:
     from gpustation.errors import UsageError
-    from gpustation.fleet.prometheus import check_url
+    from gpustation.fleet.promapi import check_url
 
     try:
         return check_url(text)

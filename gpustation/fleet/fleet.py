@@ -86,7 +86,7 @@ _KEYS = {
 
 def _prometheus_keys(table: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     """The ``prometheus*`` keys, checked (the files are read only when used)."""
-    from gpustation.fleet.prometheus import check_url
+    from gpustation.fleet.promapi import check_url
 
     out: dict[str, Any] = {}
     url = table.get("prometheus")
