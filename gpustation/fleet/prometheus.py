@@ -7,14 +7,15 @@
 the same way. One thread polls Prometheus's HTTP API every ``interval``
 seconds with three instant queries (``/api/v1/query``):
 
-1. ``max by (__name__, job, instance, gpu, fan, GPU_I_ID)
-   ({__name__=~"DCGM_FI_...|gpustation_..."})``: the latest value of every
-   changing series the model knows, from ``gpustation serve`` or plain
-   dcgm-exporter, with only the labels that tell series apart;
-2. ``max by (job, instance) (timestamp(DCGM_FI_DEV_GPU_TEMP) or ...)``: each
+1. ``max by (job, instance) (timestamp(DCGM_FI_DEV_GPU_TEMP) or ...)``: each
    target's newest sample time (an instant query stamps every value with the
    evaluation time; ``timestamp()`` of a selector gives the sample's own);
-3. ``up``: whether Prometheus could scrape each target.
+2. ``up``: whether Prometheus could scrape each target;
+3. ``max by (__name__, job, instance, gpu, fan, GPU_I_ID)
+   ({__name__=~"DCGM_FI_...|gpustation_...", instance=~"..."})``: the latest
+   value of every changing series the model knows, from ``gpustation serve``
+   or plain dcgm-exporter, with only the labels that tell series apart, for
+   the hosts scraped since their last read (every host when most were).
 
 Every :data:`STATIC_REFRESH_S`, and when a host appears, two more: each card's
 names (``group by (..., UUID, modelName, pci_bus_id, Hostname, hostname,
@@ -138,6 +139,7 @@ class PrometheusFleet:
         self._static: list[dict[str, Any]] = []
         self._static_for: set[str] = set()
         self._static_due = 0.0
+        self._fetched: dict[str, float] = {}  # instance -> newest sample time when last read
         self._stop = threading.Event()
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -241,12 +243,29 @@ class PrometheusFleet:
         began = time.monotonic()
         by = f"max by ({', '.join(VALUE_LABELS)})"
         try:
+            newest = self.client.query(
+                f"max by (job, instance) ({newest_sample_query(self.matchers)})"
+            )
+            up = self.client.query(f"up{{{self.matchers}}}" if self.matchers else "up")
+            times = _instance_values(newest)
+            # Only hosts scraped since their values were read are asked again: with a
+            # refresh faster than the scrape interval most hosts have nothing new.
             # Only the labels that tell series apart travel with every value, and
             # only the values that change: the cards' names and limits come on a
-            # slow cadence. At 256 hosts x 8 GPUs the per-pass answer is what
-            # Prometheus spends its time on (bench/RESULTS.md).
-            values = self.client.query(f"{by} ({selector(FAST_SERIES, self.matchers)})")
-            seen = {str((v.get("metric") or {}).get("instance")) for v in values}
+            # slow cadence (bench/RESULTS.md has what each step saved).
+            changed = [i for i, t in times.items() if t > self._fetched.get(i, float("-inf"))]
+            if not self._fetched or 2 * len(changed) > len(times):
+                values = self.client.query(f"{by} ({selector(FAST_SERIES, self.matchers)})")
+            elif changed:
+                which = f"instance=~{promql_string('|'.join(re.escape(i) for i in changed))}"
+                matchers = f"{which},{self.matchers}" if self.matchers else which
+                values = self.client.query(f"{by} ({selector(FAST_SERIES, matchers)})")
+            else:
+                values = []
+            fetched = {str((v.get("metric") or {}).get("instance")) for v in values}
+            for instance in fetched:
+                self._fetched[instance] = times.get(instance, float("-inf"))
+            seen = set(times)
             if time.monotonic() >= self._static_due or not seen <= self._static_for:
                 self._identity = self.client.query(
                     f"group by (job, instance, gpu, {', '.join(ID_LABELS)}) "
@@ -255,14 +274,13 @@ class PrometheusFleet:
                 self._static = self.client.query(f"{by} ({selector(STATIC_SERIES, self.matchers)})")
                 self._static_for = seen
                 self._static_due = time.monotonic() + STATIC_REFRESH_S
-            # (a host whose series are gone keeps none: its cached limits stay out)
-            values += [v for v in self._static if (v.get("metric") or {}).get("instance") in seen]
-            newest = self.client.query(
-                f"max by (job, instance) ({newest_sample_query(self.matchers)})"
-            )
-            up = self.client.query(f"up{{{self.matchers}}}" if self.matchers else "up")
+            # the hosts read now get the cached limits (the others keep their snapshot;
+            # a host whose series are gone gets none)
+            values += [
+                v for v in self._static if (v.get("metric") or {}).get("instance") in fetched
+            ]
             self._discover(up)
-            self._update(values, newest, up, self._identity)
+            self._update(values, newest, up, self._identity, {clean(i) for i in seen - fetched})
         except PrometheusError as err:
             self._publish_error(str(err))
         self.last_pass_s = time.monotonic() - began
@@ -317,21 +335,13 @@ class PrometheusFleet:
         newest: list[dict[str, Any]],
         up: list[dict[str, Any]],
         identity: Sequence[dict[str, Any]] = (),
+        unchanged: set[str] | frozenset[str] = frozenset(),
     ) -> None:
+        """Rebuild every host's state; ``unchanged`` hosts keep the snapshot they have."""
         self._error = None
         now = time.time()
-        times: dict[str, float] = {}
-        for item in newest:
-            inst = clean(str((item.get("metric") or {}).get("instance", "")))
-            t = to_number((item.get("value") or [None, None])[1])
-            if inst and t is not None:
-                times[inst] = max(t, times.get(inst, t))
-        ups: dict[str, float] = {}
-        for item in up:
-            inst = clean(str((item.get("metric") or {}).get("instance", "")))
-            v = to_number((item.get("value") or [None, None])[1])
-            if inst and v is not None:
-                ups[inst] = max(v, ups.get(inst, v))
+        times = {clean(k): v for k, v in _instance_values(newest).items()}
+        ups = {clean(k): v for k, v in _instance_values(up).items()}
         snaps = snapshots_from_series(values, times, identity)
         for instance, snap in snaps.items():
             target = self._targets.get(instance)
@@ -349,9 +359,12 @@ class PrometheusFleet:
                 if target.last_sample is None or sampled > target.last_sample:
                     target.last_sample = sampled
             target.snapshot = snap
+        live = set(snaps) | {
+            i for i in unchanged if i in self._targets and self._targets[i].snapshot is not None
+        }
         states: dict[str, HostState] = {}
         for target in sorted(self._targets.values(), key=lambda t: t.name):
-            states[target.name] = self._state_of(target, target.instance in snaps, ups, now)
+            states[target.name] = self._state_of(target, target.instance in live, ups, now)
         self._publish(states)
 
     def _state_of(
@@ -380,6 +393,17 @@ class PrometheusFleet:
             self._states = states
             self._passes += 1
             self._changed.notify_all()
+
+
+def _instance_values(results: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """instance -> the largest value of the results that carry it (raw label text)."""
+    out: dict[str, float] = {}
+    for item in results:
+        inst = (item.get("metric") or {}).get("instance")
+        value = to_number((item.get("value") or [None, None])[1])
+        if isinstance(inst, str) and inst and value is not None:
+            out[inst] = max(value, out.get(inst, value))
+    return out
 
 
 def vars_of(state: HostState) -> dict[str, Any]:
