@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,6 +109,45 @@ def test_a_host_whose_newest_sample_is_old_is_stale() -> None:
     assert st.received_at == last
     # its last values stay, for the host screen
     assert st.snapshot is not None and len(st.snapshot.gpus) == 8
+
+
+class _ScriptedClient(PrometheusClient):
+    """Answers from recorded results; remembers the value queries it was asked."""
+
+    def __init__(self) -> None:
+        super().__init__("http://127.0.0.1:1")
+        self.times = {"a:9400": 100.0, "b:9400": 100.0}
+        self.asked: list[str] = []
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        if expr.startswith("max by (job, instance) ("):
+            return [
+                {"metric": {"instance": i, "job": "gpu"}, "value": [0, str(t)]}
+                for i, t in self.times.items()
+            ]
+        if expr.startswith("up"):
+            return [{"metric": {"instance": i}, "value": [0, "1"]} for i in self.times]
+        if "DCGM_FI_DEV_GPU_UTIL" in expr:  # the changing values
+            self.asked.append(expr)
+            hosts = [i for i in self.times if "instance=~" not in expr or i in expr]
+            return [r for h in hosts for r in _fixture_results(DCGM_FIXTURE.read_text(), h)]
+        return []
+
+
+def test_a_pass_reads_again_only_the_hosts_scraped_since(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = _ScriptedClient()
+    fleet = PrometheusFleet(client)
+    monkeypatch.setattr(time, "time", lambda: 101.0)
+    fleet.poll_once()
+    assert "instance=~" not in client.asked[-1]  # the first pass reads every host
+    client.times["b:9400"] = 100.5  # b was scraped again, a was not
+    fleet.poll_once()
+    assert 'instance=~"b:9400"' in client.asked[-1] and "a:9400" not in client.asked[-1]
+    states = {st.name.split(" (")[-1].rstrip(")"): st for st in fleet.states()}
+    assert {st.state for st in states.values()} == {UP}  # a keeps the snapshot it had
+    assert states["a:9400"].snapshot is not None and len(states["a:9400"].snapshot.gpus) == 8
+    fleet.poll_once()  # nothing new anywhere: no value query at all
+    assert len(client.asked) == 2
 
 
 @pytest.mark.parametrize(
