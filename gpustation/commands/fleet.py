@@ -8,7 +8,7 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpustation.errors import EXIT_UNREACHABLE, UsageError
@@ -69,7 +69,11 @@ def run_snapshot_prometheus(args: argparse.Namespace, url: str) -> int:
     return _print_fleet(args, fleet, prometheus=fleet.error_text)
 
 
-def _print_fleet(args: argparse.Namespace, fleet: FleetSource, prometheus: Any = None) -> int:
+def _print_fleet(
+    args: argparse.Namespace,
+    fleet: FleetSource,
+    prometheus: Callable[[], str | None] | None = None,
+) -> int:
     watch = getattr(args, "watch", None)
     as_json = bool(getattr(args, "json", False))
     interval = watch if watch is not None else 1.0
