@@ -39,7 +39,7 @@ DASHBOARD = "gpustation.commands.dashboard"
 _TAKES_A_COMMAND = {"run"}
 
 # Top-level options that take a value (so a value is not mistaken for a command).
-_VALUE_OPTIONS = {"--gpus", "--refresh", "--host", "--sim-card", "--ssh-config"}
+_VALUE_OPTIONS = {"--gpus", "--refresh", "--host", "--sim-card", "--ssh-config", "--prometheus"}
 
 
 def _command_in(argv: Sequence[str]) -> str | None:

@@ -1,4 +1,4 @@
-"""``gpustation`` with no subcommand: the dashboard, or the fleet view for ``--host``."""
+"""``gpustation`` with no subcommand: the dashboard, or the fleet view (--host, --prometheus)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,21 @@ def run(args: argparse.Namespace) -> int:
     if not 0.25 <= refresh <= 10:  # also refuses nan
         raise UsageError(f"--refresh: between 0.25 and 10 seconds, got {refresh:g}")
     hosts = list(getattr(args, "host", None) or [])
+    prometheus = getattr(args, "prometheus", None)
+    if prometheus:
+        if hosts:
+            raise UsageError("--prometheus: give --host or --prometheus, not both")
+        from gpustation.fleet.fleet import load_fleet_config
+        from gpustation.fleet.prometheus import prometheus_fleet
+        from gpustation.tui.fleet import FleetApp
+
+        app = FleetApp(
+            [], refresh_s=refresh, fleet=prometheus_fleet(prometheus, load_fleet_config(), refresh)
+        )
+        try:
+            return int(app.run() or 0)
+        finally:
+            app.fleet.close()
     if hosts:
         from gpustation.tui.fleet import run_fleet
 

@@ -1,4 +1,5 @@
-"""``gpustation snapshot --host A --host B``: the fleet as one table or JSON document."""
+"""``gpustation snapshot --host A --host B`` (or ``--prometheus URL``): the fleet as one
+table or JSON document."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpustation.errors import EXIT_UNREACHABLE
+from gpustation.errors import EXIT_UNREACHABLE, UsageError
 from gpustation.fleet.fleet import (
     FIRST_SNAPSHOT_TIMEOUT_S,
     Fleet,
     FleetConfig,
+    FleetSource,
     fleet_document,
     fleet_table,
     load_fleet_config,
@@ -40,7 +42,6 @@ def run_snapshot_fleet(args: argparse.Namespace, hosts: list[str]) -> int:
         parse_host(h)
     config, ssh_config = fleet_settings(args)
     watch = getattr(args, "watch", None)
-    as_json = bool(getattr(args, "json", False))
     interval = watch if watch is not None else 1.0
     fleet = Fleet(
         hosts,
@@ -49,6 +50,33 @@ def run_snapshot_fleet(args: argparse.Namespace, hosts: list[str]) -> int:
         ssh_config=ssh_config,
         retry=watch is not None,
     )
+    return _print_fleet(args, fleet)
+
+
+def run_snapshot_prometheus(args: argparse.Namespace, url: str) -> int:
+    """``gpustation snapshot --prometheus URL``: every host Prometheus scrapes, as ``--host`` does.
+
+    Exit status 0 when every host is up, 6 when Prometheus cannot be read, has
+    no GPU series, or some host is down (the others are still printed).
+    """
+    if getattr(args, "host", None):
+        raise UsageError("--prometheus: give --host or --prometheus, not both")
+    from gpustation.fleet.prometheus import prometheus_fleet
+
+    config = load_fleet_config()
+    watch = getattr(args, "watch", None)
+    fleet = prometheus_fleet(url, config, watch if watch is not None else 1.0)
+    return _print_fleet(args, fleet, prometheus=fleet.error_text)
+
+
+def _print_fleet(
+    args: argparse.Namespace,
+    fleet: FleetSource,
+    prometheus: Callable[[], str | None] | None = None,
+) -> int:
+    watch = getattr(args, "watch", None)
+    as_json = bool(getattr(args, "json", False))
+    interval = watch if watch is not None else 1.0
     previous = _interrupt_on_sigterm()
     try:
         fleet.start()
@@ -56,7 +84,10 @@ def run_snapshot_fleet(args: argparse.Namespace, hosts: list[str]) -> int:
             states = fleet.wait_first(FIRST_SNAPSHOT_TIMEOUT_S + 5)
             states = [_timed_out(st) for st in states]
             _emit(states, as_json, watching=False)
-            return 0 if all(st.state == UP for st in states) else EXIT_UNREACHABLE
+            problem = prometheus() if prometheus is not None else None
+            if problem:
+                print(f"gpustation: {problem}", file=sys.stderr)
+            return 0 if states and all(st.state == UP for st in states) else EXIT_UNREACHABLE
         fleet.wait_first(min(FIRST_SNAPSHOT_TIMEOUT_S, 3 * interval + 5))
         for _ in ticks(interval):
             _emit(fleet.states(), as_json, watching=True)

@@ -86,9 +86,13 @@ class _FleetAction(argparse.Action):
             config = load_fleet_config()
         except UsageError as err:
             parser.error(str(err))
+        if not config.hosts and config.prometheus and not getattr(namespace, "prometheus", None):
+            namespace.prometheus = config.prometheus
+            namespace.fleet = True
+            return
         if not config.hosts:
             parser.error(
-                "--fleet: no hosts listed; add [fleet] hosts = [...] to "
+                "--fleet: no hosts listed; add [fleet] hosts = [...] or prometheus = URL to "
                 f"{paths.config_dir() / 'config.toml'}, or name hosts with --host"
             )
         hosts = list(getattr(namespace, "host", None) or [])
@@ -96,8 +100,18 @@ class _FleetAction(argparse.Action):
         namespace.fleet = True
 
 
+def _prometheus_url(text: str) -> str:
+    from gpustation.errors import UsageError
+    from gpustation.fleet.promapi import check_url
+
+    try:
+        return check_url(text)
+    except UsageError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--prometheus: ")) from None
+
+
 def add_fleet_options(parser: argparse.ArgumentParser) -> None:
-    """``--fleet`` and ``--ssh-config`` (unset defaults, read with getattr)."""
+    """``--fleet``, ``--ssh-config`` and ``--prometheus`` (unset defaults, read with getattr)."""
     parser.add_argument(
         "--fleet",
         action=_FleetAction,
@@ -109,6 +123,14 @@ def add_fleet_options(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         default=argparse.SUPPRESS,
         help="ssh client config for reaching the hosts (ssh -F FILE)",
+    )
+    parser.add_argument(
+        "--prometheus",
+        metavar="URL",
+        type=_prometheus_url,
+        default=argparse.SUPPRESS,
+        help="read the fleet from this Prometheus server: every target with DCGM_FI_* "
+        "series (gpustation serve, dcgm-exporter) is a host",
     )
 
 

@@ -49,6 +49,11 @@ def run(args: argparse.Namespace) -> int:
     if args.watch is not None and not 0.05 <= args.watch <= 3600:
         raise UsageError(f"--watch: between 0.05 and 3600 seconds, got {args.watch:g}")
     hosts = list(getattr(args, "host", []) or [])
+    prometheus = getattr(args, "prometheus", None)
+    if prometheus:
+        from gpustation.commands.fleet import run_snapshot_prometheus
+
+        return run_snapshot_prometheus(args, prometheus)
     if hosts:
         from gpustation.commands.fleet import run_snapshot_fleet
 

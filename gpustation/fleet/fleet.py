@@ -13,9 +13,16 @@ Configuration, in ``config.toml`` in the config directory::
     interval = 1                       # seconds between snapshots from each host
     remote_command = "gpustation"      # how to start gpustation on the hosts
     ssh_config = "~/.ssh/config-lab"   # optional: ssh -F FILE
+    # or read every host from Prometheus (gpustation serve or dcgm-exporter targets):
+    prometheus = "http://prometheus:9090"
+    prometheus_user = "alice"                        # basic auth, with
+    prometheus_password_file = "~/.config/prom-pw"   # a file only you can read
+    prometheus_token_file = "~/.config/prom-token"   # or a bearer token
+    prometheus_match = 'job="gpu"'                   # optional: only these targets
 
 ``gpustation --fleet`` (and ``gpustation snapshot --fleet``) reads the hosts
-listed there, as if each were given with ``--host``.
+listed there, as if each were given with ``--host``, or the Prometheus server
+when no hosts are listed.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gpustation.config import config_path, section
 from gpustation.errors import UsageError
@@ -57,6 +64,56 @@ class FleetConfig:
     interval: float = 1.0
     remote_command: str | None = None
     ssh_config: str | None = None
+    prometheus: str | None = None
+    prometheus_user: str | None = None
+    prometheus_password_file: str | None = None
+    prometheus_token_file: str | None = None
+    prometheus_match: str = ""
+
+
+_KEYS = {
+    "hosts",
+    "interval",
+    "remote_command",
+    "ssh_config",
+    "prometheus",
+    "prometheus_user",
+    "prometheus_password_file",
+    "prometheus_token_file",
+    "prometheus_match",
+}
+
+
+def _prometheus_keys(table: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """The ``prometheus*`` keys, checked (the files are read only when used)."""
+    from gpustation.fleet.promapi import check_url
+
+    out: dict[str, Any] = {}
+    url = table.get("prometheus")
+    if url is not None:
+        try:
+            if not isinstance(url, str):
+                raise UsageError("prometheus: must be a URL string")
+            out["prometheus"] = check_url(url, "prometheus")
+        except UsageError as err:
+            problems.append(str(err))
+    for key in ("prometheus_user", "prometheus_password_file", "prometheus_token_file"):
+        value = table.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            problems.append(f"{key} must be a non-empty string")
+        elif value is not None:
+            out[key] = value if key == "prometheus_user" else str(Path(value).expanduser())
+    if "prometheus_token_file" in out and "prometheus_user" in out:
+        problems.append("give prometheus_user or prometheus_token_file, not both")
+    if "prometheus_password_file" in out and "prometheus_user" not in out:
+        problems.append("prometheus_password_file needs prometheus_user")
+    match = table.get("prometheus_match")
+    if match is not None:
+        if not isinstance(match, str) or "{" in match or "}" in match:
+            problems.append("prometheus_match must be label matchers such as 'job=\"gpu\"'")
+        else:
+            out["prometheus_match"] = match.strip()
+    return out
 
 
 def load_fleet_config(path: Path | None = None) -> FleetConfig:
@@ -91,14 +148,15 @@ def load_fleet_config(path: Path | None = None) -> FleetConfig:
     if ssh_config is not None and not isinstance(ssh_config, str):
         problems.append("ssh_config must be a path")
         ssh_config = None
-    unknown = sorted(set(table) - {"hosts", "interval", "remote_command", "ssh_config"})
+    prom = _prometheus_keys(table, problems)
+    unknown = sorted(set(table) - _KEYS)
     if unknown:
         problems.append(f"unknown key(s): {', '.join(unknown)}")
     if problems:
         raise UsageError(f"{path} [fleet]: " + "; ".join(problems))
     if ssh_config:
         ssh_config = str(Path(ssh_config).expanduser())
-    return FleetConfig(list(hosts), float(interval), command, ssh_config)
+    return FleetConfig(list(hosts), float(interval), command, ssh_config, **prom)
 
 
 # ---- the fleet ----------------------------------------------------------------
@@ -170,6 +228,28 @@ def rows_from_states(states: Sequence[HostState], now: float | None = None) -> l
             error = f"reconnecting; last error: {st.error}"
         rows.append(FleetRow(st.name, status, error, st.age_s(now), None))
     return rows
+
+
+class FleetSource(Protocol):
+    """What the fleet screen and ``snapshot`` use of a fleet: :class:`Fleet` (ssh) or
+    :class:`~gpustation.fleet.prometheus.PrometheusFleet`."""
+
+    interval: float
+
+    @property
+    def hosts(self) -> list[str]: ...
+
+    def start(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+    def states(self) -> list[HostState]: ...
+
+    def state(self, host: str) -> HostState: ...
+
+    def rows(self, now: float | None = None) -> list[FleetRow]: ...
+
+    def wait_first(self, timeout: float = ...) -> list[HostState]: ...
 
 
 class Fleet:
@@ -366,7 +446,10 @@ def fleet_document(states: Sequence[HostState]) -> dict[str, Any]:
             hosts.append({"host": st.name, "ok": True, "snapshot": st.snapshot.to_dict()})
         else:
             error = st.error or ("no snapshot yet" if st.state == CONNECTING else st.state)
-            hosts.append({"host": st.name, "ok": False, "error": error})
+            entry: dict[str, Any] = {"host": st.name, "ok": False, "error": error}
+            if st.received_at is not None:
+                entry["last_sample_time"] = st.received_at
+            hosts.append(entry)
     return {"schema": FLEET_SCHEMA, "hosts": hosts}
 
 

@@ -37,6 +37,7 @@ from gpustation.fleet.fleet import (
     COLUMNS,
     Fleet,
     FleetRow,
+    FleetSource,
     cell_style,
     load_fleet_config,
     row_cells,
@@ -237,9 +238,9 @@ class FleetScreen(Screen[None]):
     FleetScreen #fleet-table { height: 1fr; }
     """
 
-    def __init__(self, fleet: Fleet, refresh_s: float = 1.0) -> None:
+    def __init__(self, fleet: FleetSource, refresh_s: float = 1.0) -> None:
         super().__init__()
-        self.fleet = fleet
+        self.fleet: FleetSource = fleet
         self.refresh_s = refresh_s
         self.sort_key = "host"
         self.descending = False
@@ -274,7 +275,8 @@ class FleetScreen(Screen[None]):
             if snap is None or self._history_time.get(st.name) == snap.time:
                 continue
             self._history_time[st.name] = snap.time
-            self.histories[st.name].add(snap)
+            # a Prometheus fleet finds hosts as they appear
+            self.histories.setdefault(st.name, History()).add(snap)
 
     def _signature(self) -> tuple[object, ...]:
         """What the rows depend on; equal signatures mean nothing to redraw."""
@@ -354,7 +356,8 @@ class FleetScreen(Screen[None]):
         self.open_host(event.key.rsplit("#", 1)[0])
 
     def open_host(self, host: str) -> None:
-        self.app.push_screen(HostScreen(self.fleet, host, self.histories[host]))
+        history = self.histories.setdefault(host, History())
+        self.app.push_screen(HostScreen(self.fleet, host, history))
 
 
 class HostScreen(Screen[None]):
@@ -377,7 +380,7 @@ class HostScreen(Screen[None]):
     HostScreen #host-procs DataTable { height: auto; max-height: 14; }
     """
 
-    def __init__(self, fleet: Fleet, host: str, history: History) -> None:
+    def __init__(self, fleet: FleetSource, host: str, history: History) -> None:
         super().__init__()
         self.fleet = fleet
         self.host = host
@@ -385,6 +388,7 @@ class HostScreen(Screen[None]):
         self.metric = "util"
         self._cards: dict[int, GpuCard] = {}
         self._shown_time: float | None = None
+        self._own_history = False
 
     def compose(self) -> ComposeResult:
         yield Static(id="host-banner")
@@ -399,6 +403,20 @@ class HostScreen(Screen[None]):
     def on_mount(self) -> None:
         self.refresh_host()
         self.set_interval(0.5, self.refresh_host)
+        if callable(getattr(self.fleet, "history", None)):  # a source that keeps history
+            self.run_worker(self._load_history, thread=True, exit_on_error=False)
+
+    def _load_history(self) -> None:
+        history = self.fleet.history(self.host)  # type: ignore[attr-defined]
+        if len(history):
+            self.app.call_from_thread(self._use_history, history)
+
+    def _use_history(self, history: History) -> None:
+        self.history = history
+        self._own_history = True  # fed here from now on: the fleet screen feeds its own
+        self.query_one(HistoryGraph).history = history
+        self._shown_time = None
+        self.refresh_host()
 
     def refresh_host(self) -> None:
         st = self.fleet.state(self.host)
@@ -418,6 +436,10 @@ class HostScreen(Screen[None]):
         self.query_one("#host-banner", Static).update(banner)
         if snap is not None and snap.time != self._shown_time:
             self._shown_time = snap.time
+            if self._own_history and all(
+                snap.time > (self.history.times(g.index) or [0])[-1] for g in snap.gpus
+            ):
+                self.history.add(snap)
             self.show_snapshot(snap)
 
     def show_snapshot(self, snap: Snapshot) -> None:
@@ -454,7 +476,7 @@ class FleetApp(App[int]):
         hosts: Sequence[str],
         refresh_s: float = 1.0,
         ssh_config: str | None = None,
-        fleet: Fleet | None = None,
+        fleet: FleetSource | None = None,
         keymap: KeymapConfig | None = None,
     ) -> None:
         super().__init__()
@@ -472,7 +494,7 @@ class FleetApp(App[int]):
                 remote_command=config.remote_command,
                 ssh_config=ssh_config or config.ssh_config,
             )
-        self.fleet = fleet
+        self.fleet: FleetSource = fleet
         self.refresh_s = refresh
         self._started = False
 
