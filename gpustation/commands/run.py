@@ -66,14 +66,8 @@ def run(args: argparse.Namespace) -> int:
     if args.grace < 0:
         raise UsageError(f"--grace: 0 or more seconds, got {args.grace:g}")
     presets, problems = load_presets()
-    if args.preset not in presets:
-        # A preset that failed to load says why, rather than "not found".
-        bad = [p for p in problems if Path(p.path).stem == args.preset]
-        if bad:
-            raise UsageError(
-                f"preset {args.preset!r} has problems:\n  " + "\n  ".join(str(p) for p in bad)
-            )
-    preset = find_preset(args.preset, presets)
+    # A preset that failed to load says why, rather than "not found".
+    preset = find_preset(args.preset, presets, problems)
     # Catch Ctrl-C from here on: one pressed while the run starts must stop it
     # too, not leave it running behind an interrupted command.
     interrupts: list[float] = []
