@@ -105,7 +105,14 @@ def _corrupt(err: sqlite3.Error) -> bool:
     ) or ("malformed" in text or "not a database" in text)
 
 
+_WARNED: set[str] = set()
+
+
 def _warn(message: str) -> None:
+    """Say it on stderr, once a process (a dashboard lists the runs every few seconds)."""
+    if message in _WARNED:
+        return
+    _WARNED.add(message)
     try:
         print(f"gpustation: {message}", file=sys.stderr, flush=True)
     except (OSError, ValueError):

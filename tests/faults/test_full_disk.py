@@ -1,8 +1,10 @@
 """The child's exit status survives a full data disk.
 
 The data dir is a small tmpfs (mounted for the test: everything here runs as
-root, CI included) and the run itself fills it. The supervisor's writes at the
-end fail with ENOSPC; it must keep the status, leave it in its pre-allocated
+root, CI included) and the run itself fills it; and, for machines where no
+tmpfs can be mounted, ENOSPC is injected into every Python process through a
+sitecustomize (tests/faults/enospc). The supervisor's writes at the end fail
+with ENOSPC; it must keep the status, leave it in its pre-allocated
 ``exit-status`` file (overwritten in place, no new blocks), and write
 ``state.json`` and the history row once there is room again.
 """
@@ -13,7 +15,8 @@ import json
 import os
 import sqlite3
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,34 +31,53 @@ from tests.runs.conftest import command_preset, runs_environment, wait_until
 TIMEOUT = 60.0
 
 
-@pytest.fixture
-def tiny_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+ENOSPC_DIR = Path(__file__).resolve().parent / "enospc"
+
+
+@dataclass
+class FullDisk:
+    data: Path
+    #: makes room again
+    free: Callable[[], None]
+
+
+@pytest.fixture(params=["tmpfs", "injected"])
+def full_disk(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[FullDisk]:
+    if request.param == "injected":
+        data, flag = tmp_path / "data", tmp_path / "disk-is-full"
+        data.mkdir()
+        monkeypatch.setenv("GPUSTATION_DATA_DIR", str(data))
+        monkeypatch.setenv("GPUSTATION_TEST_ENOSPC_DIR", str(data))
+        monkeypatch.setenv("GPUSTATION_TEST_ENOSPC_FLAG", str(flag))
+        monkeypatch.setenv("PYTHONPATH", f"{ENOSPC_DIR}{os.pathsep}{os.environ['PYTHONPATH']}")
+        yield FullDisk(data, lambda: flag.unlink())
+        return
     mount = tmp_path / "tiny"
     mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)],
         capture_output=True,
         text=True,
     )
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        pytest.skip(f"cannot mount a tmpfs here (the injected case stands in): {done.stderr}")
     monkeypatch.setenv("GPUSTATION_DATA_DIR", str(mount))
     try:
-        yield mount
+        yield FullDisk(mount, lambda: next(mount.glob("runs/*/filler")).unlink())
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.fixture
 def runs_env(
-    tiny_disk: Path, gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+    full_disk: FullDisk, gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[dict]:
-    yield from runs_environment({**gpustation_dirs, "data": tiny_disk}, monkeypatch)
+    yield from runs_environment({**gpustation_dirs, "data": full_disk.data}, monkeypatch)
 
 
-def test_the_exit_status_survives_a_full_disk(runs_env: dict, tiny_disk: Path) -> None:
+def test_the_exit_status_survives_a_full_disk(runs_env: dict, full_disk: FullDisk) -> None:
     runs_env["write_preset"]("fill", command_preset("fill", "fill_disk"))
     presets, problems = load_presets()
     assert "fill" in presets, problems
@@ -86,7 +108,7 @@ def test_the_exit_status_survives_a_full_disk(runs_env: dict, tiny_disk: Path) -
     assert (row["status"], row["exit_code"]) == ("failed", 7)
 
     # Room again: the supervisor's retries write state.json and the row.
-    (handle.run_dir / "filler").unlink()
+    full_disk.free()
     wait_until(
         lambda: json.loads((handle.run_dir / rundir.STATE_JSON).read_text())["status"] == "failed",
         TIMEOUT,
