@@ -352,7 +352,7 @@ def supervise(directory: Path) -> int:
     if rundir.stop_requested(directory):
         state.status, state.reason = "stopped", "stopped before it started"
         state.started_at = state.ended_at = time.time()
-        _finish(directory, state)
+        _record_final(directory, state)
         return 0
 
     env = dict(os.environ)
@@ -373,12 +373,15 @@ def supervise(directory: Path) -> int:
         )
     except OSError as err:
         message = f"cannot start {run['argv'][0]!r}: {err.strerror or err}"
-        log.write(f"gpustation: {message}\n".encode())
+        try:
+            log.write(f"gpustation: {message}\n".encode())
+        except OSError:
+            pass
         log.close()
         state.status, state.reason = "failed", message
         state.started_at = state.ended_at = time.time()
         state.error_tail = [f"gpustation: {message}"]
-        _finish(directory, state)
+        _record_final(directory, state)
         return 0
     log.close()
     state.child_pid = child.pid
@@ -397,7 +400,10 @@ def supervise(directory: Path) -> int:
         if stop_signal and not stopping:
             stopping = True
             _log(f"got {stop_signal[0]}: stopping the run")
-            rundir.request_stop(directory, f"supervisor {stop_signal[0]}")
+            try:
+                rundir.request_stop(directory, f"supervisor {stop_signal[0]}")
+            except OSError as err:
+                _log(f"could not leave the stop marker: {err}")
             telemetry.sample()
             terminate_group(
                 state.pgid,
@@ -436,6 +442,9 @@ def supervise(directory: Path) -> int:
         state.exit_code = code
         state.signal = None
     stop = rundir.read_stop(directory)
+    if stop is None and stop_signal:
+        # The marker could not be written (a full disk): the signal is remembered.
+        stop = {"by": f"supervisor {stop_signal[0]}"}
     if stop is not None:
         state.status = "stopped"
         state.reason = stopped_reason(stop)

@@ -49,8 +49,12 @@ class Tailer:
         path: str | os.PathLike[str],
         chunk_bytes: int = CHUNK_BYTES,
         max_line_bytes: int = MAX_LINE_BYTES,
+        keep_tail: bool = False,
     ) -> None:
         self.path = Path(path)
+        #: a line too long is cut to its last max_line_bytes rather than skipped
+        #: (a log: a progress bar redraws with \r and its last frame is what shows)
+        self.keep_tail = keep_tail
         self.offset = 0  # bytes consumed, up to the end of the last whole (or skipped) line
         self.chunk_bytes = chunk_bytes
         self.max_line_bytes = max_line_bytes
@@ -71,10 +75,12 @@ class Tailer:
         return self._fh
 
     def _keep(self, lines: list[bytes], line: bytes) -> None:
-        if len(line) > self.max_line_bytes:
-            self.skipped += 1
-        else:
+        if len(line) <= self.max_line_bytes:
             lines.append(line)
+        elif self.keep_tail:
+            lines.append(line[-self.max_line_bytes :])
+        else:
+            self.skipped += 1
 
     def read_new(self, max_bytes: int | None = None) -> list[bytes]:
         """Complete lines (without their newline) added since the last call.
@@ -120,7 +126,11 @@ class Tailer:
                     self._keep(lines, line)
                 self.offset += end + 1
                 data = data[end + 1 :]
-            if len(data) > self.max_line_bytes:
+            if len(data) > self.max_line_bytes and self.keep_tail:
+                # Too long: keep its end only (bounded), the rest counts as read.
+                self._partial = data[-self.max_line_bytes :]
+                self.offset += len(data) - len(self._partial)
+            elif len(data) > self.max_line_bytes:
                 # No newline in sight and already too long: skip to the next one.
                 self.offset += len(data)
                 self._partial = b""

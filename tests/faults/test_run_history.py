@@ -412,3 +412,19 @@ def test_two_runs_on_one_gpu_warn_and_share_the_energy(runs_env: dict, tmp_path:
     release.touch()
     wait_for_end(rundir.run_dir(alone), TIMEOUT)
     assert RunStore().get(alone).energy_shared is False  # type: ignore[union-attr]
+
+
+def test_a_log_line_too_long_keeps_its_end(tmp_path: Path) -> None:
+    # A progress bar redraws with \r for hours without a newline: its last frame shows.
+    from gpustation.runs.tail import Tailer
+
+    path = tmp_path / "output.log"
+    tailer = Tailer(path, keep_tail=True)
+    with open(path, "wb") as fh:
+        for n in range(40_000):
+            fh.write(f"\r{n:>8} it/s {'#' * 40}".encode())
+        fh.write(b"\rlast frame\ndone\n")
+    lines = tailer.read_new()
+    assert len(lines) == 2 and len(lines[0]) <= 1 << 20
+    assert lines[0].endswith(b"\rlast frame") and lines[1] == b"done"
+    assert tailer.offset == path.stat().st_size and tailer.skipped == 0
