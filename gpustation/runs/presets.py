@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import math
 import re
 import sys
 from dataclasses import asdict, dataclass, field, replace
@@ -258,6 +259,13 @@ def parse_preset(
                         f"args.{name}",
                         table="args",
                     )
+                    continue
+                if any(
+                    isinstance(v, float) and not math.isfinite(v)
+                    for v in (arg if isinstance(arg, list) else [arg])
+                ):
+                    # TOML has nan and inf; JSON (run.json, every --json output) has not.
+                    problem(f"expected a finite number, got {arg!r}", f"args.{name}", table="args")
                     continue
                 args[name] = arg
             values[key] = args

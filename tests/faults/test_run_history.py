@@ -428,3 +428,13 @@ def test_a_log_line_too_long_keeps_its_end(tmp_path: Path) -> None:
     assert len(lines) == 2 and len(lines[0]) <= 1 << 20
     assert lines[0].endswith(b"\rlast frame") and lines[1] == b"done"
     assert tailer.offset == path.stat().st_size and tailer.skipped == 0
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "[1.0, nan]"])
+def test_a_preset_with_a_non_finite_number_is_refused(runs_env: dict, value: str) -> None:
+    from gpustation.runs.presets import load_preset_file
+
+    path = runs_env["write_preset"]("nan", command_preset("nan", "train_ok", args=f"lr = {value}"))
+    preset, problems = load_preset_file(path)
+    assert preset is None
+    assert [(p.key, "finite number" in p.message) for p in problems] == [("args.lr", True)]
