@@ -3,9 +3,11 @@
 ``runs/<id>/`` holds ``run.json`` (what was launched: the resolved preset,
 argv, GPUs, the environment gpustation set), ``state.json`` (where the run
 stands: PIDs, status, exit code), ``output.log``, ``metrics.jsonl``,
-``telemetry.jsonl``, ``supervisor.log`` and, once someone asks for a stop, a
-``stop_requested`` marker. Every file is written atomically so a reader in
-another process never sees half a JSON document.
+``telemetry.jsonl``, ``supervisor.log``, ``exit-status`` (a fixed-size file
+the supervisor overwrites in place with the run's end, so a full disk cannot
+lose it), ``shared-gpus`` when another run used the same GPU meanwhile and,
+once someone asks for a stop, a ``stop_requested`` marker. Every JSON file is
+written atomically so a reader in another process never sees half a document.
 """
 
 from __future__ import annotations
