@@ -159,7 +159,17 @@ def record_lost_runs() -> list[RunState]:
     for state_file in sorted(root.glob(f"*/{rundir.STATE_JSON}")):
         directory = state_file.parent
         first = rundir.read_state(directory)
-        if first is None or not first.active:
+        if first is None:
+            continue
+        if not first.active:
+            on_disk = rundir.read_json(state_file) or {}
+            if on_disk.get("status") in rundir.ACTIVE_STATUSES and not rundir.process_matches(
+                first.supervisor_pid, first.supervisor_create_time
+            ):
+                # Its end is only in exit-status (the disk was full until its
+                # supervisor gave up): state.json and the row get it now.
+                record_end(directory, first)
+                recorded.append(first)
             continue
         state = check_run(directory)
         if state is not None and not state.active:

@@ -93,7 +93,8 @@ def test_the_exit_status_survives_a_full_disk(runs_env: dict, full_disk: FullDis
     state = rundir.read_state(handle.run_dir)
     assert state is not None and (state.status, state.exit_code) == ("failed", 7)
     on_disk = json.loads((handle.run_dir / rundir.STATE_JSON).read_text())
-    assert on_disk["status"] == "running", "state.json could not be written (the disk is full)"
+    # (starting: with ENOSPC injected the disk may fill before the first write)
+    assert on_disk["status"] in rundir.ACTIVE_STATUSES, "state.json could not be written"
     supervisor = state.supervisor_pid
     assert rundir.process_matches(supervisor, state.supervisor_create_time), "it did not die"
     listed = subprocess.run(
@@ -127,3 +128,35 @@ def test_the_exit_status_survives_a_full_disk(runs_env: dict, full_disk: FullDis
 
     wait_until(lambda: row_status() == ("failed", 7), TIMEOUT, "the history row")
     wait_until(lambda: not rundir.process_matches(supervisor, None), TIMEOUT, "the supervisor")
+
+
+def test_an_end_left_only_in_exit_status_is_recorded_by_the_next_writer(
+    runs_env: dict, full_disk: FullDisk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The disk stayed full until the supervisor gave up: the end is in exit-status only.
+    from gpustation.runs import supervisor
+    from gpustation.runs.reconcile import record_lost_runs
+
+    runs_env["write_preset"]("fill", command_preset("fill", "fill_disk"))
+    presets, _ = load_presets()
+    handle = launch(presets["fill"])
+    wait_until(
+        lambda: (s := rundir.read_state(handle.run_dir)) is not None and not s.active,
+        TIMEOUT,
+        "the end of the run",
+    )
+    state = rundir.read_state(handle.run_dir)
+    assert state is not None
+    os.kill(state.supervisor_pid or 0, 9)  # as if it had given up
+    wait_until(
+        lambda: not rundir.process_matches(state.supervisor_pid, state.supervisor_create_time),
+        TIMEOUT,
+        "the supervisor to go",
+    )
+    on_disk = json.loads((handle.run_dir / rundir.STATE_JSON).read_text())
+    assert on_disk["status"] in rundir.ACTIVE_STATUSES
+    full_disk.free()
+    assert [s.status for s in record_lost_runs()] == ["failed"]
+    on_disk = json.loads((handle.run_dir / rundir.STATE_JSON).read_text())
+    assert (on_disk["status"], on_disk["exit_code"]) == ("failed", 7)
+    assert supervisor.END_RETRY_S > 0
