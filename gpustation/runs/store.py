@@ -200,13 +200,15 @@ class RunStore:
     def _retry(self, job: Callable[[], None]) -> None:
         """Run a write, retrying while another process holds the lock (bounded)."""
         deadline = time.monotonic() + self.write_wait_s
+        rebuilt = False
         while True:
             try:
                 job()
                 return
             except sqlite3.Error as err:
-                if _corrupt(err) and self._ready:
-                    self._ready = False  # found bad under us: rebuild, then retry
+                if _corrupt(err) and self._ready and not rebuilt:
+                    # Found bad under us: rebuild (once), then try again.
+                    self._ready, rebuilt = False, True
                     continue
                 if not _busy(err) or time.monotonic() >= deadline:
                     raise
