@@ -438,3 +438,21 @@ def test_a_preset_with_a_non_finite_number_is_refused(runs_env: dict, value: str
     preset, problems = load_preset_file(path)
     assert preset is None
     assert [(p.key, "finite number" in p.message) for p in problems] == [("args.lr", True)]
+
+
+def test_a_shared_gpu_s_energy_is_split_by_the_run_s_share(tmp_path: Path) -> None:
+    from gpustation.runs.gputrace import run_share, summarize_telemetry
+    from gpustation.telemetry.model import ProcessInfo
+
+    procs = [ProcessInfo(pid=10, gpu_memory_mib=3000.0), ProcessInfo(pid=20, gpu_memory_mib=1000.0)]
+    assert run_share(procs, {10}) == 0.75
+    assert run_share(procs, {99}) is None, "the run's PIDs not listed: not known"
+    path = tmp_path / "telemetry.jsonl"
+    rows = [
+        {"t": 0, "gpus": [{"index": 0, "power_w": 100, "energy_j": 0.0, "run_share": 0.5}]},
+        {"t": 10, "gpus": [{"index": 0, "power_w": 100, "energy_j": 1000.0, "run_share": 0.5}]},
+        {"t": 20, "gpus": [{"index": 0, "power_w": 100, "energy_j": 2000.0, "run_share": 1.0}]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = summarize_telemetry(path)
+    assert summary.split and summary.energy_j == pytest.approx(500.0 + 1000.0)
