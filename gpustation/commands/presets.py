@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         _print_problems(problems)
         return 0
 
-    preset = find_preset(args.name, presets)
+    preset = find_preset(args.name, presets, problems)
     preset, _parsed, warnings = apply_overrides(preset, args.set)
     for warning in warnings:
         print(f"gpustation: warning: {warning}", file=sys.stderr)

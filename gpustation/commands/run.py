@@ -114,18 +114,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--name and --env go with a command given after --")
     if command:
         preset = command_preset(command, args.name, args.env)
-        presets: dict[str, RunPreset] = {preset.name: preset}
-        problems: list[Any] = []
     else:
         presets, problems = load_presets()
-    if not command and args.preset not in presets:
         # A preset that failed to load says why, rather than "not found".
-        bad = [p for p in problems if Path(p.path).stem == args.preset]
-        if bad:
-            raise UsageError(
-                f"preset {args.preset!r} has problems:\n  " + "\n  ".join(str(p) for p in bad)
-            )
-    preset = find_preset(preset.name if command else args.preset, presets)
+        preset = find_preset(args.preset, presets, problems)
     # Catch Ctrl-C from here on: one pressed while the run starts must stop it
     # too, not leave it running behind an interrupted command.
     interrupts: list[float] = []

@@ -9,13 +9,19 @@ that before its next launch (see :mod:`gpustation.runs.reconcile`).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 from gpustation.errors import UsageError
-from gpustation.runs.compare import CompareRow, compare_rows, fmt_energy, fmt_num, status_text
-from gpustation.runs.output import console
+from gpustation.runs.compare import (
+    CompareRow,
+    compare_rows,
+    energy_text,
+    fmt_num,
+    gpus_text,
+    status_text,
+)
+from gpustation.runs.output import console, strict_json
 from gpustation.runs.store import RunStore
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry import format as fmt
@@ -72,14 +78,14 @@ def run(args: argparse.Namespace) -> int:
             )
         ]
         if getattr(args, "json", False):
-            print(json.dumps([r.to_dict() for r in records], indent=2))
+            print(strict_json([r.to_dict() for r in records]))
         else:
             _print_list(records)
         return 0
     if action == "show":
         record = _get(store, args.id)
         if args.json:
-            print(json.dumps(record.to_dict(), indent=2))
+            print(strict_json(record.to_dict()))
         else:
             _print_show(record)
         return 0
@@ -90,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         state = stop_run(run_id, grace_s=args.grace)
         record = _get(store, run_id)
         if args.json:
-            print(json.dumps(record.to_dict(), indent=2))
+            print(strict_json(record.to_dict()))
         else:
             status = state.status if state else record.status
             print(f"{run_id}: {(state.reason if state else None) or status}")
@@ -106,15 +112,14 @@ def run(args: argparse.Namespace) -> int:
         table = compare_rows(records)
         if args.json:
             print(
-                json.dumps(
+                strict_json(
                     {
                         "runs": [r.to_dict() for r in records],
                         "rows": [
                             {"name": row.name, "values": row.values, "change_pct": row.changes()}
                             for row in table
                         ],
-                    },
-                    indent=2,
+                    }
                 )
             )
         else:
@@ -186,11 +191,11 @@ def _print_list(records: list[RunSummary]) -> None:
             status_text(r),
             _started(r),
             fmt_duration(r.duration_s),
-            ",".join(map(str, r.gpus)) or "-",
+            gpus_text(r),
             "-" if r.steps is None else str(r.steps),
             fmt_num(r.final_loss, 4),
             fmt_num(r.best_throughput, 1, r.throughput_unit or ""),
-            fmt_energy(r.energy_j),
+            energy_text(r),
         )
     console().print(table)
 
@@ -204,11 +209,11 @@ def _print_show(r: RunSummary) -> None:
     rows = [
         ("id", r.id),
         ("preset", f"{r.preset} ({r.title})" if r.title and r.title != r.preset else r.preset),
-        ("status", status_text(r) + (" [simulated GPUs]" if r.simulated else "")),
+        ("status", status_text(r)),
         ("reason", r.reason),
         ("started", _started(r)),
         ("duration", fmt_duration(r.duration_s)),
-        ("gpus", ",".join(map(str, r.gpus)) or "none"),
+        ("gpus", gpus_text(r, none="none") + (" (no real GPU was used)" if r.simulated else "")),
         ("overrides", " ".join(f"{k}={v}" for k, v in r.overrides.items())),
         ("command", " ".join(r.argv)),
         (
@@ -222,7 +227,7 @@ def _print_show(r: RunSummary) -> None:
         ("eval loss", fmt_num(r.final_eval_loss, 4) if r.final_eval_loss is not None else None),
         ("best throughput", fmt_num(r.best_throughput, 1, r.throughput_unit or "")),
         ("peak VRAM", fmt_num(r.peak_vram_mib, 0, "MiB")),
-        ("energy", fmt_energy(r.energy_j)),
+        ("energy", energy_text(r)),
         (
             f"energy per {r.work_unit}" if r.work_unit else "energy per unit",
             fmt_num(r.energy_per_unit_j, 3, "J") if r.energy_per_unit_j is not None else None,
@@ -244,7 +249,7 @@ def _print_show(r: RunSummary) -> None:
     if r.summary:
         from rich.text import Text
 
-        out.print(Text.assemble(("summary ", "bold"), json.dumps(r.summary)))
+        out.print(Text.assemble(("summary ", "bold"), strict_json(r.summary, indent=None)))
     if r.error_tail:
         out.print("[bold]last lines of the log[/bold]")
         for line in r.error_tail:

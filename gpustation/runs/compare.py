@@ -37,6 +37,22 @@ def status_text(record: RunSummary) -> str:
     return record.status_text()
 
 
+#: what marks a run on simulated GPUs wherever a run is shown
+SIMULATED = "SIMULATED"
+
+
+def gpus_text(record: RunSummary, none: str = "-") -> str:
+    """The run's GPUs, ``0,1 SIMULATED`` when they were simulated ones."""
+    text = ",".join(map(str, record.gpus)) or none
+    return f"{text} {SIMULATED}" if record.simulated else text
+
+
+def energy_text(record: RunSummary) -> str:
+    """The run's GPU energy, ``(shared)`` beside it when another run used its GPUs too."""
+    text = fmt_energy(record.energy_j)
+    return f"{text} (shared)" if record.energy_shared and record.energy_j is not None else text
+
+
 @dataclass
 class CompareRow:
     """One row of ``runs compare``: a value per run, shown with its change."""
@@ -86,7 +102,7 @@ def compare_rows(records: list[RunSummary]) -> list[CompareRow]:
     rows = [
         CompareRow("preset", [r.preset for r in records], numeric=False),
         CompareRow("status", [status_text(r) for r in records], numeric=False),
-        CompareRow("gpus", [",".join(map(str, r.gpus)) or "-" for r in records], numeric=False),
+        CompareRow("gpus", [gpus_text(r) for r in records], numeric=False),
         CompareRow("duration", [r.duration_s for r in records], fmt_duration),
         CompareRow("epoch time", [_epoch_time(r) for r in records], lambda v: fmt_num(v, 1, "s")),
         CompareRow("steps", [r.steps for r in records], lambda v: "-" if v is None else str(v)),
@@ -100,6 +116,11 @@ def compare_rows(records: list[RunSummary]) -> list[CompareRow]:
         ),
         CompareRow("peak VRAM", [r.peak_vram_mib for r in records], lambda v: fmt_num(v, 0, "MiB")),
         CompareRow("energy", [r.energy_j for r in records], fmt_energy),
+        CompareRow(
+            "energy shared",
+            ["shared" if r.energy_shared else None for r in records],
+            numeric=False,
+        ),
         CompareRow(
             f"energy per {work_unit}" if work_unit else "energy per unit",
             [r.energy_per_unit_j for r in records],

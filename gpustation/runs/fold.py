@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpustation.runs.tail import parse_metric_line
+from gpustation.runs.tail import bounded_lines, parse_metric_line
 
 if TYPE_CHECKING:
     from gpustation.runs.summary import RunSummary
@@ -240,10 +240,11 @@ class MetricsFold:
         malformed = 0
         try:
             with open(path, "rb") as fh:
-                for line in fh:
-                    if not line.strip():
+                # In chunks, a line too long to keep skipped: bounded memory, linear time.
+                for line in bounded_lines(fh):
+                    if line is not None and not line.strip():
                         continue
-                    event = parse_metric_line(line)
+                    event = None if line is None else parse_metric_line(line)
                     if event is None:
                         malformed += 1
                     else:

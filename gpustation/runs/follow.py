@@ -53,7 +53,7 @@ class RunFollower:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
         self.state_every_s = state_every_s
-        self.log = Tailer(self.directory / rundir.OUTPUT_LOG)
+        self.log = Tailer(self.directory / rundir.OUTPUT_LOG, keep_tail=True)
         self.metrics = MetricsReader(self.directory / rundir.METRICS_FILE)
         self.fold = MetricsFold()
         self._run: dict[str, Any] | None = None

@@ -12,6 +12,18 @@ keeps: energy (from the cards' energy counters when they move, else power
 integrated over time), average and peak power of the run's GPUs together, peak
 temperature and VRAM of any one of them, and the seconds during which any of
 them was held back by a power, thermal or slowdown limit.
+
+Two runs on one GPU: a GPU's energy counter counts every process on it, so
+each run's figure would be the whole GPU's. Where the card reports its
+processes with their memory (NVML does, in the sampled ``processes``), each
+sample records ``run_share``: the fraction of the GPU's process memory held
+by the run's own processes (the child and the descendants the supervisor
+knows), and each interval's energy is split by it. Where it cannot be told
+(no process list, or the run's PIDs are not in it: a container's PID
+namespace, simulated GPUs), nothing is split; a run that shared a GPU with
+another gpustation run (the launcher notes it, in both run directories, as
+``shared-gpus``) then has its energy marked shared: ``energy_shared`` in the
+summary, "(shared)" beside the figure.
 """
 
 from __future__ import annotations
@@ -21,14 +33,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpustation.runs.tail import parse_metric_line
+from gpustation.runs.tail import bounded_lines, parse_metric_line
 from gpustation.telemetry.model import LIMITING_REASONS, Snapshot
 
 
-def compact_sample(snapshot: Snapshot, t: float) -> dict[str, Any]:
-    """The line recorded for one snapshot, ``t`` seconds into the run."""
+def run_share(processes: list[Any], pids: set[int]) -> float | None:
+    """The run's part of a GPU: its processes' memory over all processes' (None: unknown)."""
+    total = own = 0.0
+    seen = False
+    for proc in processes:
+        mem = getattr(proc, "gpu_memory_mib", None)
+        if not isinstance(mem, (int, float)) or mem < 0:
+            continue
+        total += float(mem)
+        if proc.pid in pids:
+            own += float(mem)
+            seen = True
+    if not seen or total <= 0:
+        return None
+    return round(min(1.0, own / total), 4)
+
+
+def compact_sample(snapshot: Snapshot, t: float, pids: set[int] | None = None) -> dict[str, Any]:
+    """The line recorded for one snapshot, ``t`` seconds into the run.
+
+    ``pids``: the run's processes, for each GPU's ``run_share``.
+    """
     gpus = []
     for gpu in snapshot.gpus:
+        share = run_share(list(gpu.processes or ()), pids) if pids else None
         gpus.append(
             {
                 "index": gpu.index,
@@ -38,6 +71,7 @@ def compact_sample(snapshot: Snapshot, t: float) -> dict[str, Any]:
                 "utilization_gpu_pct": gpu.utilization_gpu_pct,
                 "energy_j": gpu.energy_j,
                 "throttle": [r for r in gpu.throttle_reasons or () if r in LIMITING_REASONS],
+                **({"run_share": share} if share is not None else {}),
             }
         )
     # ``time`` (Unix seconds) lines telemetry up with the run's metrics, whose
@@ -60,6 +94,12 @@ class TelemetrySummary:
     peak_temp_c: float | None = None
     peak_vram_mib: float | None = None
     throttled_s: float | None = None
+    #: some of the energy was split by the run's share of its GPU (see the module)
+    split: bool = False
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _max(current: float | None, value: Any) -> float | None:
@@ -74,9 +114,13 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
     samples: list[dict[str, Any]] = []
     try:
         with open(path, "rb") as fh:
-            for line in fh:
-                event = parse_metric_line(line)
-                if event is not None and isinstance(event.get("gpus"), list):
+            for line in bounded_lines(fh):
+                event = None if line is None else parse_metric_line(line, check=False)
+                if (
+                    event is not None
+                    and isinstance(event.get("gpus"), list)
+                    and _number(event.get("t", 0.0))
+                ):
                     samples.append(event)
     except OSError:
         return summary
@@ -86,10 +130,13 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
     first_t = float(samples[0].get("t") or 0.0)
     summary.duration_s = max(0.0, float(samples[-1].get("t") or 0.0) - first_t)
 
-    # Per GPU: energy counter at the first and last sample; power integrated.
+    # Per GPU: energy counter at the first and last sample; power integrated;
+    # both also weighted interval by interval by the run's share of the GPU.
     counter_first: dict[int, float] = {}
     counter_last: dict[int, float] = {}
     integrated: dict[int, float] = {}
+    counter_mine: dict[int, float] = {}
+    integrated_mine: dict[int, float] = {}
     prev_t: float | None = None
     prev_power: dict[int, float] = {}
     throttled = 0.0
@@ -100,19 +147,29 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
         total_power: float | None = None
         now_throttled = False
         for gpu in sample["gpus"]:
-            if not isinstance(gpu, dict):
+            if not isinstance(gpu, dict) or not _number(gpu.get("index", -1)):
                 continue
             index = int(gpu.get("index", -1))
+            share = gpu.get("run_share")
+            if isinstance(share, (int, float)) and 0.0 <= float(share) <= 1.0:
+                summary.split = True
+                weight = float(share)
+            else:
+                weight = 1.0
             power = gpu.get("power_w")
-            if isinstance(power, (int, float)):
+            if isinstance(power, (int, float)) and not isinstance(power, bool):
                 total_power = (total_power or 0.0) + float(power)
                 if index in prev_power and dt > 0:
-                    integrated[index] = (
-                        integrated.get(index, 0.0) + dt * (prev_power[index] + float(power)) / 2.0
-                    )
+                    step = dt * (prev_power[index] + float(power)) / 2.0
+                    integrated[index] = integrated.get(index, 0.0) + step
+                    integrated_mine[index] = integrated_mine.get(index, 0.0) + step * weight
                 prev_power[index] = float(power)
             energy = gpu.get("energy_j")
-            if isinstance(energy, (int, float)):
+            if isinstance(energy, (int, float)) and not isinstance(energy, bool):
+                if index in counter_last and float(energy) >= counter_last[index]:
+                    counter_mine[index] = counter_mine.get(index, 0.0) + weight * (
+                        float(energy) - counter_last[index]
+                    )
                 counter_first.setdefault(index, float(energy))
                 counter_last[index] = float(energy)
             summary.peak_temp_c = _max(summary.peak_temp_c, gpu.get("temperature_c"))
@@ -133,10 +190,10 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
         for index in indices:
             moved = counter_last.get(index, 0.0) - counter_first.get(index, 0.0)
             if index in counter_last and moved > 0:
-                energy += moved
+                energy += counter_mine.get(index, 0.0) if summary.split else moved
                 known = True
             elif index in integrated:
-                energy += integrated[index]
+                energy += integrated_mine[index] if summary.split else integrated[index]
                 known = True
         summary.energy_j = energy if known else None
     # Average power from the samples (time-weighted), so it never exceeds the

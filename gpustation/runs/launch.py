@@ -27,7 +27,7 @@ from gpustation.errors import GpustationError, NoDriverError
 from gpustation.runs import rundir
 from gpustation.runs.argv import build_argv, build_env, resolve_gpus
 from gpustation.runs.presets import RunPreset, apply_overrides
-from gpustation.runs.reconcile import record_lost_runs
+from gpustation.runs.reconcile import list_active_runs, record_lost_runs
 from gpustation.runs.rundir import RunState
 from gpustation.runs.stop import DEFAULT_GRACE_S
 from gpustation.runs.summary import RunSummary
@@ -98,6 +98,21 @@ def _open_device_count(
     return count, {"kind": "nvml", "simulated": False}
 
 
+def _sharing(chosen: list[int], backend_info: dict[str, Any]) -> list[tuple[Any, list[int]]]:
+    """Runs still going on any of ``chosen`` (GPUs of the same kind: real or simulated)."""
+    if not chosen:
+        return []
+    simulated = bool(backend_info.get("simulated"))
+    found = []
+    for other in list_active_runs():
+        if bool((other.run.get("backend") or {}).get("simulated")) != simulated:
+            continue
+        common = sorted(set(chosen) & set(other.run.get("gpus") or []))
+        if common:
+            found.append((other, common))
+    return found
+
+
 def launch(
     preset: RunPreset,
     overrides: Sequence[str] = (),
@@ -138,6 +153,17 @@ def launch(
             break
         except FileExistsError:
             continue
+    for other, common in _sharing(chosen, backend_info):
+        warnings.append(
+            f"GPU {','.join(map(str, common))} is in use by run {other.id} too: the two runs "
+            "share it, and each one's GPU energy is the GPU's (marked shared) unless the "
+            "card tells the runs' processes apart"
+        )
+        for mine, theirs in ((directory, other.id), (other.run_dir, run_id)):
+            try:
+                rundir.note_shared_gpus(mine, theirs, common)
+            except OSError:
+                pass
     argv = build_argv(preset, chosen)
     env = build_env(
         preset, chosen, run_id, directory, has_driver=backend_info.get("kind") != "none"
@@ -158,9 +184,19 @@ def launch(
     }
     rundir.write_json(directory / rundir.RUN_JSON, run)
     rundir.write_state(directory, RunState(id=run_id, status="starting"))
-    from gpustation.runs.store import sync_run
+    from gpustation.runs.store import RunStore, sync_run
 
-    sync_run(directory)
+    try:
+        # A short wait: a run must start even while another process holds the
+        # index; its row is written by the supervisor, or the next writer.
+        store = RunStore(write_wait_s=2.0)
+        sync_run(directory, store)
+        store.catch_up()
+    except Exception as err:
+        warnings.append(
+            f"the run history ({store.db}) cannot be written now ({err}); "
+            "the run is recorded once it can be"
+        )
 
     sup_env = dict(os.environ)
     if backend_info.get("simulated"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import sys
 from typing import Any
 
@@ -38,3 +40,19 @@ def console(width: int = 200) -> Any:
         return Console(highlight=False)
     stream: Any = _RstripLines(sys.stdout)  # duck-typed: write, flush, isatty
     return Console(highlight=False, width=width, file=stream)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def strict_json(data: Any, indent: int | None = 2) -> str:
+    """JSON that any parser reads: NaN and Infinity (a row written by an older
+    version may hold them) become null, never the bare ``NaN`` Python writes."""
+    return json.dumps(_finite(data), indent=indent, allow_nan=False)

@@ -32,7 +32,8 @@ and what was expected.
 from __future__ import annotations
 
 import difflib
-import importlib.util
+import importlib
+import math
 import re
 import sys
 from dataclasses import asdict, dataclass, field, replace
@@ -161,17 +162,41 @@ def _check_type(value: Any, types: tuple[type, ...]) -> bool:
     return isinstance(value, types)
 
 
-def runner_exists(runner: str) -> bool:
-    """Whether ``gpustation.runners.<runner>`` can be found, without importing it.
+def _runners_package() -> Any:
+    # Imported by name: gpustation.runners' own __init__ imports nothing heavy
+    # (it lists runner modules on disk), while its runner modules import torch,
+    # which the UI (a user of this module) must never do.
+    return importlib.import_module(RUNNER_PACKAGE)
 
-    Importing a runner would import torch; ``find_spec`` only looks on disk.
+
+def runner_problem(runner: str) -> str | None:
+    """Why ``runner`` names no runner module (None when it does), without importing it.
+
+    A runner is one of ``gpustation.runners.runner_names()``: a module of the
+    package that is not one of its libraries (``common``, ``data`` ...).
     """
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", runner):
-        return False
-    try:
-        return importlib.util.find_spec(f"{RUNNER_PACKAGE}.{runner}") is not None
-    except (ImportError, ValueError):
-        return False
+        return f"{runner!r} is not a module name"
+    package = _runners_package()
+    names = package.runner_names()
+    if runner in names:
+        return None
+    listed = ", ".join(names)
+    top = runner.split(".")[0]
+    if top in package.LIBRARY_MODULES:
+        return (
+            f"gpustation.runners.{top} is a library the runners share, not a runner "
+            f"(runners: {listed})"
+        )
+    return (
+        f"no runner module gpustation.runners.{runner} "
+        f"(expected a file gpustation/runners/{runner}.py; runners: {listed})"
+    )
+
+
+def runner_exists(runner: str) -> bool:
+    """Whether ``runner`` is one of the runners (``gpustation.runners.runner_names()``)."""
+    return runner_problem(runner) is None
 
 
 def parse_preset(
@@ -235,6 +260,13 @@ def parse_preset(
                         table="args",
                     )
                     continue
+                if any(
+                    isinstance(v, float) and not math.isfinite(v)
+                    for v in (arg if isinstance(arg, list) else [arg])
+                ):
+                    # TOML has nan and inf; JSON (run.json, every --json output) has not.
+                    problem(f"expected a finite number, got {arg!r}", f"args.{name}", table="args")
+                    continue
                 args[name] = arg
             values[key] = args
         elif key == "env":
@@ -279,12 +311,8 @@ def parse_preset(
                 key="runner",
             )
         )
-    elif "runner" in values and not runner_exists(values["runner"]):
-        problem(
-            f"no runner module gpustation.runners.{values['runner']} "
-            f"(expected a file gpustation/runners/{values['runner']}.py)",
-            "runner",
-        )
+    elif "runner" in values and (why := runner_problem(values["runner"])) is not None:
+        problem(why, "runner")
     if problems:
         return None, problems
     return RunPreset(source=where, origin=origin, **values), []
@@ -330,10 +358,16 @@ def load_presets(
     return dict(sorted(presets.items())), problems
 
 
-def find_preset(name: str, presets: dict[str, RunPreset]) -> RunPreset:
-    """The preset called ``name``, or a UsageError listing near names."""
+def find_preset(
+    name: str, presets: dict[str, RunPreset], problems: list[PresetProblem] | None = None
+) -> RunPreset:
+    """The preset called ``name``, or a UsageError: why its file was refused
+    (from ``problems``), else the near names."""
     if name in presets:
         return presets[name]
+    bad = [p for p in problems or () if Path(p.path).stem == name]
+    if bad:
+        raise UsageError(f"preset {name!r} has problems:\n  " + "\n  ".join(str(p) for p in bad))
     near = difflib.get_close_matches(name, list(presets), n=5, cutoff=0.4)
     near += [p for p in presets if name in p and p not in near]
     if near:

@@ -52,6 +52,16 @@ LOST_REASON = (
 )
 
 
+STOPPED_UNRECORDED = "; its supervisor ended before recording it"
+
+
+def stopped_reason(stop: dict[str, Any]) -> str:
+    """``stopped by user (SIGTERM)``: who asked for a stop, and the last signal it sent."""
+    signals = stop.get("signals") or []
+    last = f" ({signals[-1]})" if signals and isinstance(signals, list) else ""
+    return f"stopped by {stop.get('by', 'request')}{last}"
+
+
 def ended(directory: Path, state: RunState, status: str, reason: str) -> RunState:
     """``state`` as ended with ``status`` (in memory: nothing is written)."""
     state.status = status
@@ -71,19 +81,35 @@ def mark_ended(directory: Path, state: RunState, status: str, reason: str) -> Ru
     return state
 
 
-def record_end(directory: Path, state: RunState) -> None:
+def record_end(directory: Path, state: RunState, store: Any = None) -> tuple[bool, bool]:
     """Save a run's state: the history row first, then ``state.json``.
 
     In that order, whoever sees the state file change (a waiting command, a
-    UI) finds the history already up to date.
+    UI) finds the history already up to date. Neither failure raises (a full
+    disk, a locked index): returns whether the row and the state were written,
+    so a writer that must not lose them (the supervisor) can try again.
     """
+    row_ok = state_ok = True
     try:
         from gpustation.runs.store import sync_run
 
-        sync_run(directory, state=state)
+        sync_run(directory, store, state=state)
     except Exception as err:  # the history is secondary to the state file
-        print(f"gpustation: could not record run {state.id} in the history: {err}", file=sys.stderr)
-    rundir.write_state(directory, state)
+        row_ok = False
+        _say(f"could not record run {state.id} in the history: {err}")
+    try:
+        rundir.write_state(directory, state)
+    except OSError as err:
+        state_ok = False
+        _say(f"could not write the state of run {state.id}: {err}")
+    return row_ok, state_ok
+
+
+def _say(message: str) -> None:
+    try:
+        print(f"gpustation: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass  # stderr may be a file on the same full disk
 
 
 def check_run(directory: Path, starting_grace_s: float = 30.0) -> RunState | None:
@@ -113,11 +139,19 @@ def check_run(directory: Path, starting_grace_s: float = 30.0) -> RunState | Non
         return again
     if rundir.process_matches(state.child_pid, state.child_create_time):
         return state  # unsupervised but alive
+    stop = rundir.read_stop(directory)
+    if stop is not None:
+        # Someone asked for the stop (it is in the run directory): the run was
+        # stopped, even though its supervisor did not live to record it.
+        return ended(directory, state, "stopped", stopped_reason(stop) + STOPPED_UNRECORDED)
     return ended(directory, state, "lost", LOST_REASON)
 
 
 def record_lost_runs() -> list[RunState]:
-    """Record the end of every run found lost (a writer's job: the launcher calls it)."""
+    """Record the end of every run found ended unrecorded (a writer's job: the launcher calls it).
+
+    Such a run is ``lost``, or ``stopped`` when its directory holds a stop request.
+    """
     root = paths.runs_dir()
     if not root.is_dir():
         return []
@@ -125,10 +159,21 @@ def record_lost_runs() -> list[RunState]:
     for state_file in sorted(root.glob(f"*/{rundir.STATE_JSON}")):
         directory = state_file.parent
         first = rundir.read_state(directory)
-        if first is None or not first.active:
+        if first is None:
+            continue
+        if not first.active:
+            on_disk = rundir.read_json(state_file) or {}
+            if on_disk.get("status") in rundir.ACTIVE_STATUSES and not rundir.process_matches(
+                first.supervisor_pid, first.supervisor_create_time
+            ):
+                # Its end is only in exit-status (the disk was full until its
+                # supervisor gave up): state.json and the row get it now.
+                record_end(directory, first)
+                recorded.append(first)
             continue
         state = check_run(directory)
-        if state is not None and state.status == "lost":
+        if state is not None and not state.active:
+            # Found lost (or stopped, when a stop had been asked for).
             record_end(directory, state)
             recorded.append(state)
     return recorded

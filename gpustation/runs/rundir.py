@@ -3,9 +3,11 @@
 ``runs/<id>/`` holds ``run.json`` (what was launched: the resolved preset,
 argv, GPUs, the environment gpustation set), ``state.json`` (where the run
 stands: PIDs, status, exit code), ``output.log``, ``metrics.jsonl``,
-``telemetry.jsonl``, ``supervisor.log`` and, once someone asks for a stop, a
-``stop_requested`` marker. Every file is written atomically so a reader in
-another process never sees half a JSON document.
+``telemetry.jsonl``, ``supervisor.log``, ``exit-status`` (a fixed-size file
+the supervisor overwrites in place with the run's end, so a full disk cannot
+lose it), ``shared-gpus`` when another run used the same GPU meanwhile and,
+once someone asks for a stop, a ``stop_requested`` marker. Every JSON file is
+written atomically so a reader in another process never sees half a document.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ METRICS_FILE = "metrics.jsonl"
 TELEMETRY_FILE = "telemetry.jsonl"
 SUPERVISOR_LOG = "supervisor.log"
 STOP_MARKER = "stop_requested"
+EXIT_STATUS = "exit-status"
+#: a line per other run that used one of this run's GPUs at the same time
+SHARED_GPUS = "shared-gpus"
+#: the exit-status file's fixed size: written whole at start, overwritten in place at the end
+EXIT_STATUS_BYTES = 4096
 
 #: statuses of a run that has not ended
 ACTIVE_STATUSES = ("starting", "running")
@@ -88,10 +95,75 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def read_state(directory: Path) -> RunState | None:
+    """The run's state: ``state.json``, or the ``exit-status`` the supervisor left
+    when it could not write ``state.json`` (a full disk) and the run has ended."""
     data = read_json(directory / STATE_JSON)
-    if data is None:
+    if data is not None and data.get("status") not in ACTIVE_STATUSES:
+        return RunState.from_dict(data)
+    final = read_exit_status(directory)
+    if final is not None and (data is None or final.get("id") == data.get("id")):
+        return RunState.from_dict({**(data or {}), **final})
+    return None if data is None else RunState.from_dict(data)
+
+
+def prepare_exit_status(directory: Path) -> None:
+    """Create ``exit-status`` at its full size, so the end can be written without new blocks.
+
+    Written with blanks (and allocated where the filesystem can), synced: later
+    writes overwrite those bytes in place, which a full disk does not refuse.
+    """
+    fd = os.open(directory / EXIT_STATUS, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, EXIT_STATUS_BYTES)
+        except OSError:
+            pass  # not every filesystem allocates ahead; the blanks below still do
+        os.pwrite(fd, b" " * EXIT_STATUS_BYTES, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_exit_status(directory: Path, state: RunState) -> None:
+    """Overwrite ``exit-status`` in place with the run's end (raises OSError)."""
+    data = {
+        k: v
+        for k, v in state.to_dict().items()
+        if k in ("id", "status", "started_at", "ended_at", "exit_code", "signal", "oom", "reason")
+    }
+    tail = list(state.error_tail)
+    while True:
+        payload = json.dumps({**data, "error_tail": tail}).encode()
+        if len(payload) < EXIT_STATUS_BYTES or not tail:
+            break
+        tail = tail[1:]
+    if len(payload) >= EXIT_STATUS_BYTES:
+        data["reason"] = str(data.get("reason") or "")[:200]
+        payload = json.dumps(data).encode()
+    fd = os.open(directory / EXIT_STATUS, os.O_WRONLY)  # never created here: no new blocks
+    try:
+        os.pwrite(fd, payload.ljust(EXIT_STATUS_BYTES), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_exit_status(directory: Path) -> dict[str, Any] | None:
+    """The end written to ``exit-status`` (None while it holds only blanks)."""
+    try:
+        with open(directory / EXIT_STATUS, "rb") as fh:
+            raw = fh.read(EXIT_STATUS_BYTES + 1).strip()
+    except OSError:
         return None
-    return RunState.from_dict(data)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("status") not in FINAL_STATUSES:
+        return None
+    return data
 
 
 def write_state(directory: Path, state: RunState) -> None:
@@ -123,6 +195,18 @@ def note_stop_signal(directory: Path, signal_name: str) -> None:
     marker = read_stop(directory) or {"time": time.time(), "by": "unknown"}
     marker.setdefault("signals", []).append(signal_name)
     write_json(directory / STOP_MARKER, marker)
+
+
+def note_shared_gpus(directory: Path, other_id: str, gpus: list[int]) -> None:
+    """Note in ``directory`` that run ``other_id`` used its GPUs ``gpus`` meanwhile."""
+    line = json.dumps({"run": other_id, "gpus": gpus, "time": time.time()}) + "\n"
+    with open(directory / SHARED_GPUS, "a", encoding="utf-8") as fh:
+        fh.write(line)
+
+
+def shared_gpus(directory: Path) -> bool:
+    """Whether another run used this run's GPUs while it ran (see gputrace.py)."""
+    return (directory / SHARED_GPUS).exists()
 
 
 def process_matches(pid: int | None, create_time: float | None) -> bool:

@@ -173,7 +173,7 @@ def stop_run(
     if not state.active:
         return state
     checked = check_run(directory)
-    if checked is not None and checked.status == "lost":
+    if checked is not None and not checked.active:  # lost (or stopped) unrecorded
         record_end(directory, checked)
         return checked
     if grace_s is None:

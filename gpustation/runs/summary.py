@@ -61,6 +61,9 @@ class RunSummary:
     work_unit: str | None = None
     peak_vram_mib: float | None = None
     energy_j: float | None = None
+    #: another run used the same GPU meanwhile and the run's part of the
+    #: energy could not be told (see gputrace.py): energy_j is the GPU's
+    energy_shared: bool = False
     energy_per_unit_j: float | None = None
     avg_power_w: float | None = None
     peak_power_w: float | None = None

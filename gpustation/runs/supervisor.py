@@ -8,6 +8,25 @@ child in its own process group with stdout and stderr going to
 the exit status, whoever else has gone away. SIGTERM, SIGINT or SIGHUP to the
 supervisor stop the child (graceful, then firm) before it exits, so killing
 the supervisor never orphans a run.
+
+Containment: on Linux the supervisor is a child subreaper
+(``prctl(PR_SET_CHILD_SUBREAPER)``), so a process of the run whose parent
+dies (a worker that double-forks into a session of its own) is re-parented
+to it rather than to init. Every descendant it sees (its children,
+recursively, polled while the run goes) is listed in ``state.json``, and when
+the run ends the supervisor signals the child's group and every descendant
+still there (SIGINT, SIGTERM, then SIGKILL) and reaps them: no process of a
+run outlives it. ``runs stop`` signals the same list.
+
+A full disk: the child's exit status is never lost to a failed write. At
+start the supervisor writes ``exit-status``, a file of a fixed size
+(:data:`~gpustation.runs.rundir.EXIT_STATUS_BYTES` of blanks, synced); at the
+end it overwrites it in place with the run's end, which needs no new blocks,
+before anything else. Every write after that (``state.json``, the history row,
+telemetry, its own log) may fail with ENOSPC without killing it: it keeps the
+end in memory and tries ``state.json`` and the row again every second for
+:data:`END_RETRY_S`. Meanwhile :func:`~gpustation.runs.rundir.read_state`
+reads the end from ``exit-status``, so readers see the run ended.
 """
 
 from __future__ import annotations
@@ -23,11 +42,17 @@ from typing import Any
 
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import compact_sample, write_sample
-from gpustation.runs.reconcile import record_end
+from gpustation.runs.reconcile import record_end, stopped_reason
 from gpustation.runs.rundir import RunState
 from gpustation.runs.stop import DEFAULT_GRACE_S, terminate_group
 
 SAMPLE_INTERVAL_S = 1.0
+#: how long the end of a run is retried when it cannot be written (a full disk)
+END_RETRY_S = 600.0
+#: between two tries
+END_RETRY_EVERY_S = 1.0
+#: prctl(2) option: orphaned descendants are re-parented to this process
+PR_SET_CHILD_SUBREAPER = 36
 SLOW_INTERVAL_S = 5.0
 _CUDA_OOM = re.compile(
     rb"CUDA out of memory|OutOfMemoryError|"
@@ -37,7 +62,75 @@ _CUDA_OOM = re.compile(
 
 def _log(message: str) -> None:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    print(f"{stamp} supervisor[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
+    try:
+        print(f"{stamp} supervisor[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass  # supervisor.log is on the data disk, which may be full
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants children of this process (Linux); True when it did."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _own_descendants(child_pid: int) -> list[Any]:
+    """This process's live descendants but the child (re-parented orphans included).
+
+    Zombies among its children are reaped here, all but the child's: its
+    exit status is for ``Popen.wait``.
+    """
+    import psutil
+
+    try:
+        procs = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+    alive = []
+    for proc in procs:
+        if proc.pid == child_pid:
+            continue
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                _reap(proc.pid)
+                continue
+        except psutil.Error:
+            continue
+        alive.append(proc)
+    return alive
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass  # not ours (a grandchild): its own parent reaps it
+
+
+def _sweep_descendants(child_pid: int, grace_s: float = 1.0) -> None:
+    """SIGTERM, grace, SIGKILL to every descendant still there (re-parented ones too)."""
+    import psutil
+
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        left = _own_descendants(child_pid)
+        if not left:
+            return
+        _log(f"sending {sig.name} to {len(left)} process(es) left by the run")
+        for proc in left:
+            try:
+                proc.send_signal(sig)
+            except psutil.Error:
+                pass
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and _own_descendants(child_pid):
+            time.sleep(0.05)
 
 
 def cgroup_oom_kills() -> int | None:
@@ -114,12 +207,12 @@ class _Telemetry:
             _log(f"GPU telemetry is off: {err}")
             self.sampler = None
 
-    def sample(self, final: bool = False) -> None:
+    def sample(self, final: bool = False, pids: set[int] | None = None) -> None:
         if self.sampler is None:
             return
         try:
             snap = self.sampler.sample(slow=True if final else None)
-            write_sample(self.path, compact_sample(snap, time.monotonic() - self.t0))
+            write_sample(self.path, compact_sample(snap, time.monotonic() - self.t0, pids))
         except Exception as err:
             _log(f"GPU telemetry stopped: {err}")
             self.close()
@@ -146,6 +239,8 @@ def _note_descendants(pid: int, state: RunState) -> bool:
         found = psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         found = []
+    # Re-parented to the supervisor (a subreaper) when their parent died.
+    found += _own_descendants(pid)
     kept = [
         entry
         for entry in state.descendants
@@ -158,6 +253,7 @@ def _note_descendants(pid: int, state: RunState) -> bool:
             continue
         try:
             kept.append([proc.pid, proc.create_time()])
+            seen.add(proc.pid)
             changed = True
         except psutil.Error:
             continue
@@ -165,8 +261,67 @@ def _note_descendants(pid: int, state: RunState) -> bool:
     return changed
 
 
+def _run_pids(child_pid: int, state: RunState) -> set[int]:
+    """The run's processes: the child and its descendants seen so far."""
+    return {child_pid, *(int(entry[0]) for entry in state.descendants)}
+
+
 def _finish(directory: Path, state: RunState) -> None:
-    record_end(directory, state)
+    from gpustation.runs.store import RunStore
+
+    # A short wait for a locked index: the row is caught up with later.
+    record_end(directory, state, RunStore(write_wait_s=2.0))
+
+
+def _write_state(directory: Path, state: RunState) -> None:
+    try:
+        rundir.write_state(directory, state)
+    except OSError as err:
+        _log(f"could not write {rundir.STATE_JSON}: {err}")
+
+
+def _record_final(directory: Path, state: RunState) -> bool:
+    """Record the run's end whatever the disk says; True once all of it is written.
+
+    ``exit-status`` first (overwritten in place: no new blocks), then the
+    row and ``state.json``, tried again every second for a while.
+    """
+    from gpustation.runs.store import RunStore
+
+    try:
+        rundir.write_exit_status(directory, state)
+    except OSError as err:
+        _log(f"could not write {rundir.EXIT_STATUS}: {err}")
+    store = RunStore(write_wait_s=2.0)
+    row_ok, state_ok = record_end(directory, state, store)
+    deadline = time.monotonic() + END_RETRY_S
+    while not (row_ok and state_ok) and time.monotonic() < deadline:
+        time.sleep(END_RETRY_EVERY_S)
+        if not state_ok:
+            try:
+                rundir.write_state(directory, state)
+                state_ok = True
+                _log(f"wrote {rundir.STATE_JSON} after all")
+            except OSError:
+                pass
+        if not row_ok:
+            try:
+                from gpustation.runs.store import sync_run
+
+                sync_run(directory, store, state=state)
+                row_ok = True
+            except Exception:
+                pass
+    if not (row_ok and state_ok):
+        _log("gave up writing the end of the run; exit-status holds it")
+    return row_ok and state_ok
+
+
+def _note_stop_signal(directory: Path, name: str) -> None:
+    try:
+        rundir.note_stop_signal(directory, name)
+    except OSError as err:
+        _log(f"could not note {name} in the stop marker: {err}")
 
 
 def supervise(directory: Path) -> int:
@@ -178,6 +333,12 @@ def supervise(directory: Path) -> int:
     state.supervisor_pid = os.getpid()
     state.supervisor_create_time = rundir.create_time_of(os.getpid())
     rundir.write_state(directory, state)
+    try:
+        rundir.prepare_exit_status(directory)
+    except OSError as err:
+        _log(f"could not prepare {rundir.EXIT_STATUS}: {err}")
+    if not become_subreaper():
+        _log("not a child subreaper: a process that leaves the run's session is found by polling")
 
     stop_signal: list[str] = []
 
@@ -191,7 +352,7 @@ def supervise(directory: Path) -> int:
     if rundir.stop_requested(directory):
         state.status, state.reason = "stopped", "stopped before it started"
         state.started_at = state.ended_at = time.time()
-        _finish(directory, state)
+        _record_final(directory, state)
         return 0
 
     env = dict(os.environ)
@@ -212,12 +373,15 @@ def supervise(directory: Path) -> int:
         )
     except OSError as err:
         message = f"cannot start {run['argv'][0]!r}: {err.strerror or err}"
-        log.write(f"gpustation: {message}\n".encode())
+        try:
+            log.write(f"gpustation: {message}\n".encode())
+        except OSError:
+            pass
         log.close()
         state.status, state.reason = "failed", message
         state.started_at = state.ended_at = time.time()
         state.error_tail = [f"gpustation: {message}"]
-        _finish(directory, state)
+        _record_final(directory, state)
         return 0
     log.close()
     state.child_pid = child.pid
@@ -236,7 +400,10 @@ def supervise(directory: Path) -> int:
         if stop_signal and not stopping:
             stopping = True
             _log(f"got {stop_signal[0]}: stopping the run")
-            rundir.request_stop(directory, f"supervisor {stop_signal[0]}")
+            try:
+                rundir.request_stop(directory, f"supervisor {stop_signal[0]}")
+            except OSError as err:
+                _log(f"could not leave the stop marker: {err}")
             telemetry.sample()
             terminate_group(
                 state.pgid,
@@ -244,25 +411,27 @@ def supervise(directory: Path) -> int:
                 state.child_create_time,
                 grace_s,
                 log=_log,
-                on_signal=lambda name: rundir.note_stop_signal(directory, name),
+                on_signal=lambda name: _note_stop_signal(directory, name),
                 known=state.descendants,
             )
         now = time.monotonic()
         if now >= next_sample:
-            telemetry.sample()
+            telemetry.sample(pids=_run_pids(child.pid, state))
             next_sample = now + SAMPLE_INTERVAL_S
         if _note_descendants(child.pid, state):
-            rundir.write_state(directory, state)
+            _write_state(directory, state)
         try:
             child.wait(timeout=max(0.01, min(0.5, next_sample - time.monotonic())))
             break
         except subprocess.TimeoutExpired:
             continue
-    telemetry.sample(final=True)  # the energy counters at the end
+    telemetry.sample(final=True, pids=_run_pids(child.pid, state))  # the counters at the end
     telemetry.close()
     # Anything the child left behind (in its group, or workers in sessions of
-    # their own) goes with it: no orphan outlives its run.
+    # their own, re-parented here) goes with it: no orphan outlives its run.
+    _note_descendants(child.pid, state)
     terminate_group(state.pgid, None, None, grace_s=1.0, log=_log, known=state.descendants)
+    _sweep_descendants(child.pid)
 
     code = child.returncode
     state.ended_at = time.time()
@@ -273,12 +442,12 @@ def supervise(directory: Path) -> int:
         state.exit_code = code
         state.signal = None
     stop = rundir.read_stop(directory)
+    if stop is None and stop_signal:
+        # The marker could not be written (a full disk): the signal is remembered.
+        stop = {"by": f"supervisor {stop_signal[0]}"}
     if stop is not None:
         state.status = "stopped"
-        signals = stop.get("signals") or []
-        state.reason = f"stopped by {stop.get('by', 'request')}" + (
-            f" ({signals[-1]})" if signals else ""
-        )
+        state.reason = stopped_reason(stop)
     elif code == 0:
         state.status = "succeeded"
     else:
@@ -305,8 +474,8 @@ def supervise(directory: Path) -> int:
         else:
             state.reason = f"exited with code {code}"
         state.error_tail = rundir.tail_lines(output, 20)
-    _finish(directory, state)
     _log(f"run ended: {state.status} ({state.reason or 'exit 0'})")
+    _record_final(directory, state)
     return 0
 
 

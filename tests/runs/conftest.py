@@ -68,6 +68,13 @@ def _kill_leftovers(runs_root: Path) -> list[str]:
 @pytest.fixture
 def runs_env(gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[dict]:
     """Simulated GPUs (so the supervisor records telemetry) and a preset dir."""
+    yield from runs_environment(gpustation_dirs, monkeypatch)
+
+
+def runs_environment(
+    gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict]:
+    """The body of :func:`runs_env`, for test folders that define it as their own fixture."""
     monkeypatch.setenv("GPUSTATION_SIMULATE", "2")
     preset_dir = gpustation_dirs["config"] / "presets" / "runs"
     preset_dir.mkdir(parents=True)

@@ -185,6 +185,7 @@ def test_reused_pid_is_not_taken_for_the_run(runs_env: dict, tmp_path: Path) -> 
     release.touch()
     wait_until(lambda: not (rundir.read_state(handle.run_dir) or state).active, TIMEOUT)
     rundir.write_state(handle.run_dir, forged)
+    rundir.prepare_exit_status(handle.run_dir)  # no end written there either
     checked = check_run(handle.run_dir)
     assert checked is not None and checked.status == "lost"
     assert "supervisor" in (checked.reason or "")

@@ -104,6 +104,7 @@ def test_a_lost_run_is_shown_lost_and_nothing_is_written(
     wait_until(lambda: not rundir.process_matches(supervisor, None), TIMEOUT, "the supervisor")
     # As if the machine had restarted mid-run: the files say running, no process is left.
     rundir.write_state(handle.run_dir, running)
+    rundir.prepare_exit_status(handle.run_dir)  # no end written there either
     row = RunStore().get(handle.id)
     assert row is not None
     row.status = "running"

@@ -651,6 +651,7 @@ async def test_the_screen_reads_finished_and_lost_runs_without_writing(
     running.supervisor_pid = lost.state.supervisor_pid
     running.supervisor_create_time = lost.state.supervisor_create_time
     rundir.write_state(lost.run_dir, running)
+    rundir.prepare_exit_status(lost.run_dir)  # no end written there either
     row = RunStore().get(lost.id)
     assert row is not None
     row.status = "running"

@@ -25,6 +25,7 @@ from textual.timer import Timer
 from textual.widgets import DataTable, OptionList
 from textual.widgets.option_list import Option
 
+from gpustation.runs.compare import gpus_text
 from gpustation.runs.presets import RunPreset
 from gpustation.tui.runs.compare import CompareScreen
 from gpustation.tui.runs.controller import (
@@ -290,7 +291,7 @@ class RunsScreen(LiveScreen):
             v.preset or v.title or "?",
             started,
             fmt_duration(v.elapsed_s(now)) if not v.active else "",
-            ",".join(map(str, v.gpus)) or "-",
+            gpus_text(v.summary),
             step_text,
             fmt_value(s.final_loss),
         )

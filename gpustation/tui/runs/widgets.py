@@ -28,6 +28,7 @@ from textual.strip import Strip
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Static
 
+from gpustation.runs.compare import SIMULATED
 from gpustation.runs.fold import ema
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry import health
@@ -101,6 +102,8 @@ def run_header(view: RunView | None, now: float) -> Text:
     header.append(f"  {view.id}\n", style="dim")
     header.append(view.status_text(), style=STATUS_STYLE.get(view.status, ""))
     s = view.summary
+    if s.simulated:
+        header.append(f" · {SIMULATED} GPUs", style="bold yellow")
     step, total = s.steps, s.total_steps
     if step is not None:
         header.append(f" · step {step:,}" + (f"/{total:,}" if total else ""))
