@@ -29,6 +29,8 @@ COMMANDS: dict[str, str] = {
     "presets": "gpustation.commands.presets",
     "runs": "gpustation.commands.runs",
     "run": "gpustation.commands.run",
+    "record": "gpustation.commands.record",
+    "replay": "gpustation.commands.replay",
 }
 DASHBOARD = "gpustation.commands.dashboard"
 

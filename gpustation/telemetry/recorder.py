@@ -41,6 +41,7 @@ from typing import Any
 
 import zstandard
 
+from gpustation import paths
 from gpustation.errors import GpustationError, UsageError
 from gpustation.telemetry.model import Snapshot
 
@@ -51,6 +52,8 @@ SKIP_FIRST, SKIP_LAST = 0x184D2A50, 0x184D2A5F
 DEFAULT_MAX_SIZE = 200 * 1000 * 1000
 #: the smallest cap: a few frames per file
 MIN_MAX_SIZE = 16 * 1024
+#: the playback speeds ``gpustation replay`` steps through
+SPEEDS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 #: files in a chain: FILE and up to this many older ones
 SEGMENTS = 4
 
@@ -195,7 +198,9 @@ class Recorder:
     def _open(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            lock = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT)
+            lock = os.open(
+                self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644
+            )
         except OSError as err:
             raise RecordError(f"cannot write {self.path}: {err.strerror or err}") from None
         try:
@@ -565,3 +570,67 @@ class Recording:
     @property
     def size(self) -> int:
         return sum(len(d) for d in self._data.values())
+
+
+# ---- the [record] table of config.toml -----------------------------------------
+
+
+def default_path() -> Path:
+    return paths.data_dir() / "recordings" / "gpustation.jsonl.zst"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSettings:
+    """``[record]``: an always-on recording kept by the dashboard and ``serve``."""
+
+    enabled: bool = False
+    path: Path | None = None  # None: default_path()
+    max_size: int = DEFAULT_MAX_SIZE
+    interval_s: float = 1.0
+
+
+def record_settings(table: dict[str, Any]) -> RecordSettings:
+    """Validate a ``[record]`` table; UsageError naming the key that is wrong."""
+    known = {"enabled", "path", "max_size", "interval"}
+    for key in table:
+        if key not in known:
+            raise UsageError(f"[record] {key}: not a setting (known: {', '.join(sorted(known))})")
+    enabled = table.get("enabled", False)
+    if not isinstance(enabled, bool):
+        raise UsageError(f"[record] enabled: true or false, got {enabled!r}")
+    path = table.get("path")
+    if path is not None and (not isinstance(path, str) or not path.strip()):
+        raise UsageError(f"[record] path: a file name, got {path!r}")
+    size = table.get("max_size", DEFAULT_MAX_SIZE)
+    if not isinstance(size, (str, int)) or isinstance(size, bool):
+        raise UsageError(f'[record] max_size: a size such as "200MB", got {size!r}')
+    interval = table.get("interval", 1.0)
+    if (
+        not isinstance(interval, (int, float))
+        or isinstance(interval, bool)
+        or not (math.isfinite(interval) and 0.05 <= interval <= 3600)
+    ):
+        raise UsageError(f"[record] interval: between 0.05 and 3600 seconds, got {interval!r}")
+    return RecordSettings(
+        enabled=enabled,
+        path=Path(path).expanduser() if path else None,
+        max_size=parse_size(size, "[record] max_size"),
+        interval_s=float(interval),
+    )
+
+
+def recorder_from_config() -> Recorder | None:
+    """The ``[record]`` recording, opened; None when it is not enabled.
+
+    UsageError for a bad table; RecordError when the file cannot be written.
+    """
+    from gpustation.config import section
+
+    settings = record_settings(section("record"))
+    if not settings.enabled:
+        return None
+    return Recorder(
+        settings.path or default_path(),
+        max_size=settings.max_size,
+        interval_s=settings.interval_s,
+    )
