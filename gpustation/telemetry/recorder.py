@@ -31,6 +31,7 @@ import mmap
 import os
 import re
 import struct
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -493,6 +494,7 @@ class Recording:
             self.problems.extend(scan.problems)
             self.frames.extend(scan.frames)
         self._cache: OrderedDict[int, list[dict[str, Any]]] = OrderedDict()
+        self._lock = threading.Lock()  # the cache is shared by the replay's threads
         # frames without a time before them, or empty ones: decode their first line
         for i, ref in enumerate(self.frames):
             if ref.t0 is None:
@@ -517,6 +519,10 @@ class Recording:
 
     def docs(self, index: int) -> list[dict[str, Any]]:
         """The snapshot documents of frame ``index``, oldest first (whole lines only)."""
+        with self._lock:
+            return self._docs(index)
+
+    def _docs(self, index: int) -> list[dict[str, Any]]:
         cached = self._cache.get(index)
         if cached is not None:
             self._cache.move_to_end(index)

@@ -326,11 +326,7 @@ class DashboardApp(App[int]):
         except Exception as err:  # a drawing bug must not stop the sampling
             self.notify(f"{type(err).__name__}: {err}", title="Display error", severity="error")
         finally:
-            self._rearm(self.next_delay_s())
-
-    def next_delay_s(self) -> float:
-        """How long after a frame the next pass runs (a replay paces it by its speed)."""
-        return self.refresh_s
+            self._rearm(self.refresh_s)
 
     # ---- banner and status line ----------------------------------------------
     def banner_text(self, width: int = 200) -> Text:

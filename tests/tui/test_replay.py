@@ -1,0 +1,89 @@
+"""The replay dashboard driven through its keys, and its timeline marks."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from gpustation.telemetry.recorder import Recording
+from gpustation.tui.replay import ReplayApp, ReplaySource
+from gpustation.tui.widgets import GpuCard, LiveText
+from tests.telemetry.recording_tools import START, make_recording
+
+from .conftest import notifications, record_notifications, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def lose_gpu1(backend) -> None:  # type: ignore[no-untyped-def]
+    backend.poke(1, lost=True)
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def banner(app: ReplayApp) -> str:
+    return app.screen.query_one("#banner", LiveText).plain
+
+
+async def test_keys_pause_step_seek_and_speed_move_the_shown_snapshot(tmp_path: Path) -> None:
+    path = tmp_path / "r.zst"
+    make_recording(path, n=120, events={50: lose_gpu1})
+    rec = Recording(path)
+    source = ReplaySource(rec, start=START + 20, playing=False)
+    app = ReplayApp(source)
+    record_notifications(app)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.latest is not None and bool(app.screen.query(GpuCard)))
+        assert app.latest is not None and app.latest.time == START + 20
+        assert "REPLAY" in banner(app) and "paused" in banner(app)
+        # the recording's time, not the wall time
+        assert "1970-01-12" in banner(app)
+
+        async def shown(t: float) -> None:
+            await wait_for(pilot, lambda: app.latest is not None and app.latest.time == t)
+
+        await pilot.press("full_stop")
+        await shown(START + 21)
+        await pilot.press("comma", "comma")
+        await shown(START + 19)
+        await pilot.press("right")
+        await shown(START + 29)
+        await pilot.press("left", "left")
+        await shown(START + 9)
+        await pilot.press("shift+right")
+        await shown(START + 69)
+        await pilot.press("shift+left")
+        await shown(START + 9)
+        # the graphs start again after a jump back: nothing after the position
+        assert max(app.history.times(0)) == START + 9
+
+        await pilot.press("right_square_bracket", "right_square_bracket")
+        assert source.speed == 4.0
+        await pilot.press("left_square_bracket")
+        assert source.speed == 2.0
+        await pilot.press("space")
+        await wait_for(pilot, lambda: "▶ 2x" in banner(app))
+        await wait_for(pilot, lambda: app.latest is not None and app.latest.time >= START + 12)
+        await pilot.press("space")
+        await wait_for(pilot, lambda: "paused" in banner(app))
+        stopped = app.latest.time if app.latest else 0.0
+        # played over, every snapshot reached the graphs
+        times = app.history.times(0)
+        assert times == [START + i for i in range(int(times[0] - START), int(stopped - START) + 1)]
+
+        # marks: the simulated cards hit their power limit at 35 s; GPU 1 was lost at 50 s
+        await wait_for(pilot, lambda: app.marks is not None)
+        await pilot.press("n")
+        await shown(START + 35)
+        assert "held back by its power limit" in banner(app)
+        await pilot.press("n")
+        await shown(START + 50)
+        assert f"last {_clock(START + 50)} ! GPU 1 is lost" in banner(app)
+        await pilot.press("N")
+        await shown(START + 35)
+        await pilot.press("N")
+        await wait_for(pilot, lambda: "no mark that way" in notifications(app))
