@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 
 import pytest
 
+from gpustation.control.journal import JournalEntry, journal_path
+from gpustation.runs.store import RunStore
+from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.recorder import Recording
-from gpustation.tui.replay import ReplayApp, ReplaySource
+from gpustation.tui.replay import (
+    ALERT,
+    CONTROL,
+    RUN_END,
+    RUN_START,
+    SYMBOLS,
+    ReplayApp,
+    ReplaySource,
+    collect_marks,
+    timeline_cells,
+    timeline_text,
+)
 from gpustation.tui.widgets import GpuCard, LiveText
 from tests.telemetry.recording_tools import START, make_recording
 
@@ -87,3 +103,60 @@ async def test_keys_pause_step_seek_and_speed_move_the_shown_snapshot(tmp_path: 
         await shown(START + 35)
         await pilot.press("N")
         await wait_for(pilot, lambda: "no mark that way" in notifications(app))
+
+
+def test_timeline_marks_runs_alerts_and_control_changes_of_the_recorded_period(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "r.zst"
+    make_recording(path, n=120, events={50: lose_gpu1})
+    rec = Recording(path)
+    store = RunStore()
+    store.upsert(
+        RunSummary(
+            id="r1", title="resnet", started_at=START + 10.5, ended_at=START + 90, status="done"
+        )
+    )
+    store.upsert(RunSummary(id="r0", started_at=START - 500, ended_at=START - 400, status="done"))
+    here = os.uname().nodename
+    lines = []
+    for t, host in ((START + 70, here), (START + 80, "another-host"), (START + 500, here)):
+        entry = JournalEntry(
+            time=t,
+            host=host,
+            gpu=0,
+            uuid=None,
+            what="power_limit",
+            previous=450.0,
+            new=300.0,
+            command="gpustation power set 300W",
+            outcome="made",
+            id=f"id{t}",
+        )
+        lines.append(json.dumps(entry.to_dict()))
+    journal_path().write_text("\n".join(lines) + "\n")
+
+    marks = collect_marks(rec)
+    got = {(m.kind, m.time) for m in marks}
+    assert (RUN_START, START + 10.5) in got and (RUN_END, START + 90) in got
+    assert (CONTROL, START + 70) in got
+    assert (ALERT, START + 50) in got
+    # nothing from outside the period, nor another host's journal entries
+    assert all(rec.start <= m.time <= rec.end for m in marks)
+    assert (CONTROL, START + 80) not in got
+    assert [m.text for m in marks if m.kind == CONTROL] == [
+        "GPU 0 power limit 450 W → 300 W: made, by gpustation power set 300W"
+    ]
+
+    width = 100
+    line = timeline_text(rec.start, rec.end, START + 20, marks, width).plain
+    left = len(_clock(rec.start) + " ")
+    n = len(line) - left - len(" " + _clock(rec.end))
+    cells = line[left : left + n]
+    for mark in marks:
+        col = timeline_cells(rec.start, rec.end, mark.time, n)
+        assert cells[col] in (SYMBOLS[mark.kind], "!"), (mark, cells)  # an alert wins a shared cell
+    assert cells[timeline_cells(rec.start, rec.end, START + 20, n)] == "┃"
+    assert cells[timeline_cells(rec.start, rec.end, START + 70, n)] == "◆"
+    assert cells[timeline_cells(rec.start, rec.end, START + 10.5, n)] == "["
+    assert cells[timeline_cells(rec.start, rec.end, START + 90, n)] == "]"
