@@ -143,10 +143,12 @@ def run(args: argparse.Namespace) -> int:
         raise  # the message says what was kept; exit 1
     finally:
         signal.signal(signal.SIGTERM, previous)
-        recorder.close()
-        backend.close()
-        if tty:
-            sys.stderr.write("\n")
+        try:
+            recorder.close()  # a last write that fails is an error too (exit 1)
+        finally:
+            backend.close()
+            if tty:
+                sys.stderr.write("\n")
         if not failed:
             print(
                 f"gpustation: recorded {recorder.samples} samples "

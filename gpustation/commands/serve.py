@@ -147,7 +147,10 @@ def run(args: argparse.Namespace) -> int:
         if exporter is not None:
             exporter.stop()
         if recorder is not None:
-            recorder.close()
+            try:
+                recorder.close()
+            except RecordError as err:
+                print(f"gpustation: recording stopped: {err}", file=sys.stderr, flush=True)
         backend.close()
 
 

@@ -323,20 +323,18 @@ class Recorder:
         )
 
     def close(self) -> None:
-        """End the open frame and release the file (safe to call twice)."""
+        """End the open frame and release the file (safe to call twice).
+
+        Raises RecordError when the last write fails: that is data lost too.
+        """
         if self._fd is not None:
             try:
                 self._end_frame()
                 os.fsync(self._fd)
             except OSError as err:
-                try:
-                    self._fail(err)
-                except RecordError:
-                    pass
-            finally:
-                if self._fd is not None:
-                    os.close(self._fd)
-                    self._fd = None
+                self._fail(err)  # closes, releases, raises
+            os.close(self._fd)
+            self._fd = None
         self._release()
 
     def _release(self) -> None:

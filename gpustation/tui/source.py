@@ -131,8 +131,11 @@ class DataSource:
 
     def close(self) -> None:
         if self.recorder is not None:
-            self.recorder.close()
-            self.recorder = None
+            recorder, self.recorder = self.recorder, None
+            try:
+                recorder.close()
+            except GpustationError as err:
+                self.record_error = str(err)
         if self.backend is not None:
             self.backend.close()
             self.backend = None
