@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from textual.widgets import Input
 
 from gpustation.control.journal import JournalEntry, journal_path
 from gpustation.runs.store import RunStore
@@ -160,3 +161,42 @@ def test_timeline_marks_runs_alerts_and_control_changes_of_the_recorded_period(
     assert cells[timeline_cells(rec.start, rec.end, START + 70, n)] == "◆"
     assert cells[timeline_cells(rec.start, rec.end, START + 10.5, n)] == "["
     assert cells[timeline_cells(rec.start, rec.end, START + 90, n)] == "]"
+
+
+async def test_go_to_a_time_and_the_end_of_the_recording(tmp_path: Path) -> None:
+    path = tmp_path / "r.zst"
+    make_recording(path, n=120, gpus=1)
+    source = ReplaySource(Recording(path), start=START + 20, playing=False)
+    app = ReplayApp(source, marks=lambda: [])
+    record_notifications(app)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.latest is not None and app.latest.time == START + 20)
+
+        async def go(text: str) -> None:
+            await pilot.press("g")
+            await wait_for(pilot, lambda: isinstance(app.focused, Input))
+            app.focused.value = text  # type: ignore[union-attr]
+            await pilot.press("enter")
+
+        await go("+30s")
+        await wait_for(pilot, lambda: app.latest is not None and app.latest.time == START + 50)
+        await go(_clock(START + 95.5))
+        await wait_for(pilot, lambda: app.latest is not None and app.latest.time == START + 95)
+        await go("yesterday")
+        await wait_for(pilot, lambda: any("neither" in n for n in notifications(app)))
+        await go("+1h")
+        await wait_for(pilot, lambda: any("outside the recording" in n for n in notifications(app)))
+        assert app.latest is not None and app.latest.time == START + 95
+        # played to the end, it stops there and says so; playing again starts over
+        source.set_speed(16)
+        await go("end")
+        await wait_for(pilot, lambda: app.latest is not None and app.latest.time == START + 119)
+        await pilot.press("space")
+        await wait_for(pilot, lambda: app.latest is not None and app.latest.time < START + 119)
+        await pilot.press("space")
+        await wait_for(pilot, lambda: "paused" in banner(app))
+        await go(_clock(START + 117))
+        await wait_for(pilot, lambda: app.latest is not None and app.latest.time == START + 117)
+        await pilot.press("space")
+        await wait_for(pilot, lambda: "⏹ end" in banner(app))
+        assert app.latest is not None and app.latest.time == START + 119
