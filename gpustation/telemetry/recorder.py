@@ -504,7 +504,8 @@ class Recording:
         self._t0s = [f.t0 or 0.0 for f in self.frames]
         last = self._last_docs()
         if not self.frames or not last:
-            raise UsageError(f"{self.path}: no snapshots in the recording")
+            why = f" ({'; '.join(self.problems[:3])})" if self.problems else ""
+            raise UsageError(f"{self.path}: no snapshots in the recording{why}")
         self.start = self._t0s[0]
         self.end = float(last[-1]["time"])
 

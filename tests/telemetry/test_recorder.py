@@ -180,3 +180,12 @@ def test_sizes_times_and_settings_are_validated() -> None:
     ):
         with pytest.raises(UsageError, match=rf"\[record\] {key}"):
             record_settings(table)
+
+
+def test_a_file_that_is_not_a_recording_is_refused_saying_why(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"schema": "gpustation.snapshot/1", "time": 1}\n')
+    with pytest.raises(UsageError, match="not zstd data at byte 0"):
+        Recording(plain)
+    with pytest.raises(UsageError, match="no recording"):
+        Recording(tmp_path / "missing.zst")
