@@ -32,6 +32,8 @@ COMMANDS: dict[str, str] = {
     "sweep": "gpustation.commands.sweep",
     "sweeps": "gpustation.commands.sweeps",
     "energy": "gpustation.commands.energy",
+    "record": "gpustation.commands.record",
+    "replay": "gpustation.commands.replay",
 }
 DASHBOARD = "gpustation.commands.dashboard"
 

@@ -33,11 +33,25 @@ def run(args: argparse.Namespace) -> int:
         from gpustation.tui.fleet import run_fleet
 
         return run_fleet(hosts, refresh_s=refresh, ssh_config=getattr(args, "ssh_config", None))
+    from gpustation.telemetry.recorder import RecordError, recorder_from_config
     from gpustation.tui.app import run_dashboard
 
-    return run_dashboard(
-        gpus=gpus,
-        refresh_s=refresh,
-        simulate=getattr(args, "simulate", None),
-        sim_card=getattr(args, "sim_card", None),
-    )
+    # [record] enabled = true: the dashboard keeps a flight recording meanwhile;
+    # one that cannot be written is said on the banner, not a reason to stay shut.
+    record_error = None
+    try:
+        recorder = recorder_from_config()
+    except RecordError as err:
+        recorder, record_error = None, str(err)
+    try:
+        return run_dashboard(
+            gpus=gpus,
+            refresh_s=refresh,
+            simulate=getattr(args, "simulate", None),
+            sim_card=getattr(args, "sim_card", None),
+            recorder=recorder,
+            record_error=record_error,
+        )
+    finally:
+        if recorder is not None:
+            recorder.close()

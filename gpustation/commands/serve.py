@@ -10,12 +10,18 @@ import argparse
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from gpustation.commands.options import add_gpu_options, backend_from_args
 from gpustation.errors import UsageError
 from gpustation.telemetry.backend import parse_gpu_list
+
+if TYPE_CHECKING:
+    from gpustation.telemetry.model import Snapshot
+    from gpustation.telemetry.recorder import Recorder
 
 # prometheus_client is imported only when serving, so that building the
 # command-line parser (which every `gpustation snapshot` does) stays cheap.
@@ -88,6 +94,14 @@ def run(args: argparse.Namespace) -> int:
     users = load_users(args.basic_auth_file) if args.basic_auth_file is not None else None
     if not 0.1 <= args.interval <= 3600:
         raise UsageError(f"--interval: between 0.1 and 3600 seconds, got {args.interval:g}")
+    from gpustation.telemetry.recorder import RecordError, recorder_from_config
+
+    # [record] enabled = true: keep a flight recording of what is served.
+    try:
+        recorder = recorder_from_config()
+    except RecordError as err:
+        print(f"gpustation: not recording: {err}", file=sys.stderr, flush=True)
+        recorder = None
     backend = backend_from_args(args)
     backend.read_gpm = True  # DCGM_FI_PROF_*: the profiling metrics on every sample
     stop = threading.Event()
@@ -100,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     server = None
     try:
         sampler = Sampler(backend, gpus=parse_gpu_list(getattr(args, "gpus", None)))
-        exporter = Exporter(sampler.sample, interval_s=args.interval)
+        sample = sampler.sample if recorder is None else _recording(sampler.sample, recorder)
+        exporter = Exporter(sample, interval_s=args.interval)
         # The first sample is taken before the port opens, so no scrape ever
         # sees an endpoint without GPU series.
         exporter.start()
@@ -132,4 +147,29 @@ def run(args: argparse.Namespace) -> int:
             server.server_close()
         if exporter is not None:
             exporter.stop()
+        if recorder is not None:
+            try:
+                recorder.close()
+            except RecordError as err:
+                print(f"gpustation: recording stopped: {err}", file=sys.stderr, flush=True)
         backend.close()
+
+
+def _recording(sample: Callable[[], Snapshot], recorder: Recorder) -> Callable[[], Snapshot]:
+    """``sample`` that also records each snapshot; a failed write stops only the recording."""
+    from gpustation.telemetry.recorder import RecordError
+
+    state: dict[str, Recorder | None] = {"recorder": recorder}
+
+    def sample_and_record() -> Snapshot:
+        snap = sample()
+        rec = state["recorder"]
+        if rec is not None:
+            try:
+                rec.add(snap)
+            except RecordError as err:
+                state["recorder"] = None
+                print(f"gpustation: recording stopped: {err}", file=sys.stderr, flush=True)
+        return snap
+
+    return sample_and_record

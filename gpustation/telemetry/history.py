@@ -100,6 +100,12 @@ class History:
                     if scale:
                         self._scale[(gpu.index, key)] = scale
 
+    def clear(self) -> None:
+        """Forget every sample (a replay that jumps back starts its graphs again)."""
+        self._times.clear()
+        self._values.clear()
+        self._scale.clear()
+
     def gpus(self) -> list[int]:
         """GPU indices seen so far."""
         return sorted(self._times)

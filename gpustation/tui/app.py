@@ -36,10 +36,11 @@ import importlib
 import importlib.util
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 from textual.app import App, SystemCommand
@@ -64,6 +65,9 @@ from gpustation.tui.screens import (
 )
 from gpustation.tui.source import DataSource, Frame
 from gpustation.tui.widgets import ProcRow
+
+if TYPE_CHECKING:
+    from gpustation.telemetry.recorder import Recorder
 
 #: refresh intervals ``+``/``-`` step through, in seconds
 REFRESH_STEPS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
@@ -352,6 +356,8 @@ class DashboardApp(App[int]):
                 t.append(hint, style="dim")
         if self.error:
             t.append(f"\nsampling failed: {self.error}", style="bold red")
+        if self.source.record_error:
+            t.append(f"\nrecording stopped: {self.source.record_error}", style="bold red")
         return t
 
     def status_text(self, width: int) -> Text:
@@ -550,16 +556,25 @@ def run_dashboard(
     refresh_s: float = 1.0,
     simulate: int | None = None,
     sim_card: str | None = None,
+    recorder: Recorder | None = None,
+    record_error: str | None = None,
 ) -> int:
-    """Open the dashboard on this machine's GPUs (simulated ones when asked)."""
+    """Open the dashboard on this machine's GPUs (simulated ones when asked).
+
+    ``recorder`` (the ``[record]`` recording) is fed every sample on the
+    sampling thread.
+    """
 
     def factory() -> Backend:
         return open_backend(simulate=simulate, sim_card=sim_card, fallback_to_sim=True)
 
-    source = DataSource(factory, gpus)
+    source = DataSource(factory, gpus, recorder=recorder)
+    source.record_error = record_error
     app = DashboardApp(source, refresh_s=refresh_s)
     try:
         result = app.run()
     finally:
         source.close()
+    if source.record_error:
+        print(f"gpustation: recording stopped: {source.record_error}", file=sys.stderr)
     return int(result or 0)

@@ -12,12 +12,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import psutil
 
+from gpustation.errors import GpustationError
 from gpustation.telemetry.backend import Backend, open_backend
 from gpustation.telemetry.model import HostSample, Snapshot
 from gpustation.telemetry.sampler import Sampler
+
+if TYPE_CHECKING:
+    from gpustation.telemetry.recorder import Recorder
 
 
 @dataclass(slots=True)
@@ -46,6 +51,7 @@ class DataSource:
         hostname: str | None = None,
         clock: Callable[[], float] = time.time,
         slow_interval_s: float = 5.0,
+        recorder: Recorder | None = None,
     ) -> None:
         self._factory = backend_factory or (lambda: open_backend(fallback_to_sim=True))
         self._gpus = gpus
@@ -56,6 +62,10 @@ class DataSource:
         self.backend: Backend | None = None
         self.sampler: Sampler | None = None
         self._procs: dict[int, psutil.Process] = {}
+        #: the [record] recording, written on this thread; None once a write failed
+        self.recorder = recorder
+        #: why the recording stopped (a full disk), for the banner
+        self.record_error: str | None = None
 
     def open(self) -> Backend:
         if self.backend is None:
@@ -88,7 +98,17 @@ class DataSource:
         if self._hostname is not None:
             snap.hostname = self._hostname
         procs = {} if self.backend.simulated else self._proc_stats(snap)
+        if self.recorder is not None:
+            self._record(snap)
         return Frame(snap, procs, time.perf_counter() - t0)
+
+    def _record(self, snap: Snapshot) -> None:
+        assert self.recorder is not None
+        try:
+            self.recorder.add(snap)
+        except GpustationError as err:  # a full disk stops the recording, not the dashboard
+            self.record_error = str(err)
+            self.recorder = None
 
     def _proc_stats(self, snap: Snapshot) -> dict[int, ProcStat]:
         # Only the GPU processes: walking every process on the host each tick
@@ -112,6 +132,12 @@ class DataSource:
         return out
 
     def close(self) -> None:
+        if self.recorder is not None:
+            recorder, self.recorder = self.recorder, None
+            try:
+                recorder.close()
+            except GpustationError as err:
+                self.record_error = str(err)
         if self.backend is not None:
             self.backend.close()
             self.backend = None

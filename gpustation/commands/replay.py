@@ -1,0 +1,103 @@
+"""``gpustation replay``: a recording shown in the dashboard, or one moment of it printed.
+
+``replay FILE`` opens the dashboard on the recorded snapshots (play, pause,
+step, seek, speed; a timeline with run, alert and control-change marks).
+``replay FILE --at TIME`` prints the snapshot recorded at that moment (the last
+one at or before it) without a terminal UI; ``--json`` as a
+``gpustation.snapshot/1`` document. With ``--json`` and no ``--at`` every
+snapshot is printed as JSON Lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from gpustation.errors import UsageError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="replay a recording made by `gpustation record` (or print one moment of it)",
+        description="Open the dashboard on a recording: space plays or pauses, . and , step "
+        "one snapshot, left/right seek 10 s (shift: 60 s), [ and ] change the speed "
+        "(0.5x to 16x), g goes to a time, n and N jump to the next or previous mark. "
+        "With --at, print the snapshot recorded at TIME instead.",
+    )
+    p.add_argument(
+        "file", type=Path, metavar="FILE", help="the recording (FILE.1 ... are read too)"
+    )
+    p.add_argument(
+        "--at",
+        metavar="TIME",
+        help="print the snapshot recorded at TIME (Unix seconds, or ISO 8601 such as "
+        "2026-12-01T09:30:00, local time unless it has an offset)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON (with --at one document, without it every snapshot as JSON Lines)",
+    )
+    p.add_argument(
+        "--start", metavar="TIME", help="open the dashboard at TIME (default: the start)"
+    )
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="playback speed, 0.5 to 16 (default 1)",
+    )
+
+
+def _time(text: str, option: str) -> float:
+    from gpustation.telemetry.recorder import parse_time
+
+    try:
+        return parse_time(text)
+    except ValueError as err:
+        raise UsageError(f"{option}: {err}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpustation.telemetry.recorder import SPEEDS, Recording
+
+    speed = args.speed
+    if not (math.isfinite(speed) and SPEEDS[0] <= speed <= SPEEDS[-1]):
+        raise UsageError(f"--speed: between {SPEEDS[0]:g} and {SPEEDS[-1]:g}, got {speed:g}")
+    at = _time(args.at, "--at") if args.at is not None else None
+    start = _time(args.start, "--start") if args.start is not None else None
+    recording = Recording(args.file)
+    for problem in recording.problems:
+        print(f"gpustation: {problem}", file=sys.stderr)
+    for option, t, text in (("--at", at, args.at), ("--start", start, args.start)):
+        if t is not None and not recording.start <= t <= recording.end:
+            raise UsageError(
+                f"{option} {text}: outside the recording, which spans {recording.span()}"
+            )
+    if at is not None:
+        doc = recording.doc_at(at)
+        if args.json:
+            json.dump(doc, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            from gpustation.telemetry.model import Snapshot
+            from gpustation.telemetry.table import render_snapshot
+
+            tty = sys.stdout.isatty()
+            snap = Snapshot.from_dict(doc)
+            sys.stdout.write(render_snapshot(snap, color=tty and not os.environ.get("NO_COLOR")))
+            sys.stdout.write("\n")
+        return 0
+    if args.json:
+        for doc in recording.iter_docs():
+            sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
+        return 0
+    from gpustation.tui.replay import run_replay
+
+    return run_replay(recording, speed=speed, start=start)
