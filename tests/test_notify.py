@@ -85,3 +85,57 @@ def test_a_bad_notify_table_names_every_problem(gpustation_dirs: dict[str, Path]
         load_notify_config()
     text = str(err.value)
     assert all(w in text for w in ("urls", "run_done", "bell", "extra"))
+
+
+def test_a_run_that_ends_notifies_with_its_loss_duration_energy_and_cost(
+    receiver: Receiver, gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import child_env, gpustation_cmd
+
+    (gpustation_dirs["config"] / "config.toml").write_text(
+        f'[notify]\nurls = ["json://127.0.0.1:{receiver.port}"]\nbell = false\n'
+        '[energy]\nprice_per_kwh = 0.30\ncurrency = "EUR"\n'
+    )
+    code = (
+        "from gpustation.runs.metrics import MetricsWriter\n"
+        "import sys\n"
+        "with MetricsWriter.from_env() as m:\n"
+        "    m.log(step=1, loss=1.25)\n"
+        "sys.exit(3)\n"
+    )
+    result = subprocess.run(
+        gpustation_cmd("run", "--name", "noisy", "--", sys.executable, "-c", code),
+        env=child_env(GPUSTATION_SIMULATE="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stderr
+    assert receiver.got.wait(60)
+    (message,) = receiver.messages
+    assert message["title"] == "gpustation: noisy failed"
+    assert "exited with code 3" in message["message"] and "final loss 1.25" in message["message"]
+
+
+def test_a_notification_that_cannot_be_sent_leaves_the_run_alone(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import child_env, gpustation_cmd
+
+    (gpustation_dirs["config"] / "config.toml").write_text(
+        '[notify]\nurls = ["json://127.0.0.1:1"]\nbell = false\n'
+    )
+    result = subprocess.run(
+        gpustation_cmd("run", "--", sys.executable, "-c", "print('ok')"),
+        env=child_env(GPUSTATION_SIMULATE="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr

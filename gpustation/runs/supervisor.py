@@ -476,6 +476,12 @@ def supervise(directory: Path) -> int:
         state.error_tail = rundir.tail_lines(output, 20)
     _log(f"run ended: {state.status} ({state.reason or 'exit 0'})")
     _record_final(directory, state)
+    try:
+        from gpustation.runs.notify_end import notify_end
+
+        notify_end(directory, state)
+    except Exception as err:  # being told must never change the run's outcome
+        _log(f"notification not sent: {err}")
     return 0
 
 
