@@ -33,8 +33,9 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpustation.control import journal
 from gpustation.control.fans import unattended_manual_fans
-from gpustation.errors import UsageError
+from gpustation.errors import GpustationError, UsageError
 from gpustation.runs import store
+from gpustation.telemetry.alerts import Alert, AlertLog, IdleRule, load_idle_rule
 from gpustation.telemetry.model import THROTTLE_REASONS, GpuSample, Snapshot, encode_throttle
 
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "hostname")
@@ -235,6 +236,7 @@ def snapshot_metrics(
     profile: str | None = None,
     runs_by_status: dict[str, int] | None = None,
     unattended: dict[int, list[int]] | None = None,
+    alerts: list[Alert] | None = None,
 ) -> list[Metric]:
     """Render one Snapshot (plus the active profile and run counts) as metric families.
 
@@ -242,6 +244,17 @@ def snapshot_metrics(
     """
     families: list[Metric] = []
     live = [g for g in snap.gpus if not g.lost]
+    if alerts is not None:
+        alert_family = GaugeMetricFamily(
+            "gpustation_alert",
+            "1 while an alert condition holds (rule in the label: a GPU held but idle, "
+            "thermal throttling, a GPU lost ...).",
+            labels=("hostname", "gpu", "rule", "severity"),
+        )
+        for alert in alerts:
+            labels = [snap.hostname, str(alert.gpu), alert.rule, alert.severity]
+            alert_family.add_metric(labels, 1.0)
+        families.append(alert_family)
     for name, doc, read in (*_DCGM_GAUGES, *_OWN_GAUGES):
         fam = GaugeMetricFamily(name, doc, labels=GPU_LABELS)
         for gpu in live:
@@ -346,6 +359,7 @@ class _Latest:
     runs: dict[str, int] | None = None
     error: str | None = None
     unattended: dict[int, list[int]] | None = None
+    alerts: list[Alert] | None = None
 
 
 class SnapshotCollector(Collector):
@@ -362,7 +376,7 @@ class SnapshotCollector(Collector):
         )
         if latest.snapshot is not None:
             yield from snapshot_metrics(
-                latest.snapshot, latest.profile, latest.runs, latest.unattended
+                latest.snapshot, latest.profile, latest.runs, latest.unattended, latest.alerts
             )
 
 
@@ -386,6 +400,7 @@ class Exporter:
         self._with_extras = with_extras
         self._extras_interval_s = extras_interval_s
         self._latest = _Latest()
+        self._alerts = AlertLog(idle=_idle_rule())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -423,7 +438,8 @@ class Exporter:
         except Exception as err:  # keep serving the last values, and say so
             self._latest = replace(previous, error=str(err) or repr(err))
             return
-        self._latest = replace(previous, snapshot=snap, error=None)
+        self._alerts.update(snap)
+        self._latest = replace(previous, snapshot=snap, error=None, alerts=self._alerts.active)
         self.samples_taken += 1
 
     def _refresh_extras(self) -> None:
@@ -503,3 +519,14 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _idle_rule() -> IdleRule:
+    """``[alerts]``'s idle rule; a bad table keeps the defaults (logged)."""
+    try:
+        return load_idle_rule()
+    except GpustationError as err:
+        import logging
+
+        logging.getLogger(__name__).warning("%s", err)
+        return IdleRule()

@@ -49,7 +49,8 @@ from textual.message import Message
 from textual.screen import Screen
 
 from gpustation.errors import GpustationError
-from gpustation.telemetry.alerts import AlertLog
+from gpustation.notify import notifier_from_config
+from gpustation.telemetry.alerts import Alert, AlertLog, IdleRule, load_idle_rule
 from gpustation.telemetry.backend import Backend, open_backend
 from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
@@ -210,7 +211,9 @@ class DashboardApp(App[int]):
         self.metric = metric if metric in METRICS else "util"
         self.graph_window_s = GRAPH_WINDOW_S
         self.history = History()
-        self.alerts = AlertLog()
+        self.alerts = AlertLog(idle=_idle_rule())
+        #: apprise and the bell, for the alerts [notify] chooses (None: not configured)
+        self.notifier = notifier_from_config()
         self.frame: Frame | None = None
         self.paused = False
         self.error: str | None = None
@@ -264,6 +267,20 @@ class DashboardApp(App[int]):
         """Start a sampling pass now (replaces a scheduled one)."""
         self._poller.run_now()
 
+    def _send_alert(self, alert: Alert) -> None:
+        """An alert [notify] asks for goes out on a worker: never on the UI thread."""
+        event = _ALERT_EVENTS.get(alert.rule)
+        notifier = self.notifier
+        if notifier is None or event is None or not notifier.wanted(event):
+            return
+        title = f"gpustation: {alert.short} on {self.latest.hostname if self.latest else 'host'}"
+        self.run_worker(
+            lambda: notifier.send(event, title, alert.message),
+            thread=True,
+            group="notify",
+            exit_on_error=False,
+        )
+
     def _sample_pass(self) -> FrameReady | SampleFailed:
         # Runs on the poller's thread; the poller posts what it returns.
         try:
@@ -310,6 +327,7 @@ class DashboardApp(App[int]):
         self.frame = frame
         self.history.add(frame.snapshot)
         for alert in self.alerts.update(frame.snapshot):
+            self._send_alert(alert)
             if not self._notify_alerts:
                 continue
             self.notify(
@@ -578,3 +596,19 @@ def run_dashboard(
     if source.record_error:
         print(f"gpustation: recording stopped: {source.record_error}", file=sys.stderr)
     return int(result or 0)
+
+
+#: alert rules -> the [notify] events that tell of them
+_ALERT_EVENTS = {
+    "gpu_lost": "gpu_lost",
+    "thermal_throttle": "gpu_hot",
+    "gpu_idle_held": "gpu_idle_held",
+}
+
+
+def _idle_rule() -> IdleRule:
+    """``[alerts]``'s idle rule; a bad table keeps the defaults (the banner says so)."""
+    try:
+        return load_idle_rule()
+    except GpustationError:
+        return IdleRule()

@@ -567,3 +567,29 @@ def test_profiling_series_are_left_out_where_the_card_has_no_gpm() -> None:
     ):
         assert name not in m, name
     assert _gpu_series(m["DCGM_FI_DEV_XID_ERRORS"], 0) == 0.0
+
+
+def test_active_alerts_are_exported_a_gpu_held_idle_among_them(tmp_path: Path) -> None:
+    from gpustation.telemetry.model import GpuSample, ProcessInfo
+
+    clock = [0.0]
+
+    def sample() -> Snapshot:
+        gpu = GpuSample(
+            index=0,
+            utilization_gpu_pct=0.0,
+            memory_used_mib=9000.0,
+            memory_total_mib=24000.0,
+            processes=[ProcessInfo(pid=7, gpu_memory_mib=8192.0, user="bob", command="jupyter")],
+        )
+        return Snapshot(hostname="h", time=clock[0], gpus=[gpu])
+
+    exporter = Exporter(sample, interval_s=60, with_extras=False)
+    exporter.sample_once()
+    first = _scrape(exporter)
+    assert "gpustation_alert" not in first or not first["gpustation_alert"]
+    clock[0] = 11 * 60.0  # held idle past the default ten minutes
+    exporter.sample_once()
+    metrics = _scrape(exporter)
+    rules = {labels for labels in metrics["gpustation_alert"]}
+    assert any(("rule", "gpu_idle_held") in labels for labels in rules)
