@@ -21,6 +21,7 @@ from gpustation.runs.compare import (
     gpus_text,
     status_text,
 )
+from gpustation.runs.cost import load_price
 from gpustation.runs.output import console, strict_json
 from gpustation.runs.store import RunStore
 from gpustation.runs.summary import RunSummary
@@ -170,8 +171,9 @@ def _print_list(records: list[RunSummary]) -> None:
         return
     from rich.table import Table
 
+    price = load_price()
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column, justify in (
+    columns = [
         ("ID", "left"),
         ("PRESET", "left"),
         ("STATUS", "left"),
@@ -182,9 +184,13 @@ def _print_list(records: list[RunSummary]) -> None:
         ("LOSS", "right"),
         ("THROUGHPUT", "right"),
         ("ENERGY", "right"),
-    ):
+    ]
+    if price is not None:
+        columns.append(("COST", "right"))
+    for column, justify in columns:
         table.add_column(column, justify=justify, no_wrap=column == "ID")  # type: ignore[arg-type]
     for r in records:
+        cost = [price.text(r.energy_j)] if price is not None else []
         table.add_row(
             r.id,
             r.preset or "-",
@@ -196,6 +202,7 @@ def _print_list(records: list[RunSummary]) -> None:
             fmt_num(r.final_loss, 4),
             fmt_num(r.best_throughput, 1, r.throughput_unit or ""),
             energy_text(r),
+            *cost,
         )
     console().print(table)
 
@@ -228,6 +235,7 @@ def _print_show(r: RunSummary) -> None:
         ("best throughput", fmt_num(r.best_throughput, 1, r.throughput_unit or "")),
         ("peak VRAM", fmt_num(r.peak_vram_mib, 0, "MiB")),
         ("energy", energy_text(r)),
+        ("cost", price.text(r.energy_j) if (price := load_price()) is not None else None),
         (
             f"energy per {r.work_unit}" if r.work_unit else "energy per unit",
             fmt_num(r.energy_per_unit_j, 3, "J") if r.energy_per_unit_j is not None else None,

@@ -116,6 +116,7 @@ def compare_rows(records: list[RunSummary]) -> list[CompareRow]:
         ),
         CompareRow("peak VRAM", [r.peak_vram_mib for r in records], lambda v: fmt_num(v, 0, "MiB")),
         CompareRow("energy", [r.energy_j for r in records], fmt_energy),
+        *_cost_rows(records),
         CompareRow(
             "energy shared",
             ["shared" if r.energy_shared else None for r in records],
@@ -151,3 +152,16 @@ def compare_rows(records: list[RunSummary]) -> list[CompareRow]:
             )
         )
     return [row for row in rows if any(v not in (None, "-") for v in row.values)]
+
+
+def _cost_rows(records: list[RunSummary]) -> list[CompareRow]:
+    """The cost of each run, when ``[energy]`` names a price."""
+    from gpustation.runs.cost import load_price
+
+    try:
+        price = load_price()
+    except Exception:  # a bad [energy] table is reported by the commands that need it
+        return []
+    if price is None:
+        return []
+    return [CompareRow("cost", [price.cost(r.energy_j) for r in records], price.money)]

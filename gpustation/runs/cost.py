@@ -25,10 +25,13 @@ class Price:
         return None if energy_j is None else energy_j / J_PER_KWH * self.per_kwh
 
     def text(self, energy_j: float | None) -> str:
+        """The cost of ``energy_j`` as text ("-" when unknown)."""
         value = self.cost(energy_j)
-        if value is None:
-            return "-"
-        return f"{value:,.2f} {self.currency}" if value >= 0.01 else f"<0.01 {self.currency}"
+        return "-" if value is None else self.money(value)
+
+    def money(self, value: float) -> str:
+        text = f"{value:,.2f}" if value >= 0.01 or value == 0 else "<0.01"
+        return f"{text} {self.currency}".rstrip()
 
 
 def load_price(path: Path | None = None) -> Price | None:

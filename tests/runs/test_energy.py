@@ -59,3 +59,20 @@ def test_the_energy_report_sums_runs_per_preset_with_their_cost(
     assert code == 0 and "total" in out and "EUR" in out
     code, _, err = cli(capsys, "energy", "--since", "lately")
     assert code == 2 and "--since" in err
+
+
+def test_runs_list_show_and_compare_give_the_cost(
+    gpustation_dirs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (gpustation_dirs["config"] / "config.toml").write_text(
+        '[energy]\nprice_per_kwh = 0.25\ncurrency = "EUR"\n'
+    )
+    store = RunStore()
+    store.upsert(RunSummary(id="r1", preset="a", status="succeeded", energy_j=7.2e6))
+    store.upsert(RunSummary(id="r2", preset="a", status="succeeded", energy_j=3.6e6))
+    code, out, _ = cli(capsys, "runs", "list")
+    assert code == 0 and "COST" in out and "0.50 EUR" in out and "0.25 EUR" in out
+    code, out, _ = cli(capsys, "runs", "show", "r1")
+    assert code == 0 and "0.50 EUR" in out
+    code, out, _ = cli(capsys, "runs", "compare", "r1", "r2")
+    assert code == 0 and "cost" in out and "0.25 EUR" in out
