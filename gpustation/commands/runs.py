@@ -244,6 +244,10 @@ def _print_show(r: RunSummary) -> None:
             "power avg / peak",
             f"{fmt_num(r.avg_power_w, 0, 'W')} / {fmt_num(r.peak_power_w, 0, 'W')}",
         ),
+        (
+            "tensor activity",
+            None if r.tensor_active_pct is None else fmt_num(r.tensor_active_pct, 1, "%"),
+        ),
         ("peak temperature", fmt_num(r.peak_temp_c, 0, "°C")),
         ("throttled", fmt_num(r.throttled_s, 0, "s")),
         ("malformed metric lines", str(r.malformed_metrics) if r.malformed_metrics else None),

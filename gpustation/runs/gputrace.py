@@ -71,6 +71,8 @@ def compact_sample(snapshot: Snapshot, t: float, pids: set[int] | None = None) -
                 "utilization_gpu_pct": gpu.utilization_gpu_pct,
                 "energy_j": gpu.energy_j,
                 "throttle": [r for r in gpu.throttle_reasons or () if r in LIMITING_REASONS],
+                # real tensor-pipe activity where the card has GPM (None elsewhere)
+                "tensor_active_pct": gpu.tensor_active_pct,
                 **({"run_share": share} if share is not None else {}),
             }
         )
@@ -96,6 +98,8 @@ class TelemetrySummary:
     throttled_s: float | None = None
     #: some of the energy was split by the run's share of its GPU (see the module)
     split: bool = False
+    #: mean tensor-pipe activity over the samples that have it (GPM cards)
+    tensor_active_pct: float | None = None
 
 
 def _number(value: Any) -> bool:
@@ -141,6 +145,7 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
     prev_power: dict[int, float] = {}
     throttled = 0.0
     any_throttle_info = False
+    tensor_values: list[float] = []
     for sample in samples:
         t = float(sample.get("t") or 0.0)
         dt = t - prev_t if prev_t is not None else 0.0
@@ -173,6 +178,9 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
                 counter_first.setdefault(index, float(energy))
                 counter_last[index] = float(energy)
             summary.peak_temp_c = _max(summary.peak_temp_c, gpu.get("temperature_c"))
+            tensor = gpu.get("tensor_active_pct")
+            if isinstance(tensor, (int, float)) and not isinstance(tensor, bool):
+                tensor_values.append(float(tensor))
             summary.peak_vram_mib = _max(summary.peak_vram_mib, gpu.get("memory_used_mib"))
             if "throttle" in gpu:
                 any_throttle_info = True
@@ -203,4 +211,6 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
     elif summary.peak_power_w is not None and summary.samples == 1:
         summary.avg_power_w = summary.peak_power_w
     summary.throttled_s = throttled if any_throttle_info else None
+    if tensor_values:
+        summary.tensor_active_pct = sum(tensor_values) / len(tensor_values)
     return summary

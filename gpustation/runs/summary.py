@@ -68,6 +68,8 @@ class RunSummary:
     avg_power_w: float | None = None
     peak_power_w: float | None = None
     peak_temp_c: float | None = None
+    #: mean tensor-pipe activity of the run's GPUs (GPM), beside its MFU
+    tensor_active_pct: float | None = None
     throttled_s: float | None = None
     malformed_metrics: int = 0
     summary: dict[str, Any] = field(default_factory=dict)

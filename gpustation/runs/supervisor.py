@@ -203,6 +203,8 @@ class _Telemetry:
                 with_host=False,
                 with_topology=False,
             )
+            # SM and tensor activity while the run is live (cards with GPM)
+            self.sampler.backend.read_gpm = True
         except Exception as err:
             _log(f"GPU telemetry is off: {err}")
             self.sampler = None

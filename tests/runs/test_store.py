@@ -138,3 +138,21 @@ def test_store_round_trip_and_id_resolution(tmp_path: Path) -> None:
     # Syncing again updates the row rather than adding one.
     sync_run(a, store)
     assert len(store.list_runs()) == 2
+
+
+def test_a_run_s_summary_has_its_mean_tensor_activity(tmp_path: Path) -> None:
+    import json
+
+    from gpustation.runs.gputrace import summarize_telemetry
+
+    path = tmp_path / "telemetry.jsonl"
+    lines = [
+        {
+            "t": t,
+            "time": 100.0 + t,
+            "gpus": [{"index": 0, "power_w": 500.0, "tensor_active_pct": pct}],
+        }
+        for t, pct in ((0, None), (1, 80.0), (2, 90.0))
+    ]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert summarize_telemetry(path).tensor_active_pct == 85.0  # the samples that have it
