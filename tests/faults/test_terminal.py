@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from gpustation.telemetry import host
 from gpustation.telemetry.model import GpuSample, ProcessInfo, Snapshot
 from gpustation.telemetry.table import render_snapshot
 from gpustation.textsafe import safe
+from tests.runs.conftest import wait_until
 
 HOSTILE = [
     "\x1b]0;owned\x07",  # OSC 0: retitle the terminal
@@ -39,6 +41,11 @@ def test_another_user_s_argv_is_made_safe_where_it_is_read() -> None:
         [sys.executable, "-c", "import sys; sys.stdin.read()", *HOSTILE], stdin=subprocess.PIPE
     )
     try:
+        wait_until(
+            lambda: b"sys.stdin.read" in Path(f"/proc/{child.pid}/cmdline").read_bytes(),
+            30,
+            "the child to exec",
+        )
         proc = ProcessInfo(pid=child.pid)
         host.describe_process(proc)
         assert proc.command is not None and "import sys" in proc.command
