@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
@@ -27,6 +28,7 @@ from gpustation.tui.widgets import (
     GpuCard,
     HistoryGraph,
     HostPane,
+    NARROW_W,
     KeysFooter,
     LiveText,
     ProcessTable,
@@ -34,6 +36,7 @@ from gpustation.tui.widgets import (
     ScrollRows,
     Tiles,
     process_rows,
+    set_size_classes,
 )
 
 if TYPE_CHECKING:
@@ -63,9 +66,14 @@ class LiveScreen(KeepsLines, Screen[None]):
         return self._chrome
 
     def on_mount(self) -> None:
+        set_size_classes(self, self.app.size)
         self.call_after_refresh(self.on_screen_resume)
 
+    def on_resize(self, event: events.Resize) -> None:
+        set_size_classes(self, event.size)
+
     def on_screen_resume(self) -> None:
+        set_size_classes(self, self.app.size)
         if self.dash.frame is not None:
             self.show_frame(self.dash.frame)
         self.dash.update_chrome(self)
@@ -147,6 +155,11 @@ class DashboardScreen(LiveScreen):
     def on_resize(self) -> None:
         self.apply_layout()
 
+    def relayout(self) -> None:
+        """Lay the screen out again (the banner's height changed)."""
+        self._layout_key = None
+        self.apply_layout()
+
     def apply_layout(self) -> None:
         """Choose full or compact cards, columns and graph height for the size.
 
@@ -174,21 +187,31 @@ class DashboardScreen(LiveScreen):
             card.set_class(compact, "-compact")
             card._shown = None
             card.redraw()
+        host = self.query_one(HostPane)
+        cores = 0
+        procs = 0
+        if self.dash.frame is not None:
+            snap = self.dash.frame.snapshot
+            cores = len(snap.host.cpu_per_core_pct)
+            procs = sum(len(g.processes) for g in snap.gpus)
+        narrow = w < NARROW_W
+        self.query_one("#middle").set_class(narrow, "-narrow")
+        host_w = w - 2 if narrow else 38
+        host_h = 8 + max(0, math.ceil(cores / max(8, host_w - 8)) - 1)
+        host.styles.height = host_h
         # Graph rows per GPU from the height left after the fixed parts (banner,
-        # cards, status, footer, a few process rows), between 1 and 5.
-        spare = h - 4 - cards.styles.height.value - 8  # type: ignore[union-attr]
+        # graph bar, status, footer), the cards, the host pane when it sits
+        # below the graph, and a few process rows, so that the process table
+        # stays on screen: between 1 and 5.
+        banner = next(self.query("#banner").results(LiveText), None)
+        banner_h = max(1, banner.line_count) if banner is not None else 1
+        procs_h = 1 + max(1, min(procs, 4))
+        below = host_h if narrow else 0
+        spare = h - banner_h - 3 - cards.styles.height.value - procs_h - below  # type: ignore[union-attr]
         rows = int(max(1, min(5, spare // n - 1)))
         graph = self.query_one(HistoryGraph)
         graph.rows_per_gpu = rows
         graph.styles.height = n * (rows + 1)
-        host = self.query_one(HostPane)
-        cores = 0
-        if self.dash.frame is not None:
-            cores = len(self.dash.frame.snapshot.host.cpu_per_core_pct)
-        narrow = w < 110
-        self.query_one("#middle").set_class(narrow, "-narrow")
-        host_w = w - 2 if narrow else 38
-        host.styles.height = 8 + max(0, math.ceil(cores / max(8, host_w - 8)) - 1)
         self.query_one("#graph-pane").styles.height = n * (rows + 1) + 1
         graph.redraw()
 
