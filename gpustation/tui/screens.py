@@ -23,12 +23,12 @@ from gpustation.tui import render
 from gpustation.tui.linecache import KeepsLines
 from gpustation.tui.source import Frame
 from gpustation.tui.widgets import (
+    NARROW_W,
     Caption,
     Columns,
     GpuCard,
     HistoryGraph,
     HostPane,
-    NARROW_W,
     KeysFooter,
     LiveText,
     ProcessTable,
@@ -152,7 +152,8 @@ class DashboardScreen(LiveScreen):
             self.dash.set_metric(event.value)
 
     # ---- layout ----------------------------------------------------------
-    def on_resize(self) -> None:
+    def on_resize(self, event: events.Resize) -> None:
+        # (LiveScreen's handler runs too: Textual calls each class's own.)
         self.apply_layout()
 
     def relayout(self) -> None:

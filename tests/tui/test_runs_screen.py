@@ -18,7 +18,7 @@ from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.screen import Screen
 from textual.selection import Selection
-from textual.widgets import DataTable, Input, Label, OptionList
+from textual.widgets import Button, Checkbox, DataTable, Input, Label, OptionList, Static
 from textual.widgets._footer import FooterKey
 
 from gpustation.runs import rundir
@@ -204,6 +204,14 @@ async def highlight_preset(pilot: Pilot[Any], name: str) -> None:
     raise AssertionError(f"preset {name} not in the list")
 
 
+def gpu_boxes(dialog: LaunchDialog) -> list[bool]:
+    return [box.value for box in dialog.query("#launch-gpus Checkbox").results(Checkbox)]
+
+
+def argv_shown(dialog: LaunchDialog) -> str:
+    return str(dialog.query_one("#launch-argv", Static).render())
+
+
 async def launch_by_key(pilot: Pilot[Any], name: str, **values: str) -> RunView:
     """Highlight ``name``, press l, fill the form, Enter; return the new run's view."""
     app: DashboardApp = pilot.app  # type: ignore[assignment]
@@ -236,7 +244,7 @@ async def test_launch_by_key_follow_log_and_curve_then_stop(presets: dict[str, A
         assert isinstance(dialog, LaunchDialog)
         # The form lists the preset's arguments with their defaults, and the GPUs.
         assert dialog.query_one("#arg-0", Input).value == "100000"
-        assert dialog.query_one("#launch-gpus", Input).value == "0"
+        assert gpu_boxes(dialog) == [True, False]
         # The fields take keys; a bad value is refused inline, typed by the preset's default.
         steps = dialog.query_one("#arg-0", Input)
         await wait_for(pilot, lambda: steps.has_focus and steps.size.width >= 20)
@@ -247,8 +255,13 @@ async def test_launch_by_key_follow_log_and_curve_then_stop(presets: dict[str, A
         assert isinstance(app.screen, LaunchDialog)
         error = str(dialog.query_one("#launch-error", Label).render())
         assert "expected a whole number" in error, error
-        await pilot.press(*["backspace"] * 4, *"100000", "tab", "tab", "backspace", "1")
-        assert dialog.query_one("#launch-gpus", Input).value == "1"
+        assert dialog.query_one("#launch", Button).disabled
+        await pilot.press(*["backspace"] * 4, *"100000")
+        assert not dialog.query_one("#launch", Button).disabled
+        dialog.query_one("#gpu-0", Checkbox).value = False
+        dialog.query_one("#gpu-1", Checkbox).value = True
+        await wait_for(pilot, lambda: "CUDA_VISIBLE_DEVICES=1 " in argv_shown(dialog))
+        steps.focus()
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, RunsScreen))
         await wait_for(pilot, lambda: bool(ui.live_active()), timeout=40)
