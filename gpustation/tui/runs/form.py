@@ -243,7 +243,7 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
             value = value_text(f.value)
             widget = Select(
                 [(c, c) for c in f.choices],
-                value=value if value in f.choices else Select.BLANK,
+                value=value if value in f.choices else Select.NULL,
                 prompt="the runner's default",
                 id=ident,
                 compact=True,
@@ -484,6 +484,9 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
                 path = write_user_preset(name, saved, values, gpus)
             except (GpustationError, OSError) as err:
                 self.post_message(PresetSaved(name, None, str(err)))
+                return
+            except Exception as err:  # a bug must say so, not leave the form waiting
+                self.post_message(PresetSaved(name, None, f"{type(err).__name__}: {err}"))
                 return
             self.post_message(PresetSaved(name, str(path), None))
 
