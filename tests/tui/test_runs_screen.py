@@ -49,6 +49,7 @@ from .conftest import make_app as make_dashboard
 
 pytestmark = pytest.mark.timeout(120)
 
+PRESET, STATUS = 1, 4  # the runs table's columns
 RUNS_ENTRY = next(e for e in SCREENS_BY_MODE if e.mode == "runs")
 
 
@@ -295,7 +296,7 @@ async def test_launch_by_key_follow_log_and_curve_then_stop(presets: dict[str, A
         await wait_for(pilot, lambda: not alive(pids), timeout=20)
         await wait_for(pilot, lambda: view.id in ui.history_ids)
         table = app.screen.query_one("#runs-table", DataTable)
-        assert str(table.get_cell(view.id, table.ordered_columns[1].key)) == "stopped"
+        assert str(table.get_cell(view.id, "status")) == "stopped"
 
 
 async def test_two_runs_at_once_and_a_finished_run_lands_in_the_history(
@@ -311,9 +312,9 @@ async def test_two_runs_at_once_and_a_finished_run_lands_in_the_history(
         assert long.active
         await wait_for(pilot, lambda: short.id in ui.history_ids, timeout=20)
         table = app.screen.query_one("#runs-table", DataTable)
-        rows = [str(table.get_row_at(i)[2]) for i in range(table.row_count)]
+        rows = [str(table.get_row_at(i)[PRESET]) for i in range(table.row_count)]
         status = {
-            str(table.get_row_at(i)[2]) + str(i): str(table.get_row_at(i)[1])
+            str(table.get_row_at(i)[PRESET]) + str(i): str(table.get_row_at(i)[STATUS])
             for i in range(table.row_count)
         }
         # Active first, then the history.
@@ -681,5 +682,5 @@ async def test_the_screen_reads_finished_and_lost_runs_without_writing(
             table.move_cursor(row=table.get_row_index(run_id))
             await wait_for(pilot, lambda run_id=run_id: ui.selected == run_id)
             await wait_for(pilot, lambda: "trainer done" in log_text(app))
-        assert str(table.get_cell(lost.id, table.ordered_columns[1].key)) == "lost"
+        assert str(table.get_cell(lost.id, "status")) == "lost"
     assert snapshot([done.run_dir, lost.run_dir]) == before

@@ -92,6 +92,19 @@ class RunRead(Message):
         self.run = run
 
 
+#: the runs table's columns (label, key), in the order of :meth:`RunsScreen._cells`
+RUN_COLUMNS = (
+    ("", "mark"),
+    ("preset", "preset"),
+    ("step", "step"),
+    ("loss", "loss"),
+    ("status", "status"),
+    ("time", "time"),
+    ("GPUs", "gpus"),
+    ("started", "started"),
+)
+STATUS_COLUMN = 4
+
 # ---- the screen -----------------------------------------------------------------------------
 
 
@@ -132,9 +145,10 @@ class RunsScreen(LiveScreen):
     RunsScreen.-tall #runs-presets { height: 16; }
     RunsScreen.-tall #run-plot { height: 20; }
     RunsScreen.-narrow #runs-body { layout: vertical; }
-    RunsScreen.-narrow #runs-left { width: 100%; max-width: 100%; height: 1fr; }
+    RunsScreen.-narrow #runs-left { width: 100%; max-width: 100%; height: 45%; min-height: 11; }
     RunsScreen.-narrow #runs-right { height: 1fr; }
-    RunsScreen.-narrow #runs-presets { height: 7; }
+    RunsScreen.-narrow #runs-presets { height: 5; }
+    RunsScreen.-narrow #runs-table { min-height: 6; }
     RunsScreen.-narrow #runs-preset-info { display: none; }
     RunsScreen.-narrow.-short #run-plot { display: none; }
     """
@@ -182,8 +196,10 @@ class RunsScreen(LiveScreen):
         self.query_one("#runs-presets", OptionList).border_title = "Presets (l launches)"
         table = self.query_one("#runs-table", DataTable)
         table.border_title = "Runs (x stops · space marks · v compares)"
-        # Step and loss before the rest: a narrow table keeps them in view.
-        table.add_columns("", "status", "preset", "step", "loss", "time", "GPUs", "started")
+        # Preset, step and loss first: a narrow table keeps them in view (the
+        # selected run's status is in the run pane too).
+        for label, key in RUN_COLUMNS:
+            table.add_column(label, key=key)
         self.query_one("#run-log", RunLog).border_title = "Log"
         self.ui.start(self)
         self.show_presets()
@@ -317,10 +333,10 @@ class RunsScreen(LiveScreen):
         step_text = "-" if step is None else (f"{step}/{total}" if total else str(step))
         return (
             "✓" if v.marked else "",
-            v.status_text(),
             v.preset or v.title or "?",
             step_text,
             fmt_value(s.final_loss),
+            v.status_text(),
             fmt_duration(v.elapsed_s(now)) if not v.active else "",
             ",".join(map(str, v.gpus)) or "-",
             started,
@@ -377,7 +393,7 @@ class RunsScreen(LiveScreen):
     @staticmethod
     def _styled(cells: tuple[str, ...], v: RunView) -> list[Text | str]:
         out: list[Text | str] = list(cells)
-        out[1] = Text(cells[1], style=STATUS_STYLE.get(v.status, ""))
+        out[STATUS_COLUMN] = Text(cells[STATUS_COLUMN], style=STATUS_STYLE.get(v.status, ""))
         return out
 
     def _sync_selection(self) -> None:
