@@ -522,6 +522,19 @@ class DashboardApp(App[int]):
                 out.append(Binding(entry.key, f"switch_to('{entry.mode}')", entry.title))
         return [self.remapped(b) for b in out]
 
+    def screen_bindings(self) -> list[tuple[str, list[Binding]]]:
+        """Each added screen's title and the keys its footer shows (remapped), for help."""
+        out = []
+        for entry in self._modes_in_use:
+            if entry.mode in BUILTIN_MODES:
+                continue
+            cls = _resolve(entry.factory)
+            bindings = getattr(cls, "BINDINGS", None) or []
+            keys = [self.remapped(b) for b in bindings if isinstance(b, Binding) and b.show]
+            if keys:
+                out.append((entry.title, keys))
+        return out
+
     def remapped(self, binding: Binding) -> Binding:
         """``binding`` with the keys [keys] gives it (itself when not remapped)."""
         keys = self.keymap_config.keymap.get(binding.id or "")

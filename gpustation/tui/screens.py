@@ -286,7 +286,15 @@ class AlertLogScreen(LiveScreen):
         self.query_one("#alert-log", LiveText).show(t, layout=True)
 
 
-KEY_NAMES = {"slash": "/", "escape": "Esc", "question_mark": "?", "plus": "+", "minus": "-"}
+KEY_NAMES = {
+    "slash": "/",
+    "escape": "Esc",
+    "question_mark": "?",
+    "plus": "+",
+    "minus": "-",
+    "space": "Space",
+    "end": "End",
+}
 
 
 class HelpScreen(LiveScreen):
@@ -298,8 +306,10 @@ class HelpScreen(LiveScreen):
 
     def compose(self) -> ComposeResult:
         yield LiveText(id="banner")
-        with ScrollRows(id="help-body"):
+        with ScrollRows(id="help-body"), Columns(id="help-cols"):
+            # Side by side on a wide terminal, one under the other otherwise.
             yield LiveText(self.help_text(), id="help", wrap=True)
+            yield LiveText(self.screens_help_text(), id="help-screens", wrap=True)
         yield LiveText(id="status")
         yield KeysFooter()
 
@@ -326,4 +336,17 @@ class HelpScreen(LiveScreen):
             "error, a GPU lost.\n",
             style="dim",
         )
+        return t
+
+    def screens_help_text(self) -> Text:
+        """The keys of the other screens (runs, control ...), a section each."""
+        t = Text()
+        for title, bindings in self.dash.screen_bindings():
+            t.append(f"On the {title.lower()} screen\n", style="bold")
+            for binding in bindings:
+                key = binding.key_display or KEY_NAMES.get(binding.key, binding.key)
+                t.append(f"  {key:<10}", style="bold cyan")
+                t.append(f"{binding.description}\n")
+            t.append("\n")
+        t.rstrip()
         return t
