@@ -215,3 +215,28 @@ async def test_run_again_opens_the_form_with_the_run_s_settings(
         assert boxes == [False, True]
         await wait_for(pilot, lambda: "--steps 42" in argv(dialog) and "--fast" in argv(dialog))
         await pilot.press("escape")
+
+
+def test_a_saved_preset_keeps_odd_values_and_refuses_bad_names(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    from gpustation.errors import UsageError
+    from gpustation.runs.preset_writer import write_user_preset
+
+    source = RunPreset(
+        name="src",
+        title='Quotes " and \\ and ünïcode',
+        runner="resnet",
+        tags=["a", "b"],
+        env={"NCCL_DEBUG": "WARN"},
+        args={"model": 'x"y', "lr": 1e-4, "sizes": [1, 2], "compile": False},
+    )
+    path = write_user_preset("odd.values_1", source, dict(source.args), [0])
+    loaded, problems = load_preset_file(path)
+    assert problems == [] and loaded is not None
+    assert loaded.title == source.title and loaded.args == source.args
+    assert loaded.env == source.env and loaded.tags == ["a", "b"] and loaded.gpus == [0]
+    for bad in ("", "../x", "a b", "-x"):
+        with pytest.raises(UsageError):
+            write_user_preset(bad, source, {}, None)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["odd.values_1.toml"]

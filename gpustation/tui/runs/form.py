@@ -12,6 +12,7 @@ settings; "run again" opens the form with a past run's settings.
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field, replace
@@ -133,10 +134,14 @@ class ArgsRead(Message):
         self.error = error
 
 
+#: what a terminal would act on (a value can come from a past run's run.json)
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 def _shown_argv(argv: list[str]) -> str:
     # The interpreter's full path says nothing the reader needs.
     shown = ["python" if a == sys.executable else a for a in argv]
-    return shlex.join(shown)
+    return _CONTROL.sub("\ufffd", shlex.join(shown))
 
 
 class LaunchDialog(ModalScreen[LaunchRequest | None]):
@@ -351,8 +356,8 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
                     out[f.key] = widget.value
             elif isinstance(widget, Input):
                 text = widget.value.strip()
-                if not text and f.kind != "str":
-                    continue
+                if not text:
+                    continue  # blank: the preset's value, else the runner's default
                 try:
                     out[f.key] = parse_text(f.kind, text, f.choices)
                 except ValueError as err:
