@@ -203,3 +203,16 @@ def test_fleet_screen(snap_compare, size, gpustation_dirs) -> None:  # type: ign
 
 def test_main_screen_eight_h200(snap_compare) -> None:  # type: ignore[no-untyped-def]
     assert snap_compare(dashboard(count=8, card="h200"), terminal_size=(160, 48), run_before=settle)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_launch_form(snap_compare, size, gpustation_dirs) -> None:  # type: ignore[no-untyped-def]
+    from .test_launch_form import FormApp, preset
+
+    async def opened(pilot: Pilot[Any]) -> None:
+        from gpustation.tui.runs import LaunchDialog
+
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, LaunchDialog))
+        await pilot.pause()
+
+    assert snap_compare(FormApp(preset()), terminal_size=size, run_before=opened)
