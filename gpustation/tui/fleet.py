@@ -270,6 +270,8 @@ class FleetScreen(Screen[None]):
 
     def on_resize(self, event: events.Resize) -> None:
         set_size_classes(self, event.size)
+        if self.is_mounted:
+            self._update_title()
 
     def on_mount(self) -> None:
         set_size_classes(self, self.app.size)
@@ -328,6 +330,11 @@ class FleetScreen(Screen[None]):
         text.append(f"   sorted by {title} {arrow}   Enter: open host", style="dim")
         if any(r.simulated for r in self.rows):
             text.append("  SIMULATED ", style="bold black on yellow")
+        if self.table.virtual_size.width > self.size.width:
+            # The error of a host that is down sits in the last column, off screen now.
+            for row in self.rows:
+                if row.gpu is None and row.error:
+                    text.append(f"\n {row.host} {row.status}: {row_cells(row)['run']}", "red")
         if text != self._title_shown:
             self._title_shown = text
             self.query_one("#fleet-title", Static).update(text)
