@@ -78,6 +78,9 @@ GRAPH_WINDOW_S = 600.0
 #: a pass this overdue (and at least 3 refresh intervals) is shown as stale
 STALE_AFTER_S = 3.0
 STALE_CHECK_S = 1.0
+#: the banner shows a backend's note (why NVML is not used) in full this long,
+#: then on its first line only, cut to fit: it stays true for the whole session
+NOTE_FULL_S = 8.0
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,10 @@ class DashboardApp(App[int]):
         self._notify_alerts = notify_alerts
         self._last_frame_at = time.monotonic()
         self._was_stale = False
+        #: seconds a backend's note is shown in full before it shrinks to one line
+        self.note_full_s = NOTE_FULL_S
+        self.note_collapsed = False
+        self._note_timer: object = None
         #: asked in turn on quit; one that returns True has taken over (asked a question)
         self.quit_hooks: list[Callable[[], bool]] = []
         entries = SCREENS_BY_MODE if screens is None else screens
@@ -326,6 +333,8 @@ class DashboardApp(App[int]):
         self.error = None
         self.frame = frame
         self.history.add(frame.snapshot)
+        if frame.snapshot.note and self._note_timer is None:
+            self._note_timer = self.set_timer(self.note_full_s, self.collapse_note)
         for alert in self.alerts.update(frame.snapshot):
             self._send_alert(alert)
             if not self._notify_alerts:
@@ -347,6 +356,14 @@ class DashboardApp(App[int]):
             self._rearm(self.refresh_s)
 
     # ---- banner and status line ----------------------------------------------
+    def collapse_note(self) -> None:
+        """Show the backend's note on the banner's one line from now on."""
+        self.note_collapsed = True
+        screen = self.screen
+        self.update_chrome(screen)
+        if isinstance(screen, DashboardScreen):
+            screen.relayout()
+
     def banner_text(self, width: int = 200) -> Text:
         snap = self.latest
         t = Text()
@@ -366,7 +383,11 @@ class DashboardApp(App[int]):
             f" · driver {snap.driver_version or 'n/a'}"
             + (f" · CUDA {snap.cuda_driver_version}" if snap.cuda_driver_version else "")
         )
-        if snap.note:
+        if snap.note and self.note_collapsed:
+            note = Text(f" · {snap.note}", style="bold yellow")
+            note.truncate(max(0, width - t.cell_len), overflow="ellipsis")
+            t.append_text(note)
+        elif snap.note:
             t.append(f"\n{snap.note}", style="bold yellow")
         elif snap.simulated:
             hint = "  (simulated GPUs: not your hardware)"
@@ -524,6 +545,19 @@ class DashboardApp(App[int]):
             if entry.mode not in BUILTIN_MODES and entry.mode not in known:
                 out.append(Binding(entry.key, f"switch_to('{entry.mode}')", entry.title))
         return [self.remapped(b) for b in out]
+
+    def screen_bindings(self) -> list[tuple[str, list[Binding]]]:
+        """Each added screen's title and the keys its footer shows (remapped), for help."""
+        out = []
+        for entry in self._modes_in_use:
+            if entry.mode in BUILTIN_MODES:
+                continue
+            cls = _resolve(entry.factory)
+            bindings = getattr(cls, "BINDINGS", None) or []
+            keys = [self.remapped(b) for b in bindings if isinstance(b, Binding) and b.show]
+            if keys:
+                out.append((entry.title, keys))
+        return out
 
     def remapped(self, binding: Binding) -> Binding:
         """``binding`` with the keys [keys] gives it (itself when not remapped)."""

@@ -31,7 +31,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from gpustation.fleet.fleet import (
     COLUMNS,
@@ -47,7 +47,15 @@ from gpustation.fleet.ssh import UP
 from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
 from gpustation.tui.keys import KeymapConfig, apply_keymap, load_keymap
-from gpustation.tui.widgets import GpuCard, HistoryGraph, HostPane, ProcessTable, process_rows
+from gpustation.tui.widgets import (
+    GpuCard,
+    HistoryGraph,
+    HostPane,
+    KeysFooter,
+    ProcessTable,
+    process_rows,
+    set_size_classes,
+)
 
 _NUMERIC = {"temp", "power", "util", "vram"}
 #: columns whose natural first order is "biggest first"
@@ -234,7 +242,7 @@ class FleetScreen(Screen[None]):
     ]
 
     DEFAULT_CSS = """
-    FleetScreen #fleet-title { height: 1; background: $panel; }
+    FleetScreen #fleet-title { height: auto; background: $panel; }
     FleetScreen #fleet-table { height: 1fr; }
     """
 
@@ -255,13 +263,19 @@ class FleetScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Static(id="fleet-title")
         yield FleetTable(COLUMNS, id="fleet-table")
-        yield Footer()
+        yield KeysFooter()
 
     @property
     def table(self) -> FleetTable:
         return self.query_one(FleetTable)
 
+    def on_resize(self, event: events.Resize) -> None:
+        set_size_classes(self, event.size)
+        if self.is_mounted:
+            self._update_title()
+
     def on_mount(self) -> None:
+        set_size_classes(self, self.app.size)
         self.refresh_rows()
         self.table.focus()
         # A tick that finds nothing new costs a tuple comparison, so poll at a
@@ -318,6 +332,11 @@ class FleetScreen(Screen[None]):
         text.append(f"   sorted by {title} {arrow}   Enter: open host", style="dim")
         if any(r.simulated for r in self.rows):
             text.append("  SIMULATED ", style="bold black on yellow")
+        if self.table.virtual_size.width > self.size.width:
+            # The error of a host that is down sits in the last column, off screen now.
+            for row in self.rows:
+                if row.gpu is None and row.error:
+                    text.append(f"\n {row.host} {row.status}: {row_cells(row)['run']}", "red")
         if text != self._title_shown:
             self._title_shown = text
             self.query_one("#fleet-title", Static).update(text)
@@ -378,6 +397,8 @@ class HostScreen(Screen[None]):
     HostScreen #host-pane { width: 38; height: auto; padding: 0 1; }
     HostScreen #host-procs { height: auto; max-height: 16; }
     HostScreen #host-procs DataTable { height: auto; max-height: 14; }
+    HostScreen.-narrow #host-middle { layout: vertical; }
+    HostScreen.-narrow #host-pane { width: 100%; }
     """
 
     def __init__(self, fleet: FleetSource, host: str, history: History) -> None:
@@ -398,9 +419,13 @@ class HostScreen(Screen[None]):
                 yield HistoryGraph(self.history, id="host-graph")
                 yield HostPane(id="host-pane")
             yield ProcessTable(id="host-procs")
-        yield Footer()
+        yield KeysFooter()
+
+    def on_resize(self, event: events.Resize) -> None:
+        set_size_classes(self, event.size)
 
     def on_mount(self) -> None:
+        set_size_classes(self, self.app.size)
         self.refresh_host()
         self.set_interval(0.5, self.refresh_host)
         if callable(getattr(self.fleet, "history", None)):  # a source that keeps history

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
@@ -22,6 +23,7 @@ from gpustation.tui import render
 from gpustation.tui.linecache import KeepsLines
 from gpustation.tui.source import Frame
 from gpustation.tui.widgets import (
+    NARROW_W,
     Caption,
     Columns,
     GpuCard,
@@ -34,6 +36,7 @@ from gpustation.tui.widgets import (
     ScrollRows,
     Tiles,
     process_rows,
+    set_size_classes,
 )
 
 if TYPE_CHECKING:
@@ -63,9 +66,14 @@ class LiveScreen(KeepsLines, Screen[None]):
         return self._chrome
 
     def on_mount(self) -> None:
+        set_size_classes(self, self.app.size)
         self.call_after_refresh(self.on_screen_resume)
 
+    def on_resize(self, event: events.Resize) -> None:
+        set_size_classes(self, event.size)
+
     def on_screen_resume(self) -> None:
+        set_size_classes(self, self.app.size)
         if self.dash.frame is not None:
             self.show_frame(self.dash.frame)
         self.dash.update_chrome(self)
@@ -144,7 +152,13 @@ class DashboardScreen(LiveScreen):
             self.dash.set_metric(event.value)
 
     # ---- layout ----------------------------------------------------------
-    def on_resize(self) -> None:
+    def on_resize(self, event: events.Resize) -> None:
+        # (LiveScreen's handler runs too: Textual calls each class's own.)
+        self.apply_layout()
+
+    def relayout(self) -> None:
+        """Lay the screen out again (the banner's height changed)."""
+        self._layout_key = None
         self.apply_layout()
 
     def apply_layout(self) -> None:
@@ -174,21 +188,31 @@ class DashboardScreen(LiveScreen):
             card.set_class(compact, "-compact")
             card._shown = None
             card.redraw()
+        host = self.query_one(HostPane)
+        cores = 0
+        procs = 0
+        if self.dash.frame is not None:
+            snap = self.dash.frame.snapshot
+            cores = len(snap.host.cpu_per_core_pct)
+            procs = sum(len(g.processes) for g in snap.gpus)
+        narrow = w < NARROW_W
+        self.query_one("#middle").set_class(narrow, "-narrow")
+        host_w = w - 2 if narrow else 38
+        host_h = 8 + max(0, math.ceil(cores / max(8, host_w - 8)) - 1)
+        host.styles.height = host_h
         # Graph rows per GPU from the height left after the fixed parts (banner,
-        # cards, status, footer, a few process rows), between 1 and 5.
-        spare = h - 4 - cards.styles.height.value - 8  # type: ignore[union-attr]
+        # graph bar, status, footer), the cards, the host pane when it sits
+        # below the graph, and a few process rows, so that the process table
+        # stays on screen: between 1 and 5.
+        banner = next(self.query("#banner").results(LiveText), None)
+        banner_h = max(1, banner.line_count) if banner is not None else 1
+        procs_h = 1 + max(1, min(procs, 4))
+        below = host_h if narrow else 0
+        spare = h - banner_h - 3 - cards.styles.height.value - procs_h - below  # type: ignore[union-attr]
         rows = int(max(1, min(5, spare // n - 1)))
         graph = self.query_one(HistoryGraph)
         graph.rows_per_gpu = rows
         graph.styles.height = n * (rows + 1)
-        host = self.query_one(HostPane)
-        cores = 0
-        if self.dash.frame is not None:
-            cores = len(self.dash.frame.snapshot.host.cpu_per_core_pct)
-        narrow = w < 110
-        self.query_one("#middle").set_class(narrow, "-narrow")
-        host_w = w - 2 if narrow else 38
-        host.styles.height = 8 + max(0, math.ceil(cores / max(8, host_w - 8)) - 1)
         self.query_one("#graph-pane").styles.height = n * (rows + 1) + 1
         graph.redraw()
 
@@ -262,7 +286,15 @@ class AlertLogScreen(LiveScreen):
         self.query_one("#alert-log", LiveText).show(t, layout=True)
 
 
-KEY_NAMES = {"slash": "/", "escape": "Esc", "question_mark": "?", "plus": "+", "minus": "-"}
+KEY_NAMES = {
+    "slash": "/",
+    "escape": "Esc",
+    "question_mark": "?",
+    "plus": "+",
+    "minus": "-",
+    "space": "Space",
+    "end": "End",
+}
 
 
 class HelpScreen(LiveScreen):
@@ -274,8 +306,10 @@ class HelpScreen(LiveScreen):
 
     def compose(self) -> ComposeResult:
         yield LiveText(id="banner")
-        with ScrollRows(id="help-body"):
+        with ScrollRows(id="help-body"), Columns(id="help-cols"):
+            # Side by side on a wide terminal, one under the other otherwise.
             yield LiveText(self.help_text(), id="help", wrap=True)
+            yield LiveText(self.screens_help_text(), id="help-screens", wrap=True)
         yield LiveText(id="status")
         yield KeysFooter()
 
@@ -302,4 +336,17 @@ class HelpScreen(LiveScreen):
             "error, a GPU lost.\n",
             style="dim",
         )
+        return t
+
+    def screens_help_text(self) -> Text:
+        """The keys of the other screens (runs, control ...), a section each."""
+        t = Text()
+        for title, bindings in self.dash.screen_bindings():
+            t.append(f"On the {title.lower()} screen\n", style="bold")
+            for binding in bindings:
+                key = binding.key_display or KEY_NAMES.get(binding.key, binding.key)
+                t.append(f"  {key:<10}", style="bold cyan")
+                t.append(f"{binding.description}\n")
+            t.append("\n")
+        t.rstrip()
         return t

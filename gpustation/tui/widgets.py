@@ -50,8 +50,79 @@ class Caption(KeepsLines, Label):
     """A ``Label`` that keeps its lines."""
 
 
+#: Terminal sizes where the screens change their layout: each screen gets the
+#: classes ``-narrow`` (fewer columns than NARROW_W), ``-wide`` (WIDE_W or more),
+#: ``-short`` (fewer rows than SHORT_H) and ``-tall`` (TALL_H or more), and its
+#: stylesheet says what changes; the sizes themselves stay in CSS (fr, max-width).
+NARROW_W, WIDE_W = 100, 160
+SHORT_H, TALL_H = 32, 56
+
+
+def set_size_classes(node: Widget, size: Size) -> None:
+    """Give ``node`` (a screen) the size classes for a terminal of ``size``."""
+    if not size.width:
+        return
+    node.set_class(size.width < NARROW_W, "-narrow")
+    node.set_class(size.width >= WIDE_W, "-wide")
+    node.set_class(size.height < SHORT_H, "-short")
+    node.set_class(size.height >= TALL_H, "-tall")
+
+
+#: app keys in the order the footer shows them, after the screen's own keys:
+#: moving between screens and quitting before the rest
+APP_KEY_ORDER = (
+    "quit",
+    "show_help",
+    "switch_to",
+    "show_topology",
+    "show_alerts",
+    "toggle_pause",
+    "cycle_metric",
+    "slower",
+    "faster",
+)
+#: keys left out of a footer narrower than WIDE_W (help and the palette list them;
+#: the dashboard has a metric selector)
+MINOR_ACTIONS = frozenset({"cycle_metric", "slower", "faster"})
+
+
 class KeysFooter(KeepsLines, Footer):
-    """The ``Footer``, keeping its lines between key changes."""
+    """The ``Footer``, keeping its lines between key changes.
+
+    The screen's own keys come first, then the app's in :data:`APP_KEY_ORDER`;
+    below WIDE_W columns the keys are drawn compact and the minor ones left out,
+    below NARROW_W the palette key too (Ctrl+P still opens it).
+    """
+
+    _size_band: int | None = None
+
+    def _band(self) -> int:
+        width = self.app.size.width
+        return 0 if width < NARROW_W else 1 if width < WIDE_W else 2
+
+    def compose(self) -> ComposeResult:
+        band = self._size_band = self._band()
+        self.compact = band < 2
+        self.set_reactive(Footer.show_command_palette, band > 0)
+        later: list[tuple[int, int, Widget]] = []
+        for widget in super().compose():
+            action = getattr(widget, "action", None)
+            if not isinstance(action, str) or widget.has_class("-grouped", "-command-palette"):
+                yield widget  # groups keep their place: their keys sit inside them
+                continue
+            name = action.partition("(")[0]
+            if band < 2 and name in MINOR_ACTIONS:
+                continue
+            if name in APP_KEY_ORDER:
+                later.append((APP_KEY_ORDER.index(name), len(later), widget))
+            else:
+                yield widget
+        for _, _, widget in sorted(later, key=lambda item: item[:2]):
+            yield widget
+
+    def on_resize(self) -> None:
+        if self._size_band is not None and self._band() != self._size_band:
+            self.call_after_refresh(self.recompose)
 
 
 class LiveText(KeepsLines, Widget):

@@ -245,6 +245,31 @@ async def test_when_nvml_cannot_start_the_dashboard_runs_on_simulated_gpus_and_s
     source.close()
 
 
+async def test_the_nvml_note_shrinks_to_the_banner_s_one_line_after_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gpustation.telemetry.nvml as nvml
+
+    def no_driver(**_: object) -> None:
+        raise NoDriverError("NVML could not start: " + "a long reason " * 20)
+
+    monkeypatch.setattr(nvml, "NvmlBackend", no_driver)
+    source = DataSource(lambda: open_backend(fallback_to_sim=True), hostname="laptop")
+    app = DashboardApp(source, refresh_s=10.0)
+    app.note_full_s = 0.3
+    async with app.run_test(size=(100, 30)) as pilot:
+        await first_frame(pilot)
+        banner = app.screen.query_one("#banner")
+        assert banner.size.height >= 3  # in full at first
+        await wait_for(pilot, lambda: banner.size.height == 1)
+        line = text_of(app, "#banner")
+        assert "SIMULATED" in line and "NVML could not start" in line and line.endswith("…")
+        # the rows it gave back go to the screen: the process table is still in view
+        table = app.screen.query_one("#proc-table")
+        assert table.region.bottom <= app.screen.size.height - 2
+    source.close()
+
+
 async def test_process_table_sorts_and_filters() -> None:
     app, backend = make_app(count=2)
     for i in (0, 1):
@@ -298,6 +323,28 @@ async def test_layout_adapts_to_terminal_size_and_gpu_count(size, count, compact
         assert len(xs) == columns
         # every card shows its own GPU's name and temperature, not a placeholder
         assert all(("RTX 4090" in c.plain and " C" in c.plain) or "C " in c.plain for c in cards)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (100, 30), (160, 48), (220, 60)])
+async def test_the_process_table_and_the_screen_s_keys_stay_in_view(size) -> None:  # type: ignore[no-untyped-def]
+    from textual.widgets._footer import FooterKey
+
+    from gpustation.tui.app import SCREENS_BY_MODE
+
+    app, _ = make_app(count=2, screens=SCREENS_BY_MODE)
+    async with app.run_test(size=size) as pilot:
+        await first_frame(pilot)
+        await pilot.pause()
+        table = app.screen.query_one("#proc-table")
+        # the header and the first process row are above the status line
+        assert table.region.y + 2 <= size[1] - 2
+        keys = [k.key for k in app.screen.query(FooterKey) if not k.has_class("-command-palette")]
+        assert keys[:3] == ["k", "slash", "s"]  # the screen's own keys first
+        footer_w = sum(k.outer_size.width for k in app.screen.query(FooterKey))
+        if size[0] >= 100:
+            # every screen switch fits (at 100x30 c and r used to drop off the end)
+            assert {"c", "r", "t", "a", "p", "q"} <= set(keys)
+            assert footer_w <= size[0]
 
 
 async def test_command_palette_lists_the_dashboard_actions() -> None:

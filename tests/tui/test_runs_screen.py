@@ -18,7 +18,7 @@ from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.screen import Screen
 from textual.selection import Selection
-from textual.widgets import DataTable, Input, Label, OptionList
+from textual.widgets import Button, Checkbox, DataTable, Input, Label, OptionList, Static
 from textual.widgets._footer import FooterKey
 
 from gpustation.runs import rundir
@@ -49,6 +49,7 @@ from .conftest import make_app as make_dashboard
 
 pytestmark = pytest.mark.timeout(120)
 
+PRESET, STATUS = 1, 4  # the runs table's columns
 RUNS_ENTRY = next(e for e in SCREENS_BY_MODE if e.mode == "runs")
 
 
@@ -204,6 +205,14 @@ async def highlight_preset(pilot: Pilot[Any], name: str) -> None:
     raise AssertionError(f"preset {name} not in the list")
 
 
+def gpu_boxes(dialog: LaunchDialog) -> list[bool]:
+    return [box.value for box in dialog.query("#launch-gpus Checkbox").results(Checkbox)]
+
+
+def argv_shown(dialog: LaunchDialog) -> str:
+    return str(dialog.query_one("#launch-argv", Static).render())
+
+
 async def launch_by_key(pilot: Pilot[Any], name: str, **values: str) -> RunView:
     """Highlight ``name``, press l, fill the form, Enter; return the new run's view."""
     app: DashboardApp = pilot.app  # type: ignore[assignment]
@@ -236,7 +245,7 @@ async def test_launch_by_key_follow_log_and_curve_then_stop(presets: dict[str, A
         assert isinstance(dialog, LaunchDialog)
         # The form lists the preset's arguments with their defaults, and the GPUs.
         assert dialog.query_one("#arg-0", Input).value == "100000"
-        assert dialog.query_one("#launch-gpus", Input).value == "0"
+        assert gpu_boxes(dialog) == [True, False]
         # The fields take keys; a bad value is refused inline, typed by the preset's default.
         steps = dialog.query_one("#arg-0", Input)
         await wait_for(pilot, lambda: steps.has_focus and steps.size.width >= 20)
@@ -247,8 +256,13 @@ async def test_launch_by_key_follow_log_and_curve_then_stop(presets: dict[str, A
         assert isinstance(app.screen, LaunchDialog)
         error = str(dialog.query_one("#launch-error", Label).render())
         assert "expected a whole number" in error, error
-        await pilot.press(*["backspace"] * 4, *"100000", "tab", "tab", "backspace", "1")
-        assert dialog.query_one("#launch-gpus", Input).value == "1"
+        assert dialog.query_one("#launch", Button).disabled
+        await pilot.press(*["backspace"] * 4, *"100000")
+        assert not dialog.query_one("#launch", Button).disabled
+        dialog.query_one("#gpu-0", Checkbox).value = False
+        dialog.query_one("#gpu-1", Checkbox).value = True
+        await wait_for(pilot, lambda: "CUDA_VISIBLE_DEVICES=1 " in argv_shown(dialog))
+        steps.focus()
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, RunsScreen))
         await wait_for(pilot, lambda: bool(ui.live_active()), timeout=40)
@@ -282,7 +296,7 @@ async def test_launch_by_key_follow_log_and_curve_then_stop(presets: dict[str, A
         await wait_for(pilot, lambda: not alive(pids), timeout=20)
         await wait_for(pilot, lambda: view.id in ui.history_ids)
         table = app.screen.query_one("#runs-table", DataTable)
-        assert str(table.get_cell(view.id, table.ordered_columns[1].key)) == "stopped"
+        assert str(table.get_cell(view.id, "status")) == "stopped"
 
 
 async def test_two_runs_at_once_and_a_finished_run_lands_in_the_history(
@@ -298,9 +312,9 @@ async def test_two_runs_at_once_and_a_finished_run_lands_in_the_history(
         assert long.active
         await wait_for(pilot, lambda: short.id in ui.history_ids, timeout=20)
         table = app.screen.query_one("#runs-table", DataTable)
-        rows = [str(table.get_row_at(i)[2]) for i in range(table.row_count)]
+        rows = [str(table.get_row_at(i)[PRESET]) for i in range(table.row_count)]
         status = {
-            str(table.get_row_at(i)[2]) + str(i): str(table.get_row_at(i)[1])
+            str(table.get_row_at(i)[PRESET]) + str(i): str(table.get_row_at(i)[STATUS])
             for i in range(table.row_count)
         }
         # Active first, then the history.
@@ -669,5 +683,5 @@ async def test_the_screen_reads_finished_and_lost_runs_without_writing(
             table.move_cursor(row=table.get_row_index(run_id))
             await wait_for(pilot, lambda run_id=run_id: ui.selected == run_id)
             await wait_for(pilot, lambda: "trainer done" in log_text(app))
-        assert str(table.get_cell(lost.id, table.ordered_columns[1].key)) == "lost"
+        assert str(table.get_cell(lost.id, "status")) == "lost"
     assert snapshot([done.run_dir, lost.run_dir]) == before

@@ -1,24 +1,43 @@
-"""Appearance of the main and topology screens, compared with stored SVGs.
+"""Appearance of every screen at four terminal sizes, compared with stored SVGs.
 
 Deterministic: simulated GPUs with a frozen clock and seed, a fixed host
-sample and hostname, a pre-filled history, one sampling pass and no re-arm.
-Update after an intended change with ``pytest tests/tui --snapshot-update``.
+sample and hostname, a pre-filled history, one sampling pass and no re-arm;
+the runs screen reads past runs written with fixed files (times in UTC); the
+fleet is a fake one with fixed host states. Update after an intended change
+with ``pytest tests/tui/test_snapshots.py --snapshot-update``.
 """
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from textual.pilot import Pilot
 
-from .conftest import first_frame, make_app
+from gpustation.fleet.ssh import DOWN, UP, HostState
+from gpustation.runs.presets import load_presets
+from gpustation.telemetry.sim import SimBackend
+from gpustation.tui.app import SCREENS_BY_MODE
+from gpustation.tui.fleet import FleetApp, FleetScreen
+from gpustation.tui.runs import LossPlot, runs_ui
+from gpustation.tui.source import DataSource
+
+from .conftest import BUILTIN_SCREENS, Clock, first_frame, fixed_host, make_app, wait_for
+from .pastruns import write_run
 
 pytestmark = pytest.mark.timeout(180)
 
+SIZES = [(80, 24), (100, 30), (160, 48), (220, 60)]
+IDS = ["80x24", "100x30", "160x48", "220x60"]
+ENTRY = {e.mode: e for e in SCREENS_BY_MODE}
 
-def dashboard(count: int = 2, card: str = "rtx4090"):  # type: ignore[no-untyped-def]
-    app, _ = make_app(count=count, card=card, prefill=300, notify_alerts=False)
+
+def dashboard(count: int = 2, card: str = "rtx4090", screens: Any = None):  # type: ignore[no-untyped-def]
+    app, _ = make_app(
+        count=count, card=card, prefill=300, notify_alerts=False, screens=screens or BUILTIN_SCREENS
+    )
     app.paused = True  # one pass, then nothing moves
     return app
 
@@ -28,22 +47,172 @@ async def settle(pilot: Pilot[Any]) -> None:
     await pilot.pause()
 
 
-async def on_topology(pilot: Pilot[Any]) -> None:
-    await settle(pilot)
-    await pilot.press("t")
-    await pilot.pause()
-    await pilot.pause()
+def after(key: str):  # type: ignore[no-untyped-def]
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await settle(pilot)
+        await pilot.press(key)
+        await pilot.pause()
+        await pilot.pause()
+
+    return run_before
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+@pytest.mark.parametrize("size", SIZES, ids=IDS)
 def test_main_screen(snap_compare, size) -> None:  # type: ignore[no-untyped-def]
     assert snap_compare(dashboard(), terminal_size=size, run_before=settle)
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+@pytest.mark.parametrize("size", SIZES, ids=IDS)
 def test_topology_screen(snap_compare, size) -> None:  # type: ignore[no-untyped-def]
-    assert snap_compare(dashboard(count=4), terminal_size=size, run_before=on_topology)
+    assert snap_compare(dashboard(count=4), terminal_size=size, run_before=after("t"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=IDS)
+def test_help_screen(snap_compare, size) -> None:  # type: ignore[no-untyped-def]
+    app = dashboard(screens=[*BUILTIN_SCREENS, ENTRY["control"], ENTRY["runs"]])
+    assert snap_compare(app, terminal_size=size, run_before=after("question_mark"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=IDS)
+def test_control_screen(snap_compare, size, gpustation_dirs) -> None:  # type: ignore[no-untyped-def]
+    app = dashboard(screens=[*BUILTIN_SCREENS, ENTRY["control"]])
+    assert snap_compare(app, terminal_size=size, run_before=after("c"))
+
+
+@pytest.fixture
+def past_runs(gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Three finished runs of shipped presets, with fixed files; local time is UTC."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    presets, _ = load_presets()
+    root = gpustation_dirs["data"] / "runs"
+    ids = []
+    for n, (name, overrides, status, code) in enumerate(
+        [
+            ("resnet50-bf16", {"batch_size": 192}, "failed", 75),
+            ("lora-tiny", {}, "succeeded", 0),
+            ("resnet50-bf16", {}, "succeeded", 0),
+        ]
+    ):
+        run_id = f"{name}-2023111{4 + n}-2213{20 + n}-ab1{n}"
+        write_run(
+            root,
+            run_id,
+            presets[name],
+            overrides=overrides,
+            gpus=[n % 2],
+            status=status,
+            exit_code=code,
+            started_at=1_700_000_000.0 + n * 86_400,
+            steps=150 if status == "succeeded" else 60,
+        )
+        ids.append(run_id)
+    yield ids
+    monkeypatch.delenv("TZ")
+    time.tzset()
+
+
+async def on_runs(pilot: Pilot[Any]) -> None:
+    await settle(pilot)
+    app = pilot.app
+    await pilot.press("r")
+    ui = runs_ui(app)  # type: ignore[arg-type]
+    await wait_for(pilot, lambda: ui.presets is not None and len(ui.history_ids) == 3)
+    # the newest run is selected: its log and curve are read
+    await wait_for(pilot, lambda: ui.selected is not None and ui.views[ui.selected].loaded)
+    view = ui.views[ui.selected]  # type: ignore[index]
+    await wait_for(pilot, lambda: bool(view.lines) and bool(view.losses[0]))
+    plot = app.screen.query_one(LossPlot)
+    await wait_for(pilot, lambda: plot.draws >= 1 or not plot.size.height)
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("size", SIZES, ids=IDS)
+def test_runs_screen(snap_compare, size, past_runs) -> None:  # type: ignore[no-untyped-def]
+    app = dashboard(screens=[*BUILTIN_SCREENS, ENTRY["runs"]])
+    assert snap_compare(app, terminal_size=size, run_before=on_runs)
+
+
+# ---- the fleet ----------------------------------------------------------------------------
+
+NOW = 1_000_000.0
+
+
+def _snapshot(host: str, count: int, card: str):  # type: ignore[no-untyped-def]
+    clock = Clock()
+    backend = SimBackend(count=count, card=card, seed=0, state_path=None, clock=clock)
+    source = DataSource(lambda: backend, host_source=fixed_host, hostname=host, clock=clock)
+    return source.sample().snapshot
+
+
+class FakeFleet:
+    """A fleet with fixed states: two hosts up (simulated GPUs), one down."""
+
+    def __init__(self) -> None:
+        up = {"gpu-a": _snapshot("gpu-a", 2, "rtx4090"), "gpu-b": _snapshot("gpu-b", 4, "h200")}
+        self._states = [
+            HostState(name, UP, snap, None, NOW - 1, NOW - 60, None, 1, 1.0)
+            for name, snap in up.items()
+        ] + [
+            HostState(
+                "lab-7",
+                DOWN,
+                None,
+                "ssh: connect to host lab-7 port 22: Connection refused",
+                None,
+                None,
+                NOW + 12,
+                3,
+                1.0,
+            )
+        ]
+
+    @property
+    def hosts(self) -> list[str]:
+        return [st.name for st in self._states]
+
+    def start(self) -> FakeFleet:
+        return self
+
+    def close(self) -> None:
+        pass
+
+    def states(self) -> list[HostState]:
+        return list(self._states)
+
+    def state(self, host: str) -> HostState:
+        return next(st for st in self._states if st.name == host)
+
+    def rows(self, now: float | None = None) -> list[Any]:
+        from gpustation.fleet.fleet import rows_from_states
+
+        return rows_from_states(self._states, NOW)
+
+
+async def on_fleet(pilot: Pilot[Any]) -> None:
+    app = pilot.app
+    await wait_for(pilot, lambda: isinstance(app.screen, FleetScreen) and len(app.screen.rows) == 7)
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("size", SIZES, ids=IDS)
+def test_fleet_screen(snap_compare, size, gpustation_dirs) -> None:  # type: ignore[no-untyped-def]
+    app = FleetApp([], fleet=FakeFleet())  # type: ignore[arg-type]
+    assert snap_compare(app, terminal_size=size, run_before=on_fleet)
 
 
 def test_main_screen_eight_h200(snap_compare) -> None:  # type: ignore[no-untyped-def]
     assert snap_compare(dashboard(count=8, card="h200"), terminal_size=(160, 48), run_before=settle)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_launch_form(snap_compare, size, gpustation_dirs) -> None:  # type: ignore[no-untyped-def]
+    from .test_launch_form import FormApp, preset
+
+    async def opened(pilot: Pilot[Any]) -> None:
+        from gpustation.tui.runs import LaunchDialog
+
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, LaunchDialog))
+        await pilot.pause()
+
+    assert snap_compare(FormApp(preset()), terminal_size=size, run_before=opened)

@@ -13,7 +13,6 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
-from textual.widgets import Footer
 
 from gpustation.control.live import PollReport
 from gpustation.telemetry.model import GpuSample
@@ -32,7 +31,7 @@ from gpustation.tui.control.ui import (
 )
 from gpustation.tui.screens import LiveScreen
 from gpustation.tui.source import Frame
-from gpustation.tui.widgets import LiveText
+from gpustation.tui.widgets import KeysFooter, LiveText
 
 
 class ControlScreen(LiveScreen):
@@ -52,12 +51,16 @@ class ControlScreen(LiveScreen):
         Binding("escape", "app.show_dashboard", "Back", id="control.back"),
     ]
     DEFAULT_CSS = """
-    #control-body { height: 1fr; }
-    #control-left { width: 1fr; min-width: 50; }
+    #control-body { height: 1fr; layout: vertical; }
+    #control-left { width: 100%; height: 1fr; }
     #control-gpus { height: auto; padding: 0 1; }
     #control-profiles { height: auto; padding: 1 1 0 1; }
     #control-state { height: auto; padding: 1 1 0 1; }
-    #fan-plot { width: 1fr; height: 1fr; min-height: 12; }
+    #fan-plot { width: 100%; height: 12; min-height: 6; }
+    ControlScreen.-short #fan-plot { height: 8; }
+    ControlScreen.-wide #control-body { layout: horizontal; }
+    ControlScreen.-wide #control-left { width: 1fr; min-width: 40; }
+    ControlScreen.-wide #fan-plot { width: 1fr; height: 1fr; min-height: 12; }
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -73,12 +76,13 @@ class ControlScreen(LiveScreen):
         yield LiveText(id="banner")
         with Horizontal(id="control-body"):
             with VerticalScroll(id="control-left"):
-                yield LiveText(id="control-gpus")
-                yield LiveText(id="control-profiles")
-                yield LiveText(id="control-state")
+                # Wrapped: a narrow terminal folds a line, never cuts it.
+                yield LiveText(id="control-gpus", wrap=True)
+                yield LiveText(id="control-profiles", wrap=True)
+                yield LiveText(id="control-state", wrap=True)
             yield FanCurvePlot(id="fan-plot")
         yield LiveText(id="status")
-        yield Footer()
+        yield KeysFooter()
 
     def show_frame(self, frame: Frame) -> None:
         self.redraw()

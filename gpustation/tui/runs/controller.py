@@ -253,6 +253,10 @@ class RunsUI:
             presets, problems = {}, [PresetProblem("presets", f"{type(err).__name__}: {err}")]
         self._post(PresetsLoaded(presets, problems))
 
+    def reload_presets(self) -> None:
+        """Read the presets again (one was saved)."""
+        self._worker(self._load_presets, "presets")
+
     def presets_loaded(self, message: PresetsLoaded) -> None:
         self.presets = message.presets
         self.problems = message.problems

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import DataTable, OptionList
 from textual.widgets.option_list import Option
@@ -39,6 +41,7 @@ from gpustation.tui.runs.controller import (
     runs_ui,
 )
 from gpustation.tui.runs.dialogs import LaunchDialog, LaunchRequest, StopRunDialog
+from gpustation.tui.runs.form import Prefill, prefill_of, preset_of
 from gpustation.tui.runs.model import (
     FLOOD_FLUSH_S,
     FLOOD_LINES,
@@ -82,6 +85,27 @@ def freeze_heap() -> bool:
     return True
 
 
+class RunRead(Message):
+    """A run's ``run.json`` (None: unreadable), read for "run again"."""
+
+    def __init__(self, run: dict[str, Any] | None) -> None:
+        super().__init__()
+        self.run = run
+
+
+#: the runs table's columns (label, key), in the order of :meth:`RunsScreen._cells`
+RUN_COLUMNS = (
+    ("", "mark"),
+    ("preset", "preset"),
+    ("step", "step"),
+    ("loss", "loss"),
+    ("status", "status"),
+    ("time", "time"),
+    ("GPUs", "gpus"),
+    ("started", "started"),
+)
+STATUS_COLUMN = 4
+
 # ---- the screen -----------------------------------------------------------------------------
 
 
@@ -93,14 +117,17 @@ class RunsScreen(LiveScreen):
         Binding("x", "stop", "Stop run", id="runs.stop"),
         Binding("space", "mark", "Mark", id="runs.mark"),
         Binding("v", "compare", "Compare", id="runs.compare"),
+        Binding("g", "run_again", "Run again", id="runs.again"),
         Binding("end", "follow", "Follow log", priority=True, id="runs.follow"),
         Binding("j", "cursor(1)", "Down", show=False, id="runs.down"),
         Binding("k", "cursor(-1)", "Up", show=False, id="runs.up"),
         Binding("escape", "app.show_dashboard", "Back", id="runs.back"),
     ]
+    # The presets pane takes 40 % of the width up to 64 columns; below 100
+    # columns the panes stack. Short terminals get smaller lists and plot.
     DEFAULT_CSS = """
     #runs-body { height: 1fr; }
-    #runs-left { width: 62; min-width: 40; }
+    #runs-left { width: 40%; min-width: 36; max-width: 64; }
     #runs-presets { height: 12; border: round $panel; }
     #runs-presets:focus { border: round $accent; }
     #runs-preset-info { height: 3; padding: 0 1; color: $text-muted; }
@@ -114,6 +141,17 @@ class RunsScreen(LiveScreen):
     #run-log { height: 1fr; border: round $panel; }
     #run-log:focus { border: round $accent; }
     #run-log-hint { height: 1; padding: 0 1; }
+    RunsScreen.-short #runs-presets { height: 8; }
+    RunsScreen.-short #run-plot { height: 9; }
+    RunsScreen.-tall #runs-presets { height: 16; }
+    RunsScreen.-tall #run-plot { height: 20; }
+    RunsScreen.-narrow #runs-body { layout: vertical; }
+    RunsScreen.-narrow #runs-left { width: 100%; max-width: 100%; height: 45%; min-height: 11; }
+    RunsScreen.-narrow #runs-right { height: 1fr; }
+    RunsScreen.-narrow #runs-presets { height: 5; }
+    RunsScreen.-narrow #runs-table { min-height: 6; }
+    RunsScreen.-narrow #runs-preset-info { display: none; }
+    RunsScreen.-narrow.-short #run-plot { display: none; }
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -144,7 +182,8 @@ class RunsScreen(LiveScreen):
                 yield LiveText(id="runs-problems", wrap=True)
                 yield RunsTable(id="runs-table", cursor_type="row", zebra_stripes=False)
             with Vertical(id="runs-right"):
-                yield LiveText(id="run-header")
+                # Wrapped: a long title and run id go on to the next line, never cut.
+                yield LiveText(id="run-header", wrap=True)
                 yield LiveText(id="run-gpus")
                 yield LossPlot(id="run-plot")
                 # One more than a run keeps: room for the "earlier lines" note.
@@ -158,7 +197,10 @@ class RunsScreen(LiveScreen):
         self.query_one("#runs-presets", OptionList).border_title = "Presets (l launches)"
         table = self.query_one("#runs-table", DataTable)
         table.border_title = "Runs (x stops · space marks · v compares)"
-        table.add_columns("", "status", "preset", "started", "time", "GPUs", "step", "loss")
+        # Preset, step and loss first: a narrow table keeps them in view (the
+        # selected run's status is in the run pane too).
+        for label, key in RUN_COLUMNS:
+            table.add_column(label, key=key)
         self.query_one("#run-log", RunLog).border_title = "Log"
         self.ui.start(self)
         self.show_presets()
@@ -169,6 +211,10 @@ class RunsScreen(LiveScreen):
 
     def on_unmount(self) -> None:
         self.ui.close()
+
+    def on_resize(self, event: events.Resize) -> None:
+        # The preset lines are cut to the list's width: cut them again for the new one.
+        self.call_after_refresh(self.show_presets)
 
     def on_screen_resume(self) -> None:
         super().on_screen_resume()
@@ -226,10 +272,11 @@ class RunsScreen(LiveScreen):
         highlighted = options.highlighted
         options.clear_options()
         width = max(20, options.content_region.width or 56)
+        name_w = min(24, max((len(p.name) for p in ui.presets.values()), default=0))
         entries = []
         for p in ui.presets.values():
             # One line per preset: a wrapped title would make the list hard to scan.
-            label = Text.assemble((f"{p.name:<24}", "bold"), " ", (p.title or "", "dim"))
+            label = Text.assemble((f"{p.name:<{name_w}}", "bold"), "  ", (p.title or "", "dim"))
             label.truncate(width, overflow="ellipsis")
             entries.append(Option(label, id=p.name))
         options.add_options(entries)
@@ -287,13 +334,13 @@ class RunsScreen(LiveScreen):
         step_text = "-" if step is None else (f"{step}/{total}" if total else str(step))
         return (
             "✓" if v.marked else "",
-            v.status_text(),
             v.preset or v.title or "?",
-            started,
-            fmt_duration(v.elapsed_s(now)) if not v.active else "",
-            gpus_text(v.summary),
             step_text,
             fmt_value(s.final_loss),
+            v.status_text(),
+            fmt_duration(v.elapsed_s(now)) if not v.active else "",
+            gpus_text(v.summary),
+            started,
         )
 
     def runs_changed(self, table: bool, selected: bool, select: str | None = None) -> None:
@@ -347,7 +394,7 @@ class RunsScreen(LiveScreen):
     @staticmethod
     def _styled(cells: tuple[str, ...], v: RunView) -> list[Text | str]:
         out: list[Text | str] = list(cells)
-        out[1] = Text(cells[1], style=STATUS_STYLE.get(v.status, ""))
+        out[STATUS_COLUMN] = Text(cells[STATUS_COLUMN], style=STATUS_STYLE.get(v.status, ""))
         return out
 
     def _sync_selection(self) -> None:
@@ -480,6 +527,10 @@ class RunsScreen(LiveScreen):
         if preset is None:
             self.notify("No preset selected.", severity="warning")
             return
+        self.open_form(preset)
+
+    def open_form(self, preset: RunPreset, prefill: Prefill | None = None) -> None:
+        """The launch form for ``preset`` (with a past run's settings, for run again)."""
         snap = self.dash.latest
         device_count: int | None = None
         if snap is not None and snap.gpus:
@@ -490,7 +541,31 @@ class RunsScreen(LiveScreen):
                 self.ui.launch(request.preset, request.overrides, request.gpus)
                 self.runs_changed(False, True)
 
-        self.app.push_screen(LaunchDialog(preset, device_count), chosen)
+        self.app.push_screen(LaunchDialog(preset, device_count, prefill), chosen)
+
+    def action_run_again(self) -> None:
+        """Open the launch form with the selected run's preset, arguments and GPUs."""
+        view = self.current_view()
+        if view is None:
+            self.notify("Select a run first.", severity="warning")
+            return
+        run_dir = view.run_dir
+
+        def job() -> None:
+            from gpustation.runs import rundir
+
+            self.post_message(RunRead(rundir.read_run(run_dir)))
+
+        # run.json is read off the UI thread, like every file of a run.
+        self.app.run_worker(job, thread=True, exit_on_error=False, name="read run.json")
+
+    def on_run_read(self, message: RunRead) -> None:
+        run = message.run
+        preset = preset_of(run or {}, self.ui.presets or {})
+        if run is None or preset is None:
+            self.notify("That run's run.json names no preset.", severity="warning")
+            return
+        self.open_form(preset, prefill_of(run))
 
     def action_stop(self) -> None:
         view = self.current_view()

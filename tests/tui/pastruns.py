@@ -1,0 +1,81 @@
+"""Past runs written as run directories with fixed files (and indexed), for the runs tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gpustation.runs import rundir
+from gpustation.runs.presets import RunPreset
+from gpustation.runs.rundir import RunState
+from gpustation.runs.store import sync_run
+
+
+def write_run(
+    runs_root: Path,
+    run_id: str,
+    preset: RunPreset,
+    *,
+    overrides: dict[str, Any] | None = None,
+    gpus: list[int] | None = None,
+    status: str = "succeeded",
+    started_at: float = 1_700_000_000.0,
+    duration_s: float = 754.0,
+    steps: int = 150,
+    log: list[str] | None = None,
+    exit_code: int | None = 0,
+) -> Path:
+    """A finished run of ``preset`` (with ``overrides`` applied) in ``runs_root/run_id``."""
+    directory = runs_root / run_id
+    directory.mkdir(parents=True)
+    args = {**preset.args, **(overrides or {})}
+    applied = RunPreset(**{**preset.to_dict(), "args": args})
+    run = {
+        "id": run_id,
+        "created_at": started_at,
+        "preset": applied.to_dict(),
+        "overrides": overrides or {},
+        "argv": ["python", "-m", f"gpustation.runners.{preset.runner}"],
+        "gpus": gpus if gpus is not None else [0],
+        "env": {},
+        "cwd": "/home/user",
+        "backend": {"kind": "sim", "simulated": True, "simulate": 2},
+    }
+    rundir.write_json(directory / rundir.RUN_JSON, run)
+    events = []
+    for step in range(10, steps + 1, 10):
+        loss = 7.0 / (1 + step / 15) + 0.05 * ((step * 7) % 5)
+        events.append(
+            {
+                "t": step * 0.5,
+                "step": step,
+                "loss": round(loss, 4),
+                "throughput": 1480.0,
+                "unit": "img/s",
+                "total_steps": steps,
+            }
+        )
+        if step % 50 == 0:
+            events.append({"t": step * 0.5, "step": step, "eval_loss": round(loss * 1.08, 4)})
+    (directory / rundir.METRICS_FILE).write_text("".join(json.dumps(e) + "\n" for e in events))
+    lines = (
+        log
+        if log is not None
+        else [
+            f"step {e['step']} loss {e['loss']:.4f} throughput 1480 img/s"
+            for e in events
+            if "loss" in e
+        ]
+    )
+    (directory / rundir.OUTPUT_LOG).write_text("".join(line + "\n" for line in lines))
+    state = RunState(
+        id=run_id,
+        status=status,
+        started_at=started_at,
+        ended_at=started_at + duration_s,
+        exit_code=exit_code,
+    )
+    rundir.write_state(directory, state)
+    sync_run(directory)
+    return directory
