@@ -426,8 +426,9 @@ def report_step(
     loss: float,
     rate: float | None,
     unit: str,
-    mem_mib: float,
+    mem_mib: float | None,
     lr: float | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> None:
     """One progress report, the same in every training runner: a metrics event
     for gpustation and a line for the log (``rate`` is None during warm-up)."""
@@ -438,13 +439,15 @@ def report_step(
         total_steps=total_steps,
         throughput=rate,
         unit=unit,
-        mem_peak_mib=round(mem_mib, 1),
+        mem_peak_mib=None if mem_mib is None else round(mem_mib, 1),
+        **(extra or {}),
     )
     say(
         f"step {step:>5}/{total_steps}  loss {loss:.4f}  "
         + (f"lr {lr:.2e}  " if lr is not None else "")
         + (f"{fmt_rate(rate)} {unit}  " if rate else "(warm-up)  ")
-        + f"peak mem {mem_mib:,.0f} MiB",
+        + (f"peak mem {mem_mib:,.0f} MiB" if mem_mib is not None else "")
+        + "".join(f"  {k} {v:,.0f}" for k, v in (extra or {}).items() if isinstance(v, float)),
         flush=True,
     )
 
@@ -576,8 +579,12 @@ class StepProfiler:
         if not self.result:
             return {}
         r = self.result
-        keep = {"trace", "profiled_steps", "step_ms", "gpu_idle_pct"}
-        out = {f"profile_{k}" if not k.startswith("profile") else k: r[k] for k in keep if k in r}
+        out = {
+            "profile_trace": r["trace"],
+            "profile_steps": r["profiled_steps"],
+            "profile_step_ms": r["step_ms"],
+            "profile_gpu_idle_pct": r.get("gpu_idle_pct"),
+        }
         top = r.get("cuda_kernels") or r.get("cpu_ops") or []
         out["profile_top_op"] = top[0]["name"] if top else None
         return out

@@ -29,6 +29,10 @@ TINY_OOM_RUN: dict[str, tuple[str, ...] | str] = {
         "--model", "tiny", "--num-classes", "10", "--image-size", "32", "--source-size", "32",
         "--batch-size", "2", "--steps", "1", "--workers-list", "0", "--precision", "fp32",
     ),
+    "fsdp": (
+        "--model-preset", "tiny", "--seq-len", "16", "--batch-size", "2", "--steps", "2",
+        "--precision", "fp32",
+    ),
     "healthcheck": "no step loop: out of memory in a check is reported as that check failing",
     "infer": (
         "--model-preset", "tiny", "--batch-sizes", "1", "--prompt-len", "8", "--new-tokens", "2",
