@@ -25,6 +25,7 @@ TINY_OOM_RUN: dict[str, tuple[str, ...] | str] = {
         "--workload", "resnet", "--model", "resnet18", "--image-size", "32",
         "--num-classes", "10", "--batch-size", "2", "--steps", "1", "--precision", "fp32",
     ),
+    "burnin": ("--minutes", "0.01"),
     "dataloader": (
         "--model", "tiny", "--num-classes", "10", "--image-size", "32", "--source-size", "32",
         "--batch-size", "2", "--steps", "1", "--workers-list", "0", "--precision", "fp32",
