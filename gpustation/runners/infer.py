@@ -117,18 +117,19 @@ def generate_static(
     """Greedy decoding into a preallocated StaticCache; ``decode`` runs each one-token step
     (the model's forward, or its compiled CUDA-graph version). Same timings as
     :func:`generate_timed`."""
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     cache.reset()
     prompt_len = prompts.shape[1]
     positions = torch.arange(prompt_len, prompt_len + new_tokens, device=device).view(-1, 1, 1)
     common.sync(device)
     t0 = time.perf_counter()
-    out = model(input_ids=prompts, cache=cache, use_cache=True)
+    out = model(input_ids=prompts, use_cache=True, **{key: cache})
     token = out.logits[:, -1].argmax(-1, keepdim=True)
     common.sync(device)
     ttft = time.perf_counter() - t0
     generated = [token]
     for i in range(new_tokens - 1):
-        logits = decode(input_ids=token, position_ids=positions[i], cache=cache, use_cache=True)
+        logits = decode(input_ids=token, position_ids=positions[i], use_cache=True, **{key: cache})
         token = logits.logits[:, -1].argmax(-1, keepdim=True)
         generated.append(token)
     common.sync(device)
