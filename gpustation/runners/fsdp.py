@@ -279,9 +279,12 @@ def _train(args: argparse.Namespace, d: common.Dist) -> int:
     flops_per_token = llm.train_flops_per_token(model, args.seq_len)
     if args.mode == "full":
         flops_per_token *= 1.5  # weight gradients too: 6N instead of 4N
-    common.reset_peak_memory(device)
     applied = shard(model, args, device)
     applied["local_params"] = sum(_local_numel(p) for p in model.parameters())
+    # Peak GPU memory of training, not of the unsharded model before it was sharded
+    # (or, with --offload, moved to the host).
+    common.free_memory(device)
+    common.reset_peak_memory(device)
     if d.is_main:
         out = common.output_dir(args)
         (out / CONFIG_FILE).write_text(accelerate_config_text(args, d.world_size), "utf-8")
