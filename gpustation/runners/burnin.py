@@ -444,7 +444,8 @@ def pcie_test(
     host = (torch.arange(size, dtype=torch.int32) % 251).to(torch.uint8)
     if cuda:
         host = host.pin_memory()
-    back = torch.empty_like(host)
+    # empty_like would give pageable memory: the device->host copies need pinned too.
+    back = torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
     dev = torch.empty(size, dtype=torch.uint8, device=device)
     h2d_s = d2h_s = 0.0
     rounds = 0
