@@ -428,12 +428,14 @@ def find_max_model(args: argparse.Namespace) -> int:
             print(f"skipped: {why}", flush=True)
             metrics.summary(find_max_model=None, skipped=why, device=str(device))
             return common.EXIT_OK
-        deadline = time.monotonic() + args.find_max_seconds
+        t_start = time.monotonic()
         hidden = args.hidden_size or llm.MODEL_PRESETS[args.model_preset]["hidden_size"]
         results: dict[str, Any] = {}
         step_no = 0
-        for offload in (False, True):
+        for phase, offload in enumerate((False, True)):
             key = "offload" if offload else "no_offload"
+            # Each half of the time to one search: offloaded trials are the slow ones.
+            deadline = t_start + args.find_max_seconds * (phase + 1) / 2
             trials: list[dict[str, Any]] = []
             results[key] = {"trials": trials}
             fit: int | None = None
