@@ -631,12 +631,12 @@ def summarize_profile(
             k = kernels.setdefault(evt.name, {"self_ms": 0.0, "calls": 0})
             k["self_ms"] += (end - start) / 1e3
             k["calls"] += 1
-        rows = [
+        rows: list[dict[str, Any]] = [
             {"name": n, "self_ms": v["self_ms"], "calls": int(v["calls"]),
              "share": v["self_ms"] * 1e3 / total_us}
             for n, v in kernels.items()
         ]  # fmt: skip
-        rows.sort(key=lambda r: -r["self_ms"])
+        rows.sort(key=lambda r: -float(r["self_ms"]))
         result["cuda_kernels"] = [_round_row(r) for r in rows[:TOP_OPS]]
         busy, idle = _busy_and_gaps(spans)
         result["gpu_busy_ms"] = round(busy / 1e3, 3)

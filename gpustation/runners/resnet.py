@@ -160,9 +160,8 @@ def make_trainer(
         optimizer.zero_grad(set_to_none=True)
         return total
 
-    if graphs:
-        step = graphed_step(step, device)
-    return Trainer(model=model, raw_model=raw, optimizer=optimizer, step=step)
+    run = graphed_step(step, device) if graphs else step
+    return Trainer(model=model, raw_model=raw, optimizer=optimizer, step=run)
 
 
 def check_cuda_graphs(
