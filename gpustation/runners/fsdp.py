@@ -271,6 +271,9 @@ def _train(args: argparse.Namespace, d: common.Dist) -> int:
     warmup = min(args.warmup_steps, max(0, args.steps - 1))
     if args.offload and device.type != "cuda":
         say("note: --offload is ignored on the CPU (the weights already live in host memory)")
+    if args.compile:
+        say("note: --compile is not applied to the sharded model here; it runs eager")
+        args.compile = False
 
     model, loaded = build_model(args, device)
     total = sum(p.numel() for p in model.parameters())
@@ -370,6 +373,7 @@ def _train(args: argparse.Namespace, d: common.Dist) -> int:
             "batch_size": args.batch_size,
             "seq_len": args.seq_len,
             "precision": args.precision,
+            "compile": False,
             "model": args.model or f"preset:{args.model_preset}",
             "device": str(device),
             **applied,
