@@ -1,6 +1,7 @@
 """The runners against references measured in the same run, on one GPU.
 
     PYTHONUNBUFFERED=1 python bench/gpu_runners.py --out /tmp/gpu_runners.json
+    PYTHONUNBUFFERED=1 python bench/gpu_runners.py --parts figures --out /tmp/gpu_figures.json
 
 Parts (each in its own child processes, each with a time cap, one failure
 never loses the others; results are printed and the JSON rewritten as each
@@ -19,6 +20,23 @@ part finishes):
           the bf16 matmul rate measured in the matmul part.
   infer   the infer runner's batch sweep (p50/p99 latency, tokens/s) against
           ``model.generate`` on the same model, prompts and lengths.
+  fsdp     the fsdp runner (FSDP2, lora mode, one process) against the plain
+           lora runner (lora-tiny preset settings) on the same ~1B model, batch
+           and sequence length; then the same FSDP run with --offload: tokens/s,
+           peak GPU memory and host RSS of each.
+  fsdpmax  ``fsdp --find-max-model``: the largest model (layers at width 4096)
+           that trains on the GPU with and without offload, tokens/s of each.
+  burnin   the burnin runner for 2 minutes: checks in words and the figures.
+  graphs   infer ms/token at batch 1 with and without --cuda-graphs (static
+           KV cache, reduce-overhead), and resnet img/s with and without
+           --cuda-graphs (whole-step capture, eager, small batch).
+  profile  resnet with --profile-steps: the trace, top CUDA kernels by self
+           time and the GPU idle time between kernels.
+
+``--parts classic`` is the first four (the default), ``--parts figures`` the
+last five (about 8 minutes on an H200), ``--parts all`` both. No part changes a
+GPU setting (power limit, clocks, fans, persistence, MIG): they only compute
+and read NVML.
 
 ``--device cpu --tiny`` runs every part at toy sizes to check the script.
 At the end a Markdown summary is printed for bench/RESULTS.md.
@@ -39,7 +57,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-PARTS = ("matmul", "resnet", "lora", "infer")
+CLASSIC = ("matmul", "resnet", "lora", "infer")
+FIGURES = ("burnin", "graphs", "profile", "fsdp", "fsdpmax")
+PARTS = CLASSIC + FIGURES
+GROUPS = {"classic": CLASSIC, "figures": FIGURES, "all": PARTS}
 
 
 # ----------------------------------------------------------------------------- plumbing
@@ -64,7 +85,9 @@ class Budget:
 
 
 # Share of the whole budget each part may use (compile-heavy parts get more).
-PART_WEIGHTS = {"matmul": 0.13, "resnet": 0.36, "lora": 0.38, "infer": 0.13}
+PART_WEIGHTS = {"matmul": 0.13, "resnet": 0.36, "lora": 0.38, "infer": 0.13,
+                "burnin": 0.27, "graphs": 0.24, "profile": 0.05, "fsdp": 0.16,
+                "fsdpmax": 0.28}  # fmt: skip
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -134,7 +157,12 @@ def read_summary(path: Path) -> dict[str, Any] | None:
 
 
 def run_runner(
-    name: str, args: list[str], timeout: float, label: str, workdir: Path
+    name: str,
+    args: list[str],
+    timeout: float,
+    label: str,
+    workdir: Path,
+    ok_codes: tuple[int, ...] = (0,),
 ) -> dict[str, Any] | None:
     """``python -m gpustation.runners.NAME ARGS`` with a metrics file; its summary."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"{label}-", dir=workdir))
@@ -142,7 +170,7 @@ def run_runner(
     env = child_env({"GPUSTATION_METRICS_FILE": str(metrics), "GPUSTATION_RUN_DIR": str(run_dir)})
     rc = run_child([sys.executable, "-m", f"gpustation.runners.{name}", *args], timeout, label, env)
     summary = read_summary(metrics)
-    if rc != 0 or summary is None:
+    if rc not in ok_codes or summary is None:
         raise RuntimeError(f"{label}: exit {rc}, summary {'found' if summary else 'missing'}")
     return summary
 
@@ -515,6 +543,147 @@ def part_infer(cfg: dict[str, Any], res: dict[str, Any], budget: Budget, wd: Pat
         res["generate_reference_error"] = str(exc)
 
 
+def part_fsdp(cfg: dict[str, Any], res: dict[str, Any], budget: Budget, wd: Path) -> None:
+    f = cfg["fsdp"]
+    dev = cfg["device"]
+    prec = "bf16" if dev == "cuda" else "fp32"
+    shape = ["--device", dev, "--model-preset", f["preset"], "--batch-size", str(f["batch"]),
+             "--seq-len", str(f["seq_len"]), "--steps", str(f["warmup"] + f["steps"]),
+             "--warmup-steps", str(f["warmup"]), "--precision", prec,
+             "--log-every", "5"]  # fmt: skip
+    lo = run_runner(
+        "lora",
+        [*shape, "--compile" if f["compile"] else "--no-compile", "--lora-r", "16",
+         "--lora-alpha", "32", "--no-save-adapter"],
+        budget.cap(f["cap"], reserve=2 * f["cap"] // 3), "fsdp-vs-lora", wd,
+    )  # fmt: skip
+    assert lo is not None
+    res["lora_tokens_per_s"] = lo["tokens_per_s"]
+    res["lora_mem_peak_mib"] = lo["mem_peak_mib"]
+    for offload in (False, True):
+        key = "fsdp_offload" if offload else "fsdp"
+        try:
+            s = run_runner(
+                "fsdp",
+                [*shape, "--mode", "lora", "--no-activation-checkpointing",
+                 "--offload" if offload else "--no-offload"],
+                budget.cap(f["cap"], reserve=0 if offload else f["cap"] // 3), key, wd,
+            )  # fmt: skip
+            assert s is not None
+        except Exception as exc:
+            res[f"{key}_error"] = str(exc)
+            continue
+        res[f"{key}_tokens_per_s"] = s["tokens_per_s"]
+        res[f"{key}_mem_peak_mib"] = s["mem_peak_mib"]
+        res[f"{key}_host_rss_peak_mib"] = s["host_rss_peak_mib"]
+        res[f"{key}_offload_applied"] = s["offload_effective"]
+    if res.get("fsdp_tokens_per_s"):
+        res["fsdp_vs_lora"] = res["fsdp_tokens_per_s"] / lo["tokens_per_s"]
+        if res.get("fsdp_offload_tokens_per_s"):
+            res["offload_slowdown"] = res["fsdp_tokens_per_s"] / res["fsdp_offload_tokens_per_s"]
+
+
+def part_fsdpmax(cfg: dict[str, Any], res: dict[str, Any], budget: Budget, wd: Path) -> None:
+    f = cfg["fsdpmax"]
+    search_s = max(10.0, budget.left() - 20)
+    s = run_runner(
+        "fsdp",
+        ["--device", cfg["device"], "--find-max-model", "--mode", "lora",
+         "--hidden-size", str(f["hidden"]), "--batch-size", str(f["batch"]),
+         "--seq-len", str(f["seq_len"]), "--find-start-layers", str(f["start_layers"]),
+         "--find-max-seconds", f"{search_s:.0f}", "--find-trial-seconds", str(f["trial_s"]),
+         "--precision", "bf16" if cfg["device"] == "cuda" else "fp32"],
+        budget.cap(search_s + 15), "fsdp-find-max", wd,
+    )  # fmt: skip
+    assert s is not None
+    res.update({k: v for k, v in s.items() if k != "find_max_model"})
+    res["search"] = s.get("find_max_model")
+
+
+def part_burnin(cfg: dict[str, Any], res: dict[str, Any], budget: Budget, wd: Path) -> None:
+    minutes = cfg["burnin_minutes"]
+    # A failing check exits 1 but still writes its summary: keep it.
+    s = run_runner(
+        "burnin", ["--device", cfg["device"], "--minutes", str(minutes)],
+        budget.cap(minutes * 60 + 60), "burnin", wd, ok_codes=(0, 1),
+    )  # fmt: skip
+    assert s is not None
+    res.update(s)
+
+
+def part_graphs(cfg: dict[str, Any], res: dict[str, Any], budget: Budget, wd: Path) -> None:
+    g = cfg["graphs"]
+    dev = cfg["device"]
+    prec = "bf16" if dev == "cuda" else "fp32"
+    graphs = [True, False] if dev == "cuda" else [False]
+    for on in graphs:
+        key = "infer_graphs" if on else "infer_eager"
+        try:
+            s = run_runner(
+                "infer",
+                ["--device", dev, "--model-preset", g["preset"], "--batch-sizes", "1",
+                 "--prompt-len", str(g["prompt_len"]), "--new-tokens", str(g["new_tokens"]),
+                 "--steps", str(g["requests"]), "--warmup-requests", "2", "--precision", prec,
+                 "--cuda-graphs" if on else "--no-cuda-graphs"],
+                # Compiling the graphed decode step takes the longest: keep time for the
+                # eager run and both resnet runs after it.
+                budget.cap(g["cap"], reserve=g["later"] * (2 if on else 1) + g["later"]), key, wd,
+            )  # fmt: skip
+            assert s is not None
+            row = s["sweep"][0]
+            res[f"{key}_ms_per_token"] = row["per_token_ms_p50"]
+            res[f"{key}_tokens_per_s"] = row["tokens_per_s"]
+        except Exception as exc:
+            res[f"{key}_error"] = str(exc)
+    for on in graphs:
+        key = "resnet_graphs" if on else "resnet_eager"
+        try:
+            s = run_runner(
+                "resnet",
+                ["--device", dev, "--model", g["resnet_model"], "--batch-size",
+                 str(g["resnet_batch"]), "--image-size", str(g["image_size"]),
+                 "--num-classes", str(g["num_classes"]), "--steps", str(g["resnet_steps"] + 10),
+                 "--warmup-steps", "10", "--precision", prec, "--no-compile",
+                 "--cuda-graphs" if on else "--no-cuda-graphs", "--log-every", "10"],
+                budget.cap(g["cap"], reserve=g["later"] if on else 0), key, wd,
+            )  # fmt: skip
+            assert s is not None
+            res[f"{key}_img_per_s"] = s["img_per_s"]
+        except Exception as exc:
+            res[f"{key}_error"] = str(exc)
+    if res.get("infer_graphs_ms_per_token") and res.get("infer_eager_ms_per_token"):
+        res["infer_graphs_speedup"] = (
+            res["infer_eager_ms_per_token"] / res["infer_graphs_ms_per_token"]
+        )
+    if res.get("resnet_graphs_img_per_s") and res.get("resnet_eager_img_per_s"):
+        res["resnet_graphs_speedup"] = (
+            res["resnet_graphs_img_per_s"] / res["resnet_eager_img_per_s"]
+        )
+
+
+def part_profile(cfg: dict[str, Any], res: dict[str, Any], budget: Budget, wd: Path) -> None:
+    p = cfg["profile"]
+    out = Path(tempfile.mkdtemp(prefix="profile-", dir=wd))
+    s = run_runner(
+        "resnet",
+        ["--device", cfg["device"], "--model", p["model"], "--batch-size", str(p["batch"]),
+         "--image-size", str(p["image_size"]), "--num-classes", str(p["num_classes"]),
+         "--steps", str(p["steps"]), "--warmup-steps", "5", "--profile-steps", str(p["profile"]),
+         "--precision", "bf16" if cfg["device"] == "cuda" else "fp32", "--no-compile",
+         "--output-dir", str(out), "--log-every", "5"],
+        budget.cap(p["cap"]), "profile-resnet", wd,
+    )  # fmt: skip
+    assert s is not None
+    top = json.loads((out / "profile" / "top_ops.json").read_text())
+    res["trace"] = str(out / "profile" / "trace.json")
+    res["trace_mib"] = round((out / "profile" / "trace.json").stat().st_size / 2**20, 1)
+    res["step_ms"] = top["step_ms"]
+    res["gpu_idle_pct"] = top.get("gpu_idle_pct")
+    res["gpu_idle_between_kernels_ms"] = top.get("gpu_idle_between_kernels_ms")
+    res["top_kernels"] = top.get("cuda_kernels", [])[:10]
+    res["top_cpu_ops"] = top["cpu_ops"][:5]
+
+
 # ----------------------------------------------------------------------------- config, report
 
 
@@ -531,6 +700,16 @@ def config(device: str, tiny: bool) -> dict[str, Any]:
                       "compile": False, "cap": 120, "reserve": [0, 0]}],
             "infer": {"preset": "tiny", "batch_sizes": [1, 2], "prompt_len": 8,
                       "new_tokens": 4, "requests": 2, "ref_requests": 2, "cap": 120},
+            "fsdp": {"preset": "tiny", "batch": 2, "seq_len": 16, "warmup": 1, "steps": 2,
+                     "compile": False, "cap": 120},
+            "fsdpmax": {"hidden": 64, "batch": 2, "seq_len": 16, "start_layers": 2,
+                        "trial_s": 60},
+            "burnin_minutes": 0.02,
+            "graphs": {"preset": "tiny", "prompt_len": 8, "new_tokens": 4, "requests": 2,
+                       "resnet_model": "resnet18", "resnet_batch": 2, "image_size": 32,
+                       "num_classes": 10, "resnet_steps": 2, "cap": 120, "later": 0},
+            "profile": {"model": "resnet18", "batch": 2, "image_size": 32, "num_classes": 10,
+                        "steps": 8, "profile": 2, "cap": 120},
         }  # fmt: skip
     return {
         "device": device,
@@ -547,6 +726,18 @@ def config(device: str, tiny: bool) -> dict[str, Any]:
         ],
         "infer": {"preset": "default", "batch_sizes": [1, 4, 16, 64], "prompt_len": 128,
                   "new_tokens": 128, "requests": 8, "ref_requests": 3, "cap": 90},
+        # ~1B model: FSDP on one GPU against the plain lora runner, then with offload.
+        "fsdp": {"preset": "1b", "batch": 8, "seq_len": 1024, "warmup": 4, "steps": 10,
+                 "compile": True, "cap": 100},
+        # Llama-7B width: 205M parameters a layer; layers doubled from 32, then bisected.
+        "fsdpmax": {"hidden": 4096, "batch": 2, "seq_len": 1024, "start_layers": 32,
+                    "trial_s": 70},
+        "burnin_minutes": 2,
+        "graphs": {"preset": "default", "prompt_len": 128, "new_tokens": 128, "requests": 5,
+                   "resnet_model": "resnet50", "resnet_batch": 32, "image_size": 224,
+                   "num_classes": 1000, "resnet_steps": 40, "cap": 75, "later": 22},
+        "profile": {"model": "resnet50", "batch": 128, "image_size": 224, "num_classes": 1000,
+                    "steps": 15, "profile": 3, "cap": 60},
     }  # fmt: skip
 
 
@@ -614,6 +805,7 @@ def markdown(results: dict[str, Any]) -> str:
         for prec, row in mt.items():
             lines.append(f"| {prec} | " + " | ".join(_f(row[s]) for s in sizes) + " |")
         lines.append(f"\ndevice copy bandwidth: {_f(m.get('copy_bandwidth_gbs'), ',.0f')} GB/s")
+    lines += markdown_figures(results)
     errors = dict(results.get("errors", {}))
     for name, lo in results.get("lora", {}).items():
         if isinstance(lo, dict) and "error" in lo:
@@ -621,6 +813,75 @@ def markdown(results: dict[str, Any]) -> str:
     if errors:
         lines += ["", "Errors: " + "; ".join(f"{k}: {v}" for k, v in errors.items())]
     return "\n".join(lines)
+
+
+def _x(v: Any) -> str:
+    return f"{v:.2f}x" if isinstance(v, (int, float)) else "n/a"
+
+
+def markdown_figures(results: dict[str, Any]) -> list[str]:
+    """Rows for the figures parts (FSDP, burn-in, CUDA graphs, profile)."""
+    lines: list[str] = []
+    f = results.get("fsdp", {})
+    if "lora_tokens_per_s" in f:
+        lines += [
+            "",
+            "| FSDP (1 GPU, lora, ~1B) | tokens/s | GPU peak MiB | host RSS MiB |",
+            "|---|---|---|---|",
+            f"| plain lora runner | {_f(f['lora_tokens_per_s'], ',.0f')} | "
+            f"{_f(f.get('lora_mem_peak_mib'), ',.0f')} | |",
+        ]
+        for key, name in (("fsdp", "fsdp, no offload"), ("fsdp_offload", "fsdp, --offload")):
+            lines.append(
+                f"| {name} | {_f(f.get(f'{key}_tokens_per_s'), ',.0f')} | "
+                f"{_f(f.get(f'{key}_mem_peak_mib'), ',.0f')} | "
+                f"{_f(f.get(f'{key}_host_rss_peak_mib'), ',.0f')} |"
+            )
+    m = results.get("fsdpmax", {})
+    if "no_offload_max_layers" in m:
+
+        def largest(key: str) -> str:
+            if not m.get(f"{key}_max_layers"):
+                return "none fitted in the time given"
+            return (f"{m[f'{key}_max_layers']} layers ({m[f'{key}_max_params'] / 1e9:.1f}B "
+                    f"params, {_f(m.get(f'{key}_tokens_per_s'), ',.0f')} tokens/s)")  # fmt: skip
+
+        lines += ["", f"largest lora model at hidden {m.get('hidden_size')}: without offload "
+                  f"{largest('no_offload')}; with offload {largest('offload')}"]  # fmt: skip
+    b = results.get("burnin", {})
+    if "checks" in b:
+        lines += [
+            "",
+            f"burn-in ({b.get('seconds')} s): {b.get('result')}; "
+            f"{_f(b.get('matmul_tflops'))} TFLOP/s {b.get('matmul_precision')}, "
+            f"{b.get('matmul_mismatches')} mismatches, {b.get('memory_errors')} memory "
+            f"errors over {_f(b.get('memory_tested_mib'), ',.0f')} MiB, PCIe "
+            f"Gen{b.get('pcie_gen_under_load')} x{b.get('pcie_width_under_load')} "
+            f"{_f(b.get('h2d_gbs'))}/{_f(b.get('d2h_gbs'))} GB/s, peak "
+            f"{b.get('peak_temp_c')} °C, {b.get('peak_power_w')}/{b.get('power_limit_w')} W",
+        ]
+        lines += [f"- {c['status']}: {c['name']}: {c['detail']}" for c in b["checks"]]
+    g = results.get("graphs", {})
+    if any(k.endswith("_ms_per_token") or k.endswith("_img_per_s") for k in g):
+        lines += [
+            "",
+            "| CUDA graphs | without | with | speed-up |",
+            "|---|---|---|---|",
+            f"| infer ms/token, batch 1 | {_f(g.get('infer_eager_ms_per_token'), '.2f')} | "
+            f"{_f(g.get('infer_graphs_ms_per_token'), '.2f')} | "
+            f"{_x(g.get('infer_graphs_speedup'))} |",
+            f"| resnet img/s (eager) | {_f(g.get('resnet_eager_img_per_s'))} | "
+            f"{_f(g.get('resnet_graphs_img_per_s'))} | "
+            f"{_x(g.get('resnet_graphs_speedup'))} |",
+        ]
+    p = results.get("profile", {})
+    if "step_ms" in p:
+        idle = _f(p.get("gpu_idle_pct"), ".1f")
+        lines += ["", f"profile: step {_f(p['step_ms'], '.1f')} ms, GPU idle {idle} %, "
+                  f"trace {p.get('trace_mib')} MiB"]  # fmt: skip
+        for k in p.get("top_kernels", [])[:5]:
+            lines.append(f"- {k['share']:.1%} {k['name'][:90]} ({k['calls']} calls)")
+    return lines
 
 
 def environment(device: str) -> dict[str, Any]:
@@ -641,12 +902,40 @@ def environment(device: str) -> dict[str, Any]:
         return {"error": str(exc), "device": device}
 
 
+FIGURE_PARTS = {
+    "fsdp": part_fsdp,
+    "fsdpmax": part_fsdpmax,
+    "burnin": part_burnin,
+    "graphs": part_graphs,
+    "profile": part_profile,
+}
+
+
+def expand_parts(text: str) -> list[str]:
+    """``"classic,burnin"`` -> the parts in order, groups expanded, each once."""
+    out: list[str] = []
+    for item in (p.strip() for p in text.split(",")):
+        for part in GROUPS.get(item, (item,) if item else ()):
+            if part not in out:
+                out.append(part)
+    return out
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--out", default="gpu_runners.json", help="JSON results file")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--tiny", action="store_true", help="toy sizes (check the script on a CPU)")
-    ap.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of parts")
+    ap.add_argument(
+        "--parts",
+        default="classic",
+        help=f"comma-separated parts: {', '.join(PARTS)}; or a group: classic "
+        f"({','.join(CLASSIC)}), figures ({','.join(FIGURES)}), all",
+    )
     ap.add_argument("--budget-s", type=float, default=520, help="wall-clock cap for everything")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-params", default="{}", help=argparse.SUPPRESS)
@@ -661,7 +950,7 @@ def main() -> int:
     budget = Budget(args.budget_s)
 
     cfg = config(args.device, args.tiny)
-    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    parts = expand_parts(args.parts)
     out_path = Path(args.out)
     results: dict[str, Any] = {"environment": environment(args.device), "config": cfg,
                                "errors": {}}  # fmt: skip
@@ -690,6 +979,8 @@ def main() -> int:
                 part_lora(cfg, res, part_budget, workdir, mm)
             elif part == "infer":
                 part_infer(cfg, res, part_budget, workdir)
+            elif part in FIGURE_PARTS:
+                FIGURE_PARTS[part](cfg, res, part_budget, workdir)
             else:
                 raise ValueError(f"unknown part {part!r}; choose from {PARTS}")
         except Exception as exc:

@@ -108,11 +108,17 @@ def add_model_args(parser: Any) -> None:
     parser.add_argument("--seq-len", type=int, default=512, help="tokens per sequence")
 
 
-def llama_config(preset: str, tokenizer: ByteTokenizer, max_positions: int) -> Any:
-    """The LlamaConfig of a preset, sized for the byte tokenizer unless it says otherwise."""
+def llama_config(
+    preset: str,
+    tokenizer: ByteTokenizer,
+    max_positions: int,
+    overrides: dict[str, Any] | None = None,
+) -> Any:
+    """The LlamaConfig of a preset, sized for the byte tokenizer unless it says otherwise;
+    ``overrides`` replaces shape keys (``num_hidden_layers``, ``hidden_size``, ...)."""
     from transformers import LlamaConfig
 
-    shape = dict(MODEL_PRESETS[preset])
+    shape = {**MODEL_PRESETS[preset], **(overrides or {})}
     # Round the byte vocabulary up to a multiple of 8 for tensor-core friendly shapes.
     vocab = shape.pop("vocab_size", 8 * math.ceil(tokenizer.vocab_size / 8))
     return LlamaConfig(
@@ -135,13 +141,18 @@ class LoadedModel:
 
 
 def build_from_preset(
-    preset: str, seed: int, device: torch.device, dtype: torch.dtype, max_positions: int
+    preset: str,
+    seed: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_positions: int,
+    overrides: dict[str, Any] | None = None,
 ) -> LoadedModel:
-    """A Llama-style model with random weights, reproducible from (preset, seed)."""
+    """A Llama-style model with random weights, reproducible from (preset, seed, overrides)."""
     from transformers import LlamaForCausalLM
 
     tok = ByteTokenizer()
-    config = llama_config(preset, tok, max_positions)
+    config = llama_config(preset, tok, max_positions, overrides)
     # Small models are initialised on the CPU so the same seed gives the same
     # weights wherever they are reloaded; big ones are built on the device in
     # their final dtype, which takes seconds instead of a minute.
@@ -166,6 +177,8 @@ def build_from_preset(
         "init_device": init_device.type,
         "max_positions": max_positions,
     }
+    if overrides:
+        info["overrides"] = dict(overrides)
     return LoadedModel(model=model, tokenizer=tok, info=info)
 
 
@@ -235,7 +248,12 @@ def rebuild_base(info: dict[str, Any], device: torch.device, dtype: torch.dtype)
     if info["kind"] == "path":
         return load_pretrained(info["model_path"], device, dtype, info.get("load_in_4bit", False))
     return build_from_preset(
-        info["model_preset"], info["seed"], device, dtype, info.get("max_positions", 2048)
+        info["model_preset"],
+        info["seed"],
+        device,
+        dtype,
+        info.get("max_positions", 2048),
+        info.get("overrides"),
     )
 
 

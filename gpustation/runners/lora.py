@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=False,
         help="quantise the base model to 4-bit NF4 (QLoRA; needs bitsandbytes and a GPU)",
     )
+    common.add_profile_arg(parser)
     parser.add_argument(
         "--save-adapter",
         action=argparse.BooleanOptionalAction,
@@ -215,6 +216,11 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     accum = max(1, args.grad_accum)
 
     metrics = MetricsWriter.from_env(rank=dist.rank)
+    prof = common.StepProfiler(
+        args.profile_steps, warmup, args.steps, device, lambda: common.output_dir(args),
+        enabled=dist.is_main,
+    )  # fmt: skip
+    warmup = prof.timer_warmup
     timer = common.StepTimer(device, warmup)
     common.reset_peak_memory(device)
     tokens_per_step = args.batch_size * args.seq_len * dist.world_size
@@ -223,6 +229,7 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     with metrics:
         for step in range(1, args.steps + 1):
             common.maybe_simulate_oom(args, step)
+            prof.before_step(step)
             x, y = sampler.batch(step - 1)
             step_loss = torch.zeros((), device=device)
             for xm, ym in zip(x.chunk(accum), y.chunk(accum), strict=True):
@@ -237,6 +244,7 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
             scaler.update()
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
+            prof.after_step(step)
             timer.step_done(step, tokens_per_step)
             if step % args.log_every == 0 or step == args.steps or step == 1:
                 loss_val = common.all_reduce_mean(float(step_loss.item()), dist, device)
@@ -276,6 +284,7 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
             "trainable_params": trainable,
             "model": args.model or f"preset:{args.model_preset}",
             "device": str(device),
+            **prof.summary(),
         }
         if dist.is_main and args.save_adapter:
             summary.update(_save_and_verify(args, peft_model, loaded, x[:2], prec, device))

@@ -85,6 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--prefetch", type=int, default=4, help="batches each DataLoader worker prepares ahead"
     )
     parser.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="capture the whole training step (forward, backward, optimizer) once in a CUDA "
+        "graph and replay it: one launch per step instead of hundreds (CUDA only; not with "
+        "fp16, whose grad scaler syncs with the host, nor data-parallel)",
+    )
+    common.add_profile_arg(parser)
+    parser.add_argument(
         "--save-checkpoint",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -109,6 +118,9 @@ def make_trainer(
     """Build the model and a step function honouring precision, layout, compile and accumulation."""
     import torchvision
 
+    graphs = bool(getattr(args, "cuda_graphs", False))
+    if graphs:
+        check_cuda_graphs(args, device, dist)
     prec = common.Precision(args.precision, device)
     prec.apply_backend_flags()
     torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark)
@@ -148,7 +160,60 @@ def make_trainer(
         optimizer.zero_grad(set_to_none=True)
         return total
 
-    return Trainer(model=model, raw_model=raw, optimizer=optimizer, step=step)
+    run = graphed_step(step, device) if graphs else step
+    return Trainer(model=model, raw_model=raw, optimizer=optimizer, step=run)
+
+
+def check_cuda_graphs(
+    args: argparse.Namespace, device: torch.device, dist: common.Dist | None
+) -> None:
+    """Refuse --cuda-graphs where a captured step would be wrong or impossible."""
+    why = None
+    if device.type != "cuda":
+        why = "it needs a CUDA GPU (there are no CUDA graphs on the CPU); drop --cuda-graphs"
+    elif args.precision == "fp16":
+        why = "fp16's grad scaler reads the host on every step; use --precision bf16"
+    elif dist is not None and dist.enabled:
+        why = "data-parallel all-reduces are not captured here; run on one GPU"
+    if why:
+        raise common.RunnerError(f"--cuda-graphs refused: {why}", common.EXIT_USAGE)
+
+
+def graphed_step(
+    step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    device: torch.device,
+    warmup_iters: int = 3,
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The whole step captured with ``torch.cuda.graph`` on first use, then replayed.
+
+    Whole-step capture (rather than ``torch.compile(mode="reduce-overhead")``)
+    also takes in the optimizer update, and works the same with and without
+    --compile. The batch is copied into static input tensors before each replay.
+    """
+    state: dict[str, Any] = {}
+
+    def run(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if "graph" not in state:
+            static_x = images.to(device, copy=True)
+            static_y = labels.to(device, copy=True)
+            # Warm-up on a side stream (cudnn autotuning, compilation, optimizer state).
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(warmup_iters):
+                    step(static_x, static_y)
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_loss = step(static_x, static_y)
+            state.update(graph=graph, x=static_x, y=static_y, loss=static_loss)
+        state["x"].copy_(images, non_blocking=True)
+        state["y"].copy_(labels, non_blocking=True)
+        state["graph"].replay()
+        loss: torch.Tensor = state["loss"]
+        return loss
+
+    return run
 
 
 def synthetic_batches(
@@ -237,7 +302,8 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     say(
         f"resnet: {args.model} on {common.device_label(device)} x{dist.world_size}, "
         f"batch {args.batch_size}/process, {args.precision}, channels_last={args.channels_last}, "
-        f"compile={args.compile}, data={'synthetic on device' if not args.data else args.data}",
+        f"compile={args.compile}, cuda_graphs={args.cuda_graphs}, "
+        f"data={'synthetic on device' if not args.data else args.data}",
         flush=True,
     )
     trainer = make_trainer(args, device, dist)
@@ -246,6 +312,11 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
         if args.data
         else synthetic_batches(args, device, args.batch_size, dist.rank)
     )
+    prof = common.StepProfiler(
+        args.profile_steps, warmup, args.steps, device, lambda: common.output_dir(args),
+        enabled=dist.is_main,
+    )  # fmt: skip
+    warmup = prof.timer_warmup
     timer = common.StepTimer(device, warmup)
     common.reset_peak_memory(device)
     global_batch = args.batch_size * dist.world_size
@@ -255,7 +326,9 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
         for step in range(1, args.steps + 1):
             common.maybe_simulate_oom(args, step)
             images, labels = next(batches)
+            prof.before_step(step)
             loss = trainer.step(images, labels)
+            prof.after_step(step)
             timer.step_done(step, global_batch)
             if step % args.log_every == 0 or step == args.steps or step == 1:
                 loss_val = common.all_reduce_mean(float(loss.item()), dist, device)
@@ -289,8 +362,10 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
             "precision": args.precision,
             "channels_last": args.channels_last,
             "compile": args.compile,
+            "cuda_graphs": args.cuda_graphs,
             "model": args.model,
             "device": str(device),
+            **prof.summary(),
         }
         metrics.summary(**summary)
     if dist.is_main:

@@ -25,9 +25,18 @@ TINY_OOM_RUN: dict[str, tuple[str, ...] | str] = {
         "--workload", "resnet", "--model", "resnet18", "--image-size", "32",
         "--num-classes", "10", "--batch-size", "2", "--steps", "1", "--precision", "fp32",
     ),
+    "burnin": ("--minutes", "0.01"),
+    "contention": (
+        "--model-preset", "tiny", "--seq-len", "16", "--batch-size", "2", "--phase-seconds",
+        "0.5", "--prompt-len", "8", "--new-tokens", "2", "--precision", "fp32",
+    ),
     "dataloader": (
         "--model", "tiny", "--num-classes", "10", "--image-size", "32", "--source-size", "32",
         "--batch-size", "2", "--steps", "1", "--workers-list", "0", "--precision", "fp32",
+    ),
+    "fsdp": (
+        "--model-preset", "tiny", "--seq-len", "16", "--batch-size", "2", "--steps", "2",
+        "--precision", "fp32",
     ),
     "healthcheck": "no step loop: out of memory in a check is reported as that check failing",
     "infer": (

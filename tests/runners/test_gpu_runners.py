@@ -105,3 +105,46 @@ def test_batchsize_recovers_from_real_out_of_memory(run_runner) -> None:
     failed = [t for t in s["trials"] if not t["fits"]]
     assert failed and "simulated" not in failed[0]["error"]
     assert 32 <= s["largest_batch"] < min(t["batch_size"] for t in failed)
+
+
+def test_burnin_reads_nvml_and_passes_on_a_healthy_gpu(run_runner) -> None:
+    r = run_runner("burnin", "--minutes", "0.3", "--mem-fraction", "0.5", gpu=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = r.summary
+    assert s["result"] == "pass" and s["nvml"] is True
+    assert s["matmul_mismatches"] == 0 and s["memory_errors"] == 0 and s["copy_errors"] == 0
+    assert s["pcie_gen_under_load"] and s["peak_temp_c"] and s["power_limit_w"]
+    assert s["h2d_gbs"] > 5 and s["d2h_gbs"] > 5  # both directions from pinned memory
+
+
+def test_cuda_graphs_speed_up_small_resnet_steps(run_runner) -> None:
+    common = ("--model", "resnet18", "--image-size", "64", "--batch-size", "16",
+              "--num-classes", "100", "--steps", "40", "--warmup-steps", "10",
+              "--precision", "bf16", "--no-compile")  # fmt: skip
+    eager = run_runner("resnet", *common, gpu=True)
+    graphs = run_runner("resnet", *common, "--cuda-graphs", gpu=True)
+    assert eager.returncode == 0 and graphs.returncode == 0, graphs.stderr[-3000:]
+    assert graphs.summary["cuda_graphs"] is True
+    assert graphs.summary["img_per_s"] > eager.summary["img_per_s"]
+    assert graphs.summary["final_loss"] < graphs.summary["first_loss"]  # it still trains
+
+
+def test_infer_cuda_graphs_lower_ms_per_token(run_runner) -> None:
+    common = ("--batch-sizes", "1", "--prompt-len", "32", "--new-tokens", "32", "--steps", "3")
+    eager = run_runner("infer", *common, gpu=True)
+    graphs = run_runner("infer", *common, "--cuda-graphs", gpu=True)
+    assert eager.returncode == 0 and graphs.returncode == 0, graphs.stderr[-3000:]
+    e, g = eager.summary["sweep"][0], graphs.summary["sweep"][0]
+    assert graphs.summary["static_cache"] is True
+    assert g["per_token_ms_p50"] < e["per_token_ms_p50"]
+
+
+def test_fsdp_offload_moves_the_training_state_to_the_host(run_runner) -> None:
+    common = ("--model-preset", "default", "--mode", "full", "--batch-size", "4",
+              "--seq-len", "256", "--steps", "6", "--warmup-steps", "2")  # fmt: skip
+    on_gpu = run_runner("fsdp", *common, "--no-offload", gpu=True)
+    offload = run_runner("fsdp", *common, "--offload", gpu=True)
+    assert on_gpu.returncode == 0 and offload.returncode == 0, offload.stderr[-3000:]
+    assert offload.summary["offload_effective"] is True
+    assert offload.summary["mem_peak_mib"] < on_gpu.summary["mem_peak_mib"]
+    assert offload.summary["host_rss_peak_mib"] > on_gpu.summary["host_rss_peak_mib"]

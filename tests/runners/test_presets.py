@@ -15,7 +15,8 @@ PRESETS = sorted((Path(__file__).parents[2] / "gpustation" / "presets" / "runs")
 EXPECTED = {
     "healthcheck", "matmul-precision", "resnet50-bf16", "resnet50-fp32-baseline", "lora-tiny",
     "lora-local-model", "infer-bench", "dataloader-probe", "batchsize-resnet50", "ddp-resnet50",
-    "ddp-lora",
+    "ddp-lora", "fsdp-lora", "fsdp-full", "burnin",
+    "contention",
 }  # fmt: skip
 
 
