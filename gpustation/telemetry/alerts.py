@@ -11,6 +11,7 @@ topology's weak spots into words.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -314,10 +315,14 @@ class AlertLog:
         self._ecc_events: dict[int, Alert] = {}
         self._xid_events: dict[int, Alert] = {}
 
-    def update(self, snapshot: Snapshot) -> list[Alert]:
-        """Take the next snapshot; return the alerts newly written to the log."""
+    def update(self, snapshot: Snapshot, extra: Sequence[Alert] = ()) -> list[Alert]:
+        """Take the next snapshot; return the alerts newly written to the log.
+
+        ``extra``: conditions found outside the snapshot (fans left on manual
+        control with no controller, which only the control layer can tell).
+        """
         # Conditions are computed once per snapshot and kept for the next call.
-        cur_conditions = conditions(snapshot) + self._idle.conditions(snapshot)
+        cur_conditions = [*conditions(snapshot), *self._idle.conditions(snapshot), *extra]
         raised = _evaluate(self._prev, snapshot, self._prev_conditions, cur_conditions)
         self._prev = snapshot
         self._prev_conditions = cur_conditions

@@ -335,7 +335,18 @@ class DashboardApp(App[int]):
         self.history.add(frame.snapshot)
         if frame.snapshot.note and self._note_timer is None:
             self._note_timer = self.set_timer(self.note_full_s, self.collapse_note)
-        for alert in self.alerts.update(frame.snapshot):
+        unattended = [
+            Alert(
+                "fans_unattended",
+                index,
+                f"GPU {index} fan {', '.join(map(str, fans))} on manual control with no fan "
+                "controller running: they will not follow the temperature "
+                "(`gpustation fan auto` hands them back)",
+                frame.snapshot.time,
+            )
+            for index, fans in frame.unattended_fans.items()
+        ]
+        for alert in self.alerts.update(frame.snapshot, unattended):
             self._send_alert(alert)
             if not self._notify_alerts:
                 continue

@@ -38,6 +38,8 @@ class Frame:
     snapshot: Snapshot
     procs: dict[int, ProcStat] = field(default_factory=dict)
     sample_s: float = 0.0
+    #: GPU -> its fans on manual control with no fan controller driving them
+    unattended_fans: dict[int, list[int]] = field(default_factory=dict)
 
 
 class DataSource:
@@ -100,7 +102,12 @@ class DataSource:
         procs = {} if self.backend.simulated else self._proc_stats(snap)
         if self.recorder is not None:
             self._record(snap)
-        return Frame(snap, procs, time.perf_counter() - t0)
+        unattended: dict[int, list[int]] = {}
+        if any("manual" in g.fan_control for g in snap.gpus):
+            from gpustation.control.fans import unattended_manual_fans
+
+            unattended = unattended_manual_fans(snap.gpus, self.backend.simulated)
+        return Frame(snap, procs, time.perf_counter() - t0, unattended)
 
     def _record(self, snap: Snapshot) -> None:
         assert self.recorder is not None

@@ -76,3 +76,40 @@ def test_the_dashboard_opens_switches_screens_by_key_and_quits(terminal: Termina
     terminal.wait_for(lambda s: "History" in s, "the dashboard again")
     terminal.keys("q")
     terminal.wait_for(lambda s: "gpustation-exited-0" in s, "the dashboard to exit with 0")
+
+
+def test_sigterm_hands_the_dashboard_s_fan_curve_back(
+    terminal: Terminal, gpustation_dirs: dict[str, Path]
+) -> None:
+    import json
+    import signal
+
+    import psutil
+
+    from gpustation.telemetry.sim import machine_path
+
+    def fan_modes() -> set[str]:
+        state = json.loads(machine_path("rtx4090", 2).read_text())
+        return {m for g in state["gpus"] for m in g["fan_mode"]}
+
+    terminal.wait_for(lambda s: s.count("RTX 4090 (sim)") == 2, "both GPUs' cards")
+    terminal.keys("c")
+    terminal.wait_for(lambda s: "balanced" in s, "the control screen's profiles")
+    terminal.keys("3")  # balanced: a power limit and a stepped fan curve
+    terminal.wait_for(lambda s: "manual" in s, "the fans under the curve")
+    terminal.keys("y")  # keep it
+    deadline = time.monotonic() + TIMEOUT_S
+    while fan_modes() != {"manual"} and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling the simulated cards' state file
+    assert fan_modes() == {"manual"}
+    dashboards = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if p.info["cmdline"]
+        and p.info["cmdline"][-2:] == ["--simulate", "2"]
+        and "gpustation" in " ".join(p.info["cmdline"])
+    ]
+    assert len(dashboards) == 1
+    dashboards[0].send_signal(signal.SIGTERM)
+    terminal.wait_for(lambda s: "gpustation-exited-0" in s, "the dashboard to exit with 0")
+    assert fan_modes() == {"auto"}
