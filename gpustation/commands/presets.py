@@ -16,6 +16,7 @@ from gpustation.runs.presets import (
     load_presets,
     preset_dirs,
 )
+from gpustation.textsafe import safe
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             rows.insert(5, (key, str(value)))
     for key, value in rows:
         if value:
-            table.add_row(key, value)
+            table.add_row(key, safe(value))
     console().print(table)
     return 0
 
@@ -143,12 +144,17 @@ def _print_list(presets: dict[str, RunPreset]) -> None:
         table.add_column(column, overflow="fold")
     for preset in presets.values():
         table.add_row(
-            preset.name,
-            preset.display_title,
-            preset.runner or " ".join(preset.command or []),
-            preset.launcher,
-            "all" if preset.gpus is None else str(preset.gpus),
-            ", ".join(preset.tags),
-            preset.origin,
+            *(
+                safe(cell)
+                for cell in (
+                    preset.name,
+                    preset.display_title,
+                    preset.runner or " ".join(preset.command or []),
+                    preset.launcher,
+                    "all" if preset.gpus is None else str(preset.gpus),
+                    ", ".join(preset.tags),
+                    preset.origin,
+                )
+            )
         )
     console().print(table)

@@ -21,6 +21,7 @@ from gpustation.control.power import NOT_PERSISTENT, apply_power, plan_power
 from gpustation.control.profiles import Profile, list_profiles, load_profile
 from gpustation.errors import NotSupportedError
 from gpustation.paths import user_profiles_dir
+from gpustation.textsafe import safe
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -108,18 +109,19 @@ def _list(args: argparse.Namespace) -> int:
             else ("yours, overrides shipped" if i.overrides_shipped else "yours")
         )
         if i.profile is None:
-            print(f"{i.name.ljust(width)}  INVALID ({origin}): {i.error}")
+            print(safe(f"{i.name.ljust(width)}  INVALID ({origin}): {i.error}"))
             continue
         p = i.profile
         power = str(p.power) if p.power else "-"
         fans = p.fan_mode or "-"
-        print(f"{i.name.ljust(width)}  power {power:<8} fans {fans:<5}  {p.description} ({origin})")
+        line = f"{i.name.ljust(width)}  power {power:<8} fans {fans:<5}  {p.description}"
+        print(safe(f"{line} ({origin})"))
     return 0
 
 
 def _show(profile: Profile) -> int:
     for line in describe(profile):
-        print(line)
+        print(safe(line))
     return 0
 
 

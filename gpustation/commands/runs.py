@@ -26,6 +26,7 @@ from gpustation.runs.output import console, strict_json
 from gpustation.runs.store import RunStore
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry import format as fmt
+from gpustation.textsafe import safe
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -192,17 +193,22 @@ def _print_list(records: list[RunSummary]) -> None:
     for r in records:
         cost = [price.text(r.energy_j)] if price is not None else []
         table.add_row(
-            r.id,
-            r.preset or "-",
-            status_text(r),
-            _started(r),
-            fmt_duration(r.duration_s),
-            gpus_text(r),
-            "-" if r.steps is None else str(r.steps),
-            fmt_num(r.final_loss, 4),
-            fmt_num(r.best_throughput, 1, r.throughput_unit or ""),
-            energy_text(r),
-            *cost,
+            *(
+                safe(c)
+                for c in (
+                    r.id,
+                    r.preset or "-",
+                    status_text(r),
+                    _started(r),
+                    fmt_duration(r.duration_s),
+                    gpus_text(r),
+                    "-" if r.steps is None else str(r.steps),
+                    fmt_num(r.final_loss, 4),
+                    fmt_num(r.best_throughput, 1, r.throughput_unit or ""),
+                    energy_text(r),
+                    *cost,
+                )
+            )
         )
     console().print(table)
 
@@ -255,7 +261,7 @@ def _print_show(r: RunSummary) -> None:
     ]
     for key, value in rows:
         if value not in (None, ""):
-            table.add_row(key, str(value))
+            table.add_row(key, safe(value))
     out = console()
     out.print(table)
     if r.summary:
@@ -265,7 +271,7 @@ def _print_show(r: RunSummary) -> None:
     if r.error_tail:
         out.print("[bold]last lines of the log[/bold]")
         for line in r.error_tail:
-            out.print("  " + line, markup=False)
+            out.print("  " + safe(line), markup=False)
 
 
 def _print_compare(records: list[RunSummary], rows: list[CompareRow]) -> None:

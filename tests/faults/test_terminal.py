@@ -72,3 +72,45 @@ def test_the_snapshot_table_draws_no_escape_from_any_field() -> None:
     text = render_snapshot(snap, color=False)
     assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text
     assert "H200" in text and "eve" in text
+
+
+def test_a_run_s_log_tail_and_its_preset_text_reach_the_terminal_safe(runs_env: dict) -> None:
+    import subprocess
+
+    from tests.conftest import child_env, gpustation_cmd
+    from tests.runs.conftest import command_preset
+
+    hostile = "".join(HOSTILE)
+    code = f"import sys; print({hostile!r}); sys.exit(1)"
+    runs_env["write_preset"](
+        "evil",
+        command_preset("evil", "crash").replace(
+            'title = "evil title"', 'title = "evil \\u001b]0;owned\\u0007 title"'
+        ),
+    )
+    env = child_env()
+    run = subprocess.run(
+        gpustation_cmd("run", "--", sys.executable, "-c", code),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1
+    for argv in (
+        ("runs", "show", "last"),
+        ("runs", "list"),
+        ("presets", "list"),
+        ("presets", "show", "evil"),
+    ):
+        out = subprocess.run(
+            gpustation_cmd(*argv), env=env, capture_output=True, text=True, timeout=60
+        ).stdout
+        assert "\x1b]" not in out and "\x07" not in out and "\x9b" not in out, argv
+
+
+def test_the_runs_screen_draws_log_lines_without_their_escapes() -> None:
+    from gpustation.tui.runs.widgets import _printable
+
+    line = _printable("epoch 1\t" + "".join(HOSTILE) + " done")
+    assert "\x1b" not in line and "\x07" not in line and line.endswith(" done")

@@ -8,7 +8,6 @@ footer is rebuilt only when its keys change.
 
 from __future__ import annotations
 
-import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -33,6 +32,7 @@ from gpustation.runs.fold import ema
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry import health
 from gpustation.telemetry.model import GpuSample
+from gpustation.textsafe import safe
 from gpustation.tui.runs.model import (
     MAX_LOG_LINES,
     PLOT_EVERY_S,
@@ -146,12 +146,9 @@ def run_gpus(view: RunView | None, samples: dict[int, GpuSample]) -> Text:
     return gpus
 
 
-#: control characters a terminal would act on (tab is expanded instead)
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
-
-
 def _printable(line: str) -> str:
-    return _CONTROL.sub("\ufffd", line.expandtabs()) if not line.isprintable() else line
+    """A log line safe to draw: tabs expanded, escape sequences removed (rule 8)."""
+    return line if line.isprintable() else safe(line.expandtabs())
 
 
 def fit_scrollbars(widget: ScrollView, size: Size) -> None:
