@@ -379,7 +379,7 @@ def find_preset(
     raise UsageError(f"no run preset named {name!r}; {hint}")
 
 
-def _parse_bool(text: str) -> bool | None:
+def parse_bool(text: str) -> bool | None:
     low = text.strip().lower()
     if low in ("1", "true", "yes", "on"):
         return True
@@ -391,7 +391,7 @@ def _parse_bool(text: str) -> bool | None:
 def _typed(key: str, text: str, default: ArgValue) -> ArgValue:
     expected: str
     if isinstance(default, bool):
-        value = _parse_bool(text)
+        value = parse_bool(text)
         if value is not None:
             return value
         expected = "true or false"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpustation.errors import GpustationError
-from gpustation.runs.presets import RUNNER_PACKAGE, ArgValue
+from gpustation.runs.presets import RUNNER_PACKAGE, ArgValue, parse_bool
 
 #: the child: import the module, call build_parser(), print each option as JSON
 _DUMP = r"""
@@ -158,15 +158,6 @@ def remember(runner: str, args: list[RunnerArg]) -> None:
 # ---- typing what a field holds ------------------------------------------------------------
 
 
-def _parse_bool(text: str) -> bool | None:
-    low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    return None
-
-
 def parse_text(kind: str, text: str, choices: tuple[str, ...] | None = None) -> ArgValue:
     """``text`` as a value of ``kind``; ValueError says what was expected."""
     text = text.strip()
@@ -184,7 +175,7 @@ def parse_text(kind: str, text: str, choices: tuple[str, ...] | None = None) -> 
             raise ValueError("expected a finite number")
         return value
     if kind == "bool":
-        flag = _parse_bool(text)
+        flag = parse_bool(text)
         if flag is None:
             raise ValueError("expected true or false")
         return flag
