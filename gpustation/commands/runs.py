@@ -41,7 +41,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lst = actions.add_parser("list", help="list runs, newest first")
     lst.add_argument("--limit", type=int, default=50, metavar="N", help="at most N runs (50)")
     lst.add_argument("--status", help="only runs with this status (running, failed ...)")
+    lst.add_argument("--preset", metavar="NAME", help="only runs of this preset")
+    lst.add_argument("--tag", metavar="TAG", help="only runs with this tag (e.g. sweep:ID)")
     lst.add_argument("--json", action="store_true", help="print JSON")
+    delete = actions.add_parser("delete", help="delete runs: their directories and rows")
+    delete.add_argument("ids", nargs="+", metavar="ID")
+    prune = actions.add_parser("prune", help="delete the runs that ended before a span ago")
+    prune.add_argument("--older-than", required=True, metavar="SPAN", help="e.g. 12h, 30d, 4w")
+    prune.add_argument("--status", help="only runs with this status (failed, stopped ...)")
+    prune.add_argument("--dry-run", action="store_true", help="list them; delete nothing")
+    note = actions.add_parser("note", help="set a run's note (an empty text clears it)")
+    note.add_argument("id", metavar="ID")
+    note.add_argument("text", metavar="TEXT")
+    tag = actions.add_parser("tag", help="add tags to a run (--remove to take them off)")
+    tag.add_argument("id", metavar="ID")
+    tag.add_argument("tags", nargs="+", metavar="TAG")
+    tag.add_argument("--remove", action="store_true", help="take these tags off")
     show = actions.add_parser("show", help="show one run")
     show.add_argument("id", metavar="ID")
     show.add_argument("--json", action="store_true", help="print JSON")
@@ -73,12 +88,16 @@ def run(args: argparse.Namespace) -> int:
     action = getattr(args, "runs_action", None) or "list"
     store = RunStore()
     if action == "list":
+        preset, tag = getattr(args, "preset", None), getattr(args, "tag", None)
+        filtered = preset is not None or tag is not None
         records = [
             _fresh(r)
             for r in store.list_runs(
-                limit=getattr(args, "limit", 50), status=getattr(args, "status", None)
+                limit=None if filtered else getattr(args, "limit", 50),
+                status=getattr(args, "status", None),
             )
-        ]
+            if (preset is None or r.preset == preset) and (tag is None or tag in r.tags)
+        ][: getattr(args, "limit", 50)]
         if getattr(args, "json", False):
             print(strict_json([r.to_dict() for r in records]))
         else:
@@ -91,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             _print_show(record)
         return 0
+    if action in ("delete", "prune", "note", "tag"):
+        return _tidy(store, args)
     if action == "stop":
         from gpustation.runs.stop import stop_run
 
@@ -128,6 +149,40 @@ def run(args: argparse.Namespace) -> int:
             _print_compare(records, table)
         return 0
     raise UsageError(f"unknown action {action!r}")
+
+
+def _tidy(store: RunStore, args: argparse.Namespace) -> int:
+    from gpustation.commands.energy import parse_span
+    from gpustation.runs.history import annotate, delete_runs, prune_candidates
+
+    if args.runs_action == "delete":
+        for run_id in delete_runs(store, [store.resolve_id(i) for i in args.ids]):
+            print(f"deleted {run_id}")
+        return 0
+    if args.runs_action == "prune":
+        try:
+            span = parse_span(args.older_than)
+        except UsageError as err:
+            raise UsageError(str(err).replace("--since", "--older-than")) from None
+        found = prune_candidates(store, span, args.status)
+        if args.dry_run:
+            for r in found:
+                print(f"would delete {r.id} ({status_text(r)})")
+            print(f"{len(found)} runs would be deleted")
+            return 0
+        delete_runs(store, [r.id for r in found])
+        print(f"deleted {len(found)} runs ended before {args.older_than} ago")
+        return 0
+    run_id = store.resolve_id(args.id)
+    if args.runs_action == "note":
+        record = annotate(store, run_id, note=args.text)
+        print(f"{run_id}: " + (f"note {safe(record.note)!r}" if record.note else "note cleared"))
+        return 0
+    record = annotate(
+        store, run_id, add=() if args.remove else args.tags, remove=args.tags if args.remove else ()
+    )
+    print(f"{run_id}: tags {', '.join(record.tags) or 'none'}")
+    return 0
 
 
 def _fresh(record: RunSummary) -> RunSummary:
@@ -228,6 +283,8 @@ def _print_show(r: RunSummary) -> None:
         ("duration", fmt_duration(r.duration_s)),
         ("gpus", gpus_text(r, none="none") + (" (no real GPU was used)" if r.simulated else "")),
         ("overrides", " ".join(f"{k}={v}" for k, v in r.overrides.items())),
+        ("tags", ", ".join(r.tags)),
+        ("note", r.note),
         ("command", " ".join(r.argv)),
         (
             "steps",

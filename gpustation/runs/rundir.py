@@ -22,6 +22,8 @@ from typing import Any
 from gpustation import paths
 
 RUN_JSON = "run.json"
+#: the user's note and tags (``runs note``, ``runs tag``)
+ANNOTATIONS_JSON = "annotations.json"
 STATE_JSON = "state.json"
 OUTPUT_LOG = "output.log"
 METRICS_FILE = "metrics.jsonl"

@@ -51,7 +51,7 @@ from gpustation.runs.output import strict_json
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary
 
-_JSON_FIELDS = {"overrides", "gpus", "argv", "summary", "error_tail"}
+_JSON_FIELDS = {"overrides", "gpus", "argv", "summary", "error_tail", "tags"}
 _BOOL_FIELDS = {"simulated", "oom", "energy_shared"}
 
 
@@ -451,6 +451,15 @@ class RunStore:
             data[name] = value
         return RunSummary(**data)
 
+    def delete(self, run_id: str) -> None:
+        """Remove a run's row (its directory is the caller's to remove first)."""
+
+        def job() -> None:
+            with self._connect() as conn:
+                conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+
+        self._retry(job)
+
     def get(self, run_id: str) -> RunSummary | None:
         for record in self._all():
             if record.id == run_id:
@@ -493,6 +502,11 @@ def record_from_dir(directory: Path, state: RunState | None = None) -> RunSummar
         record.apply_state(state)
     elif record.started_at is not None:
         record.duration_s = max(0.0, time.time() - record.started_at)
+    notes = rundir.read_json(directory / rundir.ANNOTATIONS_JSON) or {}
+    user_tags = [str(t) for t in notes.get("tags") or [] if isinstance(t, str)]
+    record.tags = [*record.tags, *(t for t in user_tags if t not in record.tags)]
+    note = notes.get("note")
+    record.note = note if isinstance(note, str) and note else None
     fold = MetricsFold()
     record.malformed_metrics = fold.read(directory / rundir.METRICS_FILE)
     fold.apply(record)

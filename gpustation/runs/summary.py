@@ -74,6 +74,9 @@ class RunSummary:
     malformed_metrics: int = 0
     summary: dict[str, Any] = field(default_factory=dict)
     error_tail: list[str] = field(default_factory=list)
+    #: the preset's tags and the user's (``runs tag``), and the user's note
+    tags: list[str] = field(default_factory=list)
+    note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,6 +97,7 @@ class RunSummary:
             run_dir=str(directory) if directory is not None else None,
             simulated=bool((run.get("backend") or {}).get("simulated")),
             started_at=run.get("created_at"),
+            tags=[str(t) for t in preset.get("tags") or []],
         )
 
     def apply_state(self, state: RunState, now: float | None = None) -> RunSummary:

@@ -1,0 +1,91 @@
+"""Keeping the history tidy: delete runs, prune old ones, notes and tags.
+
+These are writers (the user asked for them): a run's note and tags live in
+its directory (``annotations.json``), like everything else of the run, and the
+index row is brought up to date after. A run that is still going is never
+deleted; stop it first.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpustation.errors import UsageError
+from gpustation.runs import rundir
+from gpustation.runs.store import RunStore, sync_run
+from gpustation.runs.summary import RunSummary
+
+_TAG_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-+/")
+
+
+def _directory(store: RunStore, run_id: str) -> Path:
+    record = store.get(run_id)
+    if record is None or not record.run_dir:
+        raise UsageError(f"run {run_id}: no run directory")
+    return Path(record.run_dir)
+
+
+def annotate(
+    store: RunStore,
+    run_id: str,
+    note: str | None = None,
+    add: Sequence[str] = (),
+    remove: Sequence[str] = (),
+) -> RunSummary:
+    """Set a run's note (``""`` clears it) and add or remove tags."""
+    for tag in (*add, *remove):
+        if not tag or len(tag) > 64 or not set(tag) <= _TAG_CHARS:
+            raise UsageError(f"tag {tag!r}: letters, digits and . _ : - + /, at most 64 characters")
+    if note is not None and len(note) > 4096:
+        raise UsageError("a note is at most 4,096 characters")
+    directory = _directory(store, run_id)
+    path = directory / rundir.ANNOTATIONS_JSON
+    data = rundir.read_json(path) or {}
+    tags = [t for t in data.get("tags") or [] if isinstance(t, str) and t not in remove]
+    tags += [t for t in add if t not in tags]
+    data["tags"] = tags
+    if note is not None:
+        data["note"] = note or None
+    rundir.write_json(path, data)
+    return sync_run(directory, store)
+
+
+def delete_runs(store: RunStore, run_ids: Sequence[str]) -> list[str]:
+    """Delete runs (their directories and rows); refuse, before deleting any, a run
+    that is still going."""
+    records = []
+    for run_id in run_ids:
+        record = store.get(run_id)
+        if record is None:
+            raise UsageError(f"no run {run_id!r}")
+        if record.active:
+            raise UsageError(f"run {run_id} is {record.status}; stop it first (`runs stop`)")
+        records.append(record)
+    deleted = []
+    for record in records:
+        if record.run_dir and Path(record.run_dir).exists():
+            shutil.rmtree(record.run_dir)
+        store.delete(record.id)
+        deleted.append(record.id)
+    return deleted
+
+
+def prune_candidates(
+    store: RunStore, older_than_s: float, status: str | None = None, now: float | None = None
+) -> list[RunSummary]:
+    """Ended runs that ended (or started) more than ``older_than_s`` ago."""
+    cutoff = (now or time.time()) - older_than_s
+    out = []
+    for r in store.list_runs():
+        if r.active:
+            continue
+        when = r.ended_at or r.started_at
+        if when is None or when >= cutoff:
+            continue
+        if status is not None and r.status != status:
+            continue
+        out.append(r)
+    return out

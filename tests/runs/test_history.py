@@ -1,0 +1,99 @@
+"""Keeping the history tidy: delete, prune, notes and tags, and listing by them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpustation.runs import rundir
+from gpustation.runs.store import RunStore
+from tests.conftest import child_env, gpustation_cmd
+
+TIMEOUT = 120.0
+
+
+def gs(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        gpustation_cmd(*args), capture_output=True, text=True, env=child_env(), timeout=TIMEOUT
+    )
+
+
+def _run(name: str, code: str = "print('hi')") -> str:
+    result = gs("run", "--name", name, "--detach", "--", sys.executable, "-c", code)
+    assert result.returncode == 0, result.stderr
+    run_id = result.stdout.strip()
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        state = rundir.read_state(rundir.run_dir(run_id))
+        if state is not None and not state.active:
+            return run_id
+        time.sleep(0.1)  # polling the run's state file
+    raise AssertionError(f"run {run_id} did not end")
+
+
+def test_notes_and_tags_live_in_the_run_directory_and_filter_the_list(runs_env: dict) -> None:
+    a, b = _run("alpha"), _run("beta")
+    assert gs("runs", "tag", a, "baseline", "lr:3e-4").returncode == 0
+    assert gs("runs", "note", a, "the run before the fix").returncode == 0
+    shown = json.loads(gs("runs", "show", a, "--json").stdout)
+    assert (
+        shown["tags"][-2:] == ["baseline", "lr:3e-4"] and shown["note"] == "the run before the fix"
+    )
+    notes = json.loads((rundir.run_dir(a) / rundir.ANNOTATIONS_JSON).read_text())
+    assert notes["tags"] == ["baseline", "lr:3e-4"]
+    listed = json.loads(gs("runs", "list", "--tag", "baseline", "--json").stdout)
+    assert [r["id"] for r in listed] == [a]
+    by_preset = json.loads(gs("runs", "list", "--preset", "beta", "--json").stdout)
+    assert [r["id"] for r in by_preset] == [b]
+    # the index is rebuilt from the run directories: tags and notes come back
+    RunStore().db.unlink()
+    again = json.loads(gs("runs", "show", a, "--json").stdout)
+    assert again["note"] == "the run before the fix" and "baseline" in again["tags"]
+    assert gs("runs", "tag", a, "baseline", "--remove").returncode == 0
+    assert "baseline" not in json.loads(gs("runs", "show", a, "--json").stdout)["tags"]
+    bad = gs("runs", "tag", a, "no spaces")
+    assert bad.returncode == 2 and "tag" in bad.stderr
+
+
+def test_delete_and_prune_remove_directories_and_rows(runs_env: dict) -> None:
+    ok, failed, other = _run("keep"), _run("bad", "import sys; sys.exit(1)"), _run("old")
+    dry = gs("runs", "prune", "--older-than", "0h", "--status", "failed", "--dry-run")
+    assert dry.returncode == 0 and failed in dry.stdout and ok not in dry.stdout
+    assert rundir.run_dir(failed).exists()
+    result = gs("runs", "prune", "--older-than", "0h", "--status", "failed")
+    assert result.returncode == 0, result.stderr
+    assert not rundir.run_dir(failed).exists() and RunStore().get(failed) is None
+    assert gs("runs", "delete", other).returncode == 0
+    assert not rundir.run_dir(other).exists()
+    left = [r["id"] for r in json.loads(gs("runs", "list", "--json").stdout)]
+    assert left == [ok]
+    assert gs("runs", "prune", "--older-than", "soon").returncode == 2
+
+
+def test_a_run_still_going_is_not_deleted(runs_env: dict) -> None:
+    result = gs(
+        "run",
+        "--name",
+        "long",
+        "--detach",
+        "--",
+        sys.executable,
+        "-c",
+        "import time; time.sleep(60)",
+    )
+    run_id = result.stdout.strip()
+    try:
+        refused = gs("runs", "delete", run_id)
+        assert refused.returncode == 2 and "stop it first" in refused.stderr
+        assert rundir.run_dir(run_id).exists()
+    finally:
+        gs("runs", "stop", run_id, "--grace", "1")
+
+
+@pytest.fixture(autouse=True)
+def _simulated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSTATION_SIMULATE", "1")
