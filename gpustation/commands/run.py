@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             action.default = argparse.SUPPRESS
     p.add_argument(
         "--detach", action="store_true", help="print the run id and return; the run goes on"
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="record a torch.profiler trace of a few steps after warm-up (the shipped "
+        "training runners); `runs show` lists the top kernels and ops",
+    )
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=5,
+        metavar="N",
+        help="steps the profile covers (default 5)",
     )
     p.add_argument(
         "--grace",
@@ -118,6 +132,12 @@ def run(args: argparse.Namespace) -> int:
         presets, problems = load_presets()
         # A preset that failed to load says why, rather than "not found".
         preset = find_preset(args.preset, presets, problems)
+    if args.profile:
+        if preset.runner is None:
+            raise UsageError("--profile: only a shipped runner records a profile; give a preset")
+        if not 1 <= args.profile_steps <= 100:
+            raise UsageError(f"--profile-steps: between 1 and 100, got {args.profile_steps}")
+        preset = replace(preset, args={**preset.args, "profile_steps": args.profile_steps})
     # Catch Ctrl-C from here on: one pressed while the run starts must stop it
     # too, not leave it running behind an interrupted command.
     interrupts: list[float] = []

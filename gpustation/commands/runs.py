@@ -13,6 +13,7 @@ import sys
 import time
 
 from gpustation.errors import UsageError
+from gpustation.runs import rundir
 from gpustation.runs.compare import (
     CompareRow,
     compare_rows,
@@ -149,6 +150,41 @@ def run(args: argparse.Namespace) -> int:
             _print_compare(records, table)
         return 0
     raise UsageError(f"unknown action {action!r}")
+
+
+def _print_profile(out: object, r: RunSummary) -> None:
+    """The top kernels and ops of a run recorded with ``--profile``, if it has them."""
+    from pathlib import Path
+
+    from rich.table import Table
+
+    if not r.run_dir:
+        return
+    path = Path(r.run_dir) / "profile" / "top_ops.json"
+    data = rundir.read_json(path)
+    if data is None:
+        return
+    idle = data.get("gpu_idle_pct")
+    head = f"profile of {data.get('profiled_steps')} steps, {data.get('step_ms')} ms a step"
+    if isinstance(idle, (int, float)):
+        head += f", GPU idle {idle:.1f} % of it"
+    for key, title in (("cuda_kernels", "CUDA kernels"), ("cpu_ops", "CPU ops")):
+        rows = data.get(key) or []
+        if not rows:
+            continue
+        table = Table(title=f"{head}: top {title} by self time", box=None, title_justify="left")
+        for column in ("name", "self ms", "calls", "share of the steps"):
+            table.add_column(column, justify="left" if column == "name" else "right")
+        for row in rows[:15]:
+            share = row.get("share")
+            table.add_row(
+                safe(str(row.get("name", "?")))[:80],
+                f"{row.get('self_ms', 0):,.2f}",
+                str(row.get("calls", "")),
+                f"{100 * share:.1f} %" if isinstance(share, (int, float)) else "-",
+            )
+        out.print(table)  # type: ignore[attr-defined]
+    out.print(f"trace: {path.parent / 'trace.json'} (Perfetto, TensorBoard)")  # type: ignore[attr-defined]
 
 
 def _tidy(store: RunStore, args: argparse.Namespace) -> int:
@@ -325,6 +361,7 @@ def _print_show(r: RunSummary) -> None:
         from rich.text import Text
 
         out.print(Text.assemble(("summary ", "bold"), strict_json(r.summary, indent=None)))
+    _print_profile(out, r)
     if r.error_tail:
         out.print("[bold]last lines of the log[/bold]")
         for line in r.error_tail:

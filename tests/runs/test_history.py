@@ -97,3 +97,39 @@ def test_a_run_still_going_is_not_deleted(runs_env: dict) -> None:
 @pytest.fixture(autouse=True)
 def _simulated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUSTATION_SIMULATE", "1")
+
+
+def test_runs_show_lists_a_profiled_run_s_top_kernels_and_ops(runs_env: dict) -> None:
+    run_id = _run("profiled")
+    profile = rundir.run_dir(run_id) / "profile"
+    profile.mkdir()
+    (profile / "top_ops.json").write_text(
+        json.dumps(
+            {
+                "profiled_steps": 5,
+                "step_ms": 37.0,
+                "gpu_idle_pct": 23.4,
+                "cuda_kernels": [
+                    {
+                        "name": "cudnn::bn_fw_tr_1C11_kernel",
+                        "self_ms": 40.5,
+                        "calls": 265,
+                        "share": 0.219,
+                    },
+                ],
+                "cpu_ops": [
+                    {"name": "cudaLaunchKernel", "self_ms": 12.0, "calls": 900, "share": 0.065}
+                ],
+            }
+        )
+    )
+    out = gs("runs", "show", run_id).stdout
+    assert "GPU idle 23.4 %" in out and "cudnn::bn_fw_tr_1C11_kernel" in out
+    assert "21.9 %" in out and "cudaLaunchKernel" in out and "trace.json" in out
+
+
+def test_profile_needs_a_shipped_runner(runs_env: dict) -> None:
+    result = gs("run", "--profile", "--", sys.executable, "-c", "pass")
+    assert result.returncode == 2 and "--profile" in result.stderr
+    bad = gs("run", "resnet50-bf16", "--profile", "--profile-steps", "0", "--detach")
+    assert bad.returncode == 2 and "--profile-steps" in bad.stderr
