@@ -438,6 +438,14 @@ def apply_overrides(
         if not raw_key:
             raise UsageError(f"--set {item!r}: the key is empty")
         key = by_norm.get(raw_key.replace("-", "_"))
+        shared = preset.runner is not None and (
+            "--" + raw_key.replace("_", "-") in _runners_package().SHARED_OPTIONS
+        )
+        if key is None and shared:
+            # every runner takes the shared options (--device, --seed ...)
+            key = raw_key.replace("-", "_")
+            args[key] = parsed[key] = text
+            continue
         if key is None:
             key = raw_key.replace("-", "_")
             near = difflib.get_close_matches(key, list(args), n=1)

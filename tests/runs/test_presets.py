@@ -247,3 +247,17 @@ def test_environment_of_the_child(tmp_path: Path) -> None:
     assert "NCCL_NVLS_ENABLE" not in env
     no_driver = build_env(preset, [], "rid", tmp_path, has_driver=False, base=base)
     assert "CUDA_VISIBLE_DEVICES" not in no_driver
+
+
+def test_the_runners_shared_options_need_no_preset_argument() -> None:
+    from gpustation.runs.presets import RunPreset, apply_overrides
+
+    preset = RunPreset(name="p", runner="resnet", args={"steps": 10})
+    changed, parsed, warnings = apply_overrides(preset, ["device=cpu", "seed=3"])
+    assert warnings == [] and parsed == {"device": "cpu", "seed": "3"}
+    assert changed.args["device"] == "cpu"
+    _, _, warned = apply_overrides(preset, ["colour=blue"])
+    assert warned and "no argument" in warned[0]
+    command = RunPreset(name="c", command=["x"], args={})
+    _, _, warned = apply_overrides(command, ["device=cpu"])  # a command has no shared options
+    assert warned
