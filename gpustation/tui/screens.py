@@ -86,6 +86,7 @@ class DashboardScreen(LiveScreen):
         Binding("k", "kill", "Kill", id="dashboard.kill"),
         Binding("slash", "filter", "Filter", id="dashboard.filter"),
         Binding("s", "sort", "Sort", id="dashboard.sort"),
+        Binding("S", "reverse_sort", "Reverse sort", show=False, id="dashboard.reverse_sort"),
         Binding("escape", "close_filter", "Close filter", show=False, id="dashboard.close_filter"),
     ]
 
@@ -232,6 +233,10 @@ class DashboardScreen(LiveScreen):
 
     def action_sort(self) -> None:
         self.query_one(ProcessTable).cycle_sort()
+
+    def action_reverse_sort(self) -> None:
+        table = self.query_one(ProcessTable)
+        table.sort_by(table.sort_key)  # the same key again reverses the order
 
 
 class TopologyScreen(LiveScreen):

@@ -514,3 +514,16 @@ async def test_fans_left_manual_with_no_controller_are_an_alert() -> None:
         await wait_for(
             pilot, lambda: not any(a.rule == "fans_unattended" for a in app.alerts.active)
         )
+
+
+async def test_shift_s_reverses_the_process_table_s_order() -> None:
+    app, _ = make_app(count=2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.passes >= 1)
+        table = app.screen.query_one(ProcessTable)
+        key, before = table.sort_key, table.sort_reverse
+        await pilot.press("S")
+        await wait_for(pilot, lambda: table.sort_reverse is not before)
+        assert table.sort_key == key
+        await pilot.press("S")
+        await wait_for(pilot, lambda: table.sort_reverse is before)
