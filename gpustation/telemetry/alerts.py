@@ -46,6 +46,8 @@ class Alert:
     gpu: int
     message: str
     time: float
+    #: the log's record that a condition stopped holding (not an alert of its own)
+    cleared: bool = False
 
     @property
     def key(self) -> tuple[str, int]:
@@ -53,6 +55,8 @@ class Alert:
 
     @property
     def severity(self) -> str:
+        if self.cleared:
+            return "cleared"
         return "critical" if self.rule in CRITICAL else "warning"
 
     @property
@@ -313,6 +317,8 @@ class AlertLog:
         self._cleared_at: dict[tuple[str, int], float] = {}
         self._vanished: dict[int, Alert] = {}
         self._ecc_events: dict[int, Alert] = {}
+        #: conditions whose start is in the log (their end is logged too)
+        self._logged_episodes: set[tuple[str, int]] = set()
         self._xid_events: dict[int, Alert] = {}
 
     def update(self, snapshot: Snapshot, extra: Sequence[Alert] = ()) -> list[Alert]:
@@ -342,10 +348,25 @@ class AlertLog:
             cleared = self._cleared_at.get(alert.key)
             if cleared is not None and snapshot.time - cleared < self.repeat_quiet_s:
                 continue  # flapping around a threshold: keep the log readable
+            self._logged_episodes.add(alert.key)
             self.log.append(alert)
             logged.append(alert)
         for key in set(self._active) - set(now):
             self._cleared_at[key] = snapshot.time
+            started = self._active[key]
+            # a clear is logged when its start was (a quieted flap logs neither)
+            if key in self._logged_episodes and started.rule not in ("gpu_lost", "ecc_uncorrected"):
+                self._logged_episodes.discard(key)
+                self.log.append(
+                    Alert(
+                        started.rule,
+                        started.gpu,
+                        f"GPU {started.gpu}: {RULES.get(started.rule, started.rule)} cleared "
+                        f"(after {max(0.0, snapshot.time - started.time):.0f} s)",
+                        snapshot.time,
+                        cleared=True,
+                    )
+                )
         # keep the first alert of an ongoing condition (its start time)
         self._active = {k: self._active.get(k, a) for k, a in now.items()}
         return logged

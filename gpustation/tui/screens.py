@@ -284,7 +284,7 @@ class AlertLogScreen(LiveScreen):
             t.append("No alerts so far.", style="green")
         for alert in reversed(log):
             stamp = time.strftime("%H:%M:%S", time.localtime(alert.time))
-            style = "bold red" if alert.severity == "critical" else "yellow"
+            style = {"critical": "bold red", "cleared": "green"}.get(alert.severity, "yellow")
             t.append(f"{stamp}  ", style="dim")
             t.append(f"{alert.severity:<8} ", style=style)
             t.append(alert.message + "\n")

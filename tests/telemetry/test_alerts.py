@@ -111,7 +111,9 @@ def test_alert_log_keeps_active_alerts_and_quiets_flapping() -> None:
     assert rules(log.active) == {("power_cap", 0)}
     log.update(snap(4, gpu()))
     assert rules(log.update(snap(100, hot))) == {("power_cap", 0)}
-    assert len(log.log) == 2
+    # the start at 0, its end at 2 (the flap at 3-4 is quiet), the start at 100
+    assert [(a.time, a.cleared) for a in log.log] == [(0, False), (2, True), (100, False)]
+    assert "cleared (after 2 s)" in log.log[1].message
 
 
 def test_alert_log_keeps_a_vanished_gpu_and_ecc_errors_active() -> None:
