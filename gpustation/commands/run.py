@@ -73,6 +73,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "training runners); `runs show` lists the top kernels and ops",
     )
     p.add_argument(
+        "--launcher",
+        choices=["nsys"],
+        help="run through Nsight Systems (nsys profile); its report lands in the run "
+        "directory's profile/",
+    )
+    p.add_argument(
         "--profile-steps",
         type=int,
         default=5,
@@ -132,6 +138,18 @@ def run(args: argparse.Namespace) -> int:
         presets, problems = load_presets()
         # A preset that failed to load says why, rather than "not found".
         preset = find_preset(args.preset, presets, problems)
+    wrap: list[str] = []
+    if args.launcher == "nsys":
+        import shutil
+
+        nsys = shutil.which("nsys")
+        if nsys is None:
+            raise UsageError(
+                "--launcher nsys: Nsight Systems (nsys) is not on PATH; install it "
+                "(NVIDIA's CUDA toolkit or the nsight-systems package) or leave the option out"
+            )
+        wrap = [nsys, "profile", "--trace", "cuda,nvtx,osrt", "--force-overwrite", "true"]
+        wrap += ["--output", "{run_dir}/profile/nsys"]
     if args.profile:
         if preset.runner is None:
             raise UsageError("--profile: only a shipped runner records a profile; give a preset")
@@ -150,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
             simulate=getattr(args, "simulate", None),
             sim_card=getattr(args, "sim_card", None),
             stop_grace_s=args.grace,
+            wrap=wrap,
         )
     except BaseException:
         signal.signal(signal.SIGINT, previous)

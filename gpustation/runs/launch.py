@@ -125,6 +125,7 @@ def launch(
     stop_grace_s: float = DEFAULT_GRACE_S,
     cwd: str | os.PathLike[str] | None = None,
     wait_started_s: float = 10.0,
+    wrap: Sequence[str] = (),
 ) -> RunHandle:
     """Start a run of ``preset`` and return once its supervisor has started it.
 
@@ -164,7 +165,10 @@ def launch(
                 rundir.note_shared_gpus(mine, theirs, common)
             except OSError:
                 pass
-    argv = build_argv(preset, chosen)
+    if wrap:
+        (directory / "profile").mkdir(exist_ok=True)
+    # ``wrap``: a program the run goes through (Nsight Systems); {run_dir} is this run's
+    argv = [*(w.replace("{run_dir}", str(directory)) for w in wrap), *build_argv(preset, chosen)]
     env = build_env(
         preset, chosen, run_id, directory, has_driver=backend_info.get("kind") != "none"
     )

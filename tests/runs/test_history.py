@@ -6,12 +6,14 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from gpustation.runs import rundir
 from gpustation.runs.store import RunStore
 from tests.conftest import child_env, gpustation_cmd
+from tests.runs.conftest import command_preset
 
 TIMEOUT = 120.0
 
@@ -133,3 +135,44 @@ def test_profile_needs_a_shipped_runner(runs_env: dict) -> None:
     assert result.returncode == 2 and "--profile" in result.stderr
     bad = gs("run", "resnet50-bf16", "--profile", "--profile-steps", "0", "--detach")
     assert bad.returncode == 2 and "--profile-steps" in bad.stderr
+
+
+def test_launcher_nsys_wraps_the_run_or_says_it_is_missing(runs_env: dict, tmp_path: Path) -> None:
+    import stat
+
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    env = child_env(PATH=f"{empty}:/usr/bin:/bin")
+    missing = subprocess.run(
+        gpustation_cmd("run", "resnet50-bf16", "--launcher", "nsys", "--detach"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert missing.returncode == 2 and "nsys" in missing.stderr and "PATH" in missing.stderr
+    fake = empty / "nsys"  # records how it was called, then runs the program it was given
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys\n"
+        "args = sys.argv[1:]\n"
+        "out = args[args.index('--output') + 1]\n"
+        "open(out + '.called', 'w').write(' '.join(args))\n"
+        "program = args[args.index('--output') + 2:]\n"
+        "os.execvp(program[0], program)\n"
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    runs_env["write_preset"]("wrapped", command_preset("wrapped", "train_ok", args="steps = 2"))
+    result = subprocess.run(
+        gpustation_cmd("run", "wrapped", "--launcher", "nsys"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr
+    run_id = json.loads(gs("runs", "show", "last", "--json").stdout)["id"]
+    called = (rundir.run_dir(run_id) / "profile" / "nsys.called").read_text()
+    assert called.startswith("profile --trace cuda,nvtx,osrt")
+    program = called.split()[called.split().index("--output") + 2 :]
+    assert program[1].endswith("train_ok.py")  # the run's own program, then its args
