@@ -36,6 +36,12 @@ EVENTS = {
     "gpu_hot": "a GPU is throttled by heat",
     "gpu_idle_held": "a process holds a GPU's memory but leaves it idle",
 }
+#: alert rules -> the events that tell of them
+ALERT_EVENTS = {
+    "gpu_lost": "gpu_lost",
+    "thermal_throttle": "gpu_hot",
+    "gpu_idle_held": "gpu_idle_held",
+}
 #: how long one notification may take before it is given up (seconds)
 SEND_TIMEOUT_S = 15.0
 

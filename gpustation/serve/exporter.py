@@ -33,9 +33,9 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpustation.control import journal
 from gpustation.control.fans import unattended_manual_fans
-from gpustation.errors import GpustationError, UsageError
+from gpustation.errors import UsageError
 from gpustation.runs import store
-from gpustation.telemetry.alerts import Alert, AlertLog, IdleRule, load_idle_rule
+from gpustation.telemetry.alerts import Alert, AlertLog, idle_rule_or_default
 from gpustation.telemetry.model import THROTTLE_REASONS, GpuSample, Snapshot, encode_throttle
 
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "hostname")
@@ -400,7 +400,7 @@ class Exporter:
         self._with_extras = with_extras
         self._extras_interval_s = extras_interval_s
         self._latest = _Latest()
-        self._alerts = AlertLog(idle=_idle_rule())
+        self._alerts = AlertLog(idle=idle_rule_or_default())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -519,14 +519,3 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _idle_rule() -> IdleRule:
-    """``[alerts]``'s idle rule; a bad table keeps the defaults (logged)."""
-    try:
-        return load_idle_rule()
-    except GpustationError as err:
-        import logging
-
-        logging.getLogger(__name__).warning("%s", err)
-        return IdleRule()

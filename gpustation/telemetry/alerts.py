@@ -254,6 +254,36 @@ def load_idle_rule(path: Path | None = None) -> IdleRule:
     return IdleRule(**values)
 
 
+def idle_rule_or_default() -> IdleRule:
+    """The configured idle rule; a bad ``[alerts]`` table is logged and the defaults used
+    (an alert rule must never stop the dashboard or the exporter)."""
+    from gpustation.errors import GpustationError
+
+    try:
+        return load_idle_rule()
+    except GpustationError as err:
+        import logging
+
+        logging.getLogger(__name__).warning("%s", err)
+        return IdleRule()
+
+
+def fans_unattended(unattended: dict[int, list[int]], t: float) -> list[Alert]:
+    """Conditions for fans left on manual control with no controller (found by the
+    control layer, which telemetry does not import)."""
+    return [
+        Alert(
+            "fans_unattended",
+            index,
+            f"GPU {index} fan {', '.join(map(str, fans))} on manual control with no fan "
+            "controller running: they will not follow the temperature "
+            "(`gpustation fan auto` hands them back)",
+            t,
+        )
+        for index, fans in unattended.items()
+    ]
+
+
 class IdleHeld:
     """Times how long each GPU process has held memory on an idle GPU."""
 

@@ -49,8 +49,8 @@ from textual.message import Message
 from textual.screen import Screen
 
 from gpustation.errors import GpustationError
-from gpustation.notify import notifier_from_config
-from gpustation.telemetry.alerts import Alert, AlertLog, IdleRule, load_idle_rule
+from gpustation.notify import ALERT_EVENTS, notifier_from_config
+from gpustation.telemetry.alerts import Alert, AlertLog, fans_unattended, idle_rule_or_default
 from gpustation.telemetry.backend import Backend, open_backend
 from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
@@ -214,7 +214,7 @@ class DashboardApp(App[int]):
         self.metric = metric if metric in METRICS else "util"
         self.graph_window_s = GRAPH_WINDOW_S
         self.history = History()
-        self.alerts = AlertLog(idle=_idle_rule())
+        self.alerts = AlertLog(idle=idle_rule_or_default())
         #: apprise and the bell, for the alerts [notify] chooses (None: not configured)
         self.notifier = notifier_from_config()
         self.frame: Frame | None = None
@@ -276,7 +276,7 @@ class DashboardApp(App[int]):
 
     def _send_alert(self, alert: Alert) -> None:
         """An alert [notify] asks for goes out on a worker: never on the UI thread."""
-        event = _ALERT_EVENTS.get(alert.rule)
+        event = ALERT_EVENTS.get(alert.rule)
         notifier = self.notifier
         if notifier is None or event is None or not notifier.wanted(event):
             return
@@ -335,17 +335,7 @@ class DashboardApp(App[int]):
         self.history.add(frame.snapshot)
         if frame.snapshot.note and self._note_timer is None:
             self._note_timer = self.set_timer(self.note_full_s, self.collapse_note)
-        unattended = [
-            Alert(
-                "fans_unattended",
-                index,
-                f"GPU {index} fan {', '.join(map(str, fans))} on manual control with no fan "
-                "controller running: they will not follow the temperature "
-                "(`gpustation fan auto` hands them back)",
-                frame.snapshot.time,
-            )
-            for index, fans in frame.unattended_fans.items()
-        ]
+        unattended = fans_unattended(frame.unattended_fans, frame.snapshot.time)
         for alert in self.alerts.update(frame.snapshot, unattended):
             self._send_alert(alert)
             if not self._notify_alerts:
@@ -641,19 +631,3 @@ def run_dashboard(
     if source.record_error:
         print(f"gpustation: recording stopped: {source.record_error}", file=sys.stderr)
     return int(result or 0)
-
-
-#: alert rules -> the [notify] events that tell of them
-_ALERT_EVENTS = {
-    "gpu_lost": "gpu_lost",
-    "thermal_throttle": "gpu_hot",
-    "gpu_idle_held": "gpu_idle_held",
-}
-
-
-def _idle_rule() -> IdleRule:
-    """``[alerts]``'s idle rule; a bad table keeps the defaults (the banner says so)."""
-    try:
-        return load_idle_rule()
-    except GpustationError:
-        return IdleRule()
