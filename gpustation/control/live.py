@@ -131,6 +131,44 @@ class LiveControl:
         if self.on_poll is not None:
             self.on_poll(report)
 
+    def leave_curve_running(self) -> int:
+        """Hand the running curve to a controller process of its own and return its pid.
+
+        For a dashboard that quits with a kept curve: ``gpustation fan run
+        PROFILE`` starts in a session of its own (it outlives the dashboard; a
+        later ``gpustation fan auto`` stops it), after this process's curve has
+        handed the fans back, so the two never drive them at once.
+        """
+        import subprocess
+        import sys
+
+        from gpustation.paths import state_dir
+
+        controller, profile = self._controller, self.curve_profile
+        if controller is None or profile is None:
+            raise GpustationError("no fan curve is running to leave behind")
+        indices = ",".join(map(str, controller.indices))
+        argv = [sys.executable, "-m", "gpustation", "fan", "run", profile.name, "--gpus", indices]
+        sim = self.backend
+        if sim.simulated:
+            argv += ["--simulate", str(getattr(sim, "count", 2))]
+            spec = getattr(sim, "spec", None)
+            if spec is not None:
+                argv += ["--sim-card", spec.key]
+        self.stop_curve()
+        log = state_dir() / "fan-controller.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        return proc.pid
+
     def stop_curve(self, timeout_s: float = 30.0) -> None:
         """Stop the running fan curve (its fans go back to automatic) and wait."""
         with self._lock:

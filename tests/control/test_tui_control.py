@@ -254,3 +254,42 @@ def test_profiles_are_in_the_command_palette(sim: RecordingSim) -> None:
             assert "Set power cap" in titles and "Show control journal" in titles
 
     asyncio.run(scenario())
+
+
+def test_quitting_with_a_kept_curve_asks_and_can_leave_a_controller_running(
+    sim: RecordingSim,
+) -> None:
+    from gpustation.control.fancurve import running_controllers, stop_controllers
+    from gpustation.tui.control.dialogs import QuitFansDialog
+
+    async def scenario(choice: str) -> None:
+        app = make_app(sim)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await open_control(pilot, app)
+            ui = control_ui(app)
+            ui.confirm_timeout_s = 120.0
+            await pilot.press("3")
+            await open_keep_dialog(pilot, app)
+            await pilot.press("y")
+            await wait_until(pilot, lambda: ui.events[-1:] == [("kept", ANY)], "keep")
+            await wait_until(pilot, lambda: fan_modes(sim) == {"manual"}, "the curve")
+            await pilot.press("q")
+            await wait_until(pilot, lambda: isinstance(app.screen, QuitFansDialog), "the question")
+            await pilot.press(choice)
+            await wait_until(pilot, lambda: not app.is_running, "the dashboard to quit")
+
+    asyncio.run(scenario("h"))
+    assert fan_modes(sim) == {"auto"} and running_controllers([0, 1], True) == {}
+    asyncio.run(scenario("l"))
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not running_controllers([0, 1], True) and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling for the controller process's lock
+        assert set(running_controllers([0, 1], True)) == {0, 1}
+        deadline = time.monotonic() + TIMEOUT_S
+        while fan_modes(sim) != {"manual"} and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert fan_modes(sim) == {"manual"}  # the controller drives them now
+    finally:
+        stop_controllers([0, 1], True)
+    assert fan_modes(sim) == {"auto"}

@@ -178,3 +178,48 @@ class PowerCapDialog(ModalScreen[float | None]):
             self.action_apply()
         else:
             self.action_cancel()
+
+
+class QuitFansDialog(ModalScreen[str | None]):
+    """ "Hand the fans back, or leave a controller running?" when quitting with a kept curve."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("h", "answer('hand_back')", "Hand back", id="control.quit.hand_back"),
+        Binding("l", "answer('leave')", "Leave running", id="control.quit.leave"),
+        Binding("escape,c", "answer(None)", "Cancel", id="control.quit.cancel"),
+    ]
+    DEFAULT_CSS = """
+    QuitFansDialog { align: center middle; }
+    #quitfans-box {
+        width: 76; height: auto; border: thick $warning; background: $surface; padding: 1 2;
+    }
+    #quitfans-box Label { width: 100%; }
+    #quitfans-buttons { height: auto; margin-top: 1; }
+    #quitfans-buttons Button { margin-right: 2; }
+    """
+
+    def __init__(self, profile: str) -> None:
+        super().__init__()
+        self.profile = profile
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="quitfans-box"):
+            yield Label(f"The fan curve {self.profile!r} is running.", id="quitfans-what")
+            yield Label(
+                "Hand the fans back to the card, or leave a controller running on its own "
+                "(`gpustation fan auto` stops it later)?",
+                id="quitfans-question",
+            )
+            with Horizontal(id="quitfans-buttons"):
+                yield Button("Hand back (h)", id="hand_back", variant="primary")
+                yield Button("Leave running (l)", id="leave", variant="warning")
+                yield Button("Cancel (c)", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#hand_back", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(None if event.button.id == "cancel" else event.button.id)
+
+    def action_answer(self, choice: str | None) -> None:
+        self.dismiss(choice)

@@ -27,7 +27,7 @@ from gpustation.control.confirm import CONFIRM_TIMEOUT_S, Outcome
 from gpustation.control.live import Change, LiveControl
 from gpustation.control.profiles import Profile, list_profiles
 from gpustation.errors import GpustationError
-from gpustation.tui.control.dialogs import KeepChangeDialog
+from gpustation.tui.control.dialogs import KeepChangeDialog, QuitFansDialog
 from gpustation.tui.control.journal import JournalScreen
 
 if TYPE_CHECKING:
@@ -102,6 +102,9 @@ class ControlUI:
         self.target: MessagePump | None = None
         self._profiles: list[Profile] | None = None
         self._signals_installed: dict[int, Any] = {}
+        hooks = getattr(app, "quit_hooks", None)
+        if isinstance(hooks, list):
+            hooks.append(self.before_quit)
         # Made on the UI thread: the loop a signal handler hands the exit to.
         try:
             self._event_loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -266,6 +269,30 @@ class ControlUI:
         self.refresh_screens()
 
     # -- shutdown ------------------------------------------------------------------
+    def before_quit(self) -> bool:
+        """Asked by the app on ``q``: with a kept fan curve running, ask what becomes of it."""
+        live = self.live
+        if isinstance(self.app.screen, QuitFansDialog):
+            return True  # already asking
+        if live is None or not live.curve_running or live.curve_profile is None:
+            return False
+        if self.pending is not None:
+            return False  # an unkept change reverts on the way out, curve and all
+
+        def answered(choice: str | None) -> None:
+            if choice == "hand_back":
+                self.app.exit()  # close() stops the curve: the fans go back to the card
+            elif choice == "leave":
+                try:
+                    pid = live.leave_curve_running()
+                except (GpustationError, OSError) as err:
+                    self.app.notify(str(err), title="Fan curve", severity="error")
+                    return
+                self.app.exit(message=f"gpustation: the fan curve goes on in process {pid}")
+
+        self.app.push_screen(QuitFansDialog(live.curve_profile.name), answered)
+        return True
+
     def _install_signals(self) -> None:
         """SIGTERM/SIGHUP end the dashboard cleanly: fans handed back, a change reverted."""
         if self._signals_installed or threading.current_thread() is not threading.main_thread():
