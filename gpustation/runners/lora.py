@@ -52,6 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-every", type=int, default=10, help="steps between metric lines")
     parser.add_argument(
+        "--eval-fraction",
+        type=float,
+        default=0.05,
+        help="share of the packed sequences held out for the eval loss (0: no eval)",
+    )
+    parser.add_argument(
+        "--eval-every", type=int, default=50, help="steps between eval losses (and at the end)"
+    )
+    parser.add_argument(
+        "--eval-batches", type=int, default=4, help="held-out batches each eval loss averages"
+    )
+    parser.add_argument(
         "--grad-accum",
         type=int,
         default=1,
@@ -155,6 +167,49 @@ def lr_lambda(args: argparse.Namespace) -> Any:
     return f
 
 
+def split_eval(
+    blocks: torch.Tensor, fraction: float, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Hold out the last ``fraction`` of the packed sequences for the eval loss.
+
+    The training split keeps at least one batch; with too few sequences to
+    spare, or ``fraction`` 0, there is no eval split.
+    """
+    if not 0 <= fraction < 1:
+        raise common.RunnerError("--eval-fraction must be in [0, 1)", common.EXIT_USAGE)
+    n_eval = int(len(blocks) * fraction)
+    if n_eval < 1 or len(blocks) - n_eval < batch_size:
+        return blocks, None
+    return blocks[:-n_eval], blocks[-n_eval:]
+
+
+def eval_loss(
+    model: Any,
+    held_out: torch.Tensor,
+    args: argparse.Namespace,
+    prec: common.Precision,
+    device: torch.device,
+    dist: common.Dist,
+) -> float:
+    """The mean loss over up to ``--eval-batches`` batches of the held-out sequences."""
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        with torch.no_grad():
+            for i in range(max(1, args.eval_batches)):
+                chunk = held_out[i * args.batch_size : (i + 1) * args.batch_size]
+                if len(chunk) == 0:
+                    break
+                chunk = chunk.to(device)
+                with prec.autocast():
+                    loss = model(input_ids=chunk[:, 0], labels=chunk[:, 1]).loss
+                total += float(loss.item())
+                count += 1
+    finally:
+        model.train()
+    return common.all_reduce_mean(total / max(1, count), dist, device)
+
+
 def main(args: argparse.Namespace) -> int:
     dist = common.init_distributed(args.device)
     try:
@@ -182,6 +237,7 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     flops_per_token = llm.train_flops_per_token(model, args.seq_len)
     ids, labels = llm.token_stream(args.data, loaded.tokenizer)
     blocks = llm.pack(ids, labels, args.seq_len, min_blocks=args.batch_size)
+    blocks, held_out = split_eval(blocks, args.eval_fraction, args.batch_size)
     sampler = llm.BatchSampler(
         blocks, args.batch_size, args.steps, args.seed, device, dist.rank, dist.world_size
     )
@@ -225,6 +281,7 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     common.reset_peak_memory(device)
     tokens_per_step = args.batch_size * args.seq_len * dist.world_size
     losses: list[tuple[int, float]] = []
+    eval_losses: list[tuple[int, float]] = []
     loss_val = float("nan")
     with metrics:
         for step in range(1, args.steps + 1):
@@ -246,6 +303,11 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
             optimizer.zero_grad(set_to_none=True)
             prof.after_step(step)
             timer.step_done(step, tokens_per_step)
+            if held_out is not None and (step % args.eval_every == 0 or step == args.steps):
+                eval_val = eval_loss(model, held_out, args, prec, device, dist)
+                eval_losses.append((step, eval_val))
+                metrics.log(step=step, eval_loss=eval_val, total_steps=args.steps)
+                say(f"step {step:>5}/{args.steps}  eval loss {eval_val:.4f}", flush=True)
             if step % args.log_every == 0 or step == args.steps or step == 1:
                 loss_val = common.all_reduce_mean(float(step_loss.item()), dist, device)
                 losses.append((step, loss_val))
@@ -272,6 +334,8 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
             "final_loss": loss_val,
             "first_loss": losses[0][1] if losses else None,
             "loss_curve": losses,
+            "eval_loss": eval_losses[-1][1] if eval_losses else None,
+            "eval_sequences": 0 if held_out is None else len(held_out),
             "mem_peak_mib": round(mem, 1),
             "timed_steps": args.steps - warmup,
             "timed_seconds": round(seconds, 3),

@@ -19,12 +19,16 @@ TINY = (
 def test_loss_falls_on_shipped_corpus_and_adapter_reloads(run_runner) -> None:
     r = run_runner(
         "lora", *TINY, "--seq-len", "64", "--batch-size", "8", "--steps", "40",
-        "--log-every", "5", "--lr", "0.003",
+        "--log-every", "5", "--lr", "0.003", "--eval-every", "20",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     s = r.summary
-    losses = [e["loss"] for e in r.steps]
+    losses = [e["loss"] for e in r.steps if "loss" in e]
     assert len(losses) == 9  # steps 1, 5, 10, ..., 40
+    # the held-out split's loss, every 20 steps and at the end, falls too
+    evals = [(e["step"], e["eval_loss"]) for e in r.steps if "eval_loss" in e]
+    assert [step for step, _ in evals] == [20, 40]
+    assert evals[-1][1] < 5.0 and s["eval_loss"] == evals[-1][1] and s["eval_sequences"] >= 1
     # Over 40 steps the byte-level loss must drop well below its start (ln 259 ~ 5.56).
     assert s["first_loss"] > 5.0
     assert s["final_loss"] < s["first_loss"] - 0.4
