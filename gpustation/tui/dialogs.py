@@ -1,9 +1,10 @@
-"""Modal dialogs: the confirmation before a process is signalled."""
+"""Modal dialogs: the confirmation before a process is signalled, and the base of the
+questions with a few answers (quitting with runs going, or with a fan curve kept)."""
 
 from __future__ import annotations
 
 import signal
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -50,3 +51,47 @@ class KillDialog(ModalScreen[int | None]):
     def action_choose(self, choice: str) -> None:
         sig = {"term": signal.SIGTERM, "kill": signal.SIGKILL}.get(choice)
         self.dismiss(int(sig) if sig is not None else None)
+
+
+class ChoiceDialog(ModalScreen[str | None]):
+    """A question with a few answers, dismissed with the chosen answer's id (None: cancel).
+
+    A subclass names its ``BOX`` (the ids ``#BOX-box`` and ``#BOX-buttons``), its
+    ``ANSWERS`` (button id, label, variant; ``cancel`` dismisses with None), the
+    ``DEFAULT`` button focused on opening (Enter on an unread dialog takes the safe
+    answer) and its text in :meth:`lines`; its bindings call ``answer(...)``.
+    """
+
+    BOX: ClassVar[str] = "choice"
+    ANSWERS: ClassVar[tuple[tuple[str, str, Any], ...]] = ()
+    DEFAULT: ClassVar[str] = "cancel"
+    DEFAULT_CSS = """
+    ChoiceDialog { align: center middle; }
+    ChoiceDialog .choice-box {
+        width: 76; height: auto; border: thick $warning; background: $surface; padding: 1 2;
+    }
+    ChoiceDialog .choice-box Label { width: 100%; }
+    ChoiceDialog .choice-buttons { height: auto; margin-top: 1; }
+    ChoiceDialog .choice-buttons Button { margin-right: 2; }
+    """
+
+    def lines(self) -> list[tuple[str, Any]]:
+        """(widget id, text) of each line above the buttons."""
+        return []
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id=f"{self.BOX}-box", classes="choice-box"):
+            for line_id, text in self.lines():
+                yield Label(text, id=line_id)
+            with Horizontal(id=f"{self.BOX}-buttons", classes="choice-buttons"):
+                for answer, label, variant in self.ANSWERS:
+                    yield Button(label, id=answer, variant=variant)
+
+    def on_mount(self) -> None:
+        self.query_one(f"#{self.DEFAULT}", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.action_answer(event.button.id)
+
+    def action_answer(self, choice: str | None) -> None:
+        self.dismiss(None if choice in (None, "cancel") else choice)

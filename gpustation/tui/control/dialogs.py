@@ -10,7 +10,7 @@ when the deadline has reverted the change.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -21,6 +21,7 @@ from textual.widgets import Button, Label
 from gpustation.control.live import Change
 from gpustation.control.power import NOT_PERSISTENT
 from gpustation.telemetry.model import GpuSample
+from gpustation.tui.dialogs import ChoiceDialog
 
 #: the power-cap dialog's step
 POWER_STEP_W = 10.0
@@ -180,7 +181,7 @@ class PowerCapDialog(ModalScreen[float | None]):
             self.action_cancel()
 
 
-class QuitFansDialog(ModalScreen[str | None]):
+class QuitFansDialog(ChoiceDialog):
     """ "Hand the fans back, or leave a controller running?" when quitting with a kept curve."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -188,38 +189,24 @@ class QuitFansDialog(ModalScreen[str | None]):
         Binding("l", "answer('leave')", "Leave running", id="control.quit.leave"),
         Binding("escape,c", "answer(None)", "Cancel", id="control.quit.cancel"),
     ]
-    DEFAULT_CSS = """
-    QuitFansDialog { align: center middle; }
-    #quitfans-box {
-        width: 76; height: auto; border: thick $warning; background: $surface; padding: 1 2;
-    }
-    #quitfans-box Label { width: 100%; }
-    #quitfans-buttons { height: auto; margin-top: 1; }
-    #quitfans-buttons Button { margin-right: 2; }
-    """
+    BOX = "quitfans"
+    ANSWERS = (
+        ("hand_back", "Hand back (h)", "primary"),
+        ("leave", "Leave running (l)", "warning"),
+        ("cancel", "Cancel (c)", "default"),
+    )
+    DEFAULT = "hand_back"
 
     def __init__(self, profile: str) -> None:
         super().__init__()
         self.profile = profile
 
-    def compose(self) -> ComposeResult:
-        with Vertical(id="quitfans-box"):
-            yield Label(f"The fan curve {self.profile!r} is running.", id="quitfans-what")
-            yield Label(
+    def lines(self) -> list[tuple[str, Any]]:
+        return [
+            ("quitfans-what", f"The fan curve {self.profile!r} is running."),
+            (
+                "quitfans-question",
                 "Hand the fans back to the card, or leave a controller running on its own "
                 "(`gpustation fan auto` stops it later)?",
-                id="quitfans-question",
-            )
-            with Horizontal(id="quitfans-buttons"):
-                yield Button("Hand back (h)", id="hand_back", variant="primary")
-                yield Button("Leave running (l)", id="leave", variant="warning")
-                yield Button("Cancel (c)", id="cancel")
-
-    def on_mount(self) -> None:
-        self.query_one("#hand_back", Button).focus()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(None if event.button.id == "cancel" else event.button.id)
-
-    def action_answer(self, choice: str | None) -> None:
-        self.dismiss(choice)
+            ),
+        ]

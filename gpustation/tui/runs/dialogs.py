@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -12,6 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label
 
+from gpustation.tui.dialogs import ChoiceDialog
 from gpustation.tui.runs.form import LaunchDialog, LaunchRequest, Prefill, default_gpus
 from gpustation.tui.runs.model import RunView
 
@@ -73,7 +74,7 @@ class StopRunDialog(ModalScreen[bool]):
         self.dismiss(stop)
 
 
-class QuitRunsDialog(ModalScreen[str | None]):
+class QuitRunsDialog(ChoiceDialog):
     """ "Stop N runs or leave them running?" when quitting with runs going."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -81,48 +82,30 @@ class QuitRunsDialog(ModalScreen[str | None]):
         Binding("l", "answer('leave')", "Leave running", id="runs.quit.leave"),
         Binding("escape,c", "answer(None)", "Cancel", id="runs.quit.cancel"),
     ]
-    DEFAULT_CSS = """
-    QuitRunsDialog { align: center middle; }
-    #quit-box {
-        width: 76; height: auto; border: thick $warning; background: $surface; padding: 1 2;
-    }
-    #quit-box Label { width: 100%; }
-    #quit-buttons { height: auto; margin-top: 1; }
-    #quit-buttons Button { margin-right: 2; }
-    """
+    BOX = "quit"
+    ANSWERS = (
+        ("stop", "Stop (s)", "warning"),
+        ("leave", "Leave running (l)", "primary"),
+        ("cancel", "Cancel (Esc)", "default"),
+    )
 
     def __init__(self, views: Sequence[RunView]) -> None:
         super().__init__()
         self.views = list(views)
 
-    def compose(self) -> ComposeResult:
+    def lines(self) -> list[tuple[str, Any]]:
         n = len(self.views)
         runs = f"{n} run{'s' if n != 1 else ''}"
-        with Vertical(id="quit-box"):
-            yield Label(
-                Text(f"Stop {runs} or leave {'them' if n != 1 else 'it'} running?", style="bold"),
-                id="quit-question",
-            )
-            names = ", ".join(v.preset or v.id for v in self.views[:6])
-            if n > 6:
-                names += f" +{n - 6}"
-            yield Label(names, id="quit-runs")
-            yield Label(
+        names = ", ".join(v.preset or v.id for v in self.views[:6])
+        if n > 6:
+            names += f" +{n - 6}"
+        question = f"Stop {runs} or leave {'them' if n != 1 else 'it'} running?"
+        return [
+            ("quit-question", Text(question, style="bold")),
+            ("quit-runs", names),
+            (
+                "quit-note",
                 "A run left running goes on without the dashboard; the next start "
                 "finds it again (r).",
-                id="quit-note",
-            )
-            with Horizontal(id="quit-buttons"):
-                yield Button("Stop (s)", id="stop", variant="warning")
-                yield Button("Leave running (l)", id="leave", variant="primary")
-                yield Button("Cancel (Esc)", id="cancel")
-
-    def on_mount(self) -> None:
-        self.query_one("#cancel", Button).focus()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        choice = event.button.id
-        self.dismiss(choice if choice in ("stop", "leave") else None)
-
-    def action_answer(self, choice: str | None) -> None:
-        self.dismiss(choice)
+            ),
+        ]
