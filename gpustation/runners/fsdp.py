@@ -116,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--find-start-layers", type=int, default=8, help="first layer count tried (doubled)"
     )
     parser.add_argument(
+        "--find-modes",
+        choices=("both", "no-offload", "offload"),
+        default="both",
+        help="--find-max-model: search without offload, with it, or both (each gets its "
+        "share of --find-max-seconds)",
+    )
+    parser.add_argument(
         "--find-max-seconds", type=float, default=240, help="time for the whole search"
     )
     parser.add_argument(
@@ -436,10 +443,12 @@ def find_max_model(args: argparse.Namespace) -> int:
         hidden = args.hidden_size or llm.MODEL_PRESETS[args.model_preset]["hidden_size"]
         results: dict[str, Any] = {}
         step_no = 0
-        for phase, offload in enumerate((False, True)):
+        modes = {"both": (False, True), "no-offload": (False,), "offload": (True,)}
+        searched = modes[getattr(args, "find_modes", "both")]
+        for phase, offload in enumerate(searched):
             key = "offload" if offload else "no_offload"
-            # Each half of the time to one search: offloaded trials are the slow ones.
-            deadline = t_start + args.find_max_seconds * (phase + 1) / 2
+            # An equal share of the time to each search: offloaded trials are the slow ones.
+            deadline = t_start + args.find_max_seconds * (phase + 1) / len(searched)
             trials: list[dict[str, Any]] = []
             results[key] = {"trials": trials}
             fit: int | None = None
@@ -490,7 +499,7 @@ def find_max_model(args: argparse.Namespace) -> int:
             "device": str(device),
         }
         for key in ("no_offload", "offload"):
-            best = results[key]["largest"]
+            best = results.get(key, {}).get("largest")
             summary[f"{key}_max_layers"] = best["layers"] if best else None
             summary[f"{key}_max_params"] = best["params"] if best else None
             summary[f"{key}_tokens_per_s"] = best["tokens_per_s"] if best else None
@@ -502,7 +511,7 @@ def find_max_model(args: argparse.Namespace) -> int:
             [key, b["layers"], f"{b['params'] / 1e9:.2f}B", common.fmt_rate(b["tokens_per_s"]),
              f"{b['mem_peak_mib']:,.0f}", f"{b['host_rss_peak_mib']:,.0f}"]
             if (b := results[key]["largest"]) else [key, "none fitted", "", "", "", ""]
-            for key in ("no_offload", "offload")
+            for key in ("no_offload", "offload") if key in results
         ],
     )  # fmt: skip
     return common.EXIT_OK

@@ -15,8 +15,9 @@ events, GPM, NVLink, MIG, per-process SM) and the sampler (the host fields).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
 from typing import Any
+
+from gpustation.telemetry.record import field, fields, record
 
 SCHEMA = "gpustation.snapshot/1"
 
@@ -68,7 +69,7 @@ EVENTS = "events"
 HOST = "host"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class NvmlRead:
     """How NVML reads one field: names only, no pynvml here.
 
@@ -88,7 +89,7 @@ class NvmlRead:
     per_fan: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class FieldSpec:
     """What is declared about one field besides its name and type."""
 
@@ -107,7 +108,7 @@ def gpu_field(
     default: Any = None,
     factory: Any = None,
 ) -> Any:
-    """Declare a field: a dataclass field carrying its :class:`FieldSpec`."""
+    """Declare a field: a record field carrying its :class:`FieldSpec`."""
     meta = {"spec": FieldSpec(cost, nvml, label, unit)}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
@@ -122,7 +123,7 @@ def specs(cls: type) -> dict[str, FieldSpec]:
 _R = NvmlRead
 
 
-@dataclass(slots=True)
+@record
 class PcieInfo:
     gen: int | None = gpu_field(FAST, _R("nvmlDeviceGetCurrPcieLinkGeneration", convert="int"))
     width: int | None = gpu_field(FAST, _R("nvmlDeviceGetCurrPcieLinkWidth", convert="int"))
@@ -144,7 +145,7 @@ class PcieInfo:
         )
 
 
-@dataclass(slots=True)
+@record
 class ProcessInfo:
     pid: int
     gpu_memory_mib: float | None = None
@@ -157,7 +158,7 @@ class ProcessInfo:
     sm_pct: float | None = None
 
 
-@dataclass(slots=True)
+@record
 class RemappedRows:
     """HBM rows the card has remapped to spares (``nvmlDeviceGetRemappedRows``).
 
@@ -215,7 +216,7 @@ def xid_meaning(code: int) -> str | None:
     return XID_MEANINGS.get(code)
 
 
-@dataclass(slots=True)
+@record
 class XidEvent:
     """An XID error the driver reported while gpustation watched."""
 
@@ -224,7 +225,7 @@ class XidEvent:
     meaning: str | None = None
 
 
-@dataclass(slots=True)
+@record
 class NvLinkInfo:
     """One NVLink of a GPU; throughput from the driver's data counters between reads."""
 
@@ -237,7 +238,7 @@ class NvLinkInfo:
     crc_errors: int | None = None  # flit and data CRC errors together
 
 
-@dataclass(slots=True)
+@record
 class MigInstance:
     """A MIG device (GPU instance and compute instance) of a GPU, read only."""
 
@@ -251,7 +252,7 @@ class MigInstance:
     processes: list[ProcessInfo] = field(default_factory=list)
 
 
-@dataclass(slots=True)
+@record
 class MigInfo:
     """MIG mode (current and pending) and the MIG devices of a GPU."""
 
@@ -260,7 +261,7 @@ class MigInfo:
     instances: list[MigInstance] = field(default_factory=list)
 
 
-@dataclass(slots=True)
+@record
 class GpuSample:
     """One GPU at one moment; every field but ``index`` declared with its read."""
 
@@ -417,7 +418,7 @@ class GpuSample:
         )
 
 
-@dataclass(slots=True)
+@record
 class HostSample:
     cpu_pct: float | None = None
     cpu_per_core_pct: list[float] = field(default_factory=list)
@@ -432,7 +433,7 @@ class HostSample:
     net_tx_bytes_s: float | None = None
 
 
-@dataclass(slots=True)
+@record
 class GpuLink:
     """How two GPUs meet, as ``nvidia-smi topo -m`` names it."""
 
@@ -444,7 +445,7 @@ class GpuLink:
     nvlink_count: int = 0
 
 
-@dataclass(slots=True)
+@record
 class GpuPlacement:
     index: int
     numa_node: int | None = None
@@ -452,7 +453,7 @@ class GpuPlacement:
     pcie_below_max: bool = False
 
 
-@dataclass(slots=True)
+@record
 class Topology:
     links: list[GpuLink] = field(default_factory=list)
     gpus: list[GpuPlacement] = field(default_factory=list)
@@ -464,7 +465,7 @@ class Topology:
         return None
 
 
-@dataclass(slots=True)
+@record
 class Snapshot:
     hostname: str
     time: float

@@ -86,3 +86,36 @@ def test_profile_steps_write_a_trace_and_top_ops(run_runner, tmp_path: Path) -> 
     assert s["profile_trace"].endswith("trace.json") and s["profile_steps"] == 2
     # The profiled steps are not timed: warm-up 1 + 2 profiled, 1 timed.
     assert s["timed_steps"] == 1
+
+
+@pytest.mark.parametrize("modes", ["offload", "no-offload", "both"])
+def test_find_max_model_searches_the_modes_asked_for(
+    run_inprocess, monkeypatch: pytest.MonkeyPatch, modes: str
+) -> None:
+    import torch
+
+    from gpustation.runners import common, fsdp
+
+    # The search on a pretend GPU where up to 12 layers fit (24 with offload).
+    tried: list[tuple[int, bool]] = []
+
+    def trial(args, layers: int, hidden: int, offload: bool, seconds: float) -> dict:  # type: ignore[no-untyped-def]
+        tried.append((layers, offload))
+        if layers > (24 if offload else 12):
+            return {"layers": layers, "fits": False, "why": "out of memory"}
+        return {"layers": layers, "fits": True, "tokens_per_s": 1000.0 / layers,
+                "params": layers * 1e8, "mem_peak_mib": 1.0, "host_rss_peak_mib": 1.0}  # fmt: skip
+
+    monkeypatch.setattr(common, "pick_device", lambda _: torch.device("cuda"))
+    monkeypatch.setattr(fsdp, "run_trial", trial)
+    monkeypatch.setattr(fsdp, "available_ram_bytes", lambda: None)
+    r = run_inprocess("fsdp", "--find-max-model", "--find-modes", modes, "--find-start-layers", "4")
+    assert r.returncode == 0
+    searched = {offload for _, offload in tried}
+    assert searched == {"offload": {True}, "no-offload": {False}, "both": {False, True}}[modes]
+    s = r.summary
+    if modes != "no-offload":
+        assert 21 <= s["offload_max_layers"] <= 24
+    if modes != "offload":
+        assert 11 <= s["no_offload_max_layers"] <= 12
+    assert (s["offload_max_layers"] is None) is (modes == "no-offload")

@@ -256,11 +256,13 @@ async def test_the_nvml_note_shrinks_to_the_banner_s_one_line_after_a_while(
     monkeypatch.setattr(nvml, "NvmlBackend", no_driver)
     source = DataSource(lambda: open_backend(fallback_to_sim=True), hostname="laptop")
     app = DashboardApp(source, refresh_s=10.0)
-    app.note_full_s = 0.3
+    app.note_full_s = 3600.0  # the test says when the while is over
     async with app.run_test(size=(100, 30)) as pilot:
         await first_frame(pilot)
         banner = app.screen.query_one("#banner")
         assert banner.size.height >= 3  # in full at first
+        assert not app.note_collapsed
+        app.collapse_note()  # what the timer does when note_full_s has passed
         await wait_for(pilot, lambda: banner.size.height == 1)
         line = text_of(app, "#banner")
         assert "SIMULATED" in line and "NVML could not start" in line and line.endswith("…")
