@@ -113,10 +113,35 @@ def _power_figures(window: list[dict[str, Any]]) -> dict[str, Any]:
     return {"window_s": span, "energy_j": energy, "avg_power_w": energy / span}
 
 
+def _counter_power(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    """The GPUs' mean power between two samples from their energy counters."""
+    dt = (_num(b.get("time")) or 0.0) - (_num(a.get("time")) or 0.0)
+    before = {g.get("index"): _num(g.get("energy_j")) for g in a["gpus"]}
+    after = {g.get("index"): _num(g.get("energy_j")) for g in b["gpus"]}
+    if dt <= 0 or not before or before.keys() != after.keys():
+        return None
+    if any(v is None for v in (*before.values(), *after.values())):
+        return None
+    joules = sum((after[i] or 0.0) - (before[i] or 0.0) for i in before)
+    return joules / dt if joules >= 0 else None
+
+
 def _peaks(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Peak power, temperature and VRAM, and the seconds spent throttled.
+
+    The peak power is the highest of the power readings and of the mean
+    power between consecutive samples by the energy counters: a reading is
+    the driver's power at that moment, and a workload whose power swings
+    between readings can spend more between them than any reading shows
+    (the mean over the window would then be above the "peak").
+    """
     out: dict[str, Any] = {}
     throttled = 0.0
     prev: float | None = None
+    for a, b in itertools.pairwise(samples):
+        between = _counter_power(a, b)
+        if between is not None:
+            out["peak_power_w"] = max(out.get("peak_power_w", 0.0), between)
     for s in samples:
         power = sum(_num(g.get("power_w")) or 0.0 for g in s["gpus"])
         out["peak_power_w"] = max(out.get("peak_power_w", 0.0), power)
