@@ -164,7 +164,7 @@ def test_merged_model_loads_alone_and_the_run_ends_with_a_sample(
     assert r.returncode == 0, r.stderr
     s = r.summary
     merged_dir = out / "merged"
-    assert s["merged_dir"] == str(merged_dir) and f"merged model" in r.stdout
+    assert s["merged_dir"] == str(merged_dir) and "merged model" in r.stdout
     assert str(merged_dir) in r.stdout
 
     merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
