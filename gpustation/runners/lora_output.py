@@ -31,7 +31,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_PROMPT,
         metavar="TEXT",
         help="the prompt of the short greedy sample written to the log and the summary at "
-        "the end (from a model built with random weights it is gibberish)",
+        f'the end (default "{DEFAULT_PROMPT}"; from a model built with random weights the '
+        "sample is gibberish)",
     )
     parser.add_argument(
         "--generate-tokens",
