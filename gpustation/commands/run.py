@@ -67,6 +67,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--detach", action="store_true", help="print the run id and return; the run goes on"
     )
     p.add_argument(
+        "--resume",
+        metavar="RUN_ID",
+        help="continue a LoRA run from its last complete checkpoint, as a new run with the "
+        "old run's settings (PRESET may be left out); --set steps=N trains on to step N",
+    )
+    p.add_argument(
         "--profile",
         action="store_true",
         help="record a torch.profiler trace of a few steps after warm-up (the shipped "
@@ -128,11 +134,20 @@ def run(args: argparse.Namespace) -> int:
     command: list[str] = list(getattr(args, "after_dashes", None) or [])
     if command and args.preset is not None:
         raise UsageError("give a preset or a command after --, not both")
-    if not command and args.preset is None:
+    if command and args.resume:
+        raise UsageError("--resume continues a LoRA run; it takes no command after --")
+    if not command and args.preset is None and not args.resume:
         raise UsageError("give a preset (`gpustation presets list`) or a command after --")
     if not command and (args.name or args.env):
         raise UsageError("--name and --env go with a command given after --")
-    if command:
+    resumed_from = None
+    resume_warnings: tuple[str, ...] = ()
+    if args.resume:
+        from gpustation.runs.resume import plan_resume
+
+        plan = plan_resume(args.resume, args.set, preset_name=args.preset)
+        preset, resumed_from, resume_warnings = plan.preset, plan.resumed_from(), plan.warnings
+    elif command:
         preset = command_preset(command, args.name, args.env)
     else:
         presets, problems = load_presets()
@@ -169,11 +184,12 @@ def run(args: argparse.Namespace) -> int:
             sim_card=getattr(args, "sim_card", None),
             stop_grace_s=args.grace,
             wrap=wrap,
+            resumed_from=resumed_from,
         )
     except BaseException:
         signal.signal(signal.SIGINT, previous)
         raise
-    for warning in handle.warnings:
+    for warning in (*resume_warnings, *handle.warnings):
         print(f"gpustation: warning: {warning}", file=sys.stderr)
     if args.detach:
         signal.signal(signal.SIGINT, previous)
@@ -186,6 +202,13 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    if resumed_from:
+        print(
+            f"gpustation: resuming run {resumed_from['run']} from its checkpoint at step "
+            f"{resumed_from['step']}",
+            file=sys.stderr,
+            flush=True,
+        )
     return follow(
         handle.run_dir, grace_s=args.grace, interrupts=interrupts, restore_handler=previous
     )

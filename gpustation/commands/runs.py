@@ -304,6 +304,15 @@ def _print_list(records: list[RunSummary]) -> None:
     console().print(table)
 
 
+def _resumed_text(r: RunSummary) -> str | None:
+    """Which run and checkpoint step a resumed run continued (None: not resumed)."""
+    found = r.resumed_from or (r.summary or {}).get("resumed_from") or {}
+    if not isinstance(found, dict) or not found:
+        return None
+    text = f"run {found.get('run') or '?'} at step {found.get('step', '?')}"
+    return text + (f" ({found['checkpoint']})" if found.get("checkpoint") else "")
+
+
 def _print_show(r: RunSummary) -> None:
     from rich.table import Table
 
@@ -321,6 +330,7 @@ def _print_show(r: RunSummary) -> None:
         ("overrides", " ".join(f"{k}={v}" for k, v in r.overrides.items())),
         ("tags", ", ".join(r.tags)),
         ("note", r.note),
+        ("resumed from", _resumed_text(r)),
         ("command", " ".join(r.argv)),
         (
             "steps",

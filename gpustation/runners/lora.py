@@ -10,6 +10,12 @@ Fast by default on a GPU: base weights stored in bf16, SDPA attention, fused
 AdamW, torch.compile, sequences packed with no padding, no host syncs between
 log lines. The adapter is saved to the output directory and reloaded once to
 check it reproduces the trained model's logits.
+
+Checkpoints (adapter, optimizer, LR schedule, step, RNG and data position) go
+to OUTPUT_DIR/checkpoints every --checkpoint-every steps and at the end;
+--resume-from continues from one. At the end a short greedy sample is
+generated from the trained model, and --merge saves the adapter merged into
+the base weights to OUTPUT_DIR/merged.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import Any
 
 import torch
 
-from gpustation.runners import common, llm
+from gpustation.runners import checkpoint, common, llm, lora_output
 from gpustation.runs.metrics import MetricsWriter
 
 ADAPTER_DIR = "adapter"
@@ -110,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="reload the saved adapter and check it gives the trained model's logits",
     )
+    checkpoint.add_args(parser)
+    lora_output.add_args(parser)
     return parser
 
 
@@ -224,11 +232,20 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
         raise common.RunnerError(
             "--batch-size must be a multiple of --grad-accum", common.EXIT_USAGE
         )
+    _check_args(args)
+    resume = checkpoint.find(args.resume_from) if args.resume_from else None
+    start = resume.step if resume is not None else 0
+    if resume is not None and start >= args.steps:
+        raise common.RunnerError(
+            f"--resume-from {resume.path}: the checkpoint is at step {start}, so --steps "
+            f"{args.steps} leaves nothing to train; ask for more steps (--steps {2 * start})",
+            common.EXIT_USAGE,
+        )
     common.seed_everything(args.seed)  # same base weights and adapter init on every rank
     prec = common.Precision(args.precision, device)
     prec.apply_backend_flags()
     say = print if dist.is_main else (lambda *a, **k: None)
-    warmup = min(args.warmup_steps, max(0, args.steps - 1))
+    warmup = start + min(args.warmup_steps, max(0, args.steps - start - 1))
 
     model, loaded = prepare_model(args, device)
     peft_model = model
@@ -270,6 +287,16 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args))
     scaler = prec.scaler()
     accum = max(1, args.grad_accum)
+    trainer = checkpoint.Trainer(peft_model, loaded.info, optimizer, schedule, scaler)
+    position = {
+        "sequences": len(blocks),
+        "batch_size": args.batch_size,
+        "world_size": dist.world_size,
+        "seed": args.seed,
+    }
+    if resume is not None:
+        checkpoint.resume(resume, trainer, position, args.steps, device, say)
+    last_checkpoint: Path | None = None
 
     metrics = MetricsWriter.from_env(rank=dist.rank)
     prof = common.StepProfiler(
@@ -284,7 +311,7 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     eval_losses: list[tuple[int, float]] = []
     loss_val = float("nan")
     with metrics:
-        for step in range(1, args.steps + 1):
+        for step in range(start + 1, args.steps + 1):
             common.maybe_simulate_oom(args, step)
             prof.before_step(step)
             x, y = sampler.batch(step - 1)
@@ -308,7 +335,7 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
                 eval_losses.append((step, eval_val))
                 metrics.log(step=step, eval_loss=eval_val, total_steps=args.steps)
                 say(f"step {step:>5}/{args.steps}  eval loss {eval_val:.4f}", flush=True)
-            if step % args.log_every == 0 or step == args.steps or step == 1:
+            if step % args.log_every == 0 or step == args.steps or step == start + 1:
                 loss_val = common.all_reduce_mean(float(step_loss.item()), dist, device)
                 losses.append((step, loss_val))
                 rate = timer.recent_rate() if step > warmup else None
@@ -325,6 +352,16 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
                     mem_mib=mem,
                     lr=lr,
                 )
+            if dist.is_main and _checkpoint_due(args, step):
+                last_checkpoint = checkpoint.save(
+                    common.output_dir(args),
+                    trainer,
+                    step=step,
+                    total_steps=args.steps,
+                    keep=args.keep_checkpoints,
+                    data_position={"batches": step, **position},
+                )
+                say(f"checkpoint at step {step}: {last_checkpoint}", flush=True)
         tokens_per_s, seconds = timer.overall()
         mem = common.peak_memory_mib(device)
         summary: dict[str, Any] = {
@@ -350,8 +387,18 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
             "device": str(device),
             **prof.summary(),
         }
+        if resume is not None:
+            summary["resumed_from"] = {
+                "run": resume.run_id,
+                "step": start,
+                "checkpoint": str(resume.path),
+            }
+        if last_checkpoint is not None:
+            summary["last_checkpoint"] = str(last_checkpoint)
         if dist.is_main and args.save_adapter:
             summary.update(_save_and_verify(args, peft_model, loaded, x[:2], prec, device))
+        if dist.is_main:
+            summary.update(lora_output.finish(args, peft_model, loaded.tokenizer, prec, device))
         metrics.summary(**summary)
     if dist.is_main:
         print(
@@ -364,6 +411,28 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     if summary.get("adapter_reload_ok") is False:
         return common.EXIT_FAILED
     return common.EXIT_OK
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for flag, value in (
+        ("--checkpoint-every", args.checkpoint_every),
+        ("--keep-checkpoints", args.keep_checkpoints),
+        ("--generate-tokens", args.generate_tokens),
+    ):
+        if value < 0:
+            raise common.RunnerError(f"{flag}: 0 or more, got {value}", common.EXIT_USAGE)
+    if args.merge and args.load_in_4bit:
+        raise common.RunnerError(
+            "--merge with --load-in-4bit: merging into 4-bit weights rounds the adapter away; "
+            "train with 4-bit weights, then merge the saved adapter into a bf16 or fp32 base",
+            common.EXIT_USAGE,
+        )
+
+
+def _checkpoint_due(args: argparse.Namespace, step: int) -> bool:
+    if args.keep_checkpoints == 0:
+        return False
+    return step == args.steps or (args.checkpoint_every > 0 and step % args.checkpoint_every == 0)
 
 
 def compile_layers(model: Any) -> int:

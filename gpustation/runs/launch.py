@@ -126,13 +126,15 @@ def launch(
     cwd: str | os.PathLike[str] | None = None,
     wait_started_s: float = 10.0,
     wrap: Sequence[str] = (),
+    resumed_from: dict[str, Any] | None = None,
 ) -> RunHandle:
     """Start a run of ``preset`` and return once its supervisor has started it.
 
     ``overrides`` are ``key=value`` strings for the preset's ``[args]``;
     ``gpus`` the GPUs chosen on the command line (None: the preset's choice).
     The GPU count comes from the backend (``simulate`` as for every command)
-    unless ``device_count``/``backend_info`` are given.
+    unless ``device_count``/``backend_info`` are given. ``resumed_from`` (the run
+    and checkpoint step a resumed run continues) is recorded in ``run.json``.
     """
     preset, parsed, warnings = apply_overrides(preset, list(overrides))
     # The launcher is a writer: runs found lost since the last launch are
@@ -186,6 +188,8 @@ def launch(
         "python": sys.executable,
         "warnings": warnings,
     }
+    if resumed_from:
+        run["resumed_from"] = dict(resumed_from)
     rundir.write_json(directory / rundir.RUN_JSON, run)
     rundir.write_state(directory, RunState(id=run_id, status="starting"))
     from gpustation.runs.store import RunStore, sync_run

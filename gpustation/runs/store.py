@@ -51,7 +51,7 @@ from gpustation.runs.output import strict_json
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary
 
-_JSON_FIELDS = {"overrides", "gpus", "argv", "summary", "error_tail", "tags"}
+_JSON_FIELDS = {"overrides", "gpus", "argv", "summary", "error_tail", "tags", "resumed_from"}
 _BOOL_FIELDS = {"simulated", "oom", "energy_shared"}
 
 
@@ -443,7 +443,7 @@ class RunStore:
                 except ValueError:
                     value = None
                 if value is None:
-                    value = {} if name in ("overrides", "summary") else []
+                    value = {} if name in ("overrides", "summary", "resumed_from") else []
             elif name in _BOOL_FIELDS:
                 value = bool(value)
             elif name == "malformed_metrics":

@@ -77,6 +77,8 @@ class RunSummary:
     #: the preset's tags and the user's (``runs tag``), and the user's note
     tags: list[str] = field(default_factory=list)
     note: str | None = None
+    #: the run and checkpoint step a resumed run continues (``run``, ``step``, ``checkpoint``)
+    resumed_from: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,6 +100,7 @@ class RunSummary:
             simulated=bool((run.get("backend") or {}).get("simulated")),
             started_at=run.get("created_at"),
             tags=[str(t) for t in preset.get("tags") or []],
+            resumed_from=dict(run.get("resumed_from") or {}),
         )
 
     def apply_state(self, state: RunState, now: float | None = None) -> RunSummary:

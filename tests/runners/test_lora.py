@@ -90,11 +90,17 @@ def test_local_checkpoint_with_instruction_data(run_runner, tmp_path: Path) -> N
     r = run_runner(
         "lora", *TINY, "--model", str(ckpt), "--data", str(data), "--seq-len", "32",
         "--batch-size", "4", "--steps", "6", "--log-every", "2",
-        "--target-modules", "q_proj,v_proj", "--gradient-checkpointing",
+        "--target-modules", "q_proj,v_proj", "--gradient-checkpointing", "--merge",
+        "--generate-prompt", "Packing removes",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     s = r.summary
     assert s["model"] == str(ckpt)
+    # The merged model keeps the checkpoint's tokenizer; the sample is decoded with it
+    # and is not said to come from an untrained base.
+    assert (Path(s["merged_dir"]) / "tokenizer.json").exists()
+    assert 1 <= s["sample_tokens"] <= 32 and s["sample_untrained_base"] is False
+    assert s["sample_prompt"] == "Packing removes" and "untrained" not in r.stdout
     assert s["adapter_reload_ok"] is True
     adapter = Path(s["adapter_dir"])
     info = json.loads((adapter / llm.BASE_INFO_FILE).read_text())
