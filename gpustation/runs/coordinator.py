@@ -259,6 +259,8 @@ class Coordinator:
             node.exit_code = ssh_code
             if ssh_code == 255:
                 node.error = f"ssh failed: {node.last_stderr or 'connection lost'}"
+            elif ssh_code < 0:
+                node.error = f"the connection was cut (ssh killed by {_signal_name(-ssh_code)})"
         ok = node.exit_code == 0 and not node.signal
         if ok:
             node.status = "succeeded"
@@ -308,6 +310,13 @@ class Coordinator:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
 
 
 def _failure_text(node: Node) -> str:

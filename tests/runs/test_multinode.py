@@ -18,9 +18,12 @@ import psutil
 import pytest
 
 from gpustation import paths
-from gpustation.errors import EXIT_USAGE
+from gpustation.errors import EXIT_USAGE, UsageError
+from gpustation.fleet.fleet import load_fleet_config
 from gpustation.runs import rundir
+from gpustation.runs.multinode import REMOTE_PYTHON_ENV, node_argv, resolve_remote_python
 from gpustation.runs.nodes import read_nodes
+from gpustation.runs.presets import RunPreset
 from gpustation.runs.stop import wait_for_end
 from gpustation.runs.store import RunStore
 from tests.conftest import FAKE_NVML_DIR, child_env, gpustation_cmd
@@ -231,6 +234,37 @@ def test_a_failing_node_fails_the_run_and_is_named(nodes: LoopbackSshd) -> None:
     wait_until(lambda: not node_processes(HOST_A), 30, f"{HOST_A}'s processes to end")
 
 
+@pytest.mark.ssh
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_cut_connection_stops_that_node_and_fails_the_run(nodes: LoopbackSshd) -> None:
+    result = gs(
+        "run", "long-ddp", "--hosts", _hosts(), "--rdzv-port", str(free_port()),
+        "--grace", "5", "--detach",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    directory = rundir.run_dir(result.stdout.strip())
+    wait_until(lambda: b'"loss"' in _read(directory / "metrics.jsonl"), TIMEOUT, "training")
+    on_b = node_processes(HOST_B)
+    assert on_b
+    state = rundir.read_state(directory)
+    assert state is not None and state.child_pid
+    ssh_b = [
+        p
+        for p in psutil.Process(state.child_pid).children()
+        if p.name() == "ssh" and HOST_B in p.cmdline()
+    ]
+    assert len(ssh_b) == 1, ssh_b
+    ssh_b[0].kill()  # as if the network went away
+    final = wait_for_end(directory, timeout=120)
+    assert final is not None and final.status == "failed", final
+    assert final.reason == f"node {HOST_B}: the connection was cut (ssh killed by SIGKILL)"
+    # the node saw its connection end and stopped its own processes
+    wait_until(lambda: not node_processes(HOST_B), 60, f"{HOST_B}'s processes to end")
+    assert_no_process(on_b)
+    wait_until(lambda: not node_processes(HOST_A), 60, f"{HOST_A}'s processes to end")
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
@@ -259,3 +293,29 @@ def test_bad_multinode_options_exit_2_before_anything_starts(
     assert main(["run", "tiny-ddp", *argv]) == EXIT_USAGE
     assert says in capsys.readouterr().err
     assert not list(paths.runs_dir().glob("*/run.json"))  # no run was made
+
+
+def test_the_nodes_python_from_the_option_the_environment_or_the_config(
+    gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(REMOTE_PYTHON_ENV, raising=False)
+    assert resolve_remote_python(None, load_fleet_config().remote_python) == "python3"
+    config = gpustation_dirs["config"] / "config.toml"
+    config.write_text('[fleet]\nremote_python = "/opt/venv/bin/python"\n')
+    assert resolve_remote_python(None, load_fleet_config().remote_python) == "/opt/venv/bin/python"
+    monkeypatch.setenv(REMOTE_PYTHON_ENV, "env PYTHONPATH=/src python3")
+    assert resolve_remote_python(None, "/opt/venv/bin/python") == "env PYTHONPATH=/src python3"
+    assert resolve_remote_python("/usr/bin/python3.11", "/x") == "/usr/bin/python3.11"
+    with pytest.raises(UsageError, match="not a command line"):
+        resolve_remote_python("'/opt/unclosed", None)
+    config.write_text("[fleet]\nremote_python = 3\n")
+    with pytest.raises(UsageError, match="remote_python must be a non-empty string"):
+        load_fleet_config()
+
+
+def test_a_command_runs_on_every_node_as_given() -> None:
+    preset = RunPreset(name="mine", command=["./train.sh", "--data", "/d"], args={"lr": 0.1})
+    argv = node_argv(preset, 3, 4, "10.0.0.1:29400", "rid", is_host=False)
+    assert argv[-6:] == ["--no-python", "./train.sh", "--data", "/d", "--lr", "0.1"]
+    assert {"--nnodes=3", "--nproc-per-node=4", "--rdzv-conf=is_host=0"} <= set(argv)
+    assert "--rdzv-endpoint=10.0.0.1:29400" in argv and "--rdzv-id=rid" in argv
