@@ -1,4 +1,5 @@
-"""Every test runs with its own config, data and state directories; the fake pynvml."""
+"""Every test runs with its own config, data and state directories; the fake pynvml;
+one real sshd on loopback for the tests that reach hosts over ssh."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from types import ModuleType
 import pytest
 
 from gpustation.telemetry.nvml.query import MISSING
+from tests.fleet.sshd import LoopbackSshd, sshd_available
+from tests.tools import missing
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -78,3 +81,17 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     yield fake
     fake.reset()
     MISSING.clear()
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackSshd]:
+    """One sshd for the whole session (the fleet's and multi-node runs' tests); each
+    test resets the hosts it uses."""
+    if not sshd_available():
+        missing("the OpenSSH server (/usr/sbin/sshd; Debian: openssh-server)")
+    server = LoopbackSshd(tmp_path_factory.mktemp("sshd"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

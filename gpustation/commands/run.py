@@ -5,6 +5,8 @@ with an ETA goes to stderr (plain progress lines when stderr is not a
 terminal). Ctrl-C stops the run gracefully; a second Ctrl-C skips the waits.
 The exit status is 0 when the run succeeded, 1 when it failed and 130 when it
 was stopped. With ``--detach`` the run id is printed and the run goes on alone.
+With ``--hosts`` the preset runs on those hosts through torchrun
+(``runs/multinode.py``), as one run of the local history.
 """
 
 from __future__ import annotations
@@ -98,6 +100,40 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="on stop, wait this long after SIGINT and after SIGTERM (default 10)",
     )
+    nodes = p.add_argument_group(
+        "multi-node runs",
+        "run the preset on several hosts over ssh through torchrun's c10d rendezvous; "
+        "the first host holds the rendezvous",
+    )
+    nodes.add_argument(
+        "--hosts",
+        metavar="HOST,HOST",
+        help="the nodes, comma-separated: [USER@]HOST[:PORT] or ssh config aliases",
+    )
+    nodes.add_argument(
+        "--nproc-per-node",
+        type=int,
+        metavar="N",
+        help="processes on each node (default: the preset's, else one per --gpus, else 1)",
+    )
+    nodes.add_argument(
+        "--rdzv-port",
+        type=int,
+        metavar="PORT",
+        help="the rendezvous port on the first host (default 29400)",
+    )
+    nodes.add_argument(
+        "--remote-python",
+        metavar="COMMAND",
+        help="the Python on the nodes, with gpustation and torch (default: "
+        "$GPUSTATION_REMOTE_PYTHON, [fleet] remote_python, else python3)",
+    )
+    nodes.add_argument(
+        "--ssh-config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="ssh client config for reaching the nodes (ssh -F FILE)",
+    )
 
 
 def command_preset(command: list[str], name: str | None, env: list[str]) -> RunPreset:
@@ -153,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
         presets, problems = load_presets()
         # A preset that failed to load says why, rather than "not found".
         preset = find_preset(args.preset, presets, problems)
+    node_options = _node_options(args)
     wrap: list[str] = []
     if args.launcher == "nsys":
         import shutil
@@ -176,16 +213,21 @@ def run(args: argparse.Namespace) -> int:
     interrupts: list[float] = []
     previous = signal.signal(signal.SIGINT, lambda *_: interrupts.append(time.monotonic()))
     try:
-        handle = launch(
-            preset,
-            args.set,
-            parse_gpu_list(getattr(args, "gpus", None)),
-            simulate=getattr(args, "simulate", None),
-            sim_card=getattr(args, "sim_card", None),
-            stop_grace_s=args.grace,
-            wrap=wrap,
-            resumed_from=resumed_from,
-        )
+        if node_options is not None:
+            from gpustation.runs.multinode import launch_multinode
+
+            handle = launch_multinode(preset, args.set, node_options)
+        else:
+            handle = launch(
+                preset,
+                args.set,
+                parse_gpu_list(getattr(args, "gpus", None)),
+                simulate=getattr(args, "simulate", None),
+                sim_card=getattr(args, "sim_card", None),
+                stop_grace_s=args.grace,
+                wrap=wrap,
+                resumed_from=resumed_from,
+            )
     except BaseException:
         signal.signal(signal.SIGINT, previous)
         raise
@@ -196,8 +238,11 @@ def run(args: argparse.Namespace) -> int:
         print(handle.id)
         return EXIT_OK
     gpus = ",".join(map(str, handle.gpus)) or "none"
+    where = f"GPUs {gpus}"
+    if node_options is not None:
+        where = "nodes " + ",".join(h.text for h in node_options.hosts)
     print(
-        f"gpustation: run {handle.id} ({preset.display_title}) on GPUs {gpus}; "
+        f"gpustation: run {handle.id} ({preset.display_title}) on {where}; "
         f"files in {handle.run_dir}",
         file=sys.stderr,
         flush=True,
@@ -211,6 +256,54 @@ def run(args: argparse.Namespace) -> int:
         )
     return follow(
         handle.run_dir, grace_s=args.grace, interrupts=interrupts, restore_handler=previous
+    )
+
+
+def _node_options(args: argparse.Namespace) -> Any:
+    """The multi-node settings (None without ``--hosts``); UsageError for what cannot go."""
+    given = [
+        flag
+        for flag, value in (
+            ("--nproc-per-node", args.nproc_per_node),
+            ("--rdzv-port", args.rdzv_port),
+            ("--remote-python", args.remote_python),
+        )
+        if value is not None
+    ]
+    if args.hosts is None:
+        if given:
+            raise UsageError(f"{', '.join(given)} go with --hosts (a multi-node run)")
+        return None
+    from gpustation.fleet.fleet import load_fleet_config
+    from gpustation.runs.multinode import (
+        DEFAULT_RDZV_PORT,
+        NodeOptions,
+        parse_hosts,
+        resolve_remote_python,
+    )
+
+    hosts = parse_hosts(args.hosts)
+    for flag, value in (
+        ("--simulate", getattr(args, "simulate", None)),
+        ("--sim-card", getattr(args, "sim_card", None)),
+        ("--profile", args.profile or None),
+        ("--launcher", args.launcher),
+        ("--resume", getattr(args, "resume", None)),
+    ):
+        if value is not None:
+            raise UsageError(
+                f"{flag} does not go with --hosts: a multi-node run uses the nodes' own GPUs "
+                "under torchrun"
+            )
+    config = load_fleet_config()
+    return NodeOptions(
+        hosts=hosts,
+        nproc_per_node=args.nproc_per_node,
+        gpus=parse_gpu_list(getattr(args, "gpus", None)),
+        rdzv_port=args.rdzv_port if args.rdzv_port is not None else DEFAULT_RDZV_PORT,
+        remote_python=resolve_remote_python(args.remote_python, config.remote_python),
+        ssh_config=getattr(args, "ssh_config", None) or config.ssh_config,
+        stop_grace_s=args.grace,
     )
 
 

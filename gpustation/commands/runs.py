@@ -332,6 +332,7 @@ def _print_show(r: RunSummary) -> None:
         ("note", r.note),
         ("resumed from", _resumed_text(r)),
         ("command", " ".join(r.argv)),
+        *_node_rows(r),
         (
             "steps",
             None
@@ -376,6 +377,38 @@ def _print_show(r: RunSummary) -> None:
         out.print("[bold]last lines of the log[/bold]")
         for line in r.error_tail:
             out.print("  " + safe(line), markup=False)
+
+
+def _node_rows(r: RunSummary) -> list[tuple[str, str | None]]:
+    """A multi-node run's nodes: each one's end and GPU energy; its torchrun command."""
+    from pathlib import Path
+
+    from gpustation.runs.compare import fmt_energy
+    from gpustation.runs.nodes import nodes_energy, read_nodes
+
+    directory = Path(r.run_dir) if r.run_dir else None
+    doc = read_nodes(directory) if directory is not None else None
+    if directory is None or not doc:
+        return []
+    ends = {n.get("host"): n for n in doc.get("nodes") or [] if isinstance(n, dict)}
+    rows: list[tuple[str, str | None]] = []
+    for e in nodes_energy(directory):
+        node = ends.get(e.host) or {}
+        end = e.status
+        if node.get("signal"):
+            end += f" ({node['signal']})"
+        elif node.get("exit_code") not in (None, 0):
+            end += f" (exit {node['exit_code']})"
+        if e.unknown:
+            energy = f"energy unknown ({e.unknown})"
+        else:
+            energy = f"energy {fmt_energy(e.telemetry.energy_j)}"
+        rows.append((f"node {e.host}", f"{end}, {energy}"))
+    plan = (rundir.read_run(directory) or {}).get("multinode") or {}
+    first = (plan.get("nodes") or [{}])[0]
+    argv = (first.get("spec") or {}).get("argv") or []
+    rows.append(("node command", " ".join(["torchrun", *argv]) if argv else None))
+    return rows
 
 
 def _print_compare(records: list[RunSummary], rows: list[CompareRow]) -> None:

@@ -69,6 +69,8 @@ class FleetConfig:
     prometheus_password_file: str | None = None
     prometheus_token_file: str | None = None
     prometheus_match: str = ""
+    #: the Python that runs a multi-node run's node side (``gpustation run --hosts``)
+    remote_python: str | None = None
 
 
 _KEYS = {
@@ -81,6 +83,7 @@ _KEYS = {
     "prometheus_password_file",
     "prometheus_token_file",
     "prometheus_match",
+    "remote_python",
 }
 
 
@@ -144,6 +147,12 @@ def load_fleet_config(path: Path | None = None) -> FleetConfig:
     if command is not None and (not isinstance(command, str) or not command.strip()):
         problems.append("remote_command must be a non-empty string")
         command = None
+    remote_python = table.get("remote_python")
+    if remote_python is not None and (
+        not isinstance(remote_python, str) or not remote_python.strip()
+    ):
+        problems.append("remote_python must be a non-empty string")
+        remote_python = None
     ssh_config = table.get("ssh_config")
     if ssh_config is not None and not isinstance(ssh_config, str):
         problems.append("ssh_config must be a path")
@@ -156,7 +165,9 @@ def load_fleet_config(path: Path | None = None) -> FleetConfig:
         raise UsageError(f"{path} [fleet]: " + "; ".join(problems))
     if ssh_config:
         ssh_config = str(Path(ssh_config).expanduser())
-    return FleetConfig(list(hosts), float(interval), command, ssh_config, **prom)
+    return FleetConfig(
+        list(hosts), float(interval), command, ssh_config, remote_python=remote_python, **prom
+    )
 
 
 # ---- the fleet ----------------------------------------------------------------

@@ -122,6 +122,23 @@ def ssh_argv(
             raise ValueError("empty")
     except ValueError as err:
         raise UsageError(f"remote command {command!r} is not a command line ({err})") from None
+    # The remote side runs "<command> snapshot ..." through the remote user's
+    # shell; only fixed words and a number follow the user's own command.
+    return [
+        *ssh_options(spec, ssh_config),
+        "--",
+        spec.destination,
+        command,
+        *("snapshot", "--json", "--watch", f"{interval:g}"),
+    ]
+
+
+def ssh_options(spec: HostSpec, ssh_config: str | None = None) -> list[str]:
+    """``ssh`` and the options every connection of gpustation uses, up to the host.
+
+    The caller adds ``--``, ``spec.destination`` and the remote command.
+    ``ssh_config`` None: ``GPUSTATION_SSH_CONFIG``, else the user's own config.
+    """
     if ssh_config is None:
         ssh_config = os.environ.get("GPUSTATION_SSH_CONFIG") or None
     argv = ["ssh"]
@@ -138,9 +155,6 @@ def ssh_argv(
     ]  # fmt: skip
     if spec.port is not None:
         argv += ["-p", str(spec.port)]
-    # The remote side runs "<command> snapshot ..." through the remote user's
-    # shell; only fixed words and a number follow the user's own command.
-    argv += ["--", spec.destination, command, "snapshot", "--json", "--watch", f"{interval:g}"]
     return argv
 
 

@@ -146,16 +146,7 @@ def launch(
     if device_count is None and (gpus or preset.gpus):
         warnings.append("no NVIDIA driver: the run starts without GPUs")
     created = time.time()
-    runs_root = paths.runs_dir()
-    runs_root.mkdir(parents=True, exist_ok=True)
-    while True:
-        run_id = new_run_id(preset.name, created)
-        directory = runs_root / run_id
-        try:
-            directory.mkdir()
-            break
-        except FileExistsError:
-            continue
+    run_id, directory = new_run_directory(preset.name, created)
     for other, common in _sharing(chosen, backend_info):
         warnings.append(
             f"GPU {','.join(map(str, common))} is in use by run {other.id} too: the two runs "
@@ -190,6 +181,49 @@ def launch(
     }
     if resumed_from:
         run["resumed_from"] = dict(resumed_from)
+    sup_env = dict(os.environ)
+    if backend_info.get("simulated"):
+        sup_env["GPUSTATION_SIMULATE"] = str(backend_info.get("simulate", -1))
+        if backend_info.get("sim_card"):
+            sup_env["GPUSTATION_SIM_CARD"] = str(backend_info["sim_card"])
+    else:
+        sup_env.pop("GPUSTATION_SIMULATE", None)
+    handle = RunHandle(
+        id=run_id,
+        run_dir=directory,
+        preset=preset.name,
+        title=preset.display_title,
+        gpus=chosen,
+        argv=argv,
+        created_at=created,
+        warnings=warnings,
+    )
+    return start_run(handle, run, sup_env, wait_started_s)
+
+
+def new_run_directory(name: str, created: float) -> tuple[str, Path]:
+    """A fresh id and its (new, empty) run directory under the data dir."""
+    runs_root = paths.runs_dir()
+    runs_root.mkdir(parents=True, exist_ok=True)
+    while True:
+        run_id = new_run_id(name, created)
+        directory = runs_root / run_id
+        try:
+            directory.mkdir()
+            return run_id, directory
+        except FileExistsError:
+            continue
+
+
+def start_run(
+    handle: RunHandle, run: dict[str, Any], sup_env: dict[str, str], wait_started_s: float
+) -> RunHandle:
+    """Write ``run.json``, the first state and the history row; start the supervisor.
+
+    Returns ``handle`` once the supervisor has started the child (or the run
+    has already ended), its ``warnings`` extended with anything worth saying.
+    """
+    directory, run_id, warnings = handle.run_dir, handle.id, handle.warnings
     rundir.write_json(directory / rundir.RUN_JSON, run)
     rundir.write_state(directory, RunState(id=run_id, status="starting"))
     from gpustation.runs.store import RunStore, sync_run
@@ -206,13 +240,6 @@ def launch(
             "the run is recorded once it can be"
         )
 
-    sup_env = dict(os.environ)
-    if backend_info.get("simulated"):
-        sup_env["GPUSTATION_SIMULATE"] = str(backend_info.get("simulate", -1))
-        if backend_info.get("sim_card"):
-            sup_env["GPUSTATION_SIM_CARD"] = str(backend_info["sim_card"])
-    else:
-        sup_env.pop("GPUSTATION_SIMULATE", None)
     with open(directory / rundir.SUPERVISOR_LOG, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gpustation.runs.supervisor", str(directory)],
@@ -227,16 +254,6 @@ def launch(
     # Reap the supervisor when it ends, so a long-lived UI keeps no zombies.
     threading.Thread(target=proc.wait, name=f"reap-{run_id}", daemon=True).start()
 
-    handle = RunHandle(
-        id=run_id,
-        run_dir=directory,
-        preset=preset.name,
-        title=preset.display_title,
-        gpus=chosen,
-        argv=argv,
-        created_at=created,
-        warnings=warnings,
-    )
     deadline = time.monotonic() + wait_started_s
     while time.monotonic() < deadline:
         state = rundir.read_state(directory)

@@ -5,8 +5,9 @@ argv, GPUs, the environment gpustation set), ``state.json`` (where the run
 stands: PIDs, status, exit code), ``output.log``, ``metrics.jsonl``,
 ``telemetry.jsonl``, ``supervisor.log``, ``exit-status`` (a fixed-size file
 the supervisor overwrites in place with the run's end, so a full disk cannot
-lose it), ``shared-gpus`` when another run used the same GPU meanwhile and,
-once someone asks for a stop, a ``stop_requested`` marker. Every JSON file is
+lose it), ``shared-gpus`` when another run used the same GPU meanwhile,
+once someone asks for a stop, a ``stop_requested`` marker and, for a
+multi-node run, ``nodes.json`` and ``nodes/<host>/`` (see ``nodes.py``). Every JSON file is
 written atomically so a reader in another process never sees half a document.
 """
 

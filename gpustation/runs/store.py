@@ -47,6 +47,7 @@ from gpustation.errors import UsageError
 from gpustation.runs import rundir
 from gpustation.runs.fold import MetricsFold
 from gpustation.runs.gputrace import summarize_telemetry
+from gpustation.runs.nodes import combined_telemetry, nodes_energy
 from gpustation.runs.output import strict_json
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary
@@ -512,6 +513,9 @@ def record_from_dir(directory: Path, state: RunState | None = None) -> RunSummar
     fold.apply(record)
 
     tele = summarize_telemetry(directory / rundir.TELEMETRY_FILE)
+    node_energy = nodes_energy(directory)
+    if node_energy:  # a multi-node run: its nodes' GPUs, read on each node
+        tele = combined_telemetry(node_energy)
     record.energy_j = tele.energy_j
     record.avg_power_w = tele.avg_power_w
     record.peak_power_w = tele.peak_power_w

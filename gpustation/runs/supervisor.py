@@ -475,6 +475,11 @@ def supervise(directory: Path) -> int:
             state.reason = f"killed by {state.signal}"
         else:
             state.reason = f"exited with code {code}"
+        from gpustation.runs.nodes import failure_reason
+
+        node_failed = failure_reason(directory)  # a multi-node run names its node
+        if node_failed is not None:
+            state.reason = f"{node_failed}: {state.reason}" if state.oom else node_failed
         state.error_tail = rundir.tail_lines(output, 20)
     _log(f"run ended: {state.status} ({state.reason or 'exit 0'})")
     _record_final(directory, state)

@@ -1,31 +1,17 @@
-"""Fixtures for the fleet and exporter tests: a real sshd on loopback."""
+"""Fixtures for the fleet and exporter tests: the loopback sshd (tests/conftest.py) set up
+for the fleet."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.fleet.sshd import LoopbackSshd, sshd_available
-from tests.tools import missing
+from tests.fleet.sshd import LoopbackSshd
 
 #: A stream command that plays a healthy host without ssh (for in-process tests).
 SIM_STREAM = [sys.executable, "-m", "gpustation", "snapshot", "--json", "--watch", "0.3"]
-
-
-@pytest.fixture(scope="session")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackSshd]:
-    """One sshd for the whole session; each test resets the hosts it uses."""
-    if not sshd_available():
-        missing("the OpenSSH server (/usr/sbin/sshd; Debian: openssh-server)")
-    server = LoopbackSshd(tmp_path_factory.mktemp("sshd"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

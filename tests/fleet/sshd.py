@@ -3,7 +3,8 @@
 Used by the fleet tests and by ``bench/fleet_bench.py``. Everything lives in
 one directory: host and user keys (made fresh by ``ssh-keygen`` each time), an
 ``sshd_config`` on a free port, a client ``ssh_config`` (pass it with
-``GPUSTATION_SSH_CONFIG``) and a remote command script (``GPUSTATION_REMOTE_COMMAND``).
+``GPUSTATION_SSH_CONFIG``), a remote command script (``GPUSTATION_REMOTE_COMMAND``)
+and the nodes' Python for multi-node runs (``GPUSTATION_REMOTE_PYTHON``).
 
 Every host alias (``box1``...) is 127.0.0.1 with ``SetEnv GPUSTATION_FAKE_HOST``;
 sshd accepts that one variable, so the remote script knows which fake host it
@@ -63,6 +64,25 @@ exec "{python}" -m gpustation "$@"
 """
 
 
+_REMOTE_PYTHON = """#!/bin/sh
+# The nodes' Python for multi-node runs: this checkout's gpustation, the fake
+# host's own directories, then what hosts/<name>/env adds (sourced). Mode
+# ``fail`` makes the node fail before its Python starts.
+name="${{GPUSTATION_FAKE_HOST:-default}}"
+dir="{root}/hosts/$name"
+mkdir -p "$dir/state" "$dir/config" "$dir/data"
+export GPUSTATION_STATE_DIR="$dir/state" GPUSTATION_CONFIG_DIR="$dir/config"
+export GPUSTATION_DATA_DIR="$dir/data"
+export PYTHONPATH="{repo}" PYTHONDONTWRITEBYTECODE=1
+if [ -f "$dir/env" ]; then . "$dir/env"; fi
+mode=$(cat "$dir/mode" 2>/dev/null || echo ok)
+if [ "$mode" = fail ]; then
+  echo "cannot start on $name (test failure)" >&2; exit 3
+fi
+exec "{python}" "$@"
+"""
+
+
 class LoopbackSshd:
     """sshd on 127.0.0.1:<free port> serving fake hosts ``box1``..``boxN``."""
 
@@ -81,6 +101,11 @@ class LoopbackSshd:
     @property
     def remote_command(self) -> Path:
         return self.root / "remote-gpustation"
+
+    @property
+    def remote_python(self) -> Path:
+        """The nodes' Python for multi-node runs (``GPUSTATION_REMOTE_PYTHON``)."""
+        return self.root / "remote-python"
 
     def env(self) -> dict[str, str]:
         """Environment for a local gpustation that should read these hosts."""
@@ -119,6 +144,9 @@ class LoopbackSshd:
         script = _REMOTE.format(root=self.root, repo=REPO, python=sys.executable)
         self.remote_command.write_text(script)
         self.remote_command.chmod(0o755)
+        script = _REMOTE_PYTHON.format(root=self.root, repo=REPO, python=sys.executable)
+        self.remote_python.write_text(script)
+        self.remote_python.chmod(0o755)
         if os.geteuid() == 0:
             # sshd's privilege separation directory
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
