@@ -158,3 +158,24 @@ def test_web_is_in_the_command_list(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     assert "the dashboard in a browser" in capsys.readouterr().out
+
+
+def test_no_token_serves_loopback_without_one() -> None:
+    with WebServer("--simulate", "2", "--no-token") as web:
+        web.wait_listening()
+        url = web.url()
+        assert url == f"http://127.0.0.1:{web.port}/"
+        status, page, headers = fetch(url)
+        assert status == 200 and "Set-Cookie" not in headers
+        assert f"ws://127.0.0.1:{web.port}/ws" in page
+
+
+def test_ctrl_c_ends_it_with_130() -> None:
+    import signal
+
+    with WebServer("--simulate", "2") as web:
+        web.wait_listening()
+        web.url()
+        web.proc.send_signal(signal.SIGINT)
+        assert web.proc.wait(timeout=30) == 130
+        web.wait_line(r"gpustation: interrupted")
