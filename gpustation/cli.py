@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "fan": "gpustation.commands.fan",
     "profile": "gpustation.commands.profile",
     "serve": "gpustation.commands.serve",
+    "web": "gpustation.commands.web",
     "presets": "gpustation.commands.presets",
     "runs": "gpustation.commands.runs",
     "run": "gpustation.commands.run",
@@ -86,6 +87,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         default=[],
         metavar="[USER@]HOST",
         help="show a fleet of hosts read over ssh (repeatable)",
+    )
+    parser.add_argument(
+        "--read-only",
+        action="store_true",
+        help="a dashboard that shows everything and changes nothing: no signals to "
+        "processes, no power, fan or profile change, no launching or stopping runs",
     )
     add_fleet_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)

@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
             sim_card=getattr(args, "sim_card", None),
             recorder=recorder,
             record_error=record_error,
+            read_only=bool(getattr(args, "read_only", False)),
         )
     finally:
         if recorder is not None:

@@ -1,1 +1,1 @@
-"""The Prometheus endpoint and what it reads."""
+"""The Prometheus endpoint and what it reads; the dashboard served to a browser (web.py)."""

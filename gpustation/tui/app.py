@@ -26,6 +26,9 @@ Extension points (for new screens: runs, hardware control, fleet):
   until the first pass). Control actions must run in a worker
   (``app.run_worker(fn, thread=True)``), never on the UI thread; a worker's
   result reaches the UI as a typed message it posts (``post_message``).
+* An action that changes the machine (a signal, power, fans, a profile, a run)
+  first asks :func:`~gpustation.tui.readonly.refused`: ``app.read_only``
+  dashboards show everything and change nothing.
 * Bindings all carry ids (``app.quit``, ``dashboard.kill`` ...): the ``[keys]``
   table of config.toml remaps them (:mod:`gpustation.tui.keys`).
 """
@@ -57,6 +60,7 @@ from gpustation.telemetry.model import Snapshot
 from gpustation.tui.dialogs import KillDialog
 from gpustation.tui.keys import KeymapConfig, apply_keymap, load_keymap
 from gpustation.tui.poll import Poller
+from gpustation.tui.readonly import refused
 from gpustation.tui.screens import (
     AlertLogScreen,
     DashboardScreen,
@@ -208,8 +212,11 @@ class DashboardApp(App[int]):
         notify_alerts: bool = True,
         screens: Sequence[ScreenEntry] | None = None,
         keymap: KeymapConfig | None = None,
+        read_only: bool = False,
     ) -> None:
         self.source = source or DataSource()
+        #: shows everything, changes nothing (tui/readonly.py: what is refused)
+        self.read_only = read_only
         self.refresh_s = min(MAX_REFRESH_S, max(MIN_REFRESH_S, refresh_s))
         self.metric = metric if metric in METRICS else "util"
         self.graph_window_s = GRAPH_WINDOW_S
@@ -378,6 +385,9 @@ class DashboardApp(App[int]):
         else:
             t.append(" gpustation ", style="bold reverse")
             t.append(" ")
+        if self.read_only:
+            t.append(" READ-ONLY ", style="bold reverse")
+            t.append(" ")
         t.append(snap.hostname, style="bold")
         t.append(
             f" · {len(snap.gpus)} GPU{'s' if len(snap.gpus) != 1 else ''}"
@@ -502,6 +512,8 @@ class DashboardApp(App[int]):
     # ---- killing a process ---------------------------------------------------
     def confirm_kill(self, row: ProcRow) -> None:
         """Ask, then send the chosen signal to ``row``'s process."""
+        if refused(self, "signals to processes"):
+            return
         simulated = bool(self.latest and self.latest.simulated)
 
         def done(sig: int | None) -> None:
@@ -511,6 +523,8 @@ class DashboardApp(App[int]):
         self.push_screen(KillDialog(row, simulated), done)
 
     def send_signal(self, row: ProcRow, sig: int, simulated: bool) -> None:
+        if refused(self, "signals to processes"):
+            return
         name = signal.Signals(sig).name
         if simulated:
             # A simulated PID may be a real, unrelated process: never signal it.
@@ -611,11 +625,12 @@ def run_dashboard(
     sim_card: str | None = None,
     recorder: Recorder | None = None,
     record_error: str | None = None,
+    read_only: bool = False,
 ) -> int:
     """Open the dashboard on this machine's GPUs (simulated ones when asked).
 
     ``recorder`` (the ``[record]`` recording) is fed every sample on the
-    sampling thread.
+    sampling thread. ``read_only``: show everything, change nothing.
     """
 
     def factory() -> Backend:
@@ -623,7 +638,7 @@ def run_dashboard(
 
     source = DataSource(factory, gpus, recorder=recorder)
     source.record_error = record_error
-    app = DashboardApp(source, refresh_s=refresh_s)
+    app = DashboardApp(source, refresh_s=refresh_s, read_only=read_only)
     try:
         result = app.run()
     finally:

@@ -29,6 +29,7 @@ from gpustation.tui.control.ui import (
     FansHandedBack,
     control_ui,
 )
+from gpustation.tui.readonly import refused
 from gpustation.tui.screens import LiveScreen
 from gpustation.tui.source import Frame
 from gpustation.tui.widgets import KeysFooter, LiveText
@@ -201,6 +202,8 @@ class ControlScreen(LiveScreen):
             self.redraw()
 
     def action_power_dialog(self) -> None:
+        if refused(self.dash, "power-limit changes"):
+            return
         sample = next((g for g in self._gpus() if g.index == self.selected), None)
         if sample is None:
             self.notify("The GPUs are not read yet.", severity="warning")

@@ -29,6 +29,7 @@ from gpustation.control.profiles import Profile, list_profiles
 from gpustation.errors import GpustationError
 from gpustation.tui.control.dialogs import KeepChangeDialog, QuitFansDialog
 from gpustation.tui.control.journal import JournalScreen
+from gpustation.tui.readonly import refused
 
 if TYPE_CHECKING:
     from gpustation.tui.app import DashboardApp
@@ -182,6 +183,8 @@ class ControlUI:
         self._change(lambda live: live.set_power_limit(index, watts), f"power limit {watts:g} W")
 
     def _change(self, make: Callable[[LiveControl], Change], what: str) -> None:
+        if refused(self.app, "power, fan or profile changes"):
+            return
         if self.pending is not None:
             self.app.notify("Confirm or revert the last change first.", severity="warning")
             return
@@ -249,6 +252,8 @@ class ControlUI:
 
     def fans_auto(self) -> None:
         """Stop the dashboard's fan curve: the fans go back to the card's control."""
+        if refused(self.app, "fan changes"):
+            return
         live = self.live
         if live is None or not live.curve_running:
             self.app.notify("No fan curve is running from the dashboard.")

@@ -27,6 +27,7 @@ from gpustation.runs.presets import PresetProblem, RunPreset
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary
 from gpustation.tui.poll import Poller
+from gpustation.tui.readonly import refused
 from gpustation.tui.runs.dialogs import QuitRunsDialog
 from gpustation.tui.runs.model import IDLE_POLL_S, POLL_S, PassResult, RunView
 from gpustation.tui.runs.poller import RunsPass
@@ -264,6 +265,8 @@ class RunsUI:
     # -- launching ------------------------------------------------------------------
     def launch(self, preset: RunPreset, overrides: list[str], gpus: list[int] | None) -> None:
         """Launch ``preset`` in a worker; the run appears in the list once started."""
+        if refused(self.app, "launching runs"):
+            return
         backend = self.app.backend
         simulate: int | None = None
         sim_card: str | None = None
@@ -316,6 +319,8 @@ class RunsUI:
     # -- stopping -------------------------------------------------------------------
     def stop(self, view: RunView) -> None:
         """Stop ``view``'s run in a worker (graceful, then firm)."""
+        if refused(self.app, "stopping runs"):
+            return
         if not view.active:
             return
         view.stopping = True
@@ -358,6 +363,8 @@ class RunsUI:
         """Asked by the app on ``q``: True when runs are going and the question was asked."""
         if isinstance(self.app.screen, QuitRunsDialog):
             return True  # already asking
+        if getattr(self.app, "read_only", False):
+            return False  # nothing to ask: a read-only dashboard never stops runs
         active = self.live_active()
         if not active or self._quitting:
             return False

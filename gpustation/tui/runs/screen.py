@@ -29,6 +29,7 @@ from textual.widgets.option_list import Option
 
 from gpustation.runs.compare import gpus_text
 from gpustation.runs.presets import RunPreset
+from gpustation.tui.readonly import refused
 from gpustation.tui.runs.compare import CompareScreen
 from gpustation.tui.runs.controller import (
     AllStopped,
@@ -531,6 +532,8 @@ class RunsScreen(LiveScreen):
 
     def open_form(self, preset: RunPreset, prefill: Prefill | None = None) -> None:
         """The launch form for ``preset`` (with a past run's settings, for run again)."""
+        if refused(self.dash, "launching runs"):
+            return
         snap = self.dash.latest
         device_count: int | None = None
         if snap is not None and snap.gpus:
@@ -545,6 +548,8 @@ class RunsScreen(LiveScreen):
 
     def action_run_again(self) -> None:
         """Open the launch form with the selected run's preset, arguments and GPUs."""
+        if refused(self.dash, "launching runs"):
+            return
         view = self.current_view()
         if view is None:
             self.notify("Select a run first.", severity="warning")
@@ -568,6 +573,8 @@ class RunsScreen(LiveScreen):
         self.open_form(preset, prefill_of(run))
 
     def action_stop(self) -> None:
+        if refused(self.dash, "stopping runs"):
+            return
         view = self.current_view()
         if view is None or not view.active:
             self.notify("Select a running run first.", severity="warning")
