@@ -244,9 +244,9 @@ class Comparison:
         return len({workload(r) for r in self.records}) > 1
 
     def caption(self) -> str:
-        text = "changes in brackets are from the first run; = the same as the first run"
+        text = "(changes) from the first run, = the same"
         if self.mixed:
-            text += "; no change between runs of different workloads"
+            text += ", none across workloads"
         return text
 
     def same_text(self) -> str:

@@ -69,6 +69,11 @@ def notes_cell(pilot: Pilot[Any], run_id: str) -> str:
     return str(table.get_cell(run_id, "notes"))
 
 
+def tags_in(path: Path) -> list[str] | None:
+    """The tags an annotations file holds (None while there is none)."""
+    return json.loads(path.read_text()).get("tags") if path.exists() else None
+
+
 def label(pilot: Pilot[Any], selector: str) -> str:
     return str(pilot.app.screen.query_one(selector, Label).render())
 
@@ -186,12 +191,9 @@ async def test_note_and_tags_are_written_and_shown(gpustation_dirs: dict[str, Pa
         await pilot.press("enter")
         for run_id in (first, second):
             path = root / run_id / rundir.ANNOTATIONS_JSON
-            await wait_for(pilot, lambda p=path: p.exists())  # type: ignore[misc]
-            await wait_for(
-                pilot,
-                lambda p=path: json.loads(p.read_text()).get("tags") == ["baseline", "lr:3e-4"],  # type: ignore[misc]
-            )
-        await wait_for(pilot, lambda: notes_cell(pilot, first) == "#baseline #lr:3e-4 before the fix")
+            await wait_for(pilot, lambda p=path: tags_in(p) == ["baseline", "lr:3e-4"])  # type: ignore[misc]
+        shown = "#baseline #lr:3e-4 before the fix"
+        await wait_for(pilot, lambda: notes_cell(pilot, first) == shown)
         await wait_for(pilot, lambda: notes_cell(pilot, second) == "#baseline #lr:3e-4")
 
         # Taking one off again, with the dialog's Remove.

@@ -50,7 +50,7 @@ def read_comparison(run_ids: list[str]) -> CompareRead:
         curves = read_curves(Path(r.run_dir)) if r.run_dir else RunCurves()
         runs.append(OverlayRun(r.id, r.preset or "", " ".join(differs), curves))
     return CompareRead(
-        comparison.renderable(title="Runs compared"),
+        comparison.renderable(),
         comparison.caption(),
         runs,
         [r.id for r in records],
@@ -67,8 +67,9 @@ class CompareScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     CompareScreen { align: center middle; }
     #compare-box { width: 95%; height: 90%; border: thick $primary; background: $surface; }
-    #compare-plot { height: 45%; min-height: 8; }
-    #compare-legend { height: auto; max-height: 9; padding: 0 1; }
+    #compare-plot { width: 100%; height: 40%; min-height: 6; }
+    #compare-legend { height: auto; max-height: 9; padding: 0 1; text-wrap: nowrap;
+                      text-overflow: ellipsis; }
     #compare-scroll { height: 1fr; padding: 0 1; }
     #compare-caption { height: auto; padding: 0 1; color: $text-muted; }
     """
@@ -103,7 +104,7 @@ class CompareScreen(ModalScreen[None]):
         self.query_one("#compare-legend", Static).update(legend(message.runs))
         self.query_one("#compare-table", Static).update(message.table)
         self.query_one("#compare-caption", Static).update(
-            Text(f"{message.caption} · x: steps/time · Esc closes")
+            Text(f"{message.caption} · x steps/time · Esc closes")
         )
         self.query_one("#compare-plot", OverlayPlot).show(message.runs)
 

@@ -69,6 +69,8 @@ def overlay_plot(runs: Sequence[OverlayRun], by_time: bool, width: int, height: 
     import plotext as plt
 
     plt.clear_figure()
+    # The widget's size, not the terminal's (plotext caps a figure at the latter).
+    plt.limitsize(False, False)
     plt.plotsize(max(30, width), max(6, height))
     plt.theme("clear")
     scale, unit = 1.0, "s"

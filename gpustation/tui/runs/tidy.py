@@ -132,11 +132,15 @@ class NoteDialog(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="note-box", classes="tidy-box"):
             yield Label(Text(f"Note on {safe(self.view.id)}", style="bold"), id="note-title")
-            yield Input(self.view.summary.note or "", placeholder="a note", id="note-input")
+            yield Input(self._current(), placeholder="a note", id="note-input")
             yield Label("Enter saves; an empty note clears it.", id="note-hint")
             with Horizontal(classes="tidy-buttons"):
                 yield Button("Save (Enter)", id="save", variant="primary")
                 yield Button("Cancel (Esc)", id="cancel")
+
+    def _current(self) -> str:
+        """The note as it is, made safe to draw."""
+        return safe(self.view.summary.note or "")
 
     def on_mount(self) -> None:
         self.query_one("#note-input", Input).focus()
@@ -153,7 +157,7 @@ class NoteDialog(ModalScreen[str | None]):
     def _save(self) -> None:
         text = self.query_one("#note-input", Input).value.strip()
         # Unchanged: nothing to write (a note of several lines stays as it is).
-        self.dismiss(None if text == (self.view.summary.note or "").strip() else text)
+        self.dismiss(None if text == self._current().strip() else text)
 
     def action_cancel(self) -> None:
         self.dismiss(None)
