@@ -277,7 +277,7 @@ class Comparison:
         for r in self.records:
             table.add_column(safe(r.id), justify="right", overflow="fold")
         for row in self.rows:
-            table.add_row(row.name, *row.cells(), style="cyan" if row.setting else None)
+            table.add_row(safe(row.name), *row.cells(), style="cyan" if row.setting else None)
         parts: list[RenderableType] = [table]
         if self.same:
             parts.append(Text(safe(self.same_text()), style="dim"))
