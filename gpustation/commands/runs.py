@@ -15,8 +15,8 @@ import time
 from gpustation.errors import UsageError
 from gpustation.runs import rundir
 from gpustation.runs.compare import (
-    CompareRow,
-    compare_rows,
+    Comparison,
+    compare,
     energy_text,
     fmt_num,
     gpus_text,
@@ -132,22 +132,11 @@ def run(args: argparse.Namespace) -> int:
         run_id = store.resolve_id(args.id)
         return follow(rundir.run_dir(run_id), grace_s=None, stop_on_interrupt=args.stop_on_ctrl_c)
     if action == "compare":
-        records = [_get(store, i) for i in args.ids]
-        table = compare_rows(records)
+        comparison = compare([_get(store, i) for i in args.ids])
         if args.json:
-            print(
-                strict_json(
-                    {
-                        "runs": [r.to_dict() for r in records],
-                        "rows": [
-                            {"name": row.name, "values": row.values, "change_pct": row.changes()}
-                            for row in table
-                        ],
-                    }
-                )
-            )
+            print(strict_json(comparison.to_json()))
         else:
-            _print_compare(records, table)
+            _print_compare(comparison)
         return 0
     raise UsageError(f"unknown action {action!r}")
 
@@ -411,15 +400,7 @@ def _node_rows(r: RunSummary) -> list[tuple[str, str | None]]:
     return rows
 
 
-def _print_compare(records: list[RunSummary], rows: list[CompareRow]) -> None:
-    from rich.table import Table
-
-    table = Table(header_style="bold", box=None, pad_edge=False)
-    table.add_column("")
-    for r in records:
-        table.add_column(r.id, justify="right", overflow="fold")
-    for row in rows:
-        table.add_row(row.name, *row.cells())
-    console(max(100, 30 + 34 * len(records))).print(table)
+def _print_compare(comparison: Comparison) -> None:
+    console(max(100, 30 + 34 * len(comparison.records))).print(comparison.renderable())
     if sys.stdout.isatty():
-        print("changes in brackets are from the first run", file=sys.stderr)
+        print(comparison.caption(), file=sys.stderr)

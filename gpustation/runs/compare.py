@@ -1,14 +1,31 @@
-"""Runs side by side: the rows of ``runs compare`` and the runs screen's compare view."""
+"""Runs side by side: the table of ``runs compare`` and of the runs screen's compare view.
+
+One table for both. Each row has one number format (thousands separators,
+the same decimals in every cell, the unit once in the row's label); a cell
+equal to the first run's shows ``=``; a change from the first run is given
+only between like and like: runs of one workload for the figures whose
+meaning depends on it (a ResNet step is not a LoRA step, img/s is not
+tokens/s), any runs for the physical ones (watts, joules, seconds). The
+settings (the preset's arguments with ``--set`` applied) that differ are
+rows; those equal in every run are said once, after the table.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from gpustation.runs import rundir
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.format import duration as fmt_duration
+from gpustation.textsafe import safe
 
 
 def fmt_num(value: float | None, digits: int = 1, unit: str = "") -> str:
@@ -53,37 +70,218 @@ def energy_text(record: RunSummary) -> str:
     return f"{text} (shared)" if record.energy_shared and record.energy_j is not None else text
 
 
+# ---- one number format per row ------------------------------------------------------------
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def row_decimals(values: Sequence[Any], digits: int) -> int:
+    """The decimals every cell of a row gets: ``digits``, fewer for big numbers, more for
+    small ones (two significant digits of the smallest), the same in each cell."""
+    nums = [abs(n) for n in map(_number, values) if n is not None]
+    if not nums:
+        return digits
+    if max(nums) >= 10000:
+        return 0
+    smallest = min((n for n in nums if n), default=0.0)
+    if smallest and smallest < 10.0 ** -(digits - 1):
+        return min(10, max(digits, math.ceil(-math.log10(smallest)) + 1))
+    return digits
+
+
+def fmt_fixed(value: Any, decimals: int) -> str:
+    """``value`` with thousands separators and ``decimals`` decimals (``-``: none)."""
+    number = _number(value)
+    if number is None:
+        return "-" if value is None else safe(value)
+    return f"{number:,.{decimals}f}"
+
+
+def with_unit(label: str, unit: str | None) -> str:
+    return f"{label} ({unit})" if unit else label
+
+
 @dataclass
 class CompareRow:
-    """One row of ``runs compare``: a value per run, shown with its change."""
+    """One row of the comparison: a value per run, shown with its change from the first.
+
+    ``digits`` gives the row one number format (see :func:`row_decimals`);
+    without it each value goes through ``fmt``. ``kinds`` says what each
+    value measures: a change is given only where a run's kind is the first
+    run's (``None``: every value is of one kind). ``units``, when the runs
+    differ in unit, is each cell's own (the label carries the unit otherwise).
+    """
 
     name: str
     values: list[Any]
     fmt: Callable[[Any], str] = str
     numeric: bool = True
+    digits: int | None = None
+    kinds: list[Hashable] | None = None
+    units: list[str | None] | None = None
+    #: a setting (a preset argument, ``--set``) rather than a result
+    setting: bool = False
+
+    def comparable(self, i: int) -> bool:
+        """Whether run ``i``'s value may be set against the first run's."""
+        return self.kinds is None or self.kinds[i] == self.kinds[0]
 
     def changes(self) -> list[float | None]:
         """Percent change of each value from the first run's (None when not comparable)."""
         if not self.numeric:
             return [None for _ in self.values]
-        base = self.values[0] if self.values else None
+        base = _number(self.values[0]) if self.values else None
         out: list[float | None] = []
-        for value in self.values:
-            if isinstance(base, (int, float)) and isinstance(value, (int, float)) and base != 0:
-                out.append(100.0 * (value - base) / abs(base))
-            else:
+        for i, value in enumerate(self.values):
+            number = _number(value)
+            if base is None or number is None or base == 0 or not self.comparable(i):
                 out.append(None)
+            else:
+                out.append(100.0 * (number - base) / abs(base))
         return out
 
+    def texts(self) -> list[str]:
+        """Each value in the row's format, without changes."""
+        if self.digits is not None:
+            decimals = row_decimals(self.values, self.digits)
+            texts = [fmt_fixed(v, decimals) for v in self.values]
+        else:
+            texts = ["-" if v is None else safe(self.fmt(v)) for v in self.values]
+        if self.units is not None:
+            texts = [
+                f"{t} {u}" if u and t != "-" else t for t, u in zip(texts, self.units, strict=True)
+            ]
+        return texts
+
     def cells(self) -> list[str]:
-        """Each run's value as text, the change from the first run in brackets."""
-        cells = []
-        for i, (value, change) in enumerate(zip(self.values, self.changes(), strict=True)):
-            text = "-" if value is None else self.fmt(value)
-            if i > 0 and change is not None:
+        """Each run's cell: ``=`` when it equals the first run's, its change in brackets."""
+        texts = self.texts()
+        cells = texts[:1]
+        for i, (text, change) in enumerate(zip(texts, self.changes(), strict=True)):
+            if i == 0:
+                continue
+            value = self.values[i]
+            if value is not None and value == self.values[0] and self.comparable(i):
+                cells.append("=")
+                continue
+            if change is not None and round(change, 1) != 0:
                 text += f" ({change:+.1f} %)"
             cells.append(text)
         return cells
+
+
+# ---- what a run is and was set to --------------------------------------------------------------
+
+
+def workload(record: RunSummary) -> str:
+    """What a step of the run is: its runner's (or, for a command, its preset's)."""
+    return record.runner or record.preset or record.id
+
+
+def run_settings(record: RunSummary) -> dict[str, Any]:
+    """The run's settings: its preset's arguments as launched (``--set`` applied).
+
+    Read from ``run.json``; only the overrides when the run directory is gone.
+    """
+    run = rundir.read_run(Path(record.run_dir)) if record.run_dir else None
+    args = ((run or {}).get("preset") or {}).get("args")
+    settings = dict(args) if isinstance(args, dict) else {}
+    settings.update(record.overrides)
+    return settings
+
+
+def _setting_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(_setting_text, value))
+    return str(value)
+
+
+def setting_rows(
+    records: Sequence[RunSummary], settings: Sequence[dict[str, Any]]
+) -> tuple[list[CompareRow], dict[str, Any]]:
+    """The settings that differ (rows) and those every run shares (``{key: value}``).
+
+    The keys looked at: those a run set with ``--set`` and those all the runs'
+    presets have (a key only one preset has is told by the preset row).
+    """
+    keys: list[str] = []
+    for record in records:
+        keys += [k for k in record.overrides if k not in keys]
+    common = set.intersection(*(set(s) for s in settings)) if settings else set()
+    for s in settings:
+        keys += [k for k in s if k in common and k not in keys]
+    rows: list[CompareRow] = []
+    same: dict[str, Any] = {}
+    for key in keys:
+        values = [s.get(key) for s in settings]
+        if all(v == values[0] for v in values) and values[0] is not None:
+            same[key] = values[0]
+            continue
+        rows.append(CompareRow(f"set {key}", values, _setting_text, numeric=False, setting=True))
+    return rows, same
+
+
+# ---- the comparison ------------------------------------------------------------------------
+
+
+@dataclass
+class Comparison:
+    """The rows of the comparison and the settings every run shares."""
+
+    records: list[RunSummary]
+    rows: list[CompareRow]
+    same: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mixed(self) -> bool:
+        """Some runs are of another workload than the first (those changes are left out)."""
+        return len({workload(r) for r in self.records}) > 1
+
+    def caption(self) -> str:
+        text = "(changes) from the first run, = the same"
+        if self.mixed:
+            text += ", none across workloads"
+        return text
+
+    def same_text(self) -> str:
+        """``same: key=value, ...`` (empty when no setting is shared)."""
+        if not self.same:
+            return ""
+        return "same: " + ", ".join(f"{k}={_setting_text(v)}" for k, v in self.same.items())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "runs": [r.to_dict() for r in self.records],
+            "rows": [
+                {
+                    "name": row.name,
+                    "values": row.values,
+                    "change_pct": row.changes(),
+                    "setting": row.setting,
+                }
+                for row in self.rows
+            ],
+            "same": self.same,
+        }
+
+    def renderable(self, title: str | None = None) -> RenderableType:
+        """The table (a column per run), then the shared settings and the caption."""
+        table = Table(header_style="bold", box=None, pad_edge=False, title=title)
+        table.add_column("")
+        for r in self.records:
+            table.add_column(safe(r.id), justify="right", overflow="fold")
+        for row in self.rows:
+            table.add_row(safe(row.name), *row.cells(), style="cyan" if row.setting else None)
+        parts: list[RenderableType] = [table]
+        if self.same:
+            parts.append(Text(safe(self.same_text()), style="dim"))
+        return Group(*parts)
 
 
 def _epoch_time(r: RunSummary) -> float | None:
@@ -95,63 +293,125 @@ def _epoch_time(r: RunSummary) -> float | None:
     return None
 
 
-def compare_rows(records: list[RunSummary]) -> list[CompareRow]:
-    """The rows of the comparison, leaving out rows no run has a value for."""
-    unit = next((r.throughput_unit for r in records if r.throughput_unit), None)
-    work_unit = next((r.work_unit for r in records if r.work_unit), None)
+def _unit_row(
+    label: str,
+    values: list[Any],
+    units: list[str | None],
+    digits: int,
+    kinds: list[Hashable],
+) -> CompareRow:
+    """A row whose unit may differ by run: in the label when one, in each cell otherwise."""
+    known = {u for u, v in zip(units, values, strict=True) if v is not None}
+    if len(known) <= 1:
+        unit = next(iter(known), None)
+        return CompareRow(with_unit(label, unit), values, digits=digits, kinds=kinds)
+    return CompareRow(label, values, digits=digits, kinds=kinds, units=units)
+
+
+def _energy_row(records: Sequence[RunSummary]) -> CompareRow:
+    """GPU energy in one unit for the row: J, Wh or kWh, by the largest."""
+    values = [r.energy_j for r in records]
+    top = max((v for v in values if v is not None), default=0.0)
+    unit, scale, digits = ("J", 1.0, 0)
+    if top >= 3.6e6:
+        unit, scale, digits = ("kWh", 3.6e6, 2)
+    elif top >= 3600:
+        unit, scale, digits = ("Wh", 3600.0, 1)
+    scaled = [None if v is None else v / scale for v in values]
+    return CompareRow(with_unit("energy", unit), scaled, digits=digits)
+
+
+def _duration_row(label: str, values: list[float | None]) -> CompareRow:
+    """Durations in one clock format for the row (h:mm:ss once any is an hour)."""
+    hours = any(v is not None and v >= 3599.5 for v in values)
+
+    def clock(seconds: float) -> str:
+        if not hours:
+            return fmt_duration(seconds)
+        s = round(seconds)
+        return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+    return CompareRow(with_unit(label, "h:mm:ss" if hours else "m:ss"), values, clock)
+
+
+def compare(
+    records: Sequence[RunSummary], settings: Sequence[dict[str, Any]] | None = None
+) -> Comparison:
+    """The comparison of ``records`` (the first is the one the changes are from).
+
+    ``settings`` are each run's (:func:`run_settings`, read from the run
+    directories when not given).
+    """
+    records = list(records)
+    if settings is None:
+        settings = [run_settings(r) for r in records]
+    kinds: list[Hashable] = [workload(r) for r in records]
+    config_rows, same = setting_rows(records, settings)
     rows = [
         CompareRow("preset", [r.preset for r in records], numeric=False),
+        *config_rows,
         CompareRow("status", [status_text(r) for r in records], numeric=False),
         CompareRow("gpus", [gpus_text(r) for r in records], numeric=False),
-        CompareRow("duration", [r.duration_s for r in records], fmt_duration),
-        CompareRow("epoch time", [_epoch_time(r) for r in records], lambda v: fmt_num(v, 1, "s")),
-        CompareRow("steps", [r.steps for r in records], lambda v: "-" if v is None else str(v)),
-        CompareRow("final loss", [r.final_loss for r in records], lambda v: fmt_num(v, 4)),
-        CompareRow("best loss", [r.best_loss for r in records], lambda v: fmt_num(v, 4)),
-        CompareRow("eval loss", [r.final_eval_loss for r in records], lambda v: fmt_num(v, 4)),
-        CompareRow(
-            f"throughput ({unit})" if unit else "throughput",
+        _duration_row("duration", [r.duration_s for r in records]),
+        CompareRow("epoch time (s)", [_epoch_time(r) for r in records], digits=1, kinds=kinds),
+        CompareRow("steps", [r.steps for r in records], digits=0, kinds=kinds),
+        CompareRow("final loss", [r.final_loss for r in records], digits=4, kinds=kinds),
+        CompareRow("best loss", [r.best_loss for r in records], digits=4, kinds=kinds),
+        CompareRow("eval loss", [r.final_eval_loss for r in records], digits=4, kinds=kinds),
+        _unit_row(
+            "throughput",
             [r.best_throughput for r in records],
-            lambda v: fmt_num(v, 1),
+            [r.throughput_unit for r in records],
+            1,
+            [(workload(r), r.throughput_unit) for r in records],
         ),
-        CompareRow("peak VRAM", [r.peak_vram_mib for r in records], lambda v: fmt_num(v, 0, "MiB")),
-        CompareRow("energy", [r.energy_j for r in records], fmt_energy),
+        CompareRow("peak VRAM (MiB)", [r.peak_vram_mib for r in records], digits=0),
+        _energy_row(records),
         *_cost_rows(records),
         CompareRow(
             "energy shared",
             ["shared" if r.energy_shared else None for r in records],
             numeric=False,
         ),
-        CompareRow(
-            f"energy per {work_unit}" if work_unit else "energy per unit",
-            [r.energy_per_unit_j for r in records],
-            lambda v: fmt_num(v, 3, "J"),
-        ),
-        CompareRow("avg power", [r.avg_power_w for r in records], lambda v: fmt_num(v, 0, "W")),
-        CompareRow("peak power", [r.peak_power_w for r in records], lambda v: fmt_num(v, 0, "W")),
-        CompareRow("peak temp", [r.peak_temp_c for r in records], lambda v: fmt_num(v, 0, "°C")),
-        CompareRow("throttled", [r.throttled_s for r in records], lambda v: fmt_num(v, 0, "s")),
+        _energy_per_unit_row(records),
+        CompareRow("avg power (W)", [r.avg_power_w for r in records], digits=0),
+        CompareRow("peak power (W)", [r.peak_power_w for r in records], digits=0),
+        CompareRow("peak temp (°C)", [r.peak_temp_c for r in records], digits=0),
+        CompareRow("throttled (s)", [r.throttled_s for r in records], digits=0),
     ]
     # Final figures a run chose to report in its summary (accuracy, perplexity ...).
     keys: list[str] = []
     for r in records:
         for key, value in r.summary.items():
             if (
-                isinstance(value, (int, float))
-                and not isinstance(value, bool)
+                _number(value) is not None
                 and key not in ("final_loss", "best_loss", "epoch_time_s")
                 and key not in keys
             ):
                 keys.append(key)
     for key in keys:
-        rows.append(
-            CompareRow(
-                key,
-                [r.summary.get(key) for r in records],
-                lambda v: fmt_num(v, 4) if isinstance(v, float) else ("-" if v is None else str(v)),
-            )
-        )
-    return [row for row in rows if any(v not in (None, "-") for v in row.values)]
+        values = [r.summary.get(key) for r in records]
+        integral = all(isinstance(v, int) for v in values if _number(v) is not None)
+        rows.append(CompareRow(key, values, digits=0 if integral else 4, kinds=kinds))
+    shown = [row for row in rows if row.setting or any(v not in (None, "-") for v in row.values)]
+    return Comparison(records, shown, same)
+
+
+def _energy_per_unit_row(records: Sequence[RunSummary]) -> CompareRow:
+    """GPU energy per unit of work: ``energy per img (J)``, or J/img and J/token apart."""
+    values = [r.energy_per_unit_j for r in records]
+    kinds: list[Hashable] = [(workload(r), r.work_unit) for r in records]
+    units = {r.work_unit for r, v in zip(records, values, strict=True) if v is not None}
+    if len(units) <= 1:
+        unit = next(iter(units), None)
+        return CompareRow(f"energy per {unit or 'unit'} (J)", values, digits=3, kinds=kinds)
+    cells: list[str | None] = [f"J/{r.work_unit}" if r.work_unit else "J" for r in records]
+    return CompareRow("energy per unit", values, digits=3, kinds=kinds, units=cells)
+
+
+def compare_rows(records: list[RunSummary]) -> list[CompareRow]:
+    """The rows of the comparison (settings from the run directories)."""
+    return compare(records).rows
 
 
 def _cost_rows(records: list[RunSummary]) -> list[CompareRow]:
@@ -164,4 +424,10 @@ def _cost_rows(records: list[RunSummary]) -> list[CompareRow]:
         return []
     if price is None:
         return []
-    return [CompareRow("cost", [price.cost(r.energy_j) for r in records], price.money)]
+    return [
+        CompareRow(
+            with_unit("cost", price.currency or None),
+            [price.cost(r.energy_j) for r in records],
+            digits=2,
+        )
+    ]

@@ -162,12 +162,17 @@ def test_runs_list_show_and_compare(runs_env: dict) -> None:
     assert rows["final loss"]["change_pct"][1] == -50.0
     assert rows["throughput (img/s)"]["values"] == [200.0, 400.0]
     assert rows["accuracy"]["values"] == [0.52, 0.54]
-    for name in ("energy", "avg power", "peak temp", "peak VRAM", "energy per img"):
+    for name in ("avg power (W)", "peak temp (°C)", "peak VRAM (MiB)", "energy per img (J)"):
         assert name in rows, name
+    assert any(name.startswith("energy (") for name in rows)
+    # The setting the second run changed is a row; the one both kept is said once.
+    assert rows["set steps"]["values"] == [2, 4] and rows["set steps"]["setting"]
+    assert doc["same"] == {"sleep": 0.2}
 
     table = gs("runs", "compare", first, second)
     assert table.returncode == 0
     assert "+100.0 %" in table.stdout and "-50.0 %" in table.stdout
+    assert "same: sleep=0.2" in table.stdout and "+0.0 %" not in table.stdout
     assert first in table.stdout and second in table.stdout
 
 

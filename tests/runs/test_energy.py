@@ -75,4 +75,5 @@ def test_runs_list_show_and_compare_give_the_cost(
     code, out, _ = cli(capsys, "runs", "show", "r1")
     assert code == 0 and "0.50 EUR" in out
     code, out, _ = cli(capsys, "runs", "compare", "r1", "r2")
-    assert code == 0 and "cost" in out and "0.25 EUR" in out
+    # The currency once, in the row's label.
+    assert code == 0 and "cost (EUR)" in out and "0.25 (-50.0 %)" in out

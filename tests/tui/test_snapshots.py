@@ -216,3 +216,33 @@ def test_launch_form(snap_compare, size, gpustation_dirs) -> None:  # type: igno
         await pilot.pause()
 
     assert snap_compare(FormApp(preset()), terminal_size=size, run_before=opened)
+
+
+async def on_compare(pilot: Pilot[Any]) -> None:
+    """The runs screen with the three past runs marked, then compared."""
+    from textual.widgets import DataTable
+
+    from gpustation.tui.runs import CompareScreen
+    from gpustation.tui.runs.overlay import OverlayPlot
+
+    await on_runs(pilot)
+    app = pilot.app
+    table = app.screen.query_one("#runs-table", DataTable)
+    table.focus()
+    for row in range(table.row_count):
+        table.move_cursor(row=row)
+        await pilot.pause()
+        await pilot.press("space")
+    await pilot.press("v")
+    await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen))
+    compare = app.screen
+    await wait_for(pilot, lambda: len(compare.shown) == 3)  # type: ignore[attr-defined]
+    plot = compare.query_one("#compare-plot", OverlayPlot)
+    await wait_for(pilot, lambda: plot.draws >= 1 or not plot.size.height)
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_compare_screen(snap_compare, size, past_runs) -> None:  # type: ignore[no-untyped-def]
+    app = dashboard(screens=[*BUILTIN_SCREENS, ENTRY["runs"]])
+    assert snap_compare(app, terminal_size=size, run_before=on_compare)

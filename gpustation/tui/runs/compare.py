@@ -1,69 +1,116 @@
-"""Runs side by side, as ``gpustation runs compare`` prints them."""
+"""Runs side by side: their loss curves overlaid, over the table of ``gpustation runs compare``."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from rich.table import Table
+from rich.console import RenderableType
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import VerticalScroll
+from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from gpustation.tui.runs.overlay import OverlayPlot, OverlayRun, legend
+
 
 class CompareRead(Message):
-    """The comparison table, read from the history on a worker thread."""
+    """The comparison and the runs' curves, read from the history on a worker thread."""
 
-    def __init__(self, table: Table, run_ids: list[str]) -> None:
+    def __init__(
+        self, table: RenderableType, caption: str, runs: list[OverlayRun], run_ids: list[str]
+    ) -> None:
         super().__init__()
         self.table = table
+        self.caption = caption
+        self.runs = runs
         self.run_ids = run_ids
 
 
+def read_comparison(run_ids: list[str]) -> CompareRead:
+    """The runs' comparison and curves (reads the index and the run directories)."""
+    from pathlib import Path
+
+    from gpustation.runs.compare import compare
+    from gpustation.runs.curves import RunCurves, read_curves
+    from gpustation.runs.store import RunStore
+
+    store = RunStore()
+    records = [r for r in (store.get(i) for i in run_ids) if r is not None]
+    comparison = compare(records)
+    runs = []
+    for n, r in enumerate(records):
+        differs = [
+            f"{row.name.removeprefix('set ')}={row.texts()[n]}"
+            for row in comparison.rows
+            if row.setting and row.values[n] is not None
+        ]
+        curves = read_curves(Path(r.run_dir)) if r.run_dir else RunCurves()
+        runs.append(OverlayRun(r.id, r.preset or "", " ".join(differs), curves))
+    return CompareRead(
+        comparison.renderable(),
+        comparison.caption(),
+        runs,
+        [r.id for r in records],
+    )
+
+
 class CompareScreen(ModalScreen[None]):
-    """Runs side by side (as ``gpustation runs compare``), read in a worker."""
+    """Runs side by side: the curves overlaid and the table, read in a worker."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,v,q", "close", "Close", id="runs.compare.close"),
+        Binding("x", "toggle_axis", "Steps/time", id="runs.compare.axis"),
     ]
     DEFAULT_CSS = """
     CompareScreen { align: center middle; }
-    #compare-box { width: 95%; height: 85%; border: thick $primary; background: $surface; }
+    #compare-box { width: 95%; height: 90%; border: thick $primary; background: $surface; }
+    #compare-plot { width: 100%; height: 40%; min-height: 6; }
+    #compare-legend { height: auto; max-height: 9; padding: 0 1; text-wrap: nowrap;
+                      text-overflow: ellipsis; }
+    #compare-scroll { height: 1fr; padding: 0 1; }
+    #compare-caption { height: auto; padding: 0 1; color: $text-muted; }
     """
 
     def __init__(self, run_ids: list[str]) -> None:
         super().__init__()
         self.run_ids = run_ids
+        #: the runs shown, in column order (read by tests)
         self.shown: list[str] = []
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll(id="compare-box"):
-            yield Static("reading the history…", id="compare-table")
+        with Vertical(id="compare-box"):
+            yield OverlayPlot(id="compare-plot")
+            yield Static("", id="compare-legend")
+            with VerticalScroll(id="compare-scroll"):
+                yield Static("reading the history…", id="compare-table")
+            yield Static("", id="compare-caption")
 
     def on_mount(self) -> None:
         self.run_worker(self._load, thread=True, exit_on_error=False)
 
     def _load(self) -> None:
-        from gpustation.runs.compare import compare_rows
-        from gpustation.runs.store import RunStore
-
-        store = RunStore()
-        records = [r for r in (store.get(i) for i in self.run_ids) if r is not None]
-        table = Table(header_style="bold", box=None, pad_edge=False, title="Runs compared")
-        table.add_column("")
-        for r in records:
-            table.add_column(r.id, justify="right", overflow="fold")
-        for row in compare_rows(records) if records else []:
-            table.add_row(row.name, *row.cells())
-        table.caption = "changes in brackets are from the first run · Esc closes"
-        self.post_message(CompareRead(table, [r.id for r in records]))  # thread-safe
+        try:
+            message = read_comparison(self.run_ids)
+        except Exception as err:  # the index busy or unreadable: say so in the view
+            text = Text(f"Could not read the runs: {err}", style="bold red")
+            message = CompareRead(text, "", [], [])
+        self.post_message(message)  # thread-safe
 
     def on_compare_read(self, message: CompareRead) -> None:
-        #: the runs shown, in column order (read by tests)
         self.shown = message.run_ids
+        self.query_one("#compare-legend", Static).update(legend(message.runs))
         self.query_one("#compare-table", Static).update(message.table)
+        self.query_one("#compare-caption", Static).update(
+            Text(f"{message.caption} · x steps/time · Esc closes")
+        )
+        self.query_one("#compare-plot", OverlayPlot).show(message.runs)
+
+    def action_toggle_axis(self) -> None:
+        plot = self.query_one("#compare-plot", OverlayPlot)
+        plot.show(by_time=not plot.by_time)
 
     def action_close(self) -> None:
         self.dismiss(None)

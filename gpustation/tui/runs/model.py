@@ -122,6 +122,9 @@ class RunView:
     marked: bool = False
     #: bumps whenever the curve data changes (the plot's redraw key)
     curve_version: int = 0
+    #: tags and note set from the screen, kept over the summaries of a run going
+    #: (the follower does not read them; the index row does)
+    annotations: tuple[list[str], str | None] | None = None
 
     @classmethod
     def of(cls, summary: RunSummary, now: float = 0.0) -> RunView:
@@ -165,9 +168,16 @@ class RunView:
         """A newer summary of the run (from its files or the history)."""
         if summary.steps != self.summary.steps:
             self.summary_at = now
+        if self.annotations is not None and summary.active:
+            summary.tags, summary.note = list(self.annotations[0]), self.annotations[1]
         self.summary = summary
         if not summary.active:
             self.stopping = False
+
+    def annotate(self, tags: list[str], note: str | None) -> None:
+        """The run's tags and note as just written."""
+        self.annotations = (list(tags), note)
+        self.summary.tags, self.summary.note = list(tags), note
 
     def take_state(self, state: RunState, now: float) -> None:
         """Only the state changed (a stop's result)."""

@@ -30,6 +30,7 @@ from textual.widgets.option_list import Option
 from gpustation.runs.compare import gpus_text
 from gpustation.runs.presets import RunPreset
 from gpustation.tui.readonly import refused
+from gpustation.tui.runs import tidy
 from gpustation.tui.runs.compare import CompareScreen
 from gpustation.tui.runs.controller import (
     AllStopped,
@@ -54,6 +55,7 @@ from gpustation.tui.runs.model import (
     fmt_duration,
     fmt_value,
 )
+from gpustation.tui.runs.overlay import too_many
 from gpustation.tui.runs.poller import RunsPolled
 from gpustation.tui.runs.widgets import (
     LossPlot,
@@ -104,6 +106,7 @@ RUN_COLUMNS = (
     ("time", "time"),
     ("GPUs", "gpus"),
     ("started", "started"),
+    ("tags · note", "notes"),
 )
 STATUS_COLUMN = 4
 
@@ -119,6 +122,9 @@ class RunsScreen(LiveScreen):
         Binding("space", "mark", "Mark", id="runs.mark"),
         Binding("v", "compare", "Compare", id="runs.compare"),
         Binding("g", "run_again", "Run again", id="runs.again"),
+        Binding("delete", "delete", "Delete", key_display="Del", id="runs.delete"),
+        Binding("n", "note", "Note", id="runs.note"),
+        Binding("T", "tag", "Tag", id="runs.tag"),
         Binding("end", "follow", "Follow log", priority=True, id="runs.follow"),
         Binding("j", "cursor(1)", "Down", show=False, id="runs.down"),
         Binding("k", "cursor(-1)", "Up", show=False, id="runs.up"),
@@ -342,6 +348,7 @@ class RunsScreen(LiveScreen):
             fmt_duration(v.elapsed_s(now)) if not v.active else "",
             gpus_text(v.summary),
             started,
+            tidy.notes_cell(v.summary, self.ui.presets),
         )
 
     def runs_changed(self, table: bool, selected: bool, select: str | None = None) -> None:
@@ -601,9 +608,29 @@ class RunsScreen(LiveScreen):
         if len(marked) < 2:
             self.notify("Mark two or more runs with space, then press v.", severity="warning")
             return
+        too = too_many(len(marked))
+        if too is not None:
+            self.notify(too, severity="warning")
+            return
         # Oldest first: the changes read as "from the first run".
         marked.sort(key=lambda v: (v.started_at or 0.0, v.id))
         self.app.push_screen(CompareScreen([v.id for v in marked]))
+
+    # Tidying the history: the dialogs and the workers live in tidy.py.
+    def action_delete(self) -> None:
+        if not refused(self.dash, "deleting runs"):
+            tidy.ask_delete(self)
+
+    def action_note(self) -> None:
+        if not refused(self.dash, "notes on runs"):
+            tidy.ask_note(self)
+
+    def action_tag(self) -> None:
+        if not refused(self.dash, "tags on runs"):
+            tidy.ask_tags(self)
+
+    def on_tidied(self, message: tidy.Tidied) -> None:
+        tidy.tidied(self, message)
 
     def action_follow(self) -> None:
         log = self.query_one("#run-log", RunLog)

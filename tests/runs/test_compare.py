@@ -1,0 +1,192 @@
+"""The compare table (``runs compare`` and the runs screen): formats, changes, settings, curves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from gpustation.runs import rundir
+from gpustation.runs.compare import compare, row_decimals, run_settings
+from gpustation.runs.curves import read_curves
+from gpustation.runs.summary import RunSummary
+
+
+def resnet(run_id: str, **kw: Any) -> RunSummary:
+    base: dict[str, Any] = dict(
+        preset="resnet50-bf16",
+        runner="resnet",
+        status="succeeded",
+        steps=150,
+        final_loss=0.5,
+        best_throughput=1480.0,
+        throughput_unit="img/s",
+        work_unit="img",
+        energy_per_unit_j=0.25,
+        avg_power_w=300.0,
+        peak_vram_mib=20480.0,
+        energy_j=7200.0,
+    )
+    base.update(kw)
+    return RunSummary(id=run_id, **base)
+
+
+def lora(run_id: str, **kw: Any) -> RunSummary:
+    base: dict[str, Any] = dict(
+        preset="lora-tiny",
+        runner="lora",
+        status="succeeded",
+        steps=300,
+        final_loss=2.5,
+        best_throughput=9000.0,
+        throughput_unit="tokens/s",
+        work_unit="token",
+        energy_per_unit_j=0.002,
+        avg_power_w=250.0,
+        energy_j=3600.0,
+    )
+    base.update(kw)
+    return RunSummary(id=run_id, **base)
+
+
+def cells(records: list[RunSummary], settings: list[dict[str, Any]] | None = None) -> dict:
+    """{row label: cells} of the comparison."""
+    table = compare(records, settings or [{} for _ in records])
+    return {row.name: row.cells() for row in table.rows}
+
+
+def test_one_number_format_per_row_with_the_unit_in_the_label() -> None:
+    rows = cells(
+        [
+            resnet("a", best_throughput=1480.0, energy_j=7200.0, peak_vram_mib=20480.0),
+            resnet("b", best_throughput=12345.6, energy_j=3.6e6, peak_vram_mib=8000.0),
+        ]
+    )
+    # The same decimals in each cell of a row, thousands separated.
+    assert rows["throughput (img/s)"] == ["1,480", "12,346 (+734.2 %)"]
+    # One unit for the row (not 2.0 Wh beside 1.00 kWh), named once in the label.
+    assert rows["energy (kWh)"] == ["0.0020", "1.0000 (+49900.0 %)"]
+    assert rows["peak VRAM (MiB)"] == ["20,480", "8,000 (-60.9 %)"]
+    assert rows["final loss"] == ["0.5000", "="]
+    for label, row in rows.items():
+        for cell in row:
+            assert not cell.endswith(("MiB", "W", "J", "kWh", "img/s")), (label, cell)
+
+
+def test_row_decimals_keep_small_numbers_readable_and_alike() -> None:
+    assert row_decimals([0.5, 0.25], 4) == 4
+    assert row_decimals([0.00003, 0.00012], 4) == 6
+    assert row_decimals([1480.0, 12345.0], 1) == 0
+    assert row_decimals([None, None], 2) == 2
+
+
+def test_an_equal_value_is_not_a_zero_change() -> None:
+    rows = cells(
+        [
+            resnet("a", avg_power_w=300.0, duration_s=754.0),
+            resnet("b", avg_power_w=300.0, duration_s=754.0),
+            resnet("c", avg_power_w=300.01, duration_s=4000.0),
+        ]
+    )
+    assert rows["avg power (W)"] == ["300", "=", "300"]  # a change that rounds to 0.0 % is none
+    assert rows["duration (h:mm:ss)"] == ["0:12:34", "=", "1:06:40 (+430.5 %)"]
+    assert rows["status"] == ["succeeded", "=", "="]
+    assert not any("+0.0 %" in c or "-0.0 %" in c for row in rows.values() for c in row)
+
+
+def test_no_change_between_different_workloads() -> None:
+    rows = cells([resnet("a"), lora("b"), resnet("c", steps=300, final_loss=0.25)])
+    # A LoRA step, loss and tokens/s are not a ResNet step, loss and img/s.
+    assert rows["steps"] == ["150", "300", "300 (+100.0 %)"]
+    assert rows["final loss"] == ["0.5000", "2.5000", "0.2500 (-50.0 %)"]
+    assert rows["throughput"] == ["1,480.0 img/s", "9,000.0 tokens/s", "="]
+    assert rows["energy per unit"] == ["0.2500 J/img", "0.0020 J/token", "="]
+    # Watts are watts: the physical rows still compare.
+    assert rows["avg power (W)"] == ["300", "250 (-16.7 %)", "="]
+    table = compare([resnet("a"), lora("b")], [{}, {}])
+    assert table.mixed and "across workloads" in table.caption()
+    steps = next(r for r in table.rows if r.name == "steps")
+    assert steps.changes() == [0.0, None]
+
+
+def test_settings_that_differ_are_rows_and_the_rest_is_said_once() -> None:
+    records = [
+        resnet("a", overrides={"batch_size": 192}),
+        resnet("b"),
+        resnet("c", overrides={"lr": 0.2}),
+    ]
+    settings = [
+        {"batch_size": 192, "lr": 0.1, "precision": "bf16", "compile": True},
+        {"batch_size": 256, "lr": 0.1, "precision": "bf16", "compile": True},
+        {"batch_size": 256, "lr": 0.2, "precision": "bf16", "compile": True},
+    ]
+    table = compare(records, settings)
+    rows = {row.name: row.cells() for row in table.rows}
+    assert rows["set batch_size"] == ["192", "256", "256"]
+    assert rows["set lr"] == ["0.1", "=", "0.2"]
+    assert "set precision" not in rows and "set compile" not in rows
+    assert table.same == {"precision": "bf16", "compile": True}
+    assert table.same_text() == "same: precision=bf16, compile=true"
+    text = _render(table)
+    assert text.count("same:") == 1
+    doc = table.to_json()
+    assert doc["same"] == {"precision": "bf16", "compile": True}
+    setting = next(r for r in doc["rows"] if r["name"] == "set batch_size")
+    assert setting["setting"] and setting["values"] == [192, 256, 256]
+
+
+def _render(table: Any) -> str:
+    console = Console(width=160, record=True)
+    console.print(table.renderable())
+    return console.export_text()
+
+
+def test_settings_are_read_from_run_json(tmp_path: Path) -> None:
+    directory = tmp_path / "r1"
+    directory.mkdir()
+    rundir.write_json(
+        directory / rundir.RUN_JSON,
+        {"id": "r1", "preset": {"name": "p", "args": {"batch_size": 64, "lr": 0.1}}},
+    )
+    record = RunSummary(id="r1", run_dir=str(directory), overrides={"batch_size": 64})
+    assert run_settings(record) == {"batch_size": 64, "lr": 0.1}
+    gone = RunSummary(id="r2", run_dir=str(tmp_path / "gone"), overrides={"lr": 0.3})
+    assert run_settings(gone) == {"lr": 0.3}
+
+
+def test_untrusted_text_is_made_safe() -> None:
+    records = [resnet("a\x1b[31m", overrides={"name": "x\x1b]0;owned\x07"}), resnet("b")]
+    text = _render(compare(records, [{"name": "x\x1b]0;owned\x07"}, {"name": "y"}]))
+    assert "\x1b" not in text and "\x07" not in text
+
+
+def test_curves_by_step_and_by_time(tmp_path: Path) -> None:
+    events = [
+        {"t": 1.0, "step": 10, "loss": 2.0},
+        {"t": 2.0, "step": 20, "loss": 1.5, "eval_loss": 1.7},
+        "not json",
+        {"t": 3.0, "loss": 1.2},  # no step: the last step seen
+        {"t": 4.0, "step": 40, "loss": None},
+    ]
+    (tmp_path / rundir.METRICS_FILE).write_text(
+        "".join((e if isinstance(e, str) else json.dumps(e)) + "\n" for e in events)
+    )
+    curves = read_curves(tmp_path)
+    assert curves.loss.steps == [10.0, 20.0, 20.0]
+    assert curves.loss.times_s == [1.0, 2.0, 3.0]
+    assert curves.loss.values == [2.0, 1.5, 1.2]
+    assert curves.eval_loss.xs(by_time=True) == [2.0] and curves.eval_loss.values == [1.7]
+    assert not read_curves(tmp_path / "missing").loss
+
+
+def test_curves_stay_bounded(tmp_path: Path) -> None:
+    lines = "".join(
+        json.dumps({"t": n * 0.1, "step": n, "loss": 1.0 / n}) + "\n" for n in range(1, 5001)
+    )
+    (tmp_path / rundir.METRICS_FILE).write_text(lines)
+    curves = read_curves(tmp_path, max_points=100)
+    assert len(curves.loss.values) <= 101
+    assert curves.loss.steps[-1] == 5000.0 and curves.loss.times_s[-1] == 500.0
+    assert len(curves.loss.steps) == len(curves.loss.times_s) == len(curves.loss.values)
