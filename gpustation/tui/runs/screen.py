@@ -40,6 +40,7 @@ from gpustation.tui.runs.controller import (
     Stopped,
     runs_ui,
 )
+from gpustation.tui.runs.detail import RunDetailScreen
 from gpustation.tui.runs.dialogs import LaunchDialog, LaunchRequest, StopRunDialog
 from gpustation.tui.runs.form import Prefill, prefill_of, preset_of
 from gpustation.tui.runs.model import (
@@ -59,10 +60,10 @@ from gpustation.tui.runs.widgets import (
     QuietFooter,
     RunLog,
     RunsTable,
+    energy_cell,
     run_gpus,
     run_header,
 )
-from gpustation.tui.screens import LiveScreen
 from gpustation.tui.source import Frame
 from gpustation.tui.widgets import LiveText
 
@@ -103,13 +104,14 @@ RUN_COLUMNS = (
     ("time", "time"),
     ("GPUs", "gpus"),
     ("started", "started"),
+    ("energy", "energy"),
 )
 STATUS_COLUMN = 4
 
 # ---- the screen -----------------------------------------------------------------------------
 
 
-class RunsScreen(LiveScreen):
+class RunsScreen(RunDetailScreen):
     """Presets, runs and the selected run's progress, GPUs, loss curve and log."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -135,14 +137,14 @@ class RunsScreen(LiveScreen):
     #runs-table { height: 1fr; border: round $panel; }
     #runs-table:focus { border: round $accent; }
     #runs-right { width: 1fr; }
-    #run-header { height: 4; padding: 0 1; }
+    #run-header { height: 5; padding: 0 1; }
     #run-gpus { height: auto; padding: 0 1; }
     #run-plot { height: 14; }
     #run-log { height: 1fr; border: round $panel; }
     #run-log:focus { border: round $accent; }
     #run-log-hint { height: 1; padding: 0 1; }
     RunsScreen.-short #runs-presets { height: 8; }
-    RunsScreen.-short #run-plot { height: 9; }
+    RunsScreen.-short #run-plot { height: 8; }
     RunsScreen.-tall #runs-presets { height: 16; }
     RunsScreen.-tall #run-plot { height: 20; }
     RunsScreen.-narrow #runs-body { layout: vertical; }
@@ -186,6 +188,7 @@ class RunsScreen(LiveScreen):
                 yield LiveText(id="run-header", wrap=True)
                 yield LiveText(id="run-gpus")
                 yield LossPlot(id="run-plot")
+                yield from self.compose_detail()
                 # One more than a run keeps: room for the "earlier lines" note.
                 yield RunLog(self._log_scrolled, max_lines=MAX_LOG_LINES + 1, id="run-log")
                 yield LiveText(id="run-log-hint")
@@ -341,6 +344,7 @@ class RunsScreen(LiveScreen):
             fmt_duration(v.elapsed_s(now)) if not v.active else "",
             gpus_text(v.summary),
             started,
+            energy_cell(v.summary, self.ui.price),
         )
 
     def runs_changed(self, table: bool, selected: bool, select: str | None = None) -> None:
@@ -351,6 +355,8 @@ class RunsScreen(LiveScreen):
             self._dirty = True
             return
         self._dirty = False
+        if self.price_changed():
+            self._row_ids = []  # the rows are made again under the new column
         if table or select:
             self._update_table(select)
         if selected or select:
@@ -427,12 +433,12 @@ class RunsScreen(LiveScreen):
             self.query_one("#run-header", LiveText).show(header)
             return
         snap = self.dash.latest
-        header = run_header(view, now)
+        header = run_header(view, now, self.ui.price)
         gpus = run_gpus(view, {g.index: g for g in snap.gpus} if snap is not None else {})
         # No forced relayout: LiveText asks for one itself when its line count changes.
         self.query_one("#run-header", LiveText).show(header)
         self.query_one("#run-gpus", LiveText).show(gpus)
-        self.query_one("#run-plot", LossPlot).show(view)
+        self.show_detail()
 
     # -- the log pane ------------------------------------------------------------------------
     def _reload_log(self) -> None:
