@@ -297,6 +297,7 @@ def terminal_plot(sweep: Sweep, width: int = 80, height: int = 20) -> str:
         return ""
     plt.clear_figure()
     plt.plotsize(width, height)
+    plt.theme("clear")  # the terminal's own colours, as the runs screen's plots
     front = pareto_front(points)
     others = [p for p in points if p not in front]
     if others:

@@ -101,7 +101,9 @@ async def test_a_finished_run_plays_its_telemetry_beside_its_loss(
         ui = await open_runs(pilot)
         await select(pilot, directory.name)
         view = ui.views[directory.name]
-        await wait_for(pilot, lambda: len(view.timeline.gpu) == 21 and len(view.timeline.loss) == 10)
+        await wait_for(
+            pilot, lambda: len(view.timeline.gpu) == 21 and len(view.timeline.loss) == 10
+        )
         gpu_plot = app.screen.query_one("#run-telemetry", GpuPlot)
         loss_plot = app.screen.query_one("#run-plot", LossPlot)
         await wait_for(pilot, lambda: gpu_plot.draws >= 1 and loss_plot.draws >= 1)

@@ -10,7 +10,7 @@ worker: nothing here reads a file.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from textual.binding import Binding, BindingType
@@ -40,7 +40,7 @@ class RunDetailScreen(LiveScreen):
         Binding("right_curly_bracket", "jump(1)", "Much later", show=False, id="runs.jump_on"),
     ]
     # The GPU plot takes the rows under the loss curve; the profile takes the
-    # plots' and the log's place. 80x24 keeps the line of values only.
+    # plots' and the log's place. 80x24 has room for neither plot nor cursor.
     DEFAULT_CSS = """
     RunDetailScreen #run-telemetry { height: 9; }
     RunDetailScreen #run-cursor { height: 1; padding: 0 1; }
@@ -52,6 +52,7 @@ class RunDetailScreen(LiveScreen):
     RunDetailScreen.-short #run-telemetry { height: 6; }
     RunDetailScreen.-tall #run-telemetry { height: 12; }
     RunDetailScreen.-narrow.-short #run-telemetry { display: none; }
+    RunDetailScreen.-narrow.-short #run-cursor { display: none; }
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -78,19 +79,26 @@ class RunDetailScreen(LiveScreen):
         at = self._cursor.shown_at()
         self.query_one("#run-plot", LossPlot).show(view, at)
         self.query_one("#run-telemetry", GpuPlot).show(view, at)
-        self.query_one("#run-cursor", LiveText).show(cursor_line(view, self._cursor))
+        readout = self.query_one("#run-cursor", LiveText)
+        readout.show(cursor_line(view, self._cursor, readout.content_region.width))
         if self.has_class("-profile"):
             self.query_one("#run-profile", ProfilePane).show(view)
 
-    def price_changed(self) -> bool:
-        """Label the energy column for the price known now; True: its rows must be made again."""
+    def price_changed(self, columns: Sequence[tuple[str, str]]) -> bool:
+        """Label the energy column for the price known now; True: the rows must be made again.
+
+        ``columns``: the runs table's (label, key), the energy column's key ``energy``.
+        """
         priced = runs_ui(self.dash).price is not None
         if priced == self._priced:
             return False
         self._priced = priced
         table = self.query_one("#runs-table", DataTable)
-        table.remove_column("energy")
-        table.add_column("energy · cost" if priced else "energy", key="energy")
+        table.clear(columns=True)
+        for label, key in columns:
+            if key == "energy" and priced:
+                label = "energy · cost"
+            table.add_column(label, key=key)
         return True
 
     # -- keys ------------------------------------------------------------------------

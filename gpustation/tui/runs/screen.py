@@ -11,7 +11,6 @@ collection walks only what was made since.
 
 from __future__ import annotations
 
-import gc
 import time
 from collections import deque
 from pathlib import Path
@@ -43,6 +42,7 @@ from gpustation.tui.runs.controller import (
 from gpustation.tui.runs.detail import RunDetailScreen
 from gpustation.tui.runs.dialogs import LaunchDialog, LaunchRequest, StopRunDialog
 from gpustation.tui.runs.form import Prefill, prefill_of, preset_of
+from gpustation.tui.runs.heap import freeze_heap
 from gpustation.tui.runs.model import (
     FLOOD_FLUSH_S,
     FLOOD_LINES,
@@ -68,24 +68,6 @@ from gpustation.tui.source import Frame
 from gpustation.tui.widgets import LiveText
 
 
-def freeze_heap() -> bool:
-    """Collect, then move every object alive now out of the collector's sight (once).
-
-    A full collection walks every tracked object, and with the dashboard and
-    this screen built there are enough of them to stall a key pressed during a
-    log flood (``bench/log_flood.py``; figures in ``bench/RESULTS.md``). The
-    screens, widgets, modules and stylesheets alive at this point live as long
-    as the app, so freezing them costs nothing and leaves later full
-    collections only the objects made since (dialogs, rows, render caches).
-    Returns False when the heap was already frozen.
-    """
-    if gc.get_freeze_count():
-        return False
-    gc.collect()
-    gc.freeze()
-    return True
-
-
 class RunRead(Message):
     """A run's ``run.json`` (None: unreadable), read for "run again"."""
 
@@ -101,10 +83,10 @@ RUN_COLUMNS = (
     ("step", "step"),
     ("loss", "loss"),
     ("status", "status"),
+    ("energy", "energy"),
     ("time", "time"),
     ("GPUs", "gpus"),
     ("started", "started"),
-    ("energy", "energy"),
 )
 STATUS_COLUMN = 4
 
@@ -137,7 +119,7 @@ class RunsScreen(RunDetailScreen):
     #runs-table { height: 1fr; border: round $panel; }
     #runs-table:focus { border: round $accent; }
     #runs-right { width: 1fr; }
-    #run-header { height: 5; padding: 0 1; }
+    #run-header { height: 4; padding: 0 1; }
     #run-gpus { height: auto; padding: 0 1; }
     #run-plot { height: 14; }
     #run-log { height: 1fr; border: round $panel; }
@@ -341,10 +323,10 @@ class RunsScreen(RunDetailScreen):
             step_text,
             fmt_value(s.final_loss),
             v.status_text(),
+            energy_cell(v.summary, self.ui.price),
             fmt_duration(v.elapsed_s(now)) if not v.active else "",
             gpus_text(v.summary),
             started,
-            energy_cell(v.summary, self.ui.price),
         )
 
     def runs_changed(self, table: bool, selected: bool, select: str | None = None) -> None:
@@ -355,7 +337,7 @@ class RunsScreen(RunDetailScreen):
             self._dirty = True
             return
         self._dirty = False
-        if self.price_changed():
+        if self.price_changed(RUN_COLUMNS):
             self._row_ids = []  # the rows are made again under the new column
         if table or select:
             self._update_table(select)

@@ -40,6 +40,11 @@ def sweep_of(tags: list[str]) -> str | None:
     return next((t[len(SWEEP_TAG) :] for t in tags if t.startswith(SWEEP_TAG)), None)
 
 
+def _cell(text: str, column: str) -> Text:
+    """A cell of the points table: text to the left, figures to the right."""
+    return Text(safe(text), justify="left" if column in TEXT_COLUMNS else "right")
+
+
 class SweepsRead(Message):
     """Every sweep (read on a worker thread), or why they could not be read."""
 
@@ -47,6 +52,15 @@ class SweepsRead(Message):
         super().__init__()
         self.sweeps = sweeps
         self.error = error
+
+
+class SweepPlot(Static):
+    """The plot of a sweep, drawn again for its own size."""
+
+    def on_resize(self) -> None:
+        screen = self.screen
+        if isinstance(screen, SweepsScreen):
+            screen.call_after_refresh(screen.draw_plot)
 
 
 class SweepsScreen(ModalScreen[None]):
@@ -81,7 +95,7 @@ class SweepsScreen(ModalScreen[None]):
             with Vertical(id="sweep-detail"):
                 yield Static("reading the sweeps…", id="sweep-head")
                 yield DataTable(id="sweep-points", cursor_type="row", zebra_stripes=False)
-                yield Static(id="sweep-plot")
+                yield SweepPlot(id="sweep-plot")
                 yield Static(id="sweep-advice")
 
     def on_mount(self) -> None:
@@ -142,20 +156,16 @@ class SweepsScreen(ModalScreen[None]):
         self.query_one("#sweep-head", Static).update(head)
         table = self.query_one("#sweep-points", DataTable)
         table.clear(columns=True)
-        for column in point_columns(sweep):
-            justify = "left" if column in TEXT_COLUMNS else "right"
-            table.add_column(Text(column, justify=justify), key=column)
+        columns = point_columns(sweep)
+        for column in columns:
+            table.add_column(_cell(column, column), key=column)
         for row in point_rows(sweep):
-            cells = [
-                Text(safe(c), justify="left" if col in TEXT_COLUMNS else "right")
-                for c, col in zip(row, point_columns(sweep), strict=True)
-            ]
-            table.add_row(*cells)
+            table.add_row(*(_cell(c, col) for c, col in zip(row, columns, strict=True)))
         self.query_one("#sweep-advice", Static).update(Text(recommendation_text(sweep)))
         self._plot_key = None
-        self.call_after_refresh(self._draw_plot)
+        self.call_after_refresh(self.draw_plot)
 
-    def _draw_plot(self) -> None:
+    def draw_plot(self) -> None:
         plot = self.query_one("#sweep-plot", Static)
         sweep = self.sweeps.get(self.shown or "")
         width, height = plot.content_region.width, plot.content_region.height
@@ -167,9 +177,6 @@ class SweepsScreen(ModalScreen[None]):
         plot.update(
             Text.from_ansi(figure) if figure else Text("no measured point to plot", style="dim")
         )
-
-    def on_resize(self) -> None:
-        self.call_after_refresh(self._draw_plot)
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -35,7 +35,12 @@ LABEL_W = 7
 BIG_STEP = 0.1
 
 
-def _labels(lo: float, hi: float, count: int = 3) -> tuple[list[float], list[str]]:
+def _labels(lo: float, hi: float, height: int) -> tuple[list[float], list[str]]:
+    """Ticks at the bottom, top (and middle, where there are rows for it), labels of one width.
+
+    Never more ticks than rows: plotext would keep one of two labels on a row.
+    """
+    count = 3 if height >= 10 else 2
     if hi - lo < 1e-12:
         hi = lo + 1.0
     ticks = [lo + (hi - lo) * i / (count - 1) for i in range(count)]
@@ -84,7 +89,7 @@ def loss_time_plot(
         )  # fmt: skip
     if ys:
         lo, hi = min(ys), max(ys)
-        plt.yticks(*_labels(lo, hi))
+        plt.yticks(*_labels(lo, hi, height))
         _blank_right_axis(plt, 0.0, lo)
     _cursor(plt, cursor_s)
     return Text.from_ansi(plt.build())
@@ -107,12 +112,12 @@ def gpu_time_plot(
             plt.scatter([m.t_s for m in throttled], [m.power_w for m in throttled],
                         marker="dot", color="red", label="throttled")  # fmt: skip
         ws = [p[1] for p in power]
-        plt.yticks(*_labels(min(ws), max(ws)))
+        plt.yticks(*_labels(min(ws), max(ws), height))
     if util:
         plt.plot([u[0] for u in util], [u[1] for u in util], marker="braille",
                  color="green", label="util %", yside="right")  # fmt: skip
         plt.ylim(0, 100, yside="right")
-        plt.yticks(*_labels(0.0, 100.0), yside="right")
+        plt.yticks(*_labels(0.0, 100.0, height), yside="right")
     elif power:
         _blank_right_axis(plt, 0.0, power[0][1])
     _cursor(plt, cursor_s)
@@ -171,8 +176,12 @@ class TimeCursor:
         return self.at_s
 
 
-def cursor_line(view: RunView | None, cursor: TimeCursor) -> Text:
-    """The run and its GPUs at the cursor, in one line."""
+#: the keys, said after the values as far as the line has room
+KEY_HINTS = ("[ ] { } move", "P profile", "S sweeps")
+
+
+def cursor_line(view: RunView | None, cursor: TimeCursor, width: int = 0) -> Text:
+    """The run and its GPUs at the cursor, in one line (``width``: room for the key hints)."""
     line = Text()
     if view is None:
         return line
@@ -197,7 +206,13 @@ def cursor_line(view: RunView | None, cursor: TimeCursor) -> Text:
             line.append(f"· throttled: {fmt.throttle(list(gpu.throttle))} ", style="yellow")
         else:
             line.append("· not throttled ", style="dim")
-    line.append(" [ ] { } move · P profile · S sweeps", style="dim")
+    hints = ""
+    for hint in KEY_HINTS:
+        more = f"{hints} · {hint}" if hints else f" {hint}"
+        if width and line.cell_len + len(more) > width:
+            break
+        hints = more
+    line.append(hints, style="dim")
     return line
 
 

@@ -158,7 +158,7 @@ def run_header(view: RunView | None, now: float, price: Price | None = None) -> 
         header.append(f" · eval loss {fmt_value(s.final_eval_loss)}")
     energy = energy_line(view, price)
     if energy is not None:
-        header.append("\n")
+        header.append(" · ")
         header.append_text(energy)
     if view.reason and not view.active:
         header.append(f"\n{view.reason}", style="dim")
