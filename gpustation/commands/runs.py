@@ -13,7 +13,6 @@ import sys
 import time
 
 from gpustation.errors import UsageError
-from gpustation.runs import rundir
 from gpustation.runs.compare import (
     Comparison,
     compare,
@@ -145,35 +144,15 @@ def _print_profile(out: object, r: RunSummary) -> None:
     """The top kernels and ops of a run recorded with ``--profile``, if it has them."""
     from pathlib import Path
 
-    from rich.table import Table
+    from gpustation.runs.profile import profile_tables, read_top_ops
 
     if not r.run_dir:
         return
-    path = Path(r.run_dir) / "profile" / "top_ops.json"
-    data = rundir.read_json(path)
+    data = read_top_ops(Path(r.run_dir))
     if data is None:
         return
-    idle = data.get("gpu_idle_pct")
-    head = f"profile of {data.get('profiled_steps')} steps, {data.get('step_ms')} ms a step"
-    if isinstance(idle, (int, float)):
-        head += f", GPU idle {idle:.1f} % of it"
-    for key, title in (("cuda_kernels", "CUDA kernels"), ("cpu_ops", "CPU ops")):
-        rows = data.get(key) or []
-        if not rows:
-            continue
-        table = Table(title=f"{head}: top {title} by self time", box=None, title_justify="left")
-        for column in ("name", "self ms", "calls", "share of the steps"):
-            table.add_column(column, justify="left" if column == "name" else "right")
-        for row in rows[:15]:
-            share = row.get("share")
-            table.add_row(
-                safe(str(row.get("name", "?")))[:80],
-                f"{row.get('self_ms', 0):,.2f}",
-                str(row.get("calls", "")),
-                f"{100 * share:.1f} %" if isinstance(share, (int, float)) else "-",
-            )
-        out.print(table)  # type: ignore[attr-defined]
-    out.print(f"trace: {path.parent / 'trace.json'} (Perfetto, TensorBoard)")  # type: ignore[attr-defined]
+    for renderable in profile_tables(data, Path(r.run_dir)):
+        out.print(renderable)  # type: ignore[attr-defined]
 
 
 def _tidy(store: RunStore, args: argparse.Namespace) -> int:
@@ -372,6 +351,7 @@ def _node_rows(r: RunSummary) -> list[tuple[str, str | None]]:
     """A multi-node run's nodes: each one's end and GPU energy; its torchrun command."""
     from pathlib import Path
 
+    from gpustation.runs import rundir
     from gpustation.runs.compare import fmt_energy
     from gpustation.runs.nodes import nodes_energy, read_nodes
 

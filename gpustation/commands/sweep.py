@@ -230,45 +230,12 @@ def print_points(sweep: Sweep) -> None:
     from rich.table import Table
 
     from gpustation.runs.output import console
+    from gpustation.runs.sweep_report import TEXT_COLUMNS, point_columns, point_rows
 
     table = Table(box=None, header_style="bold", pad_edge=False)
-    unit = next((p.figures.get("unit") for p in sweep.points if p.figures.get("unit")), None)
-    wu = next(
-        (p.figures.get("work_unit") for p in sweep.points if p.figures.get("work_unit")), "unit"
-    )
-    for column in (
-        "#",
-        "point",
-        "status",
-        f"throughput ({unit or '/s'})",
-        f"J/{wu}",
-        "avg W",
-        "peak W",
-        "peak °C",
-        "throttled s",
-        "peak VRAM MiB",
-        "run",
-    ):
-        table.add_column(
-            column, justify="left" if column in ("point", "status", "run") else "right"
-        )
-
-    def num(value: object, fmt: str) -> str:
-        return format(value, fmt) if isinstance(value, (int, float)) else "-"
-
-    for p in sweep.points:
-        f = p.figures
-        table.add_row(
-            str(p.index + 1),
-            safe(p.label),
-            p.status + (" [SIMULATED]" if sweep.simulated else ""),
-            num(f.get("throughput"), ",.1f"),
-            num(f.get("energy_per_unit_j"), ".4g"),
-            num(f.get("avg_power_w"), ".0f"),
-            num(f.get("peak_power_w"), ".0f"),
-            num(f.get("peak_temp_c"), ".0f"),
-            num(f.get("throttled_s"), ".0f"),
-            num(f.get("peak_vram_mib"), ",.0f"),
-            p.run_id or "-",
-        )
+    columns = point_columns(sweep)
+    for column in columns:
+        table.add_column(column, justify="left" if column in TEXT_COLUMNS else "right")
+    for row in point_rows(sweep):
+        table.add_row(*(safe(cell) for cell in row))
     console(160).print(table)

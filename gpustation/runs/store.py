@@ -46,7 +46,7 @@ from gpustation import paths
 from gpustation.errors import UsageError
 from gpustation.runs import rundir
 from gpustation.runs.fold import MetricsFold
-from gpustation.runs.gputrace import summarize_telemetry
+from gpustation.runs.gputrace import TelemetrySummary, summarize_telemetry
 from gpustation.runs.nodes import combined_telemetry, nodes_energy
 from gpustation.runs.output import strict_json
 from gpustation.runs.rundir import RunState
@@ -511,11 +511,15 @@ def record_from_dir(directory: Path, state: RunState | None = None) -> RunSummar
     fold = MetricsFold()
     record.malformed_metrics = fold.read(directory / rundir.METRICS_FILE)
     fold.apply(record)
-
     tele = summarize_telemetry(directory / rundir.TELEMETRY_FILE)
     node_energy = nodes_energy(directory)
     if node_energy:  # a multi-node run: its nodes' GPUs, read on each node
         tele = combined_telemetry(node_energy)
+    return apply_telemetry(record, tele, directory)
+
+
+def apply_telemetry(record: RunSummary, tele: TelemetrySummary, directory: Path) -> RunSummary:
+    """Write what the run's GPUs did (``tele``) into ``record``, energy per unit of work too."""
     record.energy_j = tele.energy_j
     record.avg_power_w = tele.avg_power_w
     record.peak_power_w = tele.peak_power_w

@@ -314,7 +314,7 @@ def _span(values: list[float]) -> tuple[float, float]:
 
 
 def terminal_plot(sweep: Sweep, width: int = 80, height: int = 20) -> str:
-    """The same scatter drawn with plotext for the terminal."""
+    """The same scatter drawn with plotext for the terminal, the recommended points marked."""
     import plotext as plt
 
     points = measured(sweep)
@@ -322,6 +322,7 @@ def terminal_plot(sweep: Sweep, width: int = 80, height: int = 20) -> str:
         return ""
     plt.clear_figure()
     plt.plotsize(width, height)
+    plt.theme("clear")  # the terminal's own colours, as the runs screen's plots
     front = pareto_front(points)
     others = [p for p in points if p not in front]
     if others:
@@ -336,7 +337,71 @@ def terminal_plot(sweep: Sweep, width: int = 80, height: int = 20) -> str:
         label="Pareto front",
         marker="dot",
     )
+    rec = recommend(sweep)
+    marked = {rec["fastest"]: "fastest", rec["frugal"]: "recommended"} if rec else {}
+    if rec and rec["fastest"] == rec["frugal"]:
+        marked = {rec["fastest"]: "fastest, recommended"}
+    for index, what in marked.items():
+        p = sweep.points[index]
+        x, y = p.figures["throughput"], p.figures["energy_per_unit_j"]
+        plt.scatter([x], [y], marker="x", color="red")
+        plt.text(f"#{index + 1} {what}", x, y, alignment="right", color="red")
     unit = points[0].figures.get("unit") or "/s"
     plt.xlabel(f"throughput ({unit})")
     plt.ylabel(f"J/{points[0].figures.get('work_unit') or 'unit'}")
     return str(plt.build())
+
+
+# ---- the points table ----------------------------------------------------------------
+
+
+def point_columns(sweep: Sweep) -> list[str]:
+    """The points table's headings (``sweeps show`` and the runs screen)."""
+    unit = next((p.figures.get("unit") for p in sweep.points if p.figures.get("unit")), None)
+    wu = next(
+        (p.figures.get("work_unit") for p in sweep.points if p.figures.get("work_unit")), "unit"
+    )
+    return [
+        "#",
+        "point",
+        "status",
+        f"throughput ({unit or '/s'})",
+        f"J/{wu}",
+        "avg W",
+        "peak W",
+        "peak °C",
+        "throttled s",
+        "peak VRAM MiB",
+        "run",
+    ]
+
+
+#: the headings shown left-aligned; the figures are right-aligned
+TEXT_COLUMNS = ("point", "status", "run")
+
+
+def point_rows(sweep: Sweep) -> list[list[str]]:
+    """A row of text per point, in :func:`point_columns`' order (labels not yet made safe)."""
+
+    def num(value: object, fmt: str) -> str:
+        return format(value, fmt) if isinstance(value, (int, float)) else "-"
+
+    rows = []
+    for p in sweep.points:
+        f = p.figures
+        rows.append(
+            [
+                str(p.index + 1),
+                p.label,
+                p.status + (" [SIMULATED]" if sweep.simulated else ""),
+                num(f.get("throughput"), ",.1f"),
+                num(f.get("energy_per_unit_j"), ".4g"),
+                num(f.get("avg_power_w"), ".0f"),
+                num(f.get("peak_power_w"), ".0f"),
+                num(f.get("peak_temp_c"), ".0f"),
+                num(f.get("throttled_s"), ".0f"),
+                num(f.get("peak_vram_mib"), ",.0f"),
+                p.run_id or "-",
+            ]
+        )
+    return rows

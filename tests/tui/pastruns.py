@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gpustation.runs import rundir
+from gpustation.runs.gputrace import write_sample
 from gpustation.runs.presets import RunPreset
 from gpustation.runs.rundir import RunState
 from gpustation.runs.store import sync_run
@@ -25,8 +26,13 @@ def write_run(
     steps: int = 150,
     log: list[str] | None = None,
     exit_code: int | None = 0,
+    telemetry: bool = False,
 ) -> Path:
-    """A finished run of ``preset`` (with ``overrides`` applied) in ``runs_root/run_id``."""
+    """A finished run of ``preset`` (with ``overrides`` applied) in ``runs_root/run_id``.
+
+    ``telemetry``: with a GPU sample a second over the reported steps (and the
+    metric events' ``time``), as the supervisor records them.
+    """
     directory = runs_root / run_id
     directory.mkdir(parents=True)
     args = {**preset.args, **(overrides or {})}
@@ -58,6 +64,24 @@ def write_run(
         )
         if step % 50 == 0:
             events.append({"t": step * 0.5, "step": step, "eval_loss": round(loss * 1.08, 4)})
+    if telemetry:
+        for event in events:
+            event["time"] = started_at + event["t"]
+        for t in range(int(steps * 0.5) + 1):
+            warm = min(1.0, t / 20)
+            gpu = {
+                "index": (gpus or [0])[0],
+                "power_w": round(90 + 300 * warm + 12 * ((t * 7) % 5), 1),
+                "temperature_c": round(38 + 30 * warm),
+                "memory_used_mib": 7680,
+                "utilization_gpu_pct": 0 if t < 3 else 96 + (t % 4),
+                "energy_j": None,
+                "throttle": ["sw_power_cap"] if 40 <= t < 46 else [],
+            }
+            write_sample(
+                directory / rundir.TELEMETRY_FILE,
+                {"t": float(t), "time": started_at + t, "gpus": [gpu]},
+            )
     (directory / rundir.METRICS_FILE).write_text("".join(json.dumps(e) + "\n" for e in events))
     lines = (
         log

@@ -22,6 +22,7 @@ from gpustation.telemetry.sim import SimBackend
 from gpustation.tui.app import SCREENS_BY_MODE
 from gpustation.tui.fleet import FleetApp, FleetScreen
 from gpustation.tui.runs import LossPlot, runs_ui
+from gpustation.tui.runs.timeline import GpuPlot
 from gpustation.tui.source import DataSource
 
 from .conftest import BUILTIN_SCREENS, Clock, first_frame, fixed_host, make_app, wait_for
@@ -105,6 +106,7 @@ def past_runs(gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch)
             exit_code=code,
             started_at=1_700_000_000.0 + n * 86_400,
             steps=150 if status == "succeeded" else 60,
+            telemetry=True,
         )
         ids.append(run_id)
     yield ids
@@ -122,8 +124,11 @@ async def on_runs(pilot: Pilot[Any]) -> None:
     await wait_for(pilot, lambda: ui.selected is not None and ui.views[ui.selected].loaded)
     view = ui.views[ui.selected]  # type: ignore[index]
     await wait_for(pilot, lambda: bool(view.lines) and bool(view.losses[0]))
+    await wait_for(pilot, lambda: len(view.timeline.gpu) == 76)
     plot = app.screen.query_one(LossPlot)
+    gpus = app.screen.query_one(GpuPlot)
     await wait_for(pilot, lambda: plot.draws >= 1 or not plot.size.height)
+    await wait_for(pilot, lambda: gpus.draws >= 1 or not gpus.size.height)
     await pilot.pause()
 
 

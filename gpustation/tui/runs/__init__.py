@@ -3,8 +3,9 @@
 A module per job: :mod:`.model` (a run as the screen shows it, no textual),
 :mod:`.poller` (reading run directories off the UI thread),
 :mod:`.controller` (the dashboard's runs: views, launching, stopping,
-quitting), :mod:`.widgets`, :mod:`.dialogs`, :mod:`.compare` and
-:mod:`.screen`. The app loads ``gpustation.tui.runs:RunsScreen``; the names
+quitting), :mod:`.widgets`, :mod:`.dialogs`, :mod:`.compare`, the selected
+run's detail (:mod:`.detail`: :mod:`.timeline`, :mod:`.profile`,
+:mod:`.sweeps`) and :mod:`.screen`. The app loads ``gpustation.tui.runs:RunsScreen``; the names
 below are re-exported so that path (and the tests' imports) stay put.
 """
 
@@ -13,8 +14,10 @@ from __future__ import annotations
 from gpustation.tui.runs.compare import CompareScreen
 from gpustation.tui.runs.controller import RunsUI, runs_ui
 from gpustation.tui.runs.dialogs import LaunchDialog, LaunchRequest, QuitRunsDialog, StopRunDialog
+from gpustation.tui.runs.heap import freeze_heap
 from gpustation.tui.runs.model import MAX_LOG_LINES, RunView
-from gpustation.tui.runs.screen import RunsScreen, freeze_heap
+from gpustation.tui.runs.screen import RunsScreen
+from gpustation.tui.runs.sweeps import SweepsScreen
 from gpustation.tui.runs.widgets import LossPlot, QuietFooter, RunLog, RunsTable
 
 __all__ = [
@@ -31,6 +34,7 @@ __all__ = [
     "RunsTable",
     "RunsUI",
     "StopRunDialog",
+    "SweepsScreen",
     "freeze_heap",
     "runs_ui",
 ]

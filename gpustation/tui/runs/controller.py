@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from textual.message import Message
 
 from gpustation.errors import GpustationError
+from gpustation.runs.cost import Price
 from gpustation.runs.presets import PresetProblem, RunPreset
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary
@@ -92,6 +93,8 @@ class RunsUI:
         self.presets: dict[str, RunPreset] | None = None
         self.problems: list[PresetProblem] = []
         self.selected: str | None = None
+        #: ``[energy]`` of config.toml (None: no price, no cost shown)
+        self.price: Price | None = None
         self.screen: RunsScreen | None = None
         #: presets being launched (shown in the run pane until the run appears)
         self.launching: list[str] = []
@@ -176,12 +179,20 @@ class RunsUI:
             if delta.evals is not None:
                 view.evals = delta.evals
                 view.curve_version += 1
+            if delta.timeline is not None:
+                view.timeline = delta.timeline
+                view.curve_version += 1
+            if delta.profile is not None:
+                view.profile = delta.profile
             if view.status_text() != old_status or delta.reset:
                 table_changed = True
             if delta.id == self.selected:
                 changed_selected = True
                 if self.screen is not None:
                     self.screen.log_append(view, delta)
+        if result.price_read and result.price != self.price:
+            self.price = result.price
+            table_changed = changed_selected = True
         if result.history is not None:
             self._take_history(result.history, now)
             table_changed = True

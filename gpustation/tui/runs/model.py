@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpustation.runs import rundir
+from gpustation.runs.cost import Price
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary
+from gpustation.runs.timeline import Timeline
 from gpustation.telemetry import format as fmt
 
 #: seconds between two passes of the poll worker while a run is followed
@@ -79,6 +82,10 @@ class RunDelta:
     dropped: int = 0
     losses: tuple[list[float], list[float]] | None = None
     evals: tuple[list[float], list[float]] | None = None
+    #: the loss and GPU telemetry on one time axis; None: unchanged
+    timeline: Timeline | None = None
+    #: ``profile/top_ops.json`` when it was first read or changed ({}: the run has none)
+    profile: dict[str, Any] | None = None
     ended: bool = False
 
 
@@ -90,6 +97,9 @@ class PassResult:
     #: runs found going (from their directories), as summaries
     discovered: list[RunSummary] | None = None
     history: list[RunSummary] | None = None
+    #: ``[energy]`` of config.toml, read with the history (price_read: it was read this pass)
+    price: Price | None = None
+    price_read: bool = False
     errors: list[str] = field(default_factory=list)
 
 
@@ -125,6 +135,9 @@ class RunView:
     #: tags and note set from the screen, kept over the summaries of a run going
     #: (the follower does not read them; the index row does)
     annotations: tuple[list[str], str | None] | None = None
+    timeline: Timeline = field(default_factory=Timeline)
+    #: the run's top kernels and ops (None: not read yet; {}: not profiled)
+    profile: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, summary: RunSummary, now: float = 0.0) -> RunView:
@@ -192,6 +205,8 @@ class RunView:
         self.evals = ([], [])
         self.dropped = 0
         self.loaded = False
+        self.timeline = Timeline()
+        self.profile = None
         self.curve_version += 1
 
     def elapsed_s(self, now: float) -> float | None:

@@ -19,12 +19,15 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from textual.message import Message
 
 from gpustation.runs.follow import FollowUpdate, RunFollower
+from gpustation.runs.gputrace import TelemetrySummary
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary
+from gpustation.runs.timeline import TimelineReader
 from gpustation.tui.runs.model import (
     ACTIVE_BITE,
     DISCOVER_EVERY_S,
@@ -34,6 +37,9 @@ from gpustation.tui.runs.model import (
     PassResult,
     RunDelta,
 )
+
+#: seconds between two looks for a running run's ``profile/top_ops.json``
+PROFILE_EVERY_S = 2.0
 
 
 class RunsPolled(Message):
@@ -51,17 +57,31 @@ class RunTrack:
         self.id = run_id
         self.directory = directory
         self.follower = RunFollower(directory, max_bytes=ACTIVE_BITE if active else FINISHED_BITE)
+        self.timeline = TimelineReader(directory)
         self.fresh = True
         self._state: RunState | None = None
         self._losses = 0
         self._evals = 0
+        self._profile: dict[str, Any] | None = None
+        self._profile_at = 0.0
+        #: what the GPUs did, summed up once the run has ended
+        self._telemetry: TelemetrySummary | None = None
 
     def digest(self, update: FollowUpdate) -> RunDelta:
-        delta = RunDelta(self.id, ended=update.ended)
+        state = update.state
+        if state is not None:
+            self.timeline.start_at(state.started_at)
+        self.timeline.add_events(update.events)
+        self.timeline.read_telemetry(max_bytes=self.follower.max_bytes)
+        # Ended only once the telemetry has been read to its end too.
+        delta = RunDelta(self.id, ended=update.ended and self.timeline.drained())
         if self.fresh:
             self.fresh = False
             delta.reset = True
-        if update.state is not None and not update.state.active:
+        if self.timeline.changed or delta.reset:
+            delta.timeline = self.timeline.data()
+        self._read_profile(delta)
+        if state is not None and not state.active:
             # Ended: take what is left in bigger bites.
             self.follower.max_bytes = FINISHED_BITE
         if update.lines:
@@ -79,11 +99,38 @@ class RunTrack:
             delta.evals = fold.evals.points()
         if update.events or delta.reset or update.state is not self._state:
             self._state = update.state
-            delta.summary = self.follower.summary()
+            delta.summary = self._summary()
         return delta
+
+    def _summary(self) -> RunSummary:
+        """The follower's summary, with the GPUs' energy and peaks once the run has ended."""
+        summary = self.follower.summary()
+        if summary.active:
+            return summary
+        from gpustation.runs import rundir
+        from gpustation.runs.gputrace import summarize_telemetry
+        from gpustation.runs.store import apply_telemetry
+
+        if self._telemetry is None:
+            self._telemetry = summarize_telemetry(self.directory / rundir.TELEMETRY_FILE)
+        return apply_telemetry(summary, self._telemetry, self.directory)
+
+    def _read_profile(self, delta: RunDelta) -> None:
+        """``profile/top_ops.json``: read at once, then now and then while the run goes."""
+        now = time.monotonic()
+        if not delta.reset and (now < self._profile_at or self._profile):
+            return  # looked a moment ago, or found (a profile is written once)
+        self._profile_at = now + PROFILE_EVERY_S
+        from gpustation.runs.profile import read_top_ops
+
+        found = read_top_ops(self.directory) or {}
+        if delta.reset or found != self._profile:
+            self._profile = found
+            delta.profile = found
 
     def close(self) -> None:
         self.follower.close()
+        self.timeline.close()
 
 
 class RunsPass:
@@ -100,6 +147,7 @@ class RunsPass:
         # The poller's thread only.
         self._tracks: dict[str, RunTrack] = {}
         self._next_discover = 0.0
+        self._price_problem = ""
 
     # -- asked from the UI thread --------------------------------------------------------
     def want(self, run_id: str, directory: Path, active: bool) -> None:
@@ -188,7 +236,14 @@ class RunsPass:
                 result.errors.append(f"run {run_id}: {type(err).__name__}: {err}")
                 ended.append(run_id)
                 continue
-            if delta.reset or delta.lines or delta.summary or delta.ended:
+            if (
+                delta.reset
+                or delta.lines
+                or delta.summary
+                or delta.ended
+                or delta.timeline is not None
+                or delta.profile is not None
+            ):
                 result.deltas.append(delta)
             if delta.ended:
                 ended.append(run_id)
@@ -208,7 +263,23 @@ class RunsPass:
                 result.history = history
             except Exception as err:
                 result.errors.append(f"reading the run history: {err}")
+            self._read_price(result)
         return result
+
+    def _read_price(self, result: PassResult) -> None:
+        """``[energy]`` from config.toml, for the cost of each run (read with the history)."""
+        from gpustation.errors import UsageError
+        from gpustation.runs.cost import load_price
+
+        try:
+            result.price = load_price()
+        except UsageError as err:
+            if str(err) != self._price_problem:
+                result.errors.append(f"{err}; no cost is shown")
+            self._price_problem = str(err)
+        else:
+            self._price_problem = ""
+        result.price_read = True
 
     def _close_tracks(self) -> None:
         for track in self._tracks.values():

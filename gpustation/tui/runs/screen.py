@@ -11,7 +11,6 @@ collection walks only what was made since.
 
 from __future__ import annotations
 
-import gc
 import time
 from collections import deque
 from pathlib import Path
@@ -42,8 +41,10 @@ from gpustation.tui.runs.controller import (
     Stopped,
     runs_ui,
 )
+from gpustation.tui.runs.detail import RunDetailScreen
 from gpustation.tui.runs.dialogs import LaunchDialog, LaunchRequest, StopRunDialog
 from gpustation.tui.runs.form import Prefill, prefill_of, preset_of
+from gpustation.tui.runs.heap import freeze_heap
 from gpustation.tui.runs.model import (
     FLOOD_FLUSH_S,
     FLOOD_LINES,
@@ -62,30 +63,12 @@ from gpustation.tui.runs.widgets import (
     QuietFooter,
     RunLog,
     RunsTable,
+    energy_cell,
     run_gpus,
     run_header,
 )
-from gpustation.tui.screens import LiveScreen
 from gpustation.tui.source import Frame
 from gpustation.tui.widgets import LiveText
-
-
-def freeze_heap() -> bool:
-    """Collect, then move every object alive now out of the collector's sight (once).
-
-    A full collection walks every tracked object, and with the dashboard and
-    this screen built there are enough of them to stall a key pressed during a
-    log flood (``bench/log_flood.py``; figures in ``bench/RESULTS.md``). The
-    screens, widgets, modules and stylesheets alive at this point live as long
-    as the app, so freezing them costs nothing and leaves later full
-    collections only the objects made since (dialogs, rows, render caches).
-    Returns False when the heap was already frozen.
-    """
-    if gc.get_freeze_count():
-        return False
-    gc.collect()
-    gc.freeze()
-    return True
 
 
 class RunRead(Message):
@@ -103,6 +86,7 @@ RUN_COLUMNS = (
     ("step", "step"),
     ("loss", "loss"),
     ("status", "status"),
+    ("energy", "energy"),
     ("time", "time"),
     ("GPUs", "gpus"),
     ("started", "started"),
@@ -113,7 +97,7 @@ STATUS_COLUMN = 4
 # ---- the screen -----------------------------------------------------------------------------
 
 
-class RunsScreen(LiveScreen):
+class RunsScreen(RunDetailScreen):
     """Presets, runs and the selected run's progress, GPUs, loss curve and log."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -149,7 +133,7 @@ class RunsScreen(LiveScreen):
     #run-log:focus { border: round $accent; }
     #run-log-hint { height: 1; padding: 0 1; }
     RunsScreen.-short #runs-presets { height: 8; }
-    RunsScreen.-short #run-plot { height: 9; }
+    RunsScreen.-short #run-plot { height: 8; }
     RunsScreen.-tall #runs-presets { height: 16; }
     RunsScreen.-tall #run-plot { height: 20; }
     RunsScreen.-narrow #runs-body { layout: vertical; }
@@ -193,6 +177,7 @@ class RunsScreen(LiveScreen):
                 yield LiveText(id="run-header", wrap=True)
                 yield LiveText(id="run-gpus")
                 yield LossPlot(id="run-plot")
+                yield from self.compose_detail()
                 # One more than a run keeps: room for the "earlier lines" note.
                 yield RunLog(self._log_scrolled, max_lines=MAX_LOG_LINES + 1, id="run-log")
                 yield LiveText(id="run-log-hint")
@@ -345,6 +330,7 @@ class RunsScreen(LiveScreen):
             step_text,
             fmt_value(s.final_loss),
             v.status_text(),
+            energy_cell(v.summary, self.ui.price),
             fmt_duration(v.elapsed_s(now)) if not v.active else "",
             gpus_text(v.summary),
             started,
@@ -359,6 +345,8 @@ class RunsScreen(LiveScreen):
             self._dirty = True
             return
         self._dirty = False
+        if self.price_changed(RUN_COLUMNS):
+            self._row_ids = []  # the rows are made again under the new column
         if table or select:
             self._update_table(select)
         if selected or select:
@@ -435,12 +423,12 @@ class RunsScreen(LiveScreen):
             self.query_one("#run-header", LiveText).show(header)
             return
         snap = self.dash.latest
-        header = run_header(view, now)
+        header = run_header(view, now, self.ui.price)
         gpus = run_gpus(view, {g.index: g for g in snap.gpus} if snap is not None else {})
         # No forced relayout: LiveText asks for one itself when its line count changes.
         self.query_one("#run-header", LiveText).show(header)
         self.query_one("#run-gpus", LiveText).show(gpus)
-        self.query_one("#run-plot", LossPlot).show(view)
+        self.show_detail()
 
     # -- the log pane ------------------------------------------------------------------------
     def _reload_log(self) -> None:

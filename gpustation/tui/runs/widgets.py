@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.cells import cell_len
 from rich.segment import Segment
@@ -27,8 +27,10 @@ from textual.strip import Strip
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Static
 
-from gpustation.runs.compare import SIMULATED
+from gpustation.runs.compare import SIMULATED, energy_text, fmt_energy, fmt_num
+from gpustation.runs.cost import Price
 from gpustation.runs.fold import ema
+from gpustation.runs.summary import RunSummary
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry import health
 from gpustation.telemetry.model import GpuSample
@@ -41,9 +43,7 @@ from gpustation.tui.runs.model import (
     fmt_duration,
     fmt_value,
 )
-
-if TYPE_CHECKING:
-    pass
+from gpustation.tui.runs.timeline import loss_time_plot
 
 
 def loss_plot(
@@ -91,8 +91,42 @@ def gpu_line(g: GpuSample) -> Text:
 # ---- widgets -------------------------------------------------------------------------------
 
 
-def run_header(view: RunView | None, now: float) -> Text:
-    """The run pane's header: the run, its status, progress, ETA and losses."""
+def energy_line(view: RunView, price: Price | None) -> Text | None:
+    """The run's GPU energy, its cost and its energy per unit of work (None: no energy yet).
+
+    A finished run's figures are its summary's (the cards' energy counters where
+    they moved); a live run's are its power integrated so far.
+    """
+    s = view.summary
+    energy, so_far = s.energy_j, False
+    if energy is None and view.active:
+        energy, so_far = view.timeline.energy_j, True
+    if energy is None:
+        return None
+    line = Text("energy so far " if so_far else "energy ")
+    line.append(energy_text(s) if not so_far else fmt_energy(energy), style="bold")
+    if price is not None:
+        line.append(" · cost ")
+        line.append(price.text(energy), style="bold")
+    per_unit = s.energy_per_unit_j if not so_far else None
+    if per_unit is None and s.work:
+        per_unit = energy / s.work
+    unit = s.work_unit or "unit"
+    if per_unit:
+        line.append(f" · {fmt_num(per_unit, 3)} J/{unit} · {fmt_num(1 / per_unit, 2)} {unit}/J")
+    return line
+
+
+def energy_cell(s: RunSummary, price: Price | None) -> str:
+    """The runs table's energy column: the energy, and its cost when a price is set."""
+    if s.energy_j is None:
+        return "-"
+    text = energy_text(s)
+    return f"{text} · {price.text(s.energy_j)}" if price is not None else text
+
+
+def run_header(view: RunView | None, now: float, price: Price | None = None) -> Text:
+    """The run pane's header: the run, its status, progress, ETA, losses and energy."""
     header = Text()
     if view is None:
         header.append("No run selected. ", style="bold")
@@ -122,6 +156,10 @@ def run_header(view: RunView | None, now: float) -> Text:
     header.append(f" (best {fmt_value(s.best_loss)})")
     if s.final_eval_loss is not None:
         header.append(f" · eval loss {fmt_value(s.final_eval_loss)}")
+    energy = energy_line(view, price)
+    if energy is not None:
+        header.append(" · ")
+        header.append_text(energy)
     if view.reason and not view.active:
         header.append(f"\n{view.reason}", style="dim")
     return header
@@ -397,7 +435,11 @@ class QuietFooter(Footer):
 
 
 class LossPlot(Static):
-    """The selected run's loss curve; rebuilt only when its data or size changed."""
+    """The selected run's loss curve; rebuilt only when its data, size or cursor changed.
+
+    Against seconds since the start when the run's timeline has its loss (it
+    shares that axis with the GPU plot under it), else against the step.
+    """
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -406,15 +448,17 @@ class LossPlot(Static):
         self._timer: Timer | None = None
         self.draws = 0
 
-    def show(self, view: RunView | None) -> None:
+    def show(self, view: RunView | None, cursor_s: float | None = None) -> None:
         width, height = self.content_region.width, self.content_region.height
-        key = (view.id if view else None, view.curve_version if view else 0, width, height)
+        version = view.curve_version if view else 0
+        key = (view.id if view else None, version, width, height, cursor_s)
         if key == self._key or not width:
             return
+        old = self._key if isinstance(self._key, tuple) else None
         wait = self._drawn_at + PLOT_EVERY_S - time.monotonic()
-        same_run = isinstance(self._key, tuple) and self._key[0] == key[0]
-        if same_run and wait > 0:
-            # New points too soon after the last figure: draw them a bit later.
+        if old is not None and old[0] == key[0] and old[1] != version and wait > 0:
+            # New points too soon after the last figure: draw them a bit later
+            # (a cursor moved by a key is drawn at once).
             if self._timer is None:
                 self._timer = self.set_timer(wait, lambda: self._later(view))
             return
@@ -424,6 +468,10 @@ class LossPlot(Static):
             self.update(Text("Select a run to see its loss curve.", style="dim"), layout=False)
         elif not view.losses[0] and not view.evals[0]:
             self.update(Text("No loss reported yet.", style="dim"), layout=False)
+        elif view.timeline.loss:
+            figure = loss_time_plot(view.timeline, width, height, cursor_s)
+            self.update(figure, layout=False)
+            self.draws += 1
         else:
             # The stylesheet fixes the size: no relayout of the screen.
             self.update(loss_plot(view.losses, view.evals, width, height), layout=False)
@@ -431,9 +479,12 @@ class LossPlot(Static):
 
     def _later(self, view: RunView | None) -> None:
         self._timer = None
-        # The screen's current run, which may have changed since this was asked.
-        current = getattr(self.screen, "current_view", lambda: view)()
-        self.show(current)
+        # The screen's current run (and cursor), which may have changed since this was asked.
+        refresh = getattr(self.screen, "show_detail", None)
+        if callable(refresh):
+            refresh()
+        else:
+            self.show(view)
 
     def on_resize(self) -> None:
         self._key = None

@@ -1,0 +1,261 @@
+"""The selected run's timeline: its loss and its GPUs on one time axis, and a cursor.
+
+The loss curve (:class:`~gpustation.tui.runs.widgets.LossPlot`) and the GPU
+plot under it (:class:`GpuPlot`: power in W on the left axis, utilisation in %
+on the right, throttled samples marked) share their x axis, seconds since
+the run started: both figures span the same range and give their y axes
+labels of the same width, so a column is the same moment in both. The data
+is a :class:`~gpustation.runs.timeline.Timeline` the poller read; nothing
+here reads a file.
+
+:class:`TimeCursor` is where the user stands on that axis: at the end (it
+follows a live run) until ``[``/``]`` step it a sample back or on and
+``{``/``}`` a tenth of the run; :func:`cursor_line` says what the run and its
+GPUs were doing there, in one line.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from typing import Any
+
+from rich.text import Text
+from textual.timer import Timer
+from textual.widgets import Static
+
+from gpustation.runs.fold import ema
+from gpustation.runs.timeline import Timeline
+from gpustation.telemetry import format as fmt
+from gpustation.tui.runs.model import PLOT_EVERY_S, RunView, fmt_duration, fmt_value
+
+#: characters of every y-axis label, left and right, so both plots line up
+LABEL_W = 7
+#: what ``{`` and ``}`` move by: this share of the run
+BIG_STEP = 0.1
+
+
+def _labels(lo: float, hi: float, height: int) -> tuple[list[float], list[str]]:
+    """Ticks at the bottom, top (and middle, where there are rows for it), labels of one width.
+
+    Never more ticks than rows: plotext would keep one of two labels on a row.
+    """
+    count = 3 if height >= 10 else 2
+    if hi - lo < 1e-12:
+        hi = lo + 1.0
+    ticks = [lo + (hi - lo) * i / (count - 1) for i in range(count)]
+    return ticks, [f"{t:>{LABEL_W}.4g}"[-LABEL_W:] for t in ticks]
+
+
+def _frame(width: int, height: int, end_s: float) -> Any:
+    import plotext as plt
+
+    plt.clear_figure()
+    plt.plotsize(max(20, width), max(5, height))
+    plt.theme("clear")
+    plt.xlim(0.0, max(end_s, 1.0))
+    return plt
+
+
+def _cursor(plt: Any, cursor_s: float | None) -> None:
+    if cursor_s is not None:
+        plt.vline(cursor_s, "red")
+
+
+def _blank_right_axis(plt: Any, x: float, y: float) -> None:
+    """A right axis with empty labels, as wide as the other plot's right labels."""
+    plt.plot([x], [y], yside="right", marker=" ", color="default")
+    plt.yticks([y], [" " * LABEL_W], yside="right")
+
+
+def loss_time_plot(
+    timeline: Timeline, width: int, height: int, cursor_s: float | None = None
+) -> Text:
+    """Loss (raw, smoothed) and eval loss against seconds since the run started."""
+    end = timeline.end_s()
+    plt = _frame(width, height, end)
+    points = [(m.t_s, m.loss) for m in timeline.loss if m.loss is not None]
+    evals = [(m.t_s, m.eval_loss) for m in timeline.loss if m.eval_loss is not None]
+    ys = [y for _, y in points] + [y for _, y in evals]
+    if points:
+        xs, ls = [p[0] for p in points], [p[1] for p in points]
+        plt.plot(xs, ls, marker="braille", color="gray", label="loss")
+        if len(ls) > 2:
+            plt.plot(xs, ema(ls), marker="braille", color="cyan", label="smoothed")
+    if evals:
+        plt.plot(
+            [e[0] for e in evals], [e[1] for e in evals], marker="braille", color="orange",
+            label="eval loss",
+        )  # fmt: skip
+    if ys:
+        lo, hi = min(ys), max(ys)
+        plt.yticks(*_labels(lo, hi, height))
+        _blank_right_axis(plt, 0.0, lo)
+    _cursor(plt, cursor_s)
+    return Text.from_ansi(plt.build())
+
+
+def gpu_time_plot(
+    timeline: Timeline, width: int, height: int, cursor_s: float | None = None
+) -> Text:
+    """Power (W, left) and utilisation (%, right) against seconds since the run started."""
+    end = timeline.end_s()
+    plt = _frame(width, height, end)
+    power = [(m.t_s, m.power_w) for m in timeline.gpu if m.power_w is not None]
+    util = [(m.t_s, m.utilization_pct) for m in timeline.gpu if m.utilization_pct is not None]
+    if power:
+        label = "power W" if timeline.gpu[-1].gpus == 1 else f"power W ({timeline.gpu[-1].gpus})"
+        plt.plot([p[0] for p in power], [p[1] for p in power], marker="braille",
+                 color="yellow", label=label)  # fmt: skip
+        throttled = [m for m in timeline.gpu if m.throttle and m.power_w is not None]
+        if throttled:
+            plt.scatter([m.t_s for m in throttled], [m.power_w for m in throttled],
+                        marker="dot", color="red", label="throttled")  # fmt: skip
+        ws = [p[1] for p in power]
+        plt.yticks(*_labels(min(ws), max(ws), height))
+    if util:
+        plt.plot([u[0] for u in util], [u[1] for u in util], marker="braille",
+                 color="green", label="util %", yside="right")  # fmt: skip
+        plt.ylim(0, 100, yside="right")
+        plt.yticks(*_labels(0.0, 100.0, height), yside="right")
+    elif power:
+        _blank_right_axis(plt, 0.0, power[0][1])
+    _cursor(plt, cursor_s)
+    plt.xlabel("seconds since the start")
+    return Text.from_ansi(plt.build())
+
+
+class TimeCursor:
+    """Where the user stands on the run's time axis (None: at the end, following)."""
+
+    def __init__(self) -> None:
+        self.at_s: float | None = None
+        self.run_id: str | None = None
+
+    def for_run(self, run_id: str | None) -> None:
+        """Another run is shown: back to its end."""
+        if run_id != self.run_id:
+            self.run_id = run_id
+            self.at_s = None
+
+    def position(self, timeline: Timeline) -> float:
+        """The moment shown: the cursor's, or the run's last."""
+        return timeline.end_s() if self.at_s is None else self.at_s
+
+    def step(self, timeline: Timeline, samples: int) -> bool:
+        """Move ``samples`` stops (GPU samples) back or on; past the end it follows again."""
+        stops = timeline.stops()
+        if not stops:
+            return False
+        here = self.position(timeline)
+        if samples < 0:
+            n = bisect.bisect_left(stops, here - 1e-9) + samples
+        else:
+            n = bisect.bisect_right(stops, here + 1e-9) + samples - 1
+        if n >= len(stops) - 1 and samples > 0:
+            self.at_s = None
+        else:
+            self.at_s = stops[max(0, n)]
+        return True
+
+    def jump(self, timeline: Timeline, direction: int) -> bool:
+        """Move a tenth of the run back or on (to the nearest stop)."""
+        stops = timeline.stops()
+        if not stops:
+            return False
+        target = self.position(timeline) + direction * BIG_STEP * max(timeline.end_s(), 1.0)
+        if target >= stops[-1]:
+            self.at_s = None
+            return True
+        n = min(max(0, bisect.bisect_left(stops, target)), len(stops) - 1)
+        self.at_s = stops[n]
+        return True
+
+    def shown_at(self) -> float | None:
+        """Where a line is drawn: only when the user moved off the end."""
+        return self.at_s
+
+
+#: the keys, said after the values as far as the line has room
+KEY_HINTS = ("[ ] { } move", "P profile", "S sweeps")
+
+
+def cursor_line(view: RunView | None, cursor: TimeCursor, width: int = 0) -> Text:
+    """The run and its GPUs at the cursor, in one line (``width``: room for the key hints)."""
+    line = Text()
+    if view is None:
+        return line
+    timeline = view.timeline
+    if timeline.empty:
+        if view.loaded and not view.active:
+            line.append("no loss or GPU telemetry over time for this run", style="dim")
+        return line
+    at = cursor.position(timeline)
+    loss, gpu = timeline.at(at)
+    line.append("▶ " if cursor.at_s is not None else "at the end ", style="bold")
+    line.append(f"{fmt_duration(at)} ", style="bold")
+    if loss is not None:
+        if loss.step is not None:
+            line.append(f"· step {loss.step:,} ")
+        line.append(f"· loss {fmt_value(loss.loss)} ")
+    if gpu is not None:
+        line.append(f"· {fmt.num(gpu.power_w, 0, ' W')} ")
+        line.append(f"· {fmt.num(gpu.temperature_c, 0, ' °C')} ")
+        line.append(f"· util {fmt.num(gpu.utilization_pct, 0, ' %')} ")
+        if gpu.throttle:
+            line.append(f"· throttled: {fmt.throttle(list(gpu.throttle))} ", style="yellow")
+        else:
+            line.append("· not throttled ", style="dim")
+    hints = ""
+    for hint in KEY_HINTS:
+        more = f"{hints} · {hint}" if hints else f" {hint}"
+        if width and line.cell_len + len(more) > width:
+            break
+        hints = more
+    line.append(hints, style="dim")
+    return line
+
+
+class GpuPlot(Static):
+    """The selected run's GPU power and utilisation over time, under its loss curve."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._key: object = None
+        self._drawn_at = 0.0
+        self._timer: Timer | None = None
+        self.draws = 0
+
+    def show(self, view: RunView | None, cursor_s: float | None = None) -> None:
+        width, height = self.content_region.width, self.content_region.height
+        version = view.curve_version if view else 0
+        key = (view.id if view else None, version, width, height, cursor_s)
+        if key == self._key or not width:
+            return
+        old = self._key if isinstance(self._key, tuple) else None
+        wait = self._drawn_at + PLOT_EVERY_S - time.monotonic()
+        if old is not None and old[0] == key[0] and old[1] != version and wait > 0:
+            # New samples too soon after the last figure: draw them a bit later
+            # (a cursor moved by a key is drawn at once).
+            if self._timer is None:
+                self._timer = self.set_timer(wait, self._later)
+            return
+        self._key = key
+        self._drawn_at = time.monotonic()
+        if view is None:
+            self.update(Text(""), layout=False)
+        elif not view.timeline.gpu:
+            what = "reading…" if view.active or not view.loaded else "none recorded for this run"
+            self.update(Text(f"GPU telemetry over time: {what}", style="dim"), layout=False)
+        else:
+            self.update(gpu_time_plot(view.timeline, width, height, cursor_s), layout=False)
+            self.draws += 1
+
+    def _later(self) -> None:
+        self._timer = None
+        refresh = getattr(self.screen, "show_detail", None)
+        if callable(refresh):
+            refresh()
+
+    def on_resize(self) -> None:
+        self._key = None
