@@ -17,17 +17,15 @@ GPUs were doing there, in one line.
 from __future__ import annotations
 
 import bisect
-import time
 from typing import Any
 
 from rich.text import Text
-from textual.timer import Timer
-from textual.widgets import Static
 
 from gpustation.runs.fold import ema
 from gpustation.runs.timeline import Timeline
 from gpustation.telemetry import format as fmt
-from gpustation.tui.runs.model import PLOT_EVERY_S, RunView, fmt_duration, fmt_value
+from gpustation.tui.runs.model import RunView, fmt_duration, fmt_value
+from gpustation.tui.runs.runplot import RunPlot
 
 #: characters of every y-axis label, left and right, so both plots line up
 LABEL_W = 7
@@ -216,32 +214,10 @@ def cursor_line(view: RunView | None, cursor: TimeCursor, width: int = 0) -> Tex
     return line
 
 
-class GpuPlot(Static):
+class GpuPlot(RunPlot):
     """The selected run's GPU power and utilisation over time, under its loss curve."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._key: object = None
-        self._drawn_at = 0.0
-        self._timer: Timer | None = None
-        self.draws = 0
-
-    def show(self, view: RunView | None, cursor_s: float | None = None) -> None:
-        width, height = self.content_region.width, self.content_region.height
-        version = view.curve_version if view else 0
-        key = (view.id if view else None, version, width, height, cursor_s)
-        if key == self._key or not width:
-            return
-        old = self._key if isinstance(self._key, tuple) else None
-        wait = self._drawn_at + PLOT_EVERY_S - time.monotonic()
-        if old is not None and old[0] == key[0] and old[1] != version and wait > 0:
-            # New samples too soon after the last figure: draw them a bit later
-            # (a cursor moved by a key is drawn at once).
-            if self._timer is None:
-                self._timer = self.set_timer(wait, self._later)
-            return
-        self._key = key
-        self._drawn_at = time.monotonic()
+    def draw(self, view: RunView | None, width: int, height: int, cursor_s: float | None) -> bool:
         if view is None:
             self.update(Text(""), layout=False)
         elif not view.timeline.gpu:
@@ -249,13 +225,5 @@ class GpuPlot(Static):
             self.update(Text(f"GPU telemetry over time: {what}", style="dim"), layout=False)
         else:
             self.update(gpu_time_plot(view.timeline, width, height, cursor_s), layout=False)
-            self.draws += 1
-
-    def _later(self) -> None:
-        self._timer = None
-        refresh = getattr(self.screen, "show_detail", None)
-        if callable(refresh):
-            refresh()
-
-    def on_resize(self) -> None:
-        self._key = None
+            return True
+        return False

@@ -8,7 +8,6 @@ footer is rebuilt only when its keys change.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -24,8 +23,7 @@ from textual.scroll_view import ScrollView
 from textual.scrollbar import ScrollTo, ScrollUp
 from textual.selection import Selection
 from textual.strip import Strip
-from textual.timer import Timer
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Footer
 
 from gpustation.runs.compare import SIMULATED, energy_text, fmt_energy, fmt_num
 from gpustation.runs.cost import Price
@@ -37,12 +35,12 @@ from gpustation.telemetry.model import GpuSample
 from gpustation.textsafe import safe
 from gpustation.tui.runs.model import (
     MAX_LOG_LINES,
-    PLOT_EVERY_S,
     STATUS_STYLE,
     RunView,
     fmt_duration,
     fmt_value,
 )
+from gpustation.tui.runs.runplot import RunPlot
 from gpustation.tui.runs.timeline import loss_time_plot
 
 
@@ -434,57 +432,22 @@ class QuietFooter(Footer):
         super().bindings_changed(screen)
 
 
-class LossPlot(Static):
-    """The selected run's loss curve; rebuilt only when its data, size or cursor changed.
+class LossPlot(RunPlot):
+    """The selected run's loss curve.
 
     Against seconds since the start when the run's timeline has its loss (it
     shares that axis with the GPU plot under it), else against the step.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._key: object = None
-        self._drawn_at = 0.0
-        self._timer: Timer | None = None
-        self.draws = 0
-
-    def show(self, view: RunView | None, cursor_s: float | None = None) -> None:
-        width, height = self.content_region.width, self.content_region.height
-        version = view.curve_version if view else 0
-        key = (view.id if view else None, version, width, height, cursor_s)
-        if key == self._key or not width:
-            return
-        old = self._key if isinstance(self._key, tuple) else None
-        wait = self._drawn_at + PLOT_EVERY_S - time.monotonic()
-        if old is not None and old[0] == key[0] and old[1] != version and wait > 0:
-            # New points too soon after the last figure: draw them a bit later
-            # (a cursor moved by a key is drawn at once).
-            if self._timer is None:
-                self._timer = self.set_timer(wait, lambda: self._later(view))
-            return
-        self._key = key
-        self._drawn_at = time.monotonic()
+    def draw(self, view: RunView | None, width: int, height: int, cursor_s: float | None) -> bool:
         if view is None:
             self.update(Text("Select a run to see its loss curve.", style="dim"), layout=False)
         elif not view.losses[0] and not view.evals[0]:
             self.update(Text("No loss reported yet.", style="dim"), layout=False)
         elif view.timeline.loss:
-            figure = loss_time_plot(view.timeline, width, height, cursor_s)
-            self.update(figure, layout=False)
-            self.draws += 1
+            self.update(loss_time_plot(view.timeline, width, height, cursor_s), layout=False)
+            return True
         else:
-            # The stylesheet fixes the size: no relayout of the screen.
             self.update(loss_plot(view.losses, view.evals, width, height), layout=False)
-            self.draws += 1
-
-    def _later(self, view: RunView | None) -> None:
-        self._timer = None
-        # The screen's current run (and cursor), which may have changed since this was asked.
-        refresh = getattr(self.screen, "show_detail", None)
-        if callable(refresh):
-            refresh()
-        else:
-            self.show(view)
-
-    def on_resize(self) -> None:
-        self._key = None
+            return True
+        return False
