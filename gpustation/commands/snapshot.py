@@ -78,9 +78,7 @@ def run(args: argparse.Namespace) -> int:
     # nor the profiling metrics (GPM), which take two samples a moment apart
     backend.read_gpm = full
     try:
-        sampler = Sampler(
-            backend, gpus=wanted, slow_interval_s=5.0, with_topology=full, host=host
-        )
+        sampler = Sampler(backend, gpus=wanted, slow_interval_s=5.0, with_topology=full, host=host)
         if one_shot:
             # JSON reads the slow fields now; a watch reads them on their own
             # cadence, like the dashboard.
