@@ -87,6 +87,7 @@ class DashboardScreen(LiveScreen):
         Binding("slash", "filter", "Filter", id="dashboard.filter"),
         Binding("s", "sort", "Sort", id="dashboard.sort"),
         Binding("S", "reverse_sort", "Reverse sort", show=False, id="dashboard.reverse_sort"),
+        Binding("enter", "details", "Process details", show=False, id="dashboard.details"),
         Binding("escape", "close_filter", "Close filter", show=False, id="dashboard.close_filter"),
     ]
 
@@ -225,6 +226,13 @@ class DashboardScreen(LiveScreen):
             return
         self.dash.confirm_kill(row)
 
+    def action_details(self) -> None:
+        row = self.query_one(ProcessTable).selected()
+        if row is None:
+            self.notify("Select a process in the table first.", severity="warning")
+            return
+        self.dash.show_process(row)
+
     def action_filter(self) -> None:
         self.query_one(ProcessTable).open_filter()
 
@@ -299,6 +307,7 @@ KEY_NAMES = {
     "minus": "-",
     "space": "Space",
     "end": "End",
+    "enter": "Enter",
 }
 
 
