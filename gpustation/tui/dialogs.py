@@ -84,7 +84,8 @@ class ProcessDialog(ModalScreen[str | None]):
             yield Label(Text(f"Process {self.row.pid}{sim}"), id="process-title")
             with VerticalScroll(id="process-scroll"):  # a small terminal scrolls it (↑ ↓)
                 yield Label(process_details_text(self.row), id="process-details")
-            yield Label("Esc or Enter closes · ↑ ↓ scroll · k signals this process", id="process-hint")
+            hint = "Esc or Enter closes · ↑ ↓ scroll · k signals this process"
+            yield Label(hint, id="process-hint")
 
     def on_mount(self) -> None:
         self.query_one("#process-scroll").focus()
