@@ -77,7 +77,8 @@ def test_one_sample_is_just_now() -> None:
 
 
 @pytest.mark.parametrize(
-    ("seconds", "text"), [(10, "-10s"), (60, "-1m"), (90, "-1m30s"), (3600, "-1h"), (5400, "-1h30m")]
+    ("seconds", "text"),
+    [(10, "-10s"), (60, "-1m"), (90, "-1m30s"), (3600, "-1h"), (5400, "-1h30m")],
 )
 def test_tick_labels(seconds: int, text: str) -> None:
     assert ago(seconds) == text
