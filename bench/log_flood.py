@@ -11,7 +11,7 @@ Side by side, median of ``--runs`` rounds:
   bites, in-process (lines per second).
 
 Dashboard part: ``gpustation --simulate 1`` under a pseudo-terminal of
-160x48. The script opens the runs screen (``r``), launches the flood preset
+``--size`` (160x48 unless told). The script opens the runs screen (``r``), launches the flood preset
 through the launch form (``l``, Enter) and, while the dashboard follows the
 flood, presses ``j`` and ``k`` (preset list cursor down, up) again and again.
 The latency of a key is the time from writing it to the pty until the
@@ -24,7 +24,7 @@ the dashboard took to show the last line, the dashboard's peak RSS (VmHWM)
 before and after, and that every run's ``output.log`` holds every line.
 
     python bench/log_flood.py [--lines 200000] [--runs 3] [--part headless|dashboard|both]
-                              [--trace]
+                              [--size 160x48] [--trace]
 
 Runs in a temporary config/data/state dir on simulated GPUs; nothing of the
 user's is touched.
@@ -146,7 +146,12 @@ def percentile(values: list[float], pct: float) -> float:
 
 
 def dashboard_half(
-    root: Path, env: dict[str, str], lines: int, rounds: int, trace: bool = False
+    root: Path,
+    env: dict[str, str],
+    lines: int,
+    rounds: int,
+    trace: bool = False,
+    size: tuple[int, int] = (160, 48),
 ) -> bool:
     """Flood the dashboard's runs screen; print latency, memory and completeness.
 
@@ -163,6 +168,7 @@ def dashboard_half(
     runs_root = root / "data" / "runs"
     # Named to sort first in the preset list, so the launch key finds it at once.
     (presets / "aa-flood.toml").write_text(
+        'title = "aa-flood: prints lines as fast as it can"\n'
         'description = "Prints lines as fast as it can"\n'
         f'command = ["{sys.executable}", "{flood}", "{lines}"]\ngpus = 1\n'
     )
@@ -173,14 +179,18 @@ def dashboard_half(
     )
     # The key moves the preset list's cursor (j down, k up, alternately); its answer
     # is the description of the newly highlighted preset under the list, in the left
-    # column, where no notification ever covers it.
-    answers = [listed[0].description[:24], listed[1].description[:24]]
-    dash_env = dict(env, TERM="xterm-256color", COLUMNS="160", LINES="48")
+    # column, where no notification ever covers it. Below 100 columns that line is
+    # not shown: there the answer is the title in the list's highlighted row, drawn
+    # in the same frame.
+    wide = size[0] >= 100
+    answers = [(p.description if wide else p.display_title)[:20] for p in (listed[0], listed[1])]
+    cols, rows = size
+    dash_env = dict(env, TERM="xterm-256color", COLUMNS=str(cols), LINES=str(rows))
     dash_env.pop("GPUSTATION_SIMULATE", None)
     dash_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), dash_env.get("PYTHONPATH", "")) if p
     )
-    term = Terminal([sys.executable, "-m", "gpustation", "--simulate", "1"], dash_env, 160, 48)
+    term = Terminal([sys.executable, "-m", "gpustation", "--simulate", "1"], dash_env, cols, rows)
     position = 0
 
     def press_key() -> float | None:
@@ -283,7 +293,7 @@ def dashboard_half(
         )
 
     print()
-    print(f"dashboard (160x48 pty, --simulate 1), {lines:,}-line flood, {rounds} rounds")
+    print(f"dashboard ({cols}x{rows} pty, --simulate 1), {lines:,}-line flood, {rounds} rounds")
     print(f"{'key j/k -> preset cursor moved, ms':40} {'p50':>8} {'p99':>8} {'max':>8} {'keys':>6}")
     print(row("no run", idle))
     print(row("during the flood", busy))
@@ -374,9 +384,19 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--part", choices=("headless", "dashboard", "both"), default="both")
     parser.add_argument(
+        "--size",
+        default="160x48",
+        metavar="COLSxROWS",
+        help="the dashboard's terminal size (default 160x48)",
+    )
+    parser.add_argument(
         "--trace", action="store_true", help="print every key of a flood as it is answered"
     )
     opts = parser.parse_args()
+    cols, _, rows = opts.size.partition("x")
+    if not (cols.isdigit() and rows.isdigit() and int(cols) >= 80 and int(rows) >= 24):
+        parser.error(f"--size: COLSxROWS, at least 80x24, got {opts.size!r}")
+    size = (int(cols), int(rows))
 
     ok = True
     with tempfile.TemporaryDirectory(prefix="gs-flood-") as tmp:
@@ -396,7 +416,7 @@ def main() -> int:
         if opts.part in ("headless", "both"):
             ok = headless_half(root, env, opts.lines, opts.runs) and ok
         if opts.part in ("dashboard", "both"):
-            ok = dashboard_half(root, env, opts.lines, opts.runs, opts.trace) and ok
+            ok = dashboard_half(root, env, opts.lines, opts.runs, opts.trace, size) and ok
     return 0 if ok else 1
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from gpustation.commands.options import add_gpu_options
 from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, UsageError
 from gpustation.runs import rundir
-from gpustation.runs.presets import RunPreset
+from gpustation.runs.presets import command_preset
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.backend import parse_gpu_list
 from gpustation.telemetry.format import duration
@@ -133,31 +133,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="FILE",
         default=argparse.SUPPRESS,
         help="ssh client config for reaching the nodes (ssh -F FILE)",
-    )
-
-
-def command_preset(command: list[str], name: str | None, env: list[str]) -> RunPreset:
-    """A preset for any command: its argv as given (no shell), its environment."""
-    import re
-
-    from gpustation.runs.presets import RunPreset
-
-    variables: dict[str, str] = {}
-    for item in env:
-        key, sep, value = item.partition("=")
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise UsageError(f"--env {item!r}: expected KEY=VALUE with a variable name as KEY")
-        variables[key] = value
-    label = name or Path(command[0]).name
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", label):
-        raise UsageError(f"--name {label!r}: letters, digits, '.', '_' and '-', at most 64")
-    return RunPreset(
-        name=label,
-        title=" ".join(command),
-        command=list(command),
-        env=variables,
-        tags=["command"],
-        origin="command",
     )
 
 

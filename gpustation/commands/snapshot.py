@@ -59,7 +59,13 @@ def run(args: argparse.Namespace) -> int:
 
         return run_snapshot_fleet(args, hosts)
 
+    from gpustation.telemetry.host import HostSampler
     from gpustation.telemetry.sampler import Sampler, ticks
+
+    # The host's CPU use is measured from here to the end of the first sample:
+    # over the time opening the backend and reading the GPUs take anyway.
+    host = HostSampler()
+    host.prime()
 
     wanted = parse_gpu_list(getattr(args, "gpus", None))
     one_shot = args.watch is None
@@ -72,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     # nor the profiling metrics (GPM), which take two samples a moment apart
     backend.read_gpm = full
     try:
-        sampler = Sampler(backend, gpus=wanted, slow_interval_s=5.0, with_topology=full)
+        sampler = Sampler(backend, gpus=wanted, slow_interval_s=5.0, with_topology=full, host=host)
         if one_shot:
             # JSON reads the slow fields now; a watch reads them on their own
             # cadence, like the dashboard.

@@ -460,3 +460,30 @@ def apply_overrides(
         args[key] = value
         parsed[key] = value
     return replace(preset, args=args), parsed, warnings
+
+
+def command_preset(command: list[str], name: str | None, env: list[str]) -> RunPreset:
+    """A preset for any command: its argv as given (no shell), its environment.
+
+    ``gpustation run -- COMMAND`` and the runs screen's command form build their
+    run from this; the messages use the command line's words (``--name``, ``--env``).
+    """
+    if not command or not command[0]:
+        raise UsageError("give the command to run after --, e.g. -- python train.py")
+    variables: dict[str, str] = {}
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise UsageError(f"--env {item!r}: expected KEY=VALUE with a variable name as KEY")
+        variables[key] = value
+    label = name or Path(command[0]).name
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", label):
+        raise UsageError(f"--name {label!r}: letters, digits, '.', '_' and '-', at most 64")
+    return RunPreset(
+        name=label,
+        title=" ".join(command),
+        command=list(command),
+        env=variables,
+        tags=["command"],
+        origin="command",
+    )

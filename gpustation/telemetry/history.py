@@ -122,10 +122,25 @@ class History:
 
     def window(self, index: int, metric: str, seconds: float) -> list[float | None]:
         """The values of the last ``seconds`` (by sample time), oldest first."""
-        times = self._times.get(index)
         values = self._values.get((index, metric))
-        if not times or values is None:
+        if values is None:
             return []
+        n = self._in_window(index, seconds)
+        return list(itertools.islice(values, max(0, len(values) - n), None))
+
+    def window_times(self, index: int, seconds: float) -> list[float]:
+        """The times of the samples :meth:`window` returns, oldest first."""
+        times = self._times.get(index)
+        if not times:
+            return []
+        n = self._in_window(index, seconds)
+        return list(itertools.islice(times, max(0, len(times) - n), None))
+
+    def _in_window(self, index: int, seconds: float) -> int:
+        """How many of the newest samples lie in the last ``seconds`` (at least one)."""
+        times = self._times.get(index)
+        if not times:
+            return 0
         since = times[-1] - seconds
         n = 0
         # Walk back from the newest sample; cheaper than scanning all 1200.
@@ -133,8 +148,7 @@ class History:
             if t <= since:
                 break
             n += 1
-        n = max(n, 1)
-        return list(itertools.islice(values, max(0, len(values) - n), None))
+        return max(n, 1)
 
     def scale(self, index: int, metric: str) -> float | None:
         """The latest full-scale value for the metric on that GPU."""

@@ -1,8 +1,12 @@
 """Host telemetry: CPU, load, memory, disk and network rates, GPU process details.
 
 Rates need two readings: :meth:`HostSampler.prime` takes the first (the
-sampler calls it before reading the GPUs) and :meth:`HostSampler.sample` the
-second, so a one-shot snapshot measures over the time it spends anyway.
+sampler calls it before reading the GPUs; ``gpustation snapshot`` before it
+opens the backend) and :meth:`HostSampler.sample` the second, so a one-shot
+snapshot measures over the time it spends anyway. CPU use is counted in
+jiffies (a hundredth of a second per core), too coarse for a few
+milliseconds: the first reading after :meth:`~HostSampler.prime` waits until
+:data:`MIN_CPU_INTERVAL_S` have passed since the baseline.
 
 On Linux everything is read from ``/proc`` directly: importing psutil costs
 more than a whole snapshot's reading of the host, and ``gpustation snapshot``
@@ -103,6 +107,9 @@ def _proc_meminfo() -> dict[str, int]:
 
 # ---- the sampler --------------------------------------------------------------
 
+#: the shortest interval the first CPU reading is measured over (see the module docstring)
+MIN_CPU_INTERVAL_S = 0.05
+
 
 class HostSampler:
     def __init__(self) -> None:
@@ -111,6 +118,8 @@ class HostSampler:
         self._net: tuple[int, int] | None = None
         self._cpu: list[tuple[int, int]] | None = None
         self._primed = False
+        #: the next sample is the first after prime: it waits for MIN_CPU_INTERVAL_S
+        self._first = True
         self._psutil: Any = None
         if not _LINUX:
             import psutil
@@ -162,6 +171,12 @@ class HostSampler:
     def sample(self) -> HostSample:
         self.prime()
         now = time.monotonic()
+        if self._first:
+            self._first = False
+            short = MIN_CPU_INTERVAL_S - (now - (self._t or now))
+            if short > 0:
+                time.sleep(short)  # the measuring interval itself, not a wait on anything
+                now = time.monotonic()
         dt = max(now - (self._t or now), 1e-6)
         disk, net = self._counters()
         out = HostSample()

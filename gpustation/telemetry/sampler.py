@@ -34,11 +34,13 @@ class Sampler:
         with_topology: bool = True,
         clock=time.time,
         proc_root: str = "/proc",
+        host: HostSampler | None = None,
     ) -> None:
         self.backend = backend
         self.gpus = select_gpus(backend, list(gpus) if gpus is not None else None)
         self.slow_interval_s = slow_interval_s
-        self.host = HostSampler() if with_host else None
+        # ``host``: one primed earlier, so that its rates cover more of the caller's time
+        self.host = host if host is not None else HostSampler() if with_host else None
         self.with_topology = with_topology
         self._clock = clock
         self._last_slow = float("-inf")

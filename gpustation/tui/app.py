@@ -38,7 +38,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -46,7 +45,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
-from textual.app import App, SystemCommand
+from textual.app import SystemCommand
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.screen import Screen
@@ -57,10 +56,9 @@ from gpustation.telemetry.alerts import Alert, AlertLog, fans_unattended, idle_r
 from gpustation.telemetry.backend import Backend, open_backend
 from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
-from gpustation.tui.dialogs import KillDialog
 from gpustation.tui.keys import KeymapConfig, apply_keymap, load_keymap
 from gpustation.tui.poll import Poller
-from gpustation.tui.readonly import refused
+from gpustation.tui.processes import ProcessActions
 from gpustation.tui.screens import (
     AlertLogScreen,
     DashboardScreen,
@@ -69,7 +67,6 @@ from gpustation.tui.screens import (
     TopologyScreen,
 )
 from gpustation.tui.source import DataSource, Frame
-from gpustation.tui.widgets import ProcRow
 
 if TYPE_CHECKING:
     from gpustation.telemetry.recorder import Recorder
@@ -181,7 +178,7 @@ class SampleFailed(Message):
         self.fatal = fatal
 
 
-class DashboardApp(App[int]):
+class DashboardApp(ProcessActions):
     """The gpustation dashboard. See the module docstring for extension points."""
 
     TITLE = "gpustation"
@@ -258,6 +255,11 @@ class DashboardApp(App[int]):
         return not (action == "switch_to" and parameters and parameters[0] not in self.MODES)
 
     # ---- public state ------------------------------------------------------
+    @property
+    def simulated(self) -> bool:
+        """Whether the GPUs shown are simulated ones (their PIDs are never signalled)."""
+        return bool(self.latest and self.latest.simulated)
+
     @property
     def latest(self) -> Snapshot | None:
         """The newest snapshot, or None before the first sample."""
@@ -509,42 +511,6 @@ class DashboardApp(App[int]):
             self.sample_now()
         self.update_chrome(self.screen)
 
-    # ---- killing a process ---------------------------------------------------
-    def confirm_kill(self, row: ProcRow) -> None:
-        """Ask, then send the chosen signal to ``row``'s process."""
-        if refused(self, "signals to processes"):
-            return
-        simulated = bool(self.latest and self.latest.simulated)
-
-        def done(sig: int | None) -> None:
-            if sig is not None:
-                self.send_signal(row, sig, simulated)
-
-        self.push_screen(KillDialog(row, simulated), done)
-
-    def send_signal(self, row: ProcRow, sig: int, simulated: bool) -> None:
-        if refused(self, "signals to processes"):
-            return
-        name = signal.Signals(sig).name
-        if simulated:
-            # A simulated PID may be a real, unrelated process: never signal it.
-            self.notify(f"PID {row.pid} is a simulated process: no signal was sent.")
-            return
-        try:
-            self._kill(row.pid, sig)
-        except PermissionError:
-            self.notify(
-                f"not permitted: PID {row.pid} belongs to {row.user}; "
-                "run gpustation as that user or as root",
-                title=f"{name} refused",
-                severity="error",
-                timeout=8,
-            )
-        except ProcessLookupError:
-            self.notify(f"PID {row.pid} is already gone.", severity="warning")
-        else:
-            self.notify(f"Sent {name} to PID {row.pid} ({row.command[:60]}).")
-
     # ---- command palette and help ------------------------------------------------
     def all_bindings(self) -> list[Binding]:
         """The app's bindings, as remapped by [keys], without those of absent screens."""
@@ -606,6 +572,11 @@ class DashboardApp(App[int]):
             "Pause / resume sampling", "stop or restart sampling (p)", self.action_toggle_pause
         )
         if isinstance(screen, DashboardScreen):
+            yield SystemCommand(
+                "Show selected process",
+                "its details and whole command line (Enter)",
+                screen.action_details,
+            )
             yield SystemCommand(
                 "Kill selected process", "SIGTERM or SIGKILL after asking (k)", screen.action_kill
             )

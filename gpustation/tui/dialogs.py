@@ -1,18 +1,100 @@
-"""Modal dialogs: the confirmation before a process is signalled, and the base of the
-questions with a few answers (quitting with runs going, or with a fan curve kept)."""
+"""Modal dialogs: a GPU process's details, the confirmation before a process is
+signalled, and the base of the questions with a few answers (quitting with runs
+going, or with a fan curve kept)."""
 
 from __future__ import annotations
 
 import signal
+import time
 from typing import Any, ClassVar
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label
 
+from gpustation.telemetry import format as fmt
+from gpustation.textsafe import safe
 from gpustation.tui.widgets import ProcRow
+
+
+def process_details_text(row: ProcRow) -> Text:
+    """Every column of a process row, the command line in full.
+
+    The command is another user's argv: made safe here too, whatever backend
+    (or remote host) it came from. A ``Text``, never markup: ``[`` in an argv
+    is only a character.
+    """
+    rss = None if row.rss_bytes is None else row.rss_bytes / (1024 * 1024)
+    started = (
+        fmt.NA
+        if row.started is None
+        else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.started))
+    )
+    t = Text()
+    for label, value in (
+        ("PID", str(row.pid)),
+        ("user", safe(row.user)),
+        ("GPU", str(row.gpu)),
+        ("GPU memory", f"{fmt.mib(row.gpu_memory_mib)}"),
+        ("CPU", fmt.num(row.cpu_pct, 0, " %")),
+        ("RSS", fmt.mib(rss)),
+        ("started", started),
+    ):
+        t.append(f"{label:<11}", style="bold")
+        t.append(f"{value}\n")
+    t.append("command\n", style="bold")
+    t.append(safe(row.command))
+    return t
+
+
+class ProcessDialog(ModalScreen[str | None]):
+    """A GPU process's details with its whole command line, wrapped (Enter on a row).
+
+    Dismissed with ``"kill"`` when ``k`` is pressed (the caller then asks as the
+    dashboard's ``k`` does), else with None.
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,enter,q", "close", "Close", id="process.close"),
+        Binding("k", "kill", "Kill", id="process.kill"),
+    ]
+    DEFAULT_CSS = """
+    ProcessDialog { align: center middle; }
+    #process-box {
+        width: 100; max-width: 95%; height: auto; max-height: 90%;
+        border: thick $primary; background: $surface; padding: 1 2;
+    }
+    #process-title { text-style: bold; margin-bottom: 1; }
+    #process-scroll { height: auto; max-height: 50vh; }
+    #process-details { width: 100%; }
+    #process-hint { color: $text-muted; margin-top: 1; }
+    """
+
+    def __init__(self, row: ProcRow, simulated: bool = False) -> None:
+        super().__init__()
+        self.row = row
+        self.simulated = simulated
+
+    def compose(self) -> ComposeResult:
+        sim = " (simulated)" if self.simulated else ""
+        with Vertical(id="process-box"):
+            yield Label(Text(f"Process {self.row.pid}{sim}"), id="process-title")
+            with VerticalScroll(id="process-scroll"):  # a small terminal scrolls it (↑ ↓)
+                yield Label(process_details_text(self.row), id="process-details")
+            hint = "Esc or Enter closes · ↑ ↓ scroll · k signals this process"
+            yield Label(hint, id="process-hint")
+
+    def on_mount(self) -> None:
+        self.query_one("#process-scroll").focus()
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+    def action_kill(self) -> None:
+        self.dismiss("kill")
 
 
 class KillDialog(ModalScreen[int | None]):
@@ -33,9 +115,9 @@ class KillDialog(ModalScreen[int | None]):
         r = self.row
         sim = " (simulated process)" if self.simulated else ""
         with Vertical(id="kill-box"):
-            yield Label(f"Signal PID {r.pid}{sim}?", id="kill-title")
-            yield Label(f"user {r.user} · GPU {r.gpu}", id="kill-who")
-            yield Label(r.command[:200], id="kill-command")
+            yield Label(Text(f"Signal PID {r.pid}{sim}?"), id="kill-title")
+            yield Label(Text(f"user {safe(r.user)} · GPU {r.gpu}"), id="kill-who")
+            yield Label(Text(safe(r.command)[:200]), id="kill-command")
             with Horizontal(id="kill-buttons"):
                 yield Button("Terminate (SIGTERM) [t]", id="term", variant="warning")
                 yield Button("Kill (SIGKILL) [K]", id="kill", variant="error")

@@ -9,15 +9,14 @@ anything, so a key, a remapped key and the command palette are refused alike.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from gpustation.tui.app import DashboardApp
+from textual.app import App
 
 HOW_TO_ALLOW = "start gpustation web with --allow-control (or gpustation without --read-only)"
 
 
-def refused(app: DashboardApp, what: str) -> bool:
+def refused(app: App[Any], what: str) -> bool:
     """True, and said on screen, when ``app`` is read-only: the caller then does nothing.
 
     ``what`` names the refused thing in the plural ("signals to processes").

@@ -9,6 +9,7 @@ fraction of a millisecond).
 
 from __future__ import annotations
 
+import bisect
 import functools
 
 from rich.text import Text
@@ -312,7 +313,76 @@ def history_text(
         for row in graph_rows(values, scale, graph_w, rows_per_gpu):
             out.append("\n")
             out.append(row, style=style)
+    if gpus:
+        # One time axis under the graphs: every GPU is sampled in the same pass.
+        out.append("\n")
+        out.append(time_axis(history.window_times(gpus[0], window_s), graph_w), style="dim")
     return out
+
+
+#: steps between the time axis's ticks, in seconds: the shortest that fits is used
+AXIS_STEPS_S = (10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400)
+#: blank cells beside each tick's label at least
+AXIS_GAP = 8
+
+
+def ago(seconds: float) -> str:
+    """``-30s``, ``-5m``, ``-2h``, ``-1h30m``: a tick's label."""
+    s = round(seconds)
+    if s < 60:
+        return f"-{s}s"
+    if s < 3600:
+        return f"-{s // 60}m" + (f"{s % 60}s" if s % 60 else "")
+    return f"-{s // 3600}h" + (f"{s % 3600 // 60}m" if s % 3600 // 60 else "")
+
+
+def _ticks_fit(step: float, span: float, width: int) -> bool:
+    """Whether ticks every ``step`` seconds over ``span`` have room on ``width`` cells."""
+    count = int(span // step)
+    longest = max((len(ago(k * step)) for k in range(1, count + 1)), default=0)
+    return count * (longest + AXIS_GAP) <= width
+
+
+def time_axis(times: list[float], width: int) -> str:
+    """The line under a graph drawn from samples at ``times``: how long ago each tick was.
+
+    The columns are the graph's (:func:`graph_rows`: right-aligned, a column the
+    mean of its samples); each tick's label is centred on the column whose
+    time is nearest, so a pause in the sampling shows as ticks closer together.
+    """
+    if width <= 0:
+        return ""
+    line = [" "] * width
+    now_label = "now"
+    if width >= len(now_label):
+        line[width - len(now_label) :] = now_label
+    cols = [t for t in bucket(list(times), width) if t is not None]
+    if len(cols) < 2:
+        return "".join(line)
+    pad = width - len(cols)
+    newest = times[-1]
+    span = newest - times[0]
+    step = next((s for s in AXIS_STEPS_S if _ticks_fit(s, span, width)), AXIS_STEPS_S[-1])
+    free_until = width - len(now_label) - 1  # labels end before this cell
+    k = 1
+    while k * step <= span + 1e-6:
+        target = newest - k * step
+        at = bisect.bisect_left(cols, target)
+        if at > 0 and (at == len(cols) or target - cols[at - 1] < cols[at] - target):
+            at -= 1
+        label = ago(k * step)
+        start = max(0, min(width - len(label), pad + at - len(label) // 2))
+        if start + len(label) <= free_until:
+            line[start : start + len(label)] = label
+            free_until = start - 1
+        k += 1
+    # The oldest column says its age where no tick is near it (after a pause in
+    # the sampling, or a span that is no multiple of the step).
+    unit = 1 if span < 60 else 10 if span < 600 else 60
+    oldest = ago(round(span / unit) * unit)
+    if pad + len(oldest) <= free_until:
+        line[pad : pad + len(oldest)] = oldest
+    return "".join(line)
 
 
 def host_text(host: HostSample, hostname: str, width: int) -> Text:

@@ -87,6 +87,7 @@ class DashboardScreen(LiveScreen):
         Binding("slash", "filter", "Filter", id="dashboard.filter"),
         Binding("s", "sort", "Sort", id="dashboard.sort"),
         Binding("S", "reverse_sort", "Reverse sort", show=False, id="dashboard.reverse_sort"),
+        Binding("enter", "details", "Process details", show=False, id="dashboard.details"),
         Binding("escape", "close_filter", "Close filter", show=False, id="dashboard.close_filter"),
     ]
 
@@ -202,19 +203,19 @@ class DashboardScreen(LiveScreen):
         host_h = 8 + max(0, math.ceil(cores / max(8, host_w - 8)) - 1)
         host.styles.height = host_h
         # Graph rows per GPU from the height left after the fixed parts (banner,
-        # graph bar, status, footer), the cards, the host pane when it sits
+        # graph bar, time axis, status, footer), the cards, the host pane when it sits
         # below the graph, and a few process rows, so that the process table
         # stays on screen: between 1 and 5.
         banner = next(self.query("#banner").results(LiveText), None)
         banner_h = max(1, banner.line_count) if banner is not None else 1
         procs_h = 1 + max(1, min(procs, 4))
         below = host_h if narrow else 0
-        spare = h - banner_h - 3 - cards.styles.height.value - procs_h - below  # type: ignore[union-attr]
+        spare = h - banner_h - 4 - cards.styles.height.value - procs_h - below  # type: ignore[union-attr]
         rows = int(max(1, min(5, spare // n - 1)))
         graph = self.query_one(HistoryGraph)
         graph.rows_per_gpu = rows
-        graph.styles.height = n * (rows + 1)
-        self.query_one("#graph-pane").styles.height = n * (rows + 1) + 1
+        graph.styles.height = n * (rows + 1) + 1
+        self.query_one("#graph-pane").styles.height = n * (rows + 1) + 2
         graph.redraw()
 
     # ---- actions ---------------------------------------------------------
@@ -224,6 +225,13 @@ class DashboardScreen(LiveScreen):
             self.notify("Select a process in the table first.", severity="warning")
             return
         self.dash.confirm_kill(row)
+
+    def action_details(self) -> None:
+        row = self.query_one(ProcessTable).selected()
+        if row is None:
+            self.notify("Select a process in the table first.", severity="warning")
+            return
+        self.dash.show_process(row)
 
     def action_filter(self) -> None:
         self.query_one(ProcessTable).open_filter()
@@ -299,6 +307,7 @@ KEY_NAMES = {
     "minus": "-",
     "space": "Space",
     "end": "End",
+    "enter": "Enter",
 }
 
 

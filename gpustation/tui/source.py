@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 class ProcStat:
     cpu_pct: float | None = None
     rss_bytes: int | None = None
+    #: when the process started (seconds since the epoch)
+    started: float | None = None
 
 
 @dataclass(slots=True)
@@ -131,7 +133,9 @@ class DataSource:
                 with proc.oneshot():
                     cpu = proc.cpu_percent(None)
                     # The first reading only sets the baseline: show n/a, not 0.
-                    out[pid] = ProcStat(None if fresh else cpu, proc.memory_info().rss)
+                    out[pid] = ProcStat(
+                        None if fresh else cpu, proc.memory_info().rss, proc.create_time()
+                    )
             except (psutil.Error, OSError):
                 out[pid] = ProcStat()
         for pid in set(self._procs) - pids:

@@ -325,6 +325,8 @@ class ProcRow:
     cpu_pct: float | None
     rss_bytes: int | None
     command: str
+    #: when the process started (seconds since the epoch; None where unknown)
+    started: float | None = None
 
     @property
     def key(self) -> str:
@@ -377,6 +379,7 @@ def process_rows(snap: Snapshot, stats: dict[int, ProcStat]) -> list[ProcRow]:
                     cpu_pct=st.cpu_pct,
                     rss_bytes=st.rss_bytes,
                     command=p.command or p.name or fmt.NA,
+                    started=st.started,
                 )
             )
     return rows

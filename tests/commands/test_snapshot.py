@@ -147,6 +147,32 @@ def test_snapshot_path_import_budget(source: str, extra: tuple[str, ...]) -> Non
         assert not imported & NEVER_IMPORTED_WITH_NVML
 
 
+BURN = "import sys\nprint('burning', flush=True)\nwhile True:\n    pass\n"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc/stat")
+def test_the_host_cpu_figure_is_measured_while_the_snapshot_runs() -> None:
+    burners = [
+        subprocess.Popen(
+            [sys.executable, "-c", BURN], stdout=subprocess.PIPE, text=True, env=child_env()
+        )
+        for _ in range(os.cpu_count() or 1)
+    ]
+    try:
+        for burner in burners:
+            assert burner.stdout is not None
+            assert burner.stdout.readline().strip() == "burning"  # its loop has started
+        result = run("snapshot", "--json", "--simulate", "1")
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait(timeout=10)
+    assert result.returncode == 0, result.stderr
+    busy = json.loads(result.stdout)["host"]["cpu_pct"]
+    # every core spun: the figure is the use of that moment, whatever the average since boot
+    assert busy is not None and busy > 75
+
+
 def test_host_given_before_the_command_reaches_snapshot() -> None:
     # `gpustation --host X snapshot` means the same as `gpustation snapshot --host X`
     for args in (("--host=-oProxyCommand=x", "snapshot"), ("snapshot", "--host=-oProxyCommand=x")):

@@ -53,6 +53,62 @@ def test_rates_are_deltas_over_elapsed_time(monkeypatch: pytest.MonkeyPatch) -> 
     assert sample.net_tx_bytes_s == pytest.approx(50_000)
 
 
+class FakeTime:
+    """A monotonic clock that only ``sleep`` moves."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+        self.slept: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.t += seconds
+
+
+def test_cpu_use_is_the_change_since_the_baseline_not_the_average_since_boot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # /proc/stat counts since boot: (busy, total) jiffies, the machine then two cores.
+    since_boot = [(40_000, 100_000), (20_000, 50_000), (20_000, 50_000)]
+    later = [(40_018, 100_020), (20_010, 50_010), (20_008, 50_010)]
+    readings = iter([since_boot, later])
+    monkeypatch.setattr(host, "_proc_cpu_times", lambda: next(readings))
+    clock = FakeTime()
+    monkeypatch.setattr(host, "time", clock)
+    sampler = host.HostSampler()
+    sampler.prime()
+    sample = sampler.sample()
+    assert sample.cpu_pct == pytest.approx(90.0)  # 18 of 20 jiffies; since boot: 40 %
+    assert sample.cpu_per_core_pct == pytest.approx([100.0, 80.0])
+
+
+def test_the_first_cpu_reading_covers_a_minimum_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeTime()
+    monkeypatch.setattr(host, "time", clock)
+    sampler = host.HostSampler()
+    sampler.prime()
+    clock.t += host.MIN_CPU_INTERVAL_S / 4  # reading the GPUs took a moment
+    sampler.sample()
+    # the first reading waited for the rest of the interval, the next ones do not wait
+    assert sum(clock.slept) == pytest.approx(host.MIN_CPU_INTERVAL_S * 3 / 4)
+    clock.t += host.MIN_CPU_INTERVAL_S / 4
+    sampler.sample()
+    assert len(clock.slept) == 1
+
+
+def test_a_baseline_older_than_the_minimum_costs_no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeTime()
+    monkeypatch.setattr(host, "time", clock)
+    sampler = host.HostSampler()
+    sampler.prime()
+    clock.t += host.MIN_CPU_INTERVAL_S * 2  # opening the backend took longer
+    sampler.sample()
+    assert clock.slept == []
+
+
 def test_describe_process_fills_user_name_and_command() -> None:
     proc = ProcessInfo(pid=os.getpid())
     host.describe_process(proc)

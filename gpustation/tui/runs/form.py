@@ -7,7 +7,8 @@ text under each. A command preset has no parser: its fields are typed by the
 preset's own values. The GPUs are checkboxes; the argv the run would get is
 shown as the fields change. The launch button stays disabled while a field
 holds a bad value. "Save as preset" writes a user preset of the form's
-settings; "run again" opens the form with a past run's settings.
+settings; "run again" opens the form with a past run's settings; "Any
+command…" opens :mod:`.command_form` instead, for a command of the user's.
 """
 
 from __future__ import annotations
@@ -138,7 +139,8 @@ class ArgsRead(Message):
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
-def _shown_argv(argv: list[str]) -> str:
+def shown_argv(argv: list[str]) -> str:
+    """``argv`` as a shell would read it, safe for the screen."""
     # The interpreter's full path says nothing the reader needs.
     shown = ["python" if a == sys.executable else a for a in argv]
     return _CONTROL.sub("\ufffd", shlex.join(shown))
@@ -158,7 +160,9 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
         width: 90%; max-width: 110; min-width: 60; height: auto; max-height: 100%;
         border: thick $primary; background: $surface; padding: 0 1;
     }
-    #launch-title, #launch-description, #launch-error, #launch-reading { width: 100%; }
+    #launch-description, #launch-error, #launch-reading { width: 100%; }
+    #launch-title-row { height: auto; }
+    #launch-title { width: 1fr; }
     #launch-description { color: $text-muted; max-height: 3; }
     #launch-args { height: auto; margin-top: 1; }
     .launch-field { height: auto; }
@@ -207,7 +211,9 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
     def compose(self) -> ComposeResult:
         p = self.preset
         with Vertical(id="launch-box"):
-            yield Label(Text(f"Launch {p.display_title}", style="bold"), id="launch-title")
+            with Horizontal(id="launch-title-row"):
+                yield Label(Text(f"Launch {p.display_title}", style="bold"), id="launch-title")
+                yield Button("Any command…", id="command", compact=True)
             if p.description:
                 yield Label(Text(p.description), id="launch-description")
             with VerticalScroll(id="launch-args"):
@@ -400,7 +406,7 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
         applied, _, _ = apply_overrides(request.preset, request.overrides)
         gpus = request.gpus if request.gpus is not None else []
         env = f"CUDA_VISIBLE_DEVICES={','.join(map(str, gpus))} " if self.device_count else ""
-        return env + _shown_argv(build_argv(applied, gpus))
+        return env + shown_argv(build_argv(applied, gpus))
 
     def refresh_state(self) -> None:
         """Show the argv, or what is wrong; the launch button only when nothing is."""
@@ -461,8 +467,20 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
             self.action_launch()
         elif event.button.id == "save":
             self.action_save()
+        elif event.button.id == "command":
+            self.open_command_form()
         else:
             self.action_cancel()
+
+    def open_command_form(self) -> None:
+        """Launch any command instead: the command form, whose launch this form's is."""
+        from gpustation.tui.runs.command_form import CommandDialog
+
+        def chosen(request: LaunchRequest | None) -> None:
+            if request is not None:
+                self.dismiss(request)
+
+        self.app.push_screen(CommandDialog(self.device_count, self.gpus()), chosen)
 
     # -- saving as a preset -------------------------------------------------------------
     def action_save(self) -> None:
