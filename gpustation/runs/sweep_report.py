@@ -321,6 +321,7 @@ def terminal_plot(sweep: Sweep, width: int = 80, height: int = 20) -> str:
     if not points:
         return ""
     plt.clear_figure()
+    plt.limitsize(False, False)  # the size asked for, not the terminal's as plotext sees it
     plt.plotsize(width, height)
     plt.theme("clear")  # the terminal's own colours, as the runs screen's plots
     front = pareto_front(points)

@@ -272,6 +272,24 @@ async def test_the_nvml_note_shrinks_to_the_banner_s_one_line_after_a_while(
     source.close()
 
 
+async def test_the_nvml_note_collapses_by_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpustation.telemetry.nvml as nvml
+
+    def no_driver(**_: object) -> None:
+        raise NoDriverError("NVML could not start: " + "a long reason " * 20)
+
+    monkeypatch.setattr(nvml, "NvmlBackend", no_driver)
+    source = DataSource(lambda: open_backend(fallback_to_sim=True), hostname="laptop")
+    app = DashboardApp(source, refresh_s=10.0)
+    app.note_full_s = 0.2  # the timer armed by the first frame, not the test, collapses it
+    async with app.run_test(size=(100, 30)) as pilot:
+        await first_frame(pilot)
+        await wait_for(pilot, lambda: app.note_collapsed)
+        banner = app.screen.query_one("#banner")
+        await wait_for(pilot, lambda: banner.size.height == 1)
+    source.close()
+
+
 async def test_process_table_sorts_and_filters() -> None:
     app, backend = make_app(count=2)
     for i in (0, 1):

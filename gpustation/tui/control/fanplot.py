@@ -17,6 +17,7 @@ def curve_plot(
     import plotext as plt
 
     plt.clear_figure()
+    plt.limitsize(False, False)  # the pane's size, not the terminal's as plotext sees it
     plt.plotsize(max(30, width), max(8, height))
     plt.theme("clear")
     xs: list[float] = []

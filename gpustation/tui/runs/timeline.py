@@ -49,6 +49,7 @@ def _frame(width: int, height: int, end_s: float) -> Any:
     import plotext as plt
 
     plt.clear_figure()
+    plt.limitsize(False, False)  # the pane's size, not the terminal's as plotext sees it
     plt.plotsize(max(20, width), max(5, height))
     plt.theme("clear")
     plt.xlim(0.0, max(end_s, 1.0))

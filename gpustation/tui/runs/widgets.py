@@ -55,6 +55,7 @@ def loss_plot(
 
     xs, ys = losses
     plt.clear_figure()
+    plt.limitsize(False, False)  # the pane's size, not the terminal's as plotext sees it
     plt.plotsize(max(20, width), max(5, height))
     plt.theme("clear")
     if xs:
