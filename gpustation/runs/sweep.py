@@ -360,11 +360,11 @@ def leftovers_text(leftovers: Sequence[Sweep], backend: Backend | None = None) -
     315 W -> 450 W`` (the limit now from ``backend`` where it can be read)."""
     now: dict[int, float] = {}
     if backend is not None:
-        gpus = sorted({i for s in leftovers for i in s.original_limits_w})
+        indices = sorted({i for s in leftovers for i in s.original_limits_w})
         try:
             now = {
                 g.index: g.power_limit_w
-                for g in backend.read_gpus(gpus, slow=False)
+                for g in backend.read_gpus(indices, slow=False)
                 if g.power_limit_w is not None
             }
         except Exception:
