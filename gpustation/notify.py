@@ -9,22 +9,30 @@
 
 Messages go through apprise (the optional ``notify`` extra, imported only
 when URLs are configured) and, where a terminal is attached, the bell. A
-failure to notify is logged and never raised: a run's outcome and the
-dashboard never depend on a notification service.
+failure to notify is logged and never raised: a run's outcome, the dashboard,
+the exporter and the recorder never depend on a notification service.
+
+Run ends are sent by the supervisor (:mod:`gpustation.runs.notify_end`); GPU
+events by :class:`AlertNotifier`, which the dashboard, ``gpustation serve``
+and ``gpustation record`` feed with the alerts their alert log raises.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpustation.config import config_path, section
 from gpustation.errors import UsageError
+
+if TYPE_CHECKING:
+    from gpustation.telemetry.alerts import Alert
 
 log = logging.getLogger(__name__)
 
@@ -179,3 +187,82 @@ def notifier_from_config() -> Notifier | None:
         log.warning("%s", err)
         return None
     return Notifier(config) if config.urls else None
+
+
+def alert_message(alert: Alert, hostname: str | None) -> tuple[str, str, str] | None:
+    """(event, title, body) for an alert that tells of an event, else None."""
+    event = ALERT_EVENTS.get(alert.rule)
+    if event is None or alert.cleared:
+        return None
+    return event, f"gpustation: {alert.short} on {hostname or 'host'}", alert.message
+
+
+class AlertNotifier:
+    """Sends the GPU alerts whose event ``[notify] events`` chooses, one after
+    another on a thread of its own: :meth:`take` only queues, so the caller
+    (the dashboard's UI thread, the exporter's or recorder's sampling loop)
+    never waits on a notification service."""
+
+    def __init__(self, notifier: Notifier) -> None:
+        self.notifier = notifier
+        self._queue: queue.Queue[tuple[str, str, str] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        #: notifications sent, and those that could not be
+        self.sent = 0
+        self.failed = 0
+
+    def take(self, alerts: Iterable[Alert], hostname: str | None) -> list[str]:
+        """Queue the alerts [notify] asks for; returns the events queued."""
+        queued = []
+        for alert in alerts:
+            message = alert_message(alert, hostname)
+            if message is None or not self.notifier.wanted(message[0]):
+                continue
+            with self._lock:
+                if self._closed:
+                    break
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._work, name="gpustation-alert-notify", daemon=True
+                    )
+                    self._thread.start()
+                self._queue.put(message)
+            queued.append(message[0])
+        return queued
+
+    def _work(self) -> None:
+        while True:
+            message = self._queue.get()
+            try:
+                if message is None:
+                    return
+                try:
+                    ok = self.notifier.send(*message)
+                except Exception as err:  # send never raises; be sure of it here
+                    log.warning("notification %r not sent: %s", message[0], err)
+                    ok = False
+                if ok:
+                    self.sent += 1
+                else:
+                    self.failed += 1
+            finally:
+                self._queue.task_done()
+
+    def close(self, timeout_s: float = SEND_TIMEOUT_S) -> None:
+        """Send what is queued, waiting at most ``timeout_s``; take nothing more."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+            if thread is not None:
+                self._queue.put(None)
+        if thread is not None:
+            thread.join(timeout_s)
+
+
+def alert_notifier_from_config() -> AlertNotifier | None:
+    """An :class:`AlertNotifier` when ``[notify]`` has URLs (apprise is imported
+    only when the first message goes out), else None."""
+    notifier = notifier_from_config()
+    return AlertNotifier(notifier) if notifier is not None else None

@@ -14,6 +14,7 @@ import pytest
 
 from gpustation.telemetry.nvml.query import MISSING
 from tests.fleet.sshd import LoopbackSshd, sshd_available
+from tests.receiver import Receiver
 from tests.tools import missing
 
 REPO = Path(__file__).resolve().parent.parent
@@ -81,6 +82,14 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     yield fake
     fake.reset()
     MISSING.clear()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A loopback endpoint for apprise's json:// notifications."""
+    r = Receiver()
+    yield r
+    r.close()
 
 
 @pytest.fixture(scope="session")

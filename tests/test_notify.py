@@ -3,51 +3,26 @@ failure to notify is reported, never raised."""
 
 from __future__ import annotations
 
-import json
 import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from gpustation.errors import UsageError
-from gpustation.notify import Notifier, NotifyConfig, load_notify_config
-
-
-class Receiver:
-    def __init__(self) -> None:
-        self.messages: list[dict] = []
-        self.got = threading.Event()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", 0))
-                receiver.messages.append(json.loads(self.rfile.read(length)))
-                self.send_response(200)
-                self.end_headers()
-                receiver.got.set()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.server.shutdown()
-    r.server.server_close()
+from gpustation.notify import (
+    AlertNotifier,
+    Notifier,
+    NotifyConfig,
+    alert_notifier_from_config,
+    load_notify_config,
+)
+from gpustation.telemetry.alerts import Alert
+from tests.receiver import Receiver
 
 
 def test_a_notification_reaches_the_endpoint(receiver: Receiver) -> None:
     rings: list[int] = []
-    config = NotifyConfig(urls=[f"json://127.0.0.1:{receiver.port}"], bell=True)
+    config = NotifyConfig(urls=[receiver.url], bell=True)
     notifier = Notifier(config, bell=lambda: rings.append(1))
     assert notifier.send("run_failed", "run 3f2a failed", "loss 1.234, 12 min, 0.31 kWh")
     assert receiver.got.wait(30)
@@ -57,9 +32,7 @@ def test_a_notification_reaches_the_endpoint(receiver: Receiver) -> None:
 
 
 def test_events_not_chosen_are_not_sent(receiver: Receiver) -> None:
-    config = NotifyConfig(
-        urls=[f"json://127.0.0.1:{receiver.port}"], events=frozenset({"gpu_lost"})
-    )
+    config = NotifyConfig(urls=[receiver.url], events=frozenset({"gpu_lost"}))
     notifier = Notifier(config, bell=lambda: None)
     assert not notifier.send("run_finished", "t", "b")
     assert notifier.send("gpu_lost", "GPU 1 lost", "b")
@@ -139,3 +112,64 @@ def test_a_notification_that_cannot_be_sent_leaves_the_run_alone(
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+
+
+# ---- GPU events: one AlertNotifier for the dashboard, serve and record --------------
+
+
+def _alerts() -> list[Alert]:
+    return [
+        Alert("thermal_throttle", 0, "GPU 0 is slowing its clocks: too hot", 1.0),
+        Alert("power_cap", 0, "GPU 0 is held back by its power limit", 1.0),  # no event
+        Alert("gpu_lost", 1, "GPU 1 is lost", 1.0),
+        Alert("thermal_throttle", 2, "GPU 2: thermal throttling cleared", 1.0, cleared=True),
+    ]
+
+
+def test_the_alert_notifier_sends_the_chosen_gpu_events(receiver: Receiver) -> None:
+    config = NotifyConfig(urls=[receiver.url], events=frozenset({"gpu_hot"}), bell=False)
+    alerts = AlertNotifier(Notifier(config))
+    assert alerts.take(_alerts(), "box") == ["gpu_hot"]
+    alerts.close()
+    (message,) = receiver.messages
+    assert message["title"] == "gpustation: GPU0 thermal throttle on box"
+    assert message["message"] == "GPU 0 is slowing its clocks: too hot"
+    assert alerts.sent == 1 and alerts.failed == 0
+    assert alerts.take(_alerts(), "box") == []  # closed: nothing more is taken
+
+
+def test_the_alert_notifier_never_makes_its_caller_wait() -> None:
+    release = threading.Event()
+    sent: list[str] = []
+
+    class Stuck(Notifier):
+        def send(self, event: str, title: str, body: str) -> bool:
+            release.wait(60)  # a notification service that does not answer
+            sent.append(title)
+            return True
+
+    alerts = AlertNotifier(Stuck(NotifyConfig(urls=["json://127.0.0.1:1"])))
+    caller = threading.Thread(target=lambda: alerts.take(_alerts(), "box"))
+    caller.start()
+    caller.join(10)
+    assert not caller.is_alive()  # returned while the first message still hangs
+    assert sent == []
+    release.set()
+    alerts.close()
+    assert sent == ["gpustation: GPU0 thermal throttle on box", "gpustation: GPU1 LOST on box"]
+
+
+def test_a_failed_gpu_notification_is_counted_never_raised() -> None:
+    alerts = AlertNotifier(Notifier(NotifyConfig(urls=["json://127.0.0.1:1"]), bell=lambda: None))
+    assert alerts.take(_alerts()[:1], "box") == ["gpu_hot"]
+    alerts.close()
+    assert alerts.failed == 1 and alerts.sent == 0 and alerts.notifier.last_error
+
+
+def test_no_alert_notifier_without_urls(gpustation_dirs: dict[str, Path]) -> None:
+    assert alert_notifier_from_config() is None
+    (gpustation_dirs["config"] / "config.toml").write_text("[notify]\nbell = true\n")
+    assert alert_notifier_from_config() is None
+    (gpustation_dirs["config"] / "config.toml").write_text('[notify]\nurls = ["json://x"]\n')
+    made = alert_notifier_from_config()
+    assert made is not None and made.notifier.config.urls == ["json://x"]

@@ -3,12 +3,14 @@
 Snapshots go to zstd-compressed JSON Lines (:mod:`gpustation.telemetry.recorder`),
 rotated to stay under ``--max-size``. Ctrl-C ends it with 130, SIGTERM with 0;
 either way the open frame is finished. A failed write (a full disk) ends it
-with 1 and says what the recording holds.
+with 1 and says what the recording holds. With ``[notify]`` configured, the
+alert rules run over every snapshot and the GPU events go out as they start.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import signal
@@ -17,10 +19,17 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from gpustation.commands.options import add_gpu_options, backend_from_args
 from gpustation.errors import UsageError
 from gpustation.telemetry.backend import parse_gpu_list
+
+if TYPE_CHECKING:
+    from gpustation.notify import AlertNotifier
+    from gpustation.telemetry.model import Snapshot
+
+log = logging.getLogger(__name__)
 
 #: without a terminal, a progress line this often
 PROGRESS_EVERY_S = 60.0
@@ -89,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         recorder = Recorder(path, max_size=max_size, interval_s=0.0)
     except RecordError as err:
         raise UsageError(f"FILE {err}") from None
+    notify_alerts = _alert_notifying()
     stop = threading.Event()
 
     def _on_term(signum: int, frame: FrameType | None) -> None:
@@ -116,7 +126,10 @@ def run(args: argparse.Namespace) -> int:
         next_at = started
         last_progress = started
         while not stop.is_set():
-            recorder.add(sampler.sample())
+            snap = sampler.sample()
+            recorder.add(snap)
+            if notify_alerts is not None:
+                notify_alerts(snap)
             now = time.monotonic()
             if tty:
                 line = f"\r{recorder.samples} samples, {_kib(recorder.size)}"
@@ -147,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
             recorder.close()  # a last write that fails is an error too (exit 1)
         finally:
             backend.close()
+            if notify_alerts is not None:
+                notify_alerts.close()  # a last alert still goes out
             if tty:
                 sys.stderr.write("\n")
         if not failed:
@@ -156,3 +171,29 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+
+
+class _AlertsNotified:
+    """The alert rules over each recorded snapshot, their GPU events sent as they start."""
+
+    def __init__(self, notifier: AlertNotifier) -> None:
+        from gpustation.telemetry.alerts import AlertLog, idle_rule_or_default
+
+        self.notifier = notifier
+        self.alerts = AlertLog(idle=idle_rule_or_default())
+
+    def __call__(self, snap: Snapshot) -> None:
+        try:  # never a reason for the recording to stop
+            self.notifier.take(self.alerts.update(snap), snap.hostname)
+        except Exception as err:
+            log.warning("alerts not notified: %s", err)
+
+    def close(self) -> None:
+        self.notifier.close()
+
+
+def _alert_notifying() -> _AlertsNotified | None:
+    from gpustation.notify import alert_notifier_from_config
+
+    notifier = alert_notifier_from_config()
+    return _AlertsNotified(notifier) if notifier is not None else None

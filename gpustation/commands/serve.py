@@ -102,6 +102,10 @@ def run(args: argparse.Namespace) -> int:
     except RecordError as err:
         print(f"gpustation: not recording: {err}", file=sys.stderr, flush=True)
         recorder = None
+    from gpustation.notify import alert_notifier_from_config
+
+    # [notify]: the GPU events (lost, too hot, held idle) the alert rules raise
+    alert_notifier = alert_notifier_from_config()
     backend = backend_from_args(args)
     backend.read_gpm = True  # DCGM_FI_PROF_*: the profiling metrics on every sample
     stop = threading.Event()
@@ -115,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         sampler = Sampler(backend, gpus=parse_gpu_list(getattr(args, "gpus", None)))
         sample = sampler.sample if recorder is None else _recording(sampler.sample, recorder)
-        exporter = Exporter(sample, interval_s=args.interval)
+        exporter = Exporter(sample, interval_s=args.interval, alert_notifier=alert_notifier)
         # The first sample is taken before the port opens, so no scrape ever
         # sees an endpoint without GPU series.
         exporter.start()
@@ -147,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
             server.server_close()
         if exporter is not None:
             exporter.stop()
+        if alert_notifier is not None:
+            alert_notifier.close()  # a last alert still goes out
         if recorder is not None:
             try:
                 recorder.close()

@@ -24,12 +24,13 @@ from gpustation.runs.sweep import (
     SweepRunner,
     check_preset_takes,
     grid,
+    leftovers_text,
     new_sweep_id,
     parse_axes,
     parse_power_axis,
     plan_limits,
     require_root_for,
-    restore_limits,
+    restore_leftovers,
     unrestored,
 )
 from gpustation.telemetry.backend import parse_gpu_list
@@ -129,13 +130,18 @@ def run(args: argparse.Namespace) -> int:
         )
         if backend.simulated:
             print("SIMULATED GPUs (no hardware is changed)")
+        # Limits a killed sweep left changed are put back before any sweep measures.
+        leftovers = unrestored(backend.simulated)
         if args.dry_run:
             _print_plan(sweep, limits)
+            if leftovers:
+                print(
+                    "First, the power limits a killed sweep left changed would be restored: "
+                    + leftovers_text(leftovers, backend)
+                )
             return EXIT_OK
         require_root_for(sweep, backend.simulated)
-        for old in unrestored(backend.simulated) if powers else []:
-            print(f"gpustation: sweep {old.id} left power limits changed; restoring them first")
-            restore_limits(old, backend)
+        restore_leftovers(leftovers, backend, _say)
         return _run(sweep, preset, backend, args)
     finally:
         backend.close()
@@ -189,7 +195,7 @@ def _run(sweep: Sweep, preset: object, backend: object, args: argparse.Namespace
         launch=launch,
         wait=_wait,
         stop=lambda directory: stop_run(directory, grace_s=args.grace, by="gpustation sweep"),
-        say=lambda text: print(f"gpustation: {text}", file=sys.stderr, flush=True),
+        say=_say,
         stop_grace_s=args.grace,
         simulate=getattr(args, "simulate", None),
         sim_card=getattr(args, "sim_card", None),
@@ -204,6 +210,10 @@ def _run(sweep: Sweep, preset: object, backend: object, args: argparse.Namespace
         signal.signal(signal.SIGTERM, previous)
     _report(sweep)
     return EXIT_OK
+
+
+def _say(text: str) -> None:
+    print(f"gpustation: {text}", file=sys.stderr, flush=True)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -11,8 +11,8 @@ of the run: validated against each card, journalled, read back and checked
 before the point starts. The limits each card had before the sweep are in
 ``sweep.json`` before any is changed, and are put back when the sweep ends, is
 stopped with Ctrl-C or fails; a sweep killed outright (SIGKILL, power loss)
-leaves them recorded, and the next sweep, or ``gpustation sweeps restore``,
-puts them back first.
+leaves them recorded, and the next sweep (with a power-limit axis or not), or
+``gpustation sweeps restore``, puts them back first.
 """
 
 from __future__ import annotations
@@ -355,6 +355,56 @@ def unrestored(simulated: bool) -> list[Sweep]:
     return out
 
 
+def leftovers_text(leftovers: Sequence[Sweep], backend: Backend | None = None) -> str:
+    """What restoring ``leftovers`` changes, per sweep and GPU: ``sweep ID: GPU 0
+    315 W -> 450 W`` (the limit now from ``backend`` where it can be read)."""
+    now: dict[int, float] = {}
+    if backend is not None:
+        indices = sorted({i for s in leftovers for i in s.original_limits_w})
+        try:
+            now = {
+                g.index: g.power_limit_w
+                for g in backend.read_gpus(indices, slow=False)
+                if g.power_limit_w is not None
+            }
+        except Exception:
+            now = {}  # the limits they go back to are still worth saying
+    parts = []
+    for s in leftovers:
+        gpus = ", ".join(
+            f"GPU {i} {now[i]:g} W -> {w:g} W" if i in now else f"GPU {i} back to {w:g} W"
+            for i, w in sorted(s.original_limits_w.items())
+        )
+        parts.append(f"sweep {s.id}: {gpus}")
+    return "; ".join(parts)
+
+
+def _refusal(leftovers: Sequence[Sweep], what: str) -> NeedsRootError:
+    ids = " ".join(s.id for s in leftovers)
+    return NeedsRootError(
+        f"a sweep that was killed left power limits changed ({what}); they are put back "
+        "before another sweep runs, which needs root: run sudo gpustation sweeps restore "
+        f"{ids} (or this sweep with sudo)"
+    )
+
+
+def restore_leftovers(leftovers: Sequence[Sweep], backend: Backend, say: Event) -> None:
+    """Put back the limits killed sweeps left, newest first (so that each card
+    ends at the limit it had before the oldest); NeedsRootError naming the GPUs,
+    the limits and ``sudo gpustation sweeps restore`` when not root."""
+    if not leftovers:
+        return
+    what = leftovers_text(leftovers, backend)
+    if not backend.simulated and os.geteuid() != 0:
+        raise _refusal(leftovers, what)
+    say(f"a killed sweep left power limits changed; restoring them first: {what}")
+    for old in sorted(leftovers, key=lambda s: (s.created_at, s.id), reverse=True):
+        try:
+            restore_limits(old, backend)
+        except NeedsRootError:
+            raise _refusal(leftovers, what) from None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -375,8 +425,15 @@ def require_root_for(sweep: Sweep, simulated: bool) -> None:
 
 
 def new_sweep_id(preset: str, now: float | None = None) -> str:
+    """``YYYYmmdd-HHMMSS-sweep-PRESET``, with ``-2``, ``-3``... when a sweep
+    started in the same second already has it (never one directory for two)."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now or time.time()))
-    return f"{stamp}-sweep-{preset}"
+    base = f"{stamp}-sweep-{preset}"
+    root = sweeps_dir()
+    n = 1
+    while (root / (base if n == 1 else f"{base}-{n}")).exists():
+        n += 1
+    return base if n == 1 else f"{base}-{n}"
 
 
 def _limits_text(limits: dict[int, float]) -> str:

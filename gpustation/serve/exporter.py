@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -37,6 +39,11 @@ from gpustation.errors import UsageError
 from gpustation.runs import store
 from gpustation.telemetry.alerts import Alert, AlertLog, idle_rule_or_default
 from gpustation.telemetry.model import THROTTLE_REASONS, GpuSample, Snapshot, encode_throttle
+
+if TYPE_CHECKING:
+    from gpustation.notify import AlertNotifier
+
+log = logging.getLogger(__name__)
 
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "hostname")
 
@@ -385,7 +392,8 @@ class Exporter:
 
     ``sample`` is any callable returning a Snapshot (usually
     ``Sampler(backend).sample``). ``extras`` (profile and run counts) are read
-    on the sampler thread too, every ``extras_interval_s``.
+    on the sampler thread too, every ``extras_interval_s``. ``alert_notifier``
+    is handed the alerts each sample raises (``[notify]``'s GPU events).
     """
 
     def __init__(
@@ -394,8 +402,10 @@ class Exporter:
         interval_s: float = 1.0,
         with_extras: bool = True,
         extras_interval_s: float = 10.0,
+        alert_notifier: AlertNotifier | None = None,
     ) -> None:
         self._sample = sample
+        self._alert_notifier = alert_notifier
         self.interval_s = interval_s
         self._with_extras = with_extras
         self._extras_interval_s = extras_interval_s
@@ -438,7 +448,12 @@ class Exporter:
         except Exception as err:  # keep serving the last values, and say so
             self._latest = replace(previous, error=str(err) or repr(err))
             return
-        self._alerts.update(snap)
+        raised = self._alerts.update(snap)
+        if self._alert_notifier is not None and raised:
+            try:  # it only queues; whatever happens there never stops the sampling
+                self._alert_notifier.take(raised, snap.hostname)
+            except Exception as err:
+                log.warning("alerts not notified: %s", err)
         self._latest = replace(previous, snapshot=snap, error=None, alerts=self._alerts.active)
         self.samples_taken += 1
 

@@ -7,7 +7,8 @@ near the slowdown temperature. The state (power limits, fan settings,
 temperatures, energy) lives in a JSON file in the state directory, guarded by
 a lock, so separate processes — the dashboard, ``gpustation power set``, a
 fan controller — see the same virtual cards. Every output built from this
-backend is marked SIMULATED.
+backend is marked SIMULATED. The cards and the jobs they run are data, in
+:mod:`gpustation.telemetry.sim_cards`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,106 +39,20 @@ from gpustation.telemetry.model import (
     XidEvent,
     xid_meaning,
 )
+from gpustation.telemetry.sim_cards import (
+    CARDS,
+    DEFAULT_CARD,
+    DEFAULT_COUNT,
+    IDLE_HOLDER,
+    IDLE_HOLDER_PID,
+    JOB_NAMES,
+    CardSpec,
+)
 
-
-@dataclass(frozen=True)
-class CardSpec:
-    key: str
-    name: str
-    power_default_w: float
-    power_min_w: float
-    power_max_w: float
-    #: what a fully loaded card would draw with no cap
-    power_demand_w: float
-    power_idle_w: float
-    memory_total_mib: float
-    slowdown_c: float
-    shutdown_c: float
-    clock_sm_max_mhz: float
-    clock_sm_idle_mhz: float
-    clock_mem_max_mhz: float
-    clock_mem_idle_mhz: float
-    fans: int
-    fan_min_pct: int
-    fan_max_pct: int
-    #: thermal resistance (C per W) with fans stopped; more fan lowers it
-    thermal_r: float
-    pcie_max_gen: int
-    pcie_idle_gen: int
-    ecc: bool
-    nvlinks: int
-    #: profiling metrics (GPM: Hopper and later), MIG and row remapping (datacenter cards)
-    gpm: bool = False
-    mig: bool = False
-
-
-CARDS: dict[str, CardSpec] = {
-    "rtx4090": CardSpec(
-        key="rtx4090",
-        name="NVIDIA GeForce RTX 4090 (simulated)",
-        power_default_w=450.0,
-        power_min_w=150.0,
-        power_max_w=600.0,
-        power_demand_w=560.0,
-        power_idle_w=22.0,
-        memory_total_mib=24564.0,
-        slowdown_c=87.0,
-        shutdown_c=92.0,
-        clock_sm_max_mhz=3105.0,
-        clock_sm_idle_mhz=210.0,
-        clock_mem_max_mhz=10501.0,
-        clock_mem_idle_mhz=405.0,
-        fans=2,
-        fan_min_pct=30,
-        fan_max_pct=100,
-        thermal_r=0.145,
-        pcie_max_gen=4,
-        pcie_idle_gen=1,
-        ecc=False,
-        nvlinks=0,
-    ),
-    "h200": CardSpec(
-        key="h200",
-        name="NVIDIA H200 (simulated)",
-        power_default_w=700.0,
-        power_min_w=200.0,
-        power_max_w=700.0,
-        power_demand_w=760.0,
-        power_idle_w=78.0,
-        memory_total_mib=143771.0,
-        slowdown_c=89.0,
-        shutdown_c=95.0,
-        clock_sm_max_mhz=1980.0,
-        clock_sm_idle_mhz=345.0,
-        clock_mem_max_mhz=3201.0,
-        clock_mem_idle_mhz=3201.0,
-        fans=0,
-        fan_min_pct=0,
-        fan_max_pct=0,
-        thermal_r=0.064,
-        pcie_max_gen=5,
-        pcie_idle_gen=5,
-        ecc=True,
-        nvlinks=18,
-        gpm=True,
-        mig=True,
-    ),
-}
-
-DEFAULT_COUNT = 2
-DEFAULT_CARD = "rtx4090"
 AMBIENT_C = 30.0
 THERMAL_TAU_S = 20.0
 JOB_SLOT_S = 45.0  # the synthetic job schedule changes every this many seconds
 MAX_CATCH_UP_S = 900.0  # after a long gap the model is at steady state anyway
-
-JOB_NAMES = (
-    ("python", "python train.py --config configs/llama-lora.yaml"),
-    ("python", "python -m torch.distributed.run --nproc_per_node 2 pretrain.py"),
-    ("python3", "python3 finetune_resnet.py --batch-size 256 --bf16"),
-    ("vllm", "python -m vllm.entrypoints.openai.api_server --model ./ckpt"),
-    ("jupyter", "python -m ipykernel_launcher -f kernel-4f2a.json"),
-)
 
 
 def _fan_auto_pct(spec: CardSpec, temp_c: float) -> float:
@@ -160,6 +74,7 @@ def _new_gpu_state(spec: CardSpec) -> dict[str, Any]:
         "ecc_uncorrected": 0 if spec.ecc else None,
         "temperature_fails": False,
         "xid": [],  # [time, code] of each XID poked in, oldest first
+        "idle_holder_mib": None,  # MiB a process holds whatever the load (None: none)
         # derived each step, kept for readers
         "power_w": spec.power_idle_w,
         "fans_pct": [float(spec.fan_min_pct)] * spec.fans,
@@ -169,7 +84,7 @@ def _new_gpu_state(spec: CardSpec) -> dict[str, Any]:
     }
 
 
-_NULLABLE = frozenset({"load", "ecc_uncorrected"})
+_NULLABLE = frozenset({"load", "ecc_uncorrected", "idle_holder_mib"})
 
 
 def _gpu_state_ok(g: Any, spec: CardSpec) -> bool:
@@ -461,6 +376,19 @@ class SimBackend(Backend):
                     )
                 )
                 mem_used += mem
+        holder_mib = g.get("idle_holder_mib")
+        if holder_mib is not None:
+            name, command = IDLE_HOLDER
+            procs.append(
+                ProcessInfo(
+                    pid=IDLE_HOLDER_PID + index,
+                    gpu_memory_mib=float(holder_mib),
+                    user="sim",
+                    name=name,
+                    command=command,
+                )
+            )
+            mem_used += float(holder_mib)
         sample.temperature_c = round(float(g["temperature_c"]), 1)
         if g.get("temperature_fails"):
             sample.temperature_c = None
@@ -628,7 +556,8 @@ class SimBackend(Backend):
         """Change the simulated world: ``load`` (0..1 or None for the schedule),
         ``ambient_c``, ``lost``, ``ecc_uncorrected``, ``temperature_c``,
         ``temperature_fails`` (temperature reads return nothing), ``xid`` (an
-        XID code the card reports now)."""
+        XID code the card reports now), ``idle_holder_mib`` (a process holding
+        that much memory whatever the load, None to end it)."""
         xid = values.pop("xid", None)
         allowed = {
             "load",
@@ -637,10 +566,16 @@ class SimBackend(Backend):
             "ecc_uncorrected",
             "temperature_c",
             "temperature_fails",
+            "idle_holder_mib",
         }
         unknown = set(values) - allowed
         if unknown:
             raise ValueError(f"unknown simulation knob(s): {', '.join(sorted(unknown))}")
+        holder = values.get("idle_holder_mib")
+        if holder is not None and (
+            isinstance(holder, bool) or not isinstance(holder, (int, float)) or not holder >= 0
+        ):
+            raise ValueError(f"idle_holder_mib: MiB of 0 or more, or None; got {holder!r}")
         with self._state() as state:
             now = self.clock()
             self._advance(state, now)

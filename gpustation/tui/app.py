@@ -51,8 +51,8 @@ from textual.message import Message
 from textual.screen import Screen
 
 from gpustation.errors import GpustationError
-from gpustation.notify import ALERT_EVENTS, notifier_from_config
-from gpustation.telemetry.alerts import Alert, AlertLog, fans_unattended, idle_rule_or_default
+from gpustation.notify import alert_notifier_from_config
+from gpustation.telemetry.alerts import AlertLog, fans_unattended, idle_rule_or_default
 from gpustation.telemetry.backend import Backend, open_backend
 from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
@@ -219,8 +219,8 @@ class DashboardApp(ProcessActions):
         self.graph_window_s = GRAPH_WINDOW_S
         self.history = History()
         self.alerts = AlertLog(idle=idle_rule_or_default())
-        #: apprise and the bell, for the alerts [notify] chooses (None: not configured)
-        self.notifier = notifier_from_config()
+        #: sends the alerts [notify] chooses on a thread of its own (None: not configured)
+        self.alert_notifier = alert_notifier_from_config()
         self.frame: Frame | None = None
         self.paused = False
         self.error: str | None = None
@@ -283,20 +283,6 @@ class DashboardApp(ProcessActions):
         """Start a sampling pass now (replaces a scheduled one)."""
         self._poller.run_now()
 
-    def _send_alert(self, alert: Alert) -> None:
-        """An alert [notify] asks for goes out on a worker: never on the UI thread."""
-        event = ALERT_EVENTS.get(alert.rule)
-        notifier = self.notifier
-        if notifier is None or event is None or not notifier.wanted(event):
-            return
-        title = f"gpustation: {alert.short} on {self.latest.hostname if self.latest else 'host'}"
-        self.run_worker(
-            lambda: notifier.send(event, title, alert.message),
-            thread=True,
-            group="notify",
-            exit_on_error=False,
-        )
-
     def _sample_pass(self) -> FrameReady | SampleFailed:
         # Runs on the poller's thread; the poller posts what it returns.
         try:
@@ -345,8 +331,11 @@ class DashboardApp(ProcessActions):
         if frame.snapshot.note and self._note_timer is None:
             self._note_timer = self.set_timer(self.note_full_s, self.collapse_note)
         unattended = fans_unattended(frame.unattended_fans, frame.snapshot.time)
-        for alert in self.alerts.update(frame.snapshot, unattended):
-            self._send_alert(alert)
+        raised = self.alerts.update(frame.snapshot, unattended)
+        if self.alert_notifier is not None:
+            # only queued here: the notifier's own thread talks to the services
+            self.alert_notifier.take(raised, frame.snapshot.hostname)
+        for alert in raised:
             if not self._notify_alerts:
                 continue
             self.notify(
@@ -587,6 +576,8 @@ class DashboardApp(ProcessActions):
 
     def on_unmount(self) -> None:
         self._poller.close()
+        if self.alert_notifier is not None:
+            self.alert_notifier.close(timeout_s=0)  # what is queued still goes out
 
 
 def run_dashboard(
@@ -614,6 +605,8 @@ def run_dashboard(
         result = app.run()
     finally:
         source.close()
+        if app.alert_notifier is not None:
+            app.alert_notifier.close()  # give a last alert its chance to go out
     if source.record_error:
         print(f"gpustation: recording stopped: {source.record_error}", file=sys.stderr)
     return int(result or 0)

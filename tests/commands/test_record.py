@@ -21,6 +21,7 @@ from gpustation.telemetry.recorder import Recorder, Recording, recorder_from_con
 from gpustation.telemetry.sim import SimBackend
 from gpustation.tui.source import DataSource
 from tests.conftest import child_env, gpustation_cmd
+from tests.receiver import Receiver
 from tests.telemetry.recording_tools import START, Clock
 
 pytestmark = pytest.mark.timeout(120)
@@ -213,3 +214,22 @@ def test_record_in_config_and_the_serve_hook(
     (gpustation_dirs["config"] / "config.toml").write_text('[record]\nenabled = "yes"\n')
     with pytest.raises(UsageError, match=r"\[record\] enabled"):
         recorder_from_config()
+
+
+def test_record_notifies_the_gpu_events_notify_chooses(
+    receiver: Receiver, gpustation_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    (gpustation_dirs["config"] / "config.toml").write_text(
+        f'[notify]\nurls = ["{receiver.url}"]\nbell = false\nevents = ["gpu_lost"]\n'
+    )
+    sim = SimBackend.open(count=2)
+    sim.poke(0, load=1.0, ambient_c=85.0, temperature_c=95.0)  # hot: not chosen
+    sim.poke(1, lost=True)
+    path = tmp_path / "gpus.jsonl.zst"
+    argv = ["record", "--simulate", "2", "--interval", "0.1", "--duration", "0.5", str(path)]
+    assert main(argv) == 0
+    # record sends what it has queued before it returns
+    (message,) = receiver.messages
+    assert message["title"].startswith("gpustation: GPU1 LOST on ")
+    assert "GPU 1 is lost" in message["message"]
+    assert len(list(Recording(path).iter_docs())) >= 3  # the recording is whole

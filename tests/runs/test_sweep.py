@@ -195,3 +195,129 @@ def test_a_sweep_reads_its_points_back_from_disk(tmp_path: Path) -> None:
     s.save()
     again = sweep.load_sweep("s1")
     assert again == s
+
+
+def _kill_orphaned_runs(runs_env: dict) -> None:
+    """The point a killed sweep was running goes on under its supervisor: end it."""
+    for d in (runs_env["dirs"]["data"] / "runs").glob("*"):
+        state = rundir.read_state(d)
+        if state is not None and state.child_pid and state.active:
+            try:
+                os.killpg(state.pgid or 0, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def test_a_plain_sweep_restores_first_the_limits_a_killed_sweep_left(runs_env: dict) -> None:
+    _preset(runs_env, sleep=5.0)
+    before = _limits()
+    proc = subprocess.Popen(
+        gpustation_cmd("sweep", "sweepy", "--simulate", "2", "--power-limit", "70%"),
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(
+            lambda: any(p.run_id for s in sweep.list_sweeps() for p in s.points),
+            TIMEOUT,
+            "the first point's run",
+        )
+        assert _limits() == [315.0, 315.0]
+        proc.send_signal(signal.SIGKILL)  # mid-point: no handler runs, the limits stay
+        proc.wait(timeout=TIMEOUT)
+        (killed,) = sweep.list_sweeps()
+        assert killed.status == "running" and not killed.restored
+        assert killed.points[0].status == "running"
+        # --dry-run says what it would put back, and changes nothing
+        dry = gs("sweep", "sweepy", "--simulate", "2", "--set", "steps=1", "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert f"sweep {killed.id}: GPU 0 315 W -> {before[0]:g} W, GPU 1 315 W" in dry.stdout
+        assert _limits() == [315.0, 315.0] and not sweep.load_sweep(killed.id).restored
+        # a sweep with no power-limit axis puts them back before its first point
+        plain = gs("sweep", "sweepy", "--simulate", "2", "--set", "sleep=0.05", "--set", "steps=1")
+    finally:
+        proc.kill()
+        proc.wait(timeout=TIMEOUT)
+        _kill_orphaned_runs(runs_env)
+    assert plain.returncode == 0, plain.stderr
+    assert _limits() == before  # read back from the simulated cards
+    restoring = plain.stderr.index("restoring them first")
+    assert restoring < plain.stderr.index("point 1/1")
+    assert sweep.load_sweep(killed.id).restored
+    restores = [e for e in journal.read_entries() if f"{killed.id}: restore" in e.command]
+    assert [e.new for e in restores] == before and all(e.outcome == journal.MADE for e in restores)
+    new = next(s for s in sweep.list_sweeps() if s.id != killed.id)
+    assert new.status == "finished" and new.original_limits_w == {}  # it changed nothing itself
+
+
+def _left_by_a_killed_sweep(limits: dict[int, float], simulated: bool) -> sweep.Sweep:
+    """sweep.json as a SIGKILLed sweep leaves it: limits taken, never restored, its process gone."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left = sweep.Sweep(
+        id="20240101-000000-sweep-sweepy",
+        preset="sweepy",
+        axes={},
+        power_limits=["70%"],
+        gpus=sorted(limits),
+        status="running",
+        simulated=simulated,
+        original_limits_w=dict(limits),
+        pid=gone.pid,
+    )
+    left.save()
+    return left
+
+
+def test_without_root_a_sweep_refuses_to_run_over_a_killed_sweeps_limits(
+    runs_env: dict,
+    fake_nvml: object,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gpustation import cli
+
+    _preset(runs_env)
+    monkeypatch.delenv("GPUSTATION_SIMULATE")  # the (fake) driver's cards
+    left = _left_by_a_killed_sweep({0: 400.0, 1: 650.0}, simulated=False)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert cli.main(["sweep", "sweepy", "--set", "steps=1"]) == EXIT_NEEDS_ROOT
+    err = capsys.readouterr().err
+    assert "GPU 0 450 W -> 400 W, GPU 1 700 W -> 650 W" in err
+    assert f"sudo gpustation sweeps restore {left.id}" in err
+    assert not sweep.load_sweep(left.id).restored
+    assert [s.id for s in sweep.list_sweeps()] == [left.id]  # no sweep started
+    assert not (runs_env["dirs"]["data"] / "runs").exists() or not any(
+        (runs_env["dirs"]["data"] / "runs").iterdir()
+    )
+
+
+def test_a_simulated_card_that_needs_root_refuses_the_restore_the_same_way(
+    runs_env: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpustation import cli
+
+    _preset(runs_env)
+    before = _limits()
+    left = _left_by_a_killed_sweep({0: 400.0, 1: 400.0}, simulated=True)
+    SimBackend.open(count=2).set_power_limit(0, 315.0)  # what the killed sweep set
+    monkeypatch.setenv("GPUSTATION_SIM_REQUIRE_ROOT", "1")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert cli.main(["sweep", "sweepy", "--simulate", "2", "--set", "steps=1"]) == EXIT_NEEDS_ROOT
+    err = capsys.readouterr().err
+    assert f"GPU 0 315 W -> 400 W, GPU 1 {before[1]:g} W -> 400 W" in err
+    assert f"sudo gpustation sweeps restore {left.id}" in err
+    assert _limits() == [315.0, before[1]] and not sweep.load_sweep(left.id).restored
+
+
+def test_two_sweeps_started_in_the_same_second_get_directories_of_their_own() -> None:
+    first = sweep.Sweep(
+        id=sweep.new_sweep_id("p", now=1e9), preset="p", axes={}, power_limits=[], gpus=[0]
+    )
+    first.save()
+    second_id = sweep.new_sweep_id("p", now=1e9)
+    assert second_id == f"{first.id}-2"
+    sweep.Sweep(id=second_id, preset="p", axes={}, power_limits=[], gpus=[1]).save()
+    assert sweep.new_sweep_id("p", now=1e9) == f"{first.id}-3"
+    assert [s.gpus for s in sweep.list_sweeps()] == [[0], [1]]

@@ -11,6 +11,19 @@ from gpustation.telemetry.model import (
     Snapshot,
     Topology,
 )
+from gpustation.telemetry.sampler import Sampler
+from gpustation.telemetry.sim import SimBackend
+from gpustation.telemetry.sim_cards import IDLE_HOLDER, IDLE_HOLDER_PID
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
 
 
 def gpu(index: int = 0, **kw: object) -> GpuSample:
@@ -163,6 +176,51 @@ def test_a_gpu_held_but_idle_is_an_alert_after_the_rule_s_minutes() -> None:
     assert log.update(_held(11 * 60, util=80)) == []
     assert log.update(_held(12 * 60, util=0)) == []
     assert all(a.rule != "gpu_idle_held" for a in log.active)
+
+
+def test_the_idle_rule_on_simulated_gpus_through_the_sampler() -> None:
+    """A simulated process holding memory on an idle card, sampled as the dashboard
+    and the exporter sample, on a clock the test moves."""
+    clock = Clock()
+    backend = SimBackend(count=2, state_path=None, clock=clock)
+    sampler = Sampler(backend, with_host=False, clock=clock)
+    backend.poke(0, load=0.0, idle_holder_mib=6 * 1024)  # a kernel that went quiet
+    backend.poke(1, load=0.0, idle_holder_mib=512)  # too little to count
+    log = AlertLog(idle=IdleRule(min_gib=1, max_util_pct=5, minutes=10))
+    holder = next(p for p in sampler.sample().gpus[0].processes if p.pid == IDLE_HOLDER_PID)
+    assert holder.gpu_memory_mib == 6 * 1024 and holder.user == "sim"
+    assert log.update(sampler.sample()) == []
+    for _ in range(9):
+        clock.t += 60.0
+        assert log.update(sampler.sample()) == []  # not yet ten minutes
+    clock.t += 60.0
+    (alert,) = log.update(sampler.sample())
+    assert alert.rule == "gpu_idle_held" and alert.gpu == 0
+    assert f"pid {IDLE_HOLDER_PID} (sim: {IDLE_HOLDER[1]}) holds 6.0 GiB" in alert.message
+    assert [(a.rule, a.gpu) for a in log.active] == [("gpu_idle_held", 0)]
+    clock.t += 60.0
+    assert log.update(sampler.sample()) == []  # raised once, not on every tick
+    # the process goes: the alert clears, and the log says so
+    backend.poke(0, idle_holder_mib=None)
+    clock.t += 5.0
+    assert log.update(sampler.sample()) == []
+    assert log.active == []
+    assert log.log[-1].cleared and log.log[-1].rule == "gpu_idle_held"
+    # back, it holds for ten minutes again before it counts
+    backend.poke(0, idle_holder_mib=6 * 1024)
+    clock.t += 120.0
+    assert log.update(sampler.sample()) == []
+
+
+def test_a_busy_simulated_gpu_with_a_holder_is_not_idle_held() -> None:
+    clock = Clock()
+    backend = SimBackend(count=1, state_path=None, clock=clock)
+    sampler = Sampler(backend, with_host=False, clock=clock)
+    backend.poke(0, load=1.0, idle_holder_mib=6 * 1024)
+    log = AlertLog(idle=IdleRule(min_gib=1, max_util_pct=5, minutes=1))
+    for _ in range(5):
+        assert all(a.rule != "gpu_idle_held" for a in log.update(sampler.sample()))
+        clock.t += 60.0
 
 
 def test_small_holders_and_busy_gpus_are_not_idle_held() -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpustation.errors import GpustationError, NotSupportedError
 from gpustation.telemetry.sampler import Sampler
-from gpustation.telemetry.sim import CARDS, SimBackend
+from gpustation.telemetry.sim import SimBackend
+from gpustation.telemetry.sim_cards import CARDS
 
 
 class Clock:
@@ -195,3 +198,25 @@ def test_the_sampler_turns_gpm_on_and_off_through_its_backend() -> None:
     assert sampler.read_gpm is False and sampler.sample().gpus[0].tensor_active_pct is None
     sampler.read_gpm = True
     assert sim.read_gpm is True and sampler.sample().gpus[0].tensor_active_pct
+
+
+def test_an_idle_holder_is_shared_through_the_state_file_and_counts_as_used_memory(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    path = tmp_path / "sim.json"
+    poker = SimBackend(count=2, state_path=path, clock=clock)
+    poker.poke(1, load=0.0, idle_holder_mib=4096)
+    poker.poke(0, load=0.0)
+    reader = SimBackend(count=2, state_path=path, clock=clock)  # another process, as it were
+    g0, g1 = reader.read_gpus([0, 1], slow=False)
+    assert g0.processes == []
+    (holder,) = g1.processes
+    assert holder.gpu_memory_mib == 4096.0 and holder.user == "sim"
+    assert g1.memory_used_mib == (g0.memory_used_mib or 0) + 4096.0
+    assert g1.utilization_gpu_pct == 0
+    poker.poke(1, idle_holder_mib=None)
+    assert reader.read_gpus([1], slow=False)[0].processes == []
+    for bad in (-1, "4GiB", True):
+        with pytest.raises(ValueError, match="idle_holder_mib"):
+            poker.poke(1, idle_holder_mib=bad)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 from textual.widgets import Select
@@ -14,6 +15,7 @@ from gpustation.tui.dialogs import KillDialog
 from gpustation.tui.screens import DashboardScreen
 from gpustation.tui.source import DataSource
 from gpustation.tui.widgets import GpuCard, HistoryGraph, LiveText, ProcessTable
+from tests.receiver import Receiver
 
 from .conftest import Clock, RealLookingSim, first_frame, make_app, notifications, wait_for
 
@@ -220,6 +222,26 @@ async def test_a_lost_gpu_is_an_alert_and_its_card_says_so() -> None:
         backend.poke(1, lost=True)
         await wait_for(pilot, lambda: "GPU1 LOST" in text_of(app, "#status"))
         assert "LOST" in app.screen.query_one("#gpu-1", GpuCard).plain
+
+
+async def test_a_lost_gpu_is_notified_through_the_shared_alert_notifier(
+    receiver: Receiver, gpustation_dirs: dict[str, Path]
+) -> None:
+    (gpustation_dirs["config"] / "config.toml").write_text(
+        f'[notify]\nurls = ["{receiver.url}"]\nbell = false\nevents = ["gpu_lost"]\n'
+    )
+    clock = Clock()
+    app, backend = make_app(count=2, clock=clock, refresh_s=0.25)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await first_frame(pilot)
+        backend.poke(0, load=1.0, ambient_c=70.0)  # hot, which [notify] leaves out
+        backend.poke(1, lost=True)
+        clock.t += 120.0
+        await wait_for(pilot, lambda: "GPU1 LOST" in text_of(app, "#status"))
+        await wait_for(pilot, receiver.got.is_set)
+    (message,) = receiver.messages
+    assert message["title"] == "gpustation: GPU1 LOST on workstation"
+    assert "GPU 1 is lost" in message["message"]
 
 
 async def test_when_nvml_cannot_start_the_dashboard_runs_on_simulated_gpus_and_says_why(

@@ -1,0 +1,106 @@
+"""The simulated cards and the synthetic jobs they run: data for
+:mod:`gpustation.telemetry.sim`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CardSpec:
+    key: str
+    name: str
+    power_default_w: float
+    power_min_w: float
+    power_max_w: float
+    #: what a fully loaded card would draw with no cap
+    power_demand_w: float
+    power_idle_w: float
+    memory_total_mib: float
+    slowdown_c: float
+    shutdown_c: float
+    clock_sm_max_mhz: float
+    clock_sm_idle_mhz: float
+    clock_mem_max_mhz: float
+    clock_mem_idle_mhz: float
+    fans: int
+    fan_min_pct: int
+    fan_max_pct: int
+    #: thermal resistance (C per W) with fans stopped; more fan lowers it
+    thermal_r: float
+    pcie_max_gen: int
+    pcie_idle_gen: int
+    ecc: bool
+    nvlinks: int
+    #: profiling metrics (GPM: Hopper and later), MIG and row remapping (datacenter cards)
+    gpm: bool = False
+    mig: bool = False
+
+
+CARDS: dict[str, CardSpec] = {
+    "rtx4090": CardSpec(
+        key="rtx4090",
+        name="NVIDIA GeForce RTX 4090 (simulated)",
+        power_default_w=450.0,
+        power_min_w=150.0,
+        power_max_w=600.0,
+        power_demand_w=560.0,
+        power_idle_w=22.0,
+        memory_total_mib=24564.0,
+        slowdown_c=87.0,
+        shutdown_c=92.0,
+        clock_sm_max_mhz=3105.0,
+        clock_sm_idle_mhz=210.0,
+        clock_mem_max_mhz=10501.0,
+        clock_mem_idle_mhz=405.0,
+        fans=2,
+        fan_min_pct=30,
+        fan_max_pct=100,
+        thermal_r=0.145,
+        pcie_max_gen=4,
+        pcie_idle_gen=1,
+        ecc=False,
+        nvlinks=0,
+    ),
+    "h200": CardSpec(
+        key="h200",
+        name="NVIDIA H200 (simulated)",
+        power_default_w=700.0,
+        power_min_w=200.0,
+        power_max_w=700.0,
+        power_demand_w=760.0,
+        power_idle_w=78.0,
+        memory_total_mib=143771.0,
+        slowdown_c=89.0,
+        shutdown_c=95.0,
+        clock_sm_max_mhz=1980.0,
+        clock_sm_idle_mhz=345.0,
+        clock_mem_max_mhz=3201.0,
+        clock_mem_idle_mhz=3201.0,
+        fans=0,
+        fan_min_pct=0,
+        fan_max_pct=0,
+        thermal_r=0.064,
+        pcie_max_gen=5,
+        pcie_idle_gen=5,
+        ecc=True,
+        nvlinks=18,
+        gpm=True,
+        mig=True,
+    ),
+}
+
+DEFAULT_COUNT = 2
+DEFAULT_CARD = "rtx4090"
+
+JOB_NAMES = (
+    ("python", "python train.py --config configs/llama-lora.yaml"),
+    ("python", "python -m torch.distributed.run --nproc_per_node 2 pretrain.py"),
+    ("python3", "python3 finetune_resnet.py --batch-size 256 --bf16"),
+    ("vllm", "python -m vllm.entrypoints.openai.api_server --model ./ckpt"),
+    ("jupyter", "python -m ipykernel_launcher -f kernel-4f2a.json"),
+)
+#: the process a poked ``idle_holder_mib`` puts on a GPU: a notebook kernel
+#: that loaded a model and went quiet
+IDLE_HOLDER = ("jupyter", "python -m ipykernel_launcher -f kernel-7c1e.json")
+IDLE_HOLDER_PID = 19000
