@@ -98,9 +98,7 @@ def test_pids_the_driver_never_names_give_no_share_not_zero(fake_nvml: ModuleTyp
 
 
 @pytest.mark.parametrize("how", ["not_supported", "function_not_found"])
-def test_a_driver_without_per_process_utilisation_says_so(
-    fake_nvml: ModuleType, how: str
-) -> None:
+def test_a_driver_without_per_process_utilisation_says_so(fake_nvml: ModuleType, how: str) -> None:
     fake_nvml.reset(devices=[h200(power_mw=420_000, process_util=[[TRAIN_PID, 70, 0]])])
     if how == "not_supported":
         fake_nvml.fail(0, "nvmlDeviceGetProcessUtilization", fake_nvml.NVML_ERROR_NOT_SUPPORTED)
