@@ -373,3 +373,32 @@ def shown_text(widget: Static) -> str:
     out = io.StringIO()
     Console(width=max(40, widget.content_region.width), color_system=None, file=out).print(content)
     return out.getvalue()
+
+
+async def test_the_profile_pane_shows_the_top_15_kernels_and_scrolls(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    profiled = finished_run(gpustation_dirs, "many-kernels")
+    (profiled / "profile").mkdir()
+    many = [
+        {"name": f"kernel_{k:02d}", "self_ms": 40.0 - k, "calls": 10, "share": 0.01}
+        for k in range(20)
+    ]
+    (profiled / "profile" / "top_ops.json").write_text(
+        json.dumps({**TOP_OPS, "cuda_kernels": many})
+    )
+    app, _ = make_app(count=1)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await open_runs(pilot)
+        await select(pilot, profiled.name)
+        await wait_for(pilot, lambda: bool(runs_ui(app).views[profiled.name].profile))
+        await pilot.press("P")
+        pane = app.screen.query_one("#run-profile", ProfilePane)
+        await wait_for(pilot, lambda: "kernel_00" in pane.plain)
+        # The same top 15 as `runs show`.
+        assert "kernel_14" in pane.plain and "kernel_15" not in pane.plain
+        # More rows than the pane has: it scrolls to the last line (the trace's path).
+        await wait_for(pilot, lambda: pane.max_scroll_y > 0)
+        assert pane.content_region.height < len(pane.plain.splitlines())
+        pane.scroll_end(animate=False)
+        await wait_for(pilot, lambda: pane.scroll_y == pane.max_scroll_y > 0)
