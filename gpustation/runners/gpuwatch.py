@@ -177,6 +177,7 @@ class GpuWatch:
 
     def start(self, pids: Mapping[str, int]) -> None:
         """Begin a phase whose workloads run as ``pids`` (role -> pid)."""
+        self._halt()  # a phase that ended by an error left its thread going
         self._pids = dict(pids)
         self._tallies = {d.index: _Tally() for d in self._devices}
         if self.reason is not None:
@@ -189,6 +190,12 @@ class GpuWatch:
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="gpuwatch", daemon=True)
         self._thread.start()
+
+    def _halt(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -229,10 +236,7 @@ class GpuWatch:
         """End the phase: its GPU's figures, or the reasons they are missing."""
         if self.reason is not None:
             return PhaseGpu(gpu_note=self.reason, sm_note=self.reason)
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+        self._halt()
         self.sample()  # a phase shorter than the interval still has a reading
         return self.figures()
 
@@ -272,10 +276,7 @@ class GpuWatch:
 
     def close(self) -> None:
         """Stop sampling and end the NVML session."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+        self._halt()
         if self._nvml is not None:
             try:
                 self._nvml.nvmlShutdown()

@@ -3,6 +3,7 @@ read from the fake pynvml: attributed by pid, and None with a reason where not k
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -174,3 +175,17 @@ def test_visible_devices_map_to_nvml_indices() -> None:
     assert visible_index(0, {"CUDA_VISIBLE_DEVICES": "GPU-bbb"}, lambda: uuids) is None  # ambiguous
     assert visible_index(2, {"CUDA_VISIBLE_DEVICES": "0,1"}, lambda: uuids) is None
     assert visible_index(0, {"CUDA_VISIBLE_DEVICES": "MIG-xyz"}, lambda: uuids) is None
+
+
+def test_a_phase_left_by_an_error_does_not_keep_sampling_into_the_next(
+    fake_nvml: ModuleType,
+) -> None:
+    fake_nvml.reset(devices=[h200(process_util=[[TRAIN_PID, 70, 0], [INFER_PID, 20, 0]])])
+    with GpuWatch(0, nvml=fake_nvml, env={}, interval=0.01) as watch:
+        watch.start({"train": TRAIN_PID})  # never stopped: its workload failed
+        until(lambda: len(fake_nvml.calls_of("nvmlDeviceGetPowerUsage")) >= 1)
+        watch.start({"infer": INFER_PID})
+        assert [t.name for t in threading.enumerate()].count("gpuwatch") == 1
+        gpu = watch.stop()
+    assert "gpuwatch" not in [t.name for t in threading.enumerate()]
+    assert gpu.sm_pct == {"infer": 20.0}
