@@ -23,6 +23,7 @@ from gpustation.runs.compare import (
 )
 from gpustation.runs.cost import load_price
 from gpustation.runs.output import console, strict_json
+from gpustation.runs.phases import phases_table
 from gpustation.runs.store import RunStore
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry import format as fmt
@@ -340,6 +341,9 @@ def _print_show(r: RunSummary) -> None:
         from rich.text import Text
 
         out.print(Text.assemble(("summary ", "bold"), strict_json(r.summary, indent=None)))
+    phases = phases_table(r.summary)
+    if phases is not None:
+        out.print(phases)
     _print_profile(out, r)
     if r.error_tail:
         out.print("[bold]last lines of the log[/bold]")

@@ -52,7 +52,9 @@ import pkgutil
 EXIT_OOM = 75
 
 # Shared helpers and data used by the runners, not runnable workloads.
-LIBRARY_MODULES = frozenset({"common", "llm", "integrations", "data", "checkpoint", "lora_output"})
+LIBRARY_MODULES = frozenset(
+    {"common", "llm", "integrations", "data", "checkpoint", "lora_output", "gpuwatch"}
+)
 
 # The argument names runners share, and what each means in every runner that has it.
 SHARED_OPTIONS: dict[str, str] = {

@@ -8,11 +8,18 @@ process on the same device (as two users' jobs would be):
    ms/token, tokens/s);
 3. ``both``: the two together, started at the same moment.
 
-It reports each workload's slowdown in the shared phase and ends with advice
-in words: MPS (``nvidia-cuda-mps-control -d``) to run both kernels side by
-side with a set share of the SMs, a lower training batch to shorten the
-kernels a request waits behind, or separate GPUs. Models are built from
-``--model-preset`` (random weights, no download).
+Beside each phase's workload figures it records the GPU's mean and peak
+power, its mean utilisation and each process's share of the SMs (sampled
+every half second by :class:`~gpustation.runners.gpuwatch.GpuWatch`, told
+apart by the children's pids); on the CPU, or where the driver does not say,
+those are ``null`` with the reason beside them. The run is one run with three
+phases: a metrics line per phase (``phase``) and a ``phases`` list in the
+summary. It reports each workload's slowdown in the shared phase and ends
+with advice in words, from the measured SM shares where there are some: MPS
+(``nvidia-cuda-mps-control -d``) to run both kernels side by side with a set
+share of the SMs, a lower training batch to shorten the kernels a request
+waits behind, or separate GPUs. Models are built from ``--model-preset``
+(random weights, no download).
 """
 
 from __future__ import annotations
@@ -25,14 +32,17 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from gpustation.runners import common, llm
+from gpustation.runners.gpuwatch import GpuWatch, PhaseGpu
 from gpustation.runs.metrics import METRICS_ENV, MetricsWriter
+from gpustation.runs.phases import HEADERS, phase_cells, phase_notes
 
 PHASES = ("train", "infer", "both")
+ROLES = ("train", "infer")
 RESULT = "CONTENTION-RESULT "
 READY = "CONTENTION-READY"
 
@@ -146,8 +156,11 @@ def _child_argv(args: argparse.Namespace, role: str) -> list[str]:
     return argv
 
 
-def run_phase(args: argparse.Namespace, roles: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Start one child per role, release them together, collect their results."""
+def run_phase(
+    args: argparse.Namespace, roles: Sequence[str], watch: GpuWatch
+) -> tuple[dict[str, dict[str, Any]], PhaseGpu]:
+    """Start one child per role, release them together, collect their results and
+    what ``watch`` saw of the GPU while they ran."""
     env = {k: v for k, v in os.environ.items() if k != METRICS_ENV}  # children write no metrics
     timeout = args.phase_seconds * 4 + 300
     procs = {
@@ -185,12 +198,14 @@ def run_phase(args: argparse.Namespace, roles: Sequence[str]) -> dict[str, dict[
     try:
         for r in roles:
             ready[r].wait(timeout)
+        watch.start({r: p.pid for r, p in procs.items()})
         for p in procs.values():  # go
             if p.poll() is None and p.stdin is not None:
                 p.stdin.write("go\n")
                 p.stdin.flush()
         for p in procs.values():
             p.wait(timeout)
+        gpu = watch.stop()
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -204,7 +219,7 @@ def run_phase(args: argparse.Namespace, roles: Sequence[str]) -> dict[str, dict[
             if any("out of memory" in e.lower() for e in errors[r]):
                 raise torch.OutOfMemoryError(f"the {r} workload ran out of memory: {tail}")
             raise common.RunnerError(f"the {r} workload failed: {tail}")
-    return results
+    return results, gpu
 
 
 def main(args: argparse.Namespace) -> int:
@@ -220,36 +235,22 @@ def main(args: argparse.Namespace) -> int:
     )
     metrics = MetricsWriter.from_env()
     phases: dict[str, dict[str, dict[str, Any]]] = {}
-    with metrics:
+    rows: list[dict[str, Any]] = []
+    cuda = (device.index or 0) if device.type == "cuda" else None
+    with metrics, GpuWatch(cuda) as watch:
         for n, phase in enumerate(PHASES, 1):
             common.maybe_simulate_oom(args, n)
-            roles = ("train", "infer") if phase == "both" else (phase,)
-            phases[phase] = res = run_phase(args, roles)
-            event: dict[str, Any] = {"phase": phase}
-            if "train" in res:
-                event["train_tokens_per_s"] = round(res["train"]["tokens_per_s"], 1)
-            if "infer" in res:
-                i = res["infer"]
-                event.update(
-                    infer_tokens_per_s=round(i["tokens_per_s"], 1),
-                    infer_latency_ms_p50=round(i["latency_ms_p50"], 2),
-                    infer_latency_ms_p99=round(i["latency_ms_p99"], 2),
-                )
-            metrics.log(step=n, total_steps=len(PHASES), **event)
-            print(f"phase {phase}: {event}", flush=True)
-        summary = _summary(phases, device)
+            roles = ROLES if phase == "both" else (phase,)
+            phases[phase], gpu = run_phase(args, roles, watch)
+            rows.append(phase_row(phase, phases[phase], gpu))
+            metrics.log(step=n, total_steps=len(PHASES), **rows[-1])
+            print(f"phase {phase}: {rows[-1]}", flush=True)
+        summary = _summary(phases, rows, device)
         metrics.summary(**summary)
     print()
-    common.print_table(
-        ["", "train tokens/s", "infer p50 ms", "infer p99 ms", "infer tokens/s"],
-        [
-            [p, common.fmt_rate(r["train"]["tokens_per_s"]) if "train" in r else "",
-             f"{r['infer']['latency_ms_p50']:.1f}" if "infer" in r else "",
-             f"{r['infer']['latency_ms_p99']:.1f}" if "infer" in r else "",
-             common.fmt_rate(r["infer"]["tokens_per_s"]) if "infer" in r else ""]
-            for p, r in phases.items()
-        ],
-    )  # fmt: skip
+    common.print_table(HEADERS, phase_cells(summary["phases"]))
+    for note in phase_notes(summary["phases"]):
+        print(note)
     print(
         f"\ntogether, a training step takes {summary['train_slowdown']:.2f}x as long as alone and "
         f"an inference request {summary['infer_p50_slowdown']:.2f}x (p50), "
@@ -260,14 +261,45 @@ def main(args: argparse.Namespace) -> int:
     return common.EXIT_OK
 
 
-def _summary(phases: dict[str, dict[str, dict[str, Any]]], device: torch.device) -> dict[str, Any]:
+def phase_row(phase: str, res: dict[str, dict[str, Any]], gpu: PhaseGpu) -> dict[str, Any]:
+    """One phase's figures: each workload's, then the GPU's (``None`` where not measured)."""
+    row: dict[str, Any] = {"phase": phase}
+    if "train" in res:
+        row["train_tokens_per_s"] = round(res["train"]["tokens_per_s"], 1)
+    if "infer" in res:
+        i = res["infer"]
+        row.update(
+            infer_tokens_per_s=round(i["tokens_per_s"], 1),
+            infer_latency_ms_p50=round(i["latency_ms_p50"], 2),
+            infer_latency_ms_p99=round(i["latency_ms_p99"], 2),
+        )
+    row.update(gpu.fields(ROLES))
+    return row
+
+
+def _summary(
+    phases: dict[str, dict[str, dict[str, Any]]],
+    rows: list[dict[str, Any]],
+    device: torch.device,
+) -> dict[str, Any]:
     ta, ia = phases["train"]["train"], phases["infer"]["infer"]
     tb, ib = phases["both"]["train"], phases["both"]["infer"]
     train_slow = ta["tokens_per_s"] / max(tb["tokens_per_s"], 1e-9)
     p50_slow = ib["latency_ms_p50"] / max(ia["latency_ms_p50"], 1e-9)
     p99_slow = ib["latency_ms_p99"] / max(ia["latency_ms_p99"], 1e-9)
     tps_slow = ia["tokens_per_s"] / max(ib["tokens_per_s"], 1e-9)
-    return {
+    by_phase = {r["phase"]: r for r in rows}
+    by_phase["both"].update(
+        train_slowdown=round(train_slow, 3),
+        infer_p50_slowdown=round(p50_slow, 3),
+        infer_p99_slowdown=round(p99_slow, 3),
+    )
+    shares = Shares(
+        by_phase["both"].get("sm_pct_train"),
+        by_phase["both"].get("sm_pct_infer"),
+        by_phase["infer"].get("sm_pct_infer"),
+    )
+    summary: dict[str, Any] = {
         "train_alone_tokens_per_s": round(ta["tokens_per_s"], 1),
         "train_shared_tokens_per_s": round(tb["tokens_per_s"], 1),
         "infer_alone_latency_ms_p50": round(ia["latency_ms_p50"], 2),
@@ -280,14 +312,42 @@ def _summary(phases: dict[str, dict[str, dict[str, Any]]], device: torch.device)
         "infer_p50_slowdown": round(p50_slow, 3),
         "infer_p99_slowdown": round(p99_slow, 3),
         "infer_tokens_slowdown": round(tps_slow, 3),
-        "phases": phases,
-        "advice": advice(train_slow, p50_slow, p99_slow, device),
+        "shared_sm_pct_train": shares.train_shared,
+        "shared_sm_pct_infer": shares.infer_shared,
+        "phases": rows,
+        "advice": advice(train_slow, p50_slow, p99_slow, device, shares),
         "device": str(device),
     }
+    for key in ("gpu_note", "sm_note"):  # why GPU figures are missing, once for the run
+        note = next((r[key] for r in rows if r.get(key)), None)
+        if note:
+            summary[key] = note
+    return summary
 
 
-def advice(train_slow: float, p50_slow: float, p99_slow: float, device: torch.device) -> list[str]:
+class Shares(NamedTuple):
+    """Measured SM shares (%): each workload's while both ran, inference's alone."""
+
+    train_shared: float | None = None
+    infer_shared: float | None = None
+    infer_alone: float | None = None
+
+
+def mps_cap(infer_alone_pct: float) -> int:
+    """A CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for training that leaves inference what it used alone."""
+    return int(min(90, max(10, 10 * round((100.0 - infer_alone_pct) / 10))))
+
+
+def advice(
+    train_slow: float,
+    p50_slow: float,
+    p99_slow: float,
+    device: torch.device,
+    shares: Shares | None = None,
+) -> list[str]:
     tips = []
+    shares = shares or Shares()
+    measured = shares.train_shared is not None and shares.infer_shared is not None
     if device.type == "cpu":
         tips.append("running on the CPU: the two share cores, not a GPU's SMs")
     if max(train_slow, p99_slow) < 1.15:
@@ -295,7 +355,20 @@ def advice(train_slow: float, p50_slow: float, p99_slow: float, device: torch.de
             "the two barely disturb each other: sharing this device costs little at these sizes"
         )
         return tips
-    if device.type == "cuda":
+    if device.type == "cuda" and measured:
+        cap = (
+            f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={mps_cap(shares.infer_alone)} for the training "
+            f"process leaves inference the {shares.infer_alone:.0f} % of the SMs it used alone"
+            if shares.infer_alone is not None
+            else "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE caps the SMs training may take"
+        )
+        tips.append(
+            f"inference got {shares.infer_shared:.0f} % of the SMs while training ran (training "
+            f"{shares.train_shared:.0f} %): without MPS the GPU time-slices between the two "
+            "processes, so each request waits behind training kernels; MPS "
+            f"(nvidia-cuda-mps-control -d) runs both at once, and {cap}"
+        )
+    elif device.type == "cuda":
         tips.append(
             "without MPS the GPU time-slices between the two processes, so each request waits "
             "behind training kernels: MPS (nvidia-cuda-mps-control -d) runs both at once, and "

@@ -352,6 +352,7 @@ def compare(
         *config_rows,
         CompareRow("status", [status_text(r) for r in records], numeric=False),
         CompareRow("gpus", [gpus_text(r) for r in records], numeric=False),
+        *verdict_rows(records),
         _duration_row("duration", [r.duration_s for r in records]),
         CompareRow("epoch time (s)", [_epoch_time(r) for r in records], digits=1, kinds=kinds),
         CompareRow("steps", [r.steps for r in records], digits=0, kinds=kinds),
@@ -395,6 +396,48 @@ def compare(
         rows.append(CompareRow(key, values, digits=0 if integral else 4, kinds=kinds))
     shown = [row for row in rows if row.setting or any(v not in (None, "-") for v in row.values)]
     return Comparison(records, shown, same)
+
+
+def _checks(record: RunSummary) -> list[tuple[str, str]]:
+    """A run's checks as (name, verdict), from a summary's ``checks`` (the burn-in's)."""
+    found = record.summary.get("checks")
+    if not isinstance(found, list):
+        return []
+    return [
+        (c["name"], c["status"])
+        for c in found
+        if isinstance(c, dict)
+        and isinstance(c.get("name"), str)
+        and isinstance(c.get("status"), str)
+    ]
+
+
+def verdict_rows(records: Sequence[RunSummary]) -> list[CompareRow]:
+    """For runs that checked something (a burn-in): the card, the result, each check's verdict.
+
+    Text rows: a verdict is the same or it is not, there is no percentage between them.
+    A run without the check reads ``-``.
+    """
+    checks = [dict(_checks(r)) for r in records]
+    if not any(checks):
+        return []
+
+    def text(record: RunSummary, key: str) -> str | None:
+        value = record.summary.get(key)
+        return value if isinstance(value, str) and value else None
+
+    names: list[str] = []
+    for found in checks:
+        names += [n for n in found if n not in names]
+    checked = [r if c else None for r, c in zip(records, checks, strict=True)]
+    return [
+        CompareRow("card", [r and text(r, "gpu") for r in checked], numeric=False),
+        CompareRow("result", [r and text(r, "result") for r in checked], numeric=False),
+        *(
+            CompareRow(f"check: {name}", [c.get(name) for c in checks], numeric=False)
+            for name in names
+        ),
+    ]
 
 
 def _energy_per_unit_row(records: Sequence[RunSummary]) -> CompareRow:

@@ -26,7 +26,7 @@ from gpustation.textsafe import safe
 
 PROFILE_DIR = "profile"
 TOP_OPS_JSON = "top_ops.json"
-#: rows shown per table
+#: rows shown per table, by `runs show` and by the runs screen (its pane scrolls)
 TOP_ROWS = 15
 #: what to do for a run that has no profile
 HOW_TO_PROFILE = (
@@ -56,9 +56,23 @@ def _ms(value: Any) -> str:
     return "-"
 
 
+def _count(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return "?"
+
+
 def profile_head(data: dict[str, Any]) -> str:
-    """``profile of 5 steps, 41.2 ms a step, GPU idle 7.5 % of it``."""
-    head = f"profile of {data.get('profiled_steps')} steps, {data.get('step_ms')} ms a step"
+    """``profile of 5 steps, 41.2 ms a step, GPU idle 7.5 % of it``.
+
+    The file is the run's: only numbers are taken from it, anything else reads ``?``.
+    """
+    step_ms = data.get("step_ms")
+    if isinstance(step_ms, (int, float)) and not isinstance(step_ms, bool):
+        ms = f"{step_ms:,.1f}" if abs(step_ms) >= 1 else f"{step_ms:.3g}"
+    else:
+        ms = "?"
+    head = f"profile of {_count(data.get('profiled_steps'))} steps, {ms} ms a step"
     idle = data.get("gpu_idle_pct")
     if isinstance(idle, (int, float)) and not isinstance(idle, bool):
         head += f", GPU idle {idle:.1f} % of it"
@@ -75,7 +89,10 @@ def profile_tables(
         found = data.get(key)
         if not isinstance(found, list) or not found:
             continue
-        table = Table(title=f"{head}: top {title} by self time", box=None, title_justify="left")
+        # A Text title: never read as markup.
+        table = Table(
+            title=Text(f"{head}: top {title} by self time"), box=None, title_justify="left"
+        )
         for column in ("name", "self ms", "calls", "share of the steps"):
             table.add_column(
                 column,
@@ -87,9 +104,9 @@ def profile_tables(
             if not isinstance(row, dict):
                 continue
             table.add_row(
-                safe(str(row.get("name", "?")))[:name_width],
+                Text(safe(str(row.get("name", "?")))[:name_width]),
                 _ms(row.get("self_ms")),
-                safe(str(row.get("calls", ""))),
+                _count(row.get("calls")),
                 _share(row.get("share")),
             )
         out.append(table)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,9 @@ from rich.console import Console
 from gpustation.runs import rundir
 from gpustation.runs.compare import compare, row_decimals, run_settings
 from gpustation.runs.curves import read_curves
+from gpustation.runs.store import record_from_dir, sync_run
 from gpustation.runs.summary import RunSummary
+from tests.conftest import child_env, gpustation_cmd
 
 
 def resnet(run_id: str, **kw: Any) -> RunSummary:
@@ -190,3 +193,118 @@ def test_curves_stay_bounded(tmp_path: Path) -> None:
     assert len(curves.loss.values) <= 101
     assert curves.loss.steps[-1] == 5000.0 and curves.loss.times_s[-1] == 500.0
     assert len(curves.loss.steps) == len(curves.loss.times_s) == len(curves.loss.values)
+
+
+def burnin_run(
+    runs_root: Path, run_id: str, card: str, verdicts: dict[str, str], tflops: float
+) -> Path:
+    """A finished burn-in run's directory, as the burnin runner leaves it (its summary keys)."""
+    directory = runs_root / run_id
+    directory.mkdir(parents=True)
+    rundir.write_json(
+        directory / rundir.RUN_JSON,
+        {
+            "id": run_id,
+            "created_at": 1_700_000_000.0,
+            "preset": {"name": "burnin", "runner": "burnin", "args": {"minutes": 10}},
+            "gpus": [0],
+        },
+    )
+    failed = "fail" in verdicts.values()
+    summary = {
+        "result": "fail" if failed else "pass",
+        "checks": [
+            {"name": name, "status": status, "detail": f"{name}: {status}"}
+            for name, status in verdicts.items()
+        ],
+        "device": "cuda:0",
+        "gpu": card,
+        "nvml": True,
+        "seconds": 600.2,
+        "matmul_tflops": tflops,
+        "memory_errors": 12 if failed else 0,
+    }
+    (directory / rundir.METRICS_FILE).write_text(json.dumps({"t": 600.0, "summary": summary}))
+    rundir.write_state(
+        directory,
+        rundir.RunState(
+            id=run_id,
+            status="failed" if failed else "succeeded",
+            started_at=1_700_000_000.0,
+            ended_at=1_700_000_600.0,
+            exit_code=1 if failed else 0,
+        ),
+    )
+    return directory
+
+
+GOOD = {"matmul results": "pass", "memory patterns": "pass", "thermal": "pass", "power": "info"}
+
+
+def test_burn_ins_compare_card_result_and_each_check_as_words(tmp_path: Path) -> None:
+    good = record_from_dir(burnin_run(tmp_path, "b1", "NVIDIA H200", GOOD, 610.5))
+    bad = record_from_dir(
+        burnin_run(
+            tmp_path,
+            "b2",
+            "NVIDIA H200 (used)",
+            {**GOOD, "memory patterns": "fail", "thermal": "warn", "XID errors": "pass"},
+            590.0,
+        )
+    )
+    table = compare([good, bad])
+    rows = {row.name: row.cells() for row in table.rows}
+    assert rows["card"] == ["NVIDIA H200", "NVIDIA H200 (used)"]
+    assert rows["result"] == ["pass", "fail"]
+    assert rows["check: matmul results"] == ["pass", "="]
+    assert rows["check: memory patterns"] == ["pass", "fail"]
+    assert rows["check: thermal"] == ["pass", "warn"]
+    assert rows["check: power"] == ["info", "="]
+    assert rows["check: XID errors"] == ["-", "pass"]  # a check only the second run made
+    # Verdicts are words: no percentage between them.
+    for name, cells_ in rows.items():
+        if name.startswith("check: ") or name in ("card", "result"):
+            assert not any("%" in c for c in cells_), (name, cells_)
+    # Beside the figures, which still compare as numbers.
+    assert rows["matmul_tflops"] == ["610.5000", "590.0000 (-3.4 %)"]
+    assert rows["memory_errors"] == ["0", "12"]
+    names = [row.name for row in table.rows]
+    order = ("gpus", "card", "result", "check: matmul results", "matmul_tflops")
+    assert [names.index(n) for n in order] == sorted(names.index(n) for n in order)
+    doc = table.to_json()
+    memory = next(r for r in doc["rows"] if r["name"] == "check: memory patterns")
+    assert memory["values"] == ["pass", "fail"] and memory["change_pct"] == [None, None]
+
+
+def test_no_verdict_rows_for_runs_that_checked_nothing(tmp_path: Path) -> None:
+    names = [row.name for row in compare([resnet("a"), resnet("b")], [{}, {}]).rows]
+    assert "result" not in names and "card" not in names
+    assert not any(n.startswith("check: ") for n in names)
+    # A burn-in beside a training run: the training run reads "-" in the burn-in's rows.
+    burn = record_from_dir(burnin_run(tmp_path, "b1", "NVIDIA H200", GOOD, 610.5))
+    rows = cells([burn, resnet("a")], [{}, {}])
+    assert rows["result"] == ["pass", "-"] and rows["card"] == ["NVIDIA H200", "-"]
+
+
+def test_runs_compare_prints_the_burn_ins_verdicts(gpustation_dirs: dict[str, Path]) -> None:
+    runs_root = gpustation_dirs["data"] / "runs"
+    for run_id, verdicts in (("b1", GOOD), ("b2", {**GOOD, "memory patterns": "fail"})):
+        sync_run(burnin_run(runs_root, run_id, "NVIDIA H200", verdicts, 600.0))
+    shown = subprocess.run(
+        gpustation_cmd("runs", "compare", "b1", "b2"),
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+
+    def row(label: str) -> list[str]:
+        found = [line for line in shown.stdout.splitlines() if line.startswith(label + "  ")]
+        assert len(found) == 1, (label, shown.stdout)
+        return found[0][len(label) :].split()
+
+    assert row("card") == ["NVIDIA", "H200", "="]
+    assert row("result") == ["pass", "fail"]
+    assert row("check: memory patterns") == ["pass", "fail"]
+    assert row("check: matmul results") == ["pass", "="]

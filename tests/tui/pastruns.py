@@ -103,3 +103,39 @@ def write_run(
     rundir.write_state(directory, state)
     sync_run(directory)
     return directory
+
+
+#: a contention run's phases on a GPU, as its summary lists them
+CONTENTION_PHASES: list[dict[str, Any]] = [
+    {"phase": "train", "train_tokens_per_s": 9812.4, "power_w_mean": 411.3,
+     "power_w_peak": 452.0, "util_pct_mean": 98.2, "sm_pct_train": 96.5, "sm_pct_infer": None},
+    {"phase": "infer", "infer_tokens_per_s": 1663.0, "infer_latency_ms_p50": 38.48,
+     "infer_latency_ms_p99": 41.02, "power_w_mean": 251.7, "power_w_peak": 280.4,
+     "util_pct_mean": 61.0, "sm_pct_train": None, "sm_pct_infer": 41.8},
+    {"phase": "both", "train_tokens_per_s": 7410.9, "infer_tokens_per_s": 702.3,
+     "infer_latency_ms_p50": 92.31, "infer_latency_ms_p99": 160.84, "power_w_mean": 440.2,
+     "power_w_peak": 471.9, "util_pct_mean": 99.1, "sm_pct_train": 68.4, "sm_pct_infer": 29.7,
+     "train_slowdown": 1.324, "infer_p50_slowdown": 2.399, "infer_p99_slowdown": 3.921},
+]  # fmt: skip
+
+
+def write_phased_run(
+    runs_root: Path,
+    run_id: str,
+    preset: RunPreset,
+    phases: list[dict[str, Any]],
+    started_at: float = 1_700_000_000.0,
+    **summary: Any,
+) -> Path:
+    """A finished run of ``preset`` that reported phases (a line each, then a summary with
+    the ``phases`` list and ``summary``), as the contention runner does; no loss."""
+    directory = write_run(runs_root, run_id, preset, started_at=started_at, steps=0, log=[])
+    events: list[dict[str, Any]] = [
+        {"t": 30.0 * n, "time": started_at + 30.0 * n, "step": n, "total_steps": len(phases),
+         **{k: v for k, v in phase.items() if "slowdown" not in k}}
+        for n, phase in enumerate(phases, 1)
+    ]  # fmt: skip
+    events.append({"t": 30.0 * len(phases), "summary": {**summary, "phases": phases}})
+    (directory / rundir.METRICS_FILE).write_text("".join(json.dumps(e) + "\n" for e in events))
+    sync_run(directory)
+    return directory

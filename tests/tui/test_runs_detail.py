@@ -26,7 +26,7 @@ from gpustation.tui.runs.sweeps import SweepsScreen
 from gpustation.tui.runs.timeline import GpuPlot
 
 from .conftest import wait_for
-from .pastruns import write_run
+from .pastruns import CONTENTION_PHASES, write_phased_run, write_run
 from .test_runs_screen import make_app, open_runs, plain
 
 pytestmark = pytest.mark.timeout(120)
@@ -322,3 +322,83 @@ async def test_the_sweeps_show_their_points_plot_and_recommendation(
         assert "#2 recommended" in figure and "#1 fastest" in figure, figure
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, RunsScreen))
+
+
+async def test_a_contention_run_shows_its_phases_in_place_of_the_loss_curve(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    presets, _ = load_presets()
+    directory = write_phased_run(
+        gpustation_dirs["data"] / "runs",
+        "contention-run",
+        presets["contention"],
+        CONTENTION_PHASES,
+        started_at=START,
+    )
+    plain_run = finished_run(gpustation_dirs)
+    app, _ = make_app(count=1)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await open_runs(pilot)
+        await select(pilot, directory.name)
+        loss_plot = app.screen.query_one("#run-plot", LossPlot)
+        await wait_for(pilot, lambda: "phases" in shown_text(loss_plot))
+        text = shown_text(loss_plot)
+        lines = {line.split()[0]: line for line in text.splitlines() if line.strip()}
+        assert "SM % train/infer" in text and "W avg/peak" in text
+        # train alone, infer alone, both: each workload's figures and the GPU's
+        assert "9,812" in lines["train"] and "411 / 452" in lines["train"]
+        assert "96 / -" in lines["train"]
+        assert "38.5 / 41.0" in lines["infer"] and "- / 42" in lines["infer"]
+        both = lines["both"]
+        assert "7,411" in both and "92.3 / 160.8" in both and "440 / 472" in both
+        assert "68 / 30" in both and "1.32x / 3.92x" in both
+        assert "No loss reported" not in text
+        # A run with a loss still has its curve there.
+        drawn = loss_plot.draws
+        await select(pilot, plain_run.name)
+        await wait_for(pilot, lambda: loss_plot.draws > drawn)
+        assert "phases" not in shown_text(loss_plot)
+        assert "loss" in shown_text(loss_plot)  # its curve
+
+
+def shown_text(widget: Static) -> str:
+    """What a Static shows (a Rich renderable), as plain text at its width."""
+    import io
+
+    from rich.console import Console
+
+    content = widget.content
+    if isinstance(content, str):
+        return content
+    out = io.StringIO()
+    Console(width=max(40, widget.content_region.width), color_system=None, file=out).print(content)
+    return out.getvalue()
+
+
+async def test_the_profile_pane_shows_the_top_15_kernels_and_scrolls(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    profiled = finished_run(gpustation_dirs, "many-kernels")
+    (profiled / "profile").mkdir()
+    many = [
+        {"name": f"kernel_{k:02d}", "self_ms": 40.0 - k, "calls": 10, "share": 0.01}
+        for k in range(20)
+    ]
+    (profiled / "profile" / "top_ops.json").write_text(
+        json.dumps({**TOP_OPS, "cuda_kernels": many})
+    )
+    app, _ = make_app(count=1)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await open_runs(pilot)
+        await select(pilot, profiled.name)
+        await wait_for(pilot, lambda: bool(runs_ui(app).views[profiled.name].profile))
+        await pilot.press("P")
+        pane = app.screen.query_one("#run-profile", ProfilePane)
+        await wait_for(pilot, lambda: "kernel_00" in pane.plain)
+        # The same top 15 as `runs show`.
+        assert "kernel_14" in pane.plain and "kernel_15" not in pane.plain
+        # More rows than the pane has: it scrolls to the last line (the trace's path).
+        await wait_for(pilot, lambda: pane.max_scroll_y > 0)
+        assert pane.content_region.height < len(pane.plain.splitlines())
+        pane.scroll_end(animate=False)
+        await wait_for(pilot, lambda: pane.scroll_y == pane.max_scroll_y > 0)

@@ -54,7 +54,7 @@ class ProfilePane(VerticalScroll):
             shown = Text(HOW_TO_PROFILE, style="dim")
             self.plain = shown.plain
         else:
-            parts = profile_tables(view.profile, view.run_dir, rows=10, name_width=60)
+            parts = profile_tables(view.profile, view.run_dir, name_width=60)
             shown = Group(*parts)
             self.plain = "\n".join(_plain(p) for p in parts)
         body.update(shown)

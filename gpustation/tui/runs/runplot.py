@@ -27,7 +27,7 @@ class RunPlot(Static):
 
     def show(self, view: RunView | None, cursor_s: float | None = None) -> None:
         width, height = self.content_region.width, self.content_region.height
-        version = view.curve_version if view else 0
+        version = self.version(view) if view else 0
         key = (view.id if view else None, version, width, height, cursor_s)
         if key == self._key or not width:
             return
@@ -42,6 +42,10 @@ class RunPlot(Static):
         # The stylesheet fixes the size: no relayout of the screen.
         if self.draw(view, width, height, cursor_s):
             self.draws += 1
+
+    def version(self, view: RunView) -> object:
+        """What changes when the figure's data does (its redraw key)."""
+        return view.curve_version
 
     def draw(self, view: RunView | None, width: int, height: int, cursor_s: float | None) -> bool:
         """Put the figure (or a line saying why there is none); True when a figure was drawn."""

@@ -28,6 +28,7 @@ from textual.widgets import DataTable, Footer
 from gpustation.runs.compare import SIMULATED, energy_text, fmt_energy, fmt_num
 from gpustation.runs.cost import Price
 from gpustation.runs.fold import ema
+from gpustation.runs.phases import phases_table, read_phases
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry import health
@@ -434,16 +435,24 @@ class QuietFooter(Footer):
 
 
 class LossPlot(RunPlot):
-    """The selected run's loss curve.
+    """The selected run's loss curve; for a run without a loss that reported phases
+    (the contention runner's), the table of its phases.
 
     Against seconds since the start when the run's timeline has its loss (it
     shares that axis with the GPU plot under it), else against the step.
     """
 
+    def version(self, view: RunView) -> object:
+        return (view.curve_version, read_phases(view.summary.summary) is not None)
+
     def draw(self, view: RunView | None, width: int, height: int, cursor_s: float | None) -> bool:
         if view is None:
             self.update(Text("Select a run to see its loss curve.", style="dim"), layout=False)
         elif not view.losses[0] and not view.evals[0]:
+            phases = phases_table(view.summary.summary)
+            if phases is not None:
+                self.update(phases, layout=False)
+                return True
             self.update(Text("No loss reported yet.", style="dim"), layout=False)
         elif view.timeline.loss:
             self.update(loss_time_plot(view.timeline, width, height, cursor_s), layout=False)
