@@ -275,9 +275,11 @@ class Comparison:
         table = Table(header_style="bold", box=None, pad_edge=False, title=title)
         table.add_column("")
         for r in self.records:
-            table.add_column(safe(r.id), justify="right", overflow="fold")
+            table.add_column(Text(safe(r.id)), justify="right", overflow="fold")
         for row in self.rows:
-            table.add_row(safe(row.name), *row.cells(), style="cyan" if row.setting else None)
+            # Text, not str: a run's settings are the user's text, never markup.
+            cells = [Text(safe(c)) for c in row.cells()]
+            table.add_row(Text(safe(row.name)), *cells, style="cyan" if row.setting else None)
         parts: list[RenderableType] = [table]
         if self.same:
             parts.append(Text(safe(self.same_text()), style="dim"))

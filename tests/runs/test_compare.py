@@ -308,3 +308,15 @@ def test_runs_compare_prints_the_burn_ins_verdicts(gpustation_dirs: dict[str, Pa
     assert row("result") == ["pass", "fail"]
     assert row("check: memory patterns") == ["pass", "fail"]
     assert row("check: matmul results") == ["pass", "="]
+
+
+def test_settings_that_look_like_markup_are_printed_as_they_are() -> None:
+    # A setting's value is the user's text: "[/bold]" must neither style nor break the table.
+    table = compare(
+        [resnet("a"), resnet("b")],
+        [{"note": "[/bold]"}, {"note": "[red]x[/red]"}],
+    )
+    console = Console(width=200, record=True, color_system=None)
+    console.print(table.renderable())
+    out = console.export_text()
+    assert "[/bold]" in out and "[red]x[/red]" in out
