@@ -86,7 +86,7 @@ COLUMNS = (
     ("COMMAND", "command"),
 )
 #: the width of each column but the last
-WIDTHS = (7, 10, 4, 6, 8, 5, 6, 7)
+WIDTHS = (7, 10, 4, 6, 9, 5, 6, 7)
 #: sort keys whose first order is the largest first
 DESCENDING = frozenset({"gpu_mem", "sm", "cpu", "rss"})
 

@@ -425,11 +425,7 @@ class ProcList(DrawnText):
 class ProcessTable(KeepsLines, Vertical):
     """GPU processes: sortable (``s`` or a click on a header), filterable (``/``)."""
 
-    DEFAULT_CSS = """
-    ProcessTable { height: auto; }
-    ProcessTable > ProcList { height: 2; }
-    ProcessTable > #proc-notes { color: $warning; }
-    """
+    DEFAULT_CSS = "ProcessTable { height: auto; } ProcessTable > ProcList { height: 2; }"
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
