@@ -260,7 +260,7 @@ class RunsUI:
 
     def runs_live(self) -> bool:
         """A run launched or re-attached here is still going."""
-        return any(v.live and v.active for v in self.views.values())
+        return bool(self.live_active())
 
     # -- presets ----------------------------------------------------------------------
     def _load_presets(self) -> None:
