@@ -29,6 +29,15 @@ def mib(value: float | None) -> str:
     return f"{value:.0f}M"
 
 
+def mib_words(value: float | None) -> str:
+    """MiB for a sentence (``812 MiB``, ``3.2 GiB``)."""
+    if value is None:
+        return NA
+    if value >= 1024:
+        return f"{value / 1024:.1f} GiB"
+    return f"{value:.0f} MiB"
+
+
 def rate(bytes_per_s: float | None) -> str:
     """Bytes/s as ``12.3 MB/s`` (decimal units, as disk and network tools show)."""
     if bytes_per_s is None:

@@ -21,6 +21,13 @@ VRAM_FULL_PCT = 95.0
 #: a PCIe link below its maximum only matters when the GPU is busy (idle cards
 #: drop to a lower generation on purpose, to save power)
 PCIE_BUSY_UTIL_PCT = 20.0
+#: VRAM no listed process holds is worth a line from this much, or from this
+#: share of the card's total where that is more. NVML's v2 memory info leaves
+#: the driver's reservation out of "used", but the v1 fallback counts it (a few
+#: hundred MiB, more on bigger cards), and consumer drivers keep some memory of
+#: their own outside every process's share: an idle card must not warn.
+UNOWNED_NOTE_MIB = 1024.0
+UNOWNED_NOTE_SHARE = 0.01
 
 CRITICAL = "critical"
 HOT = "hot"
@@ -65,6 +72,16 @@ def slow_link_under_load(gpu: GpuSample) -> bool:
 def vram_full(gpu: GpuSample) -> bool:
     pct = gpu.memory_pct
     return pct is not None and pct > VRAM_FULL_PCT
+
+
+def unowned_worth_noting(gpu: GpuSample) -> bool:
+    """Enough VRAM is held by no listed process to name it (a leak, another
+    container's context, a process stuck while exiting)."""
+    unowned = gpu.unowned_memory_mib
+    if unowned is None:
+        return False
+    share = UNOWNED_NOTE_SHARE * (gpu.memory_total_mib or 0.0)
+    return unowned >= max(UNOWNED_NOTE_MIB, share)
 
 
 def short_name(name: str | None) -> str:

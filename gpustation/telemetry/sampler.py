@@ -110,25 +110,28 @@ class Sampler:
 
     def _host_fields(self, gpus: list[GpuSample], now: float) -> None:
         if self.backend.simulated:
-            holders: dict[int, set[int]] | None = {}
-        else:
-            if now - self._last_holders >= self.slow_interval_s:
-                self._last_holders = now
-                self._holders = device_node_holders(self.proc_root, skip=os.getpid())
-            holders = self._holders
+            # The simulator says who holds its device nodes (poked in); /proc
+            # knows nothing of simulated GPUs.
+            for gpu in gpus:
+                if not gpu.lost:
+                    gpu.unowned_memory_mib = unowned_memory(gpu)
+                    gpu.device_holders = gpu.device_holders or []
+            return
+        if now - self._last_holders >= self.slow_interval_s:
+            self._last_holders = now
+            self._holders = device_node_holders(self.proc_root, skip=os.getpid())
+        holders = self._holders
         for gpu in gpus:
             if gpu.lost:
                 continue
             gpu.unowned_memory_mib = unowned_memory(gpu)
-            if holders is None or (gpu.minor_number is None and not self.backend.simulated):
+            if holders is None or gpu.minor_number is None:
                 continue
             listed = {p.pid for p in gpu.processes}
             if gpu.mig is not None:
                 listed.update(p.pid for inst in gpu.mig.instances for p in inst.processes)
             found = []
-            for pid in sorted(
-                holders.get(gpu.minor_number, ()) if gpu.minor_number is not None else ()
-            ):
+            for pid in sorted(holders.get(gpu.minor_number, ())):
                 if pid in listed:
                     continue
                 proc = ProcessInfo(pid=pid, kind="holder")

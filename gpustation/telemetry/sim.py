@@ -75,6 +75,10 @@ def _new_gpu_state(spec: CardSpec) -> dict[str, Any]:
         "temperature_fails": False,
         "xid": [],  # [time, code] of each XID poked in, oldest first
         "idle_holder_mib": None,  # MiB a process holds whatever the load (None: none)
+        # VRAM no listed process holds, and [pid, command] of each process
+        # holding the device node open without a context (both poked in)
+        "orphaned_mib": 0.0,
+        "holders": [],
         # derived each step, kept for readers
         "power_w": spec.power_idle_w,
         "fans_pct": [float(spec.fan_min_pct)] * spec.fans,
@@ -109,9 +113,20 @@ def _gpu_state_ok(g: Any, spec: CardSpec) -> bool:
             fixed = key.startswith("fan")
             if not isinstance(value, list) or (fixed and len(value) != len(template)):
                 return False
+            if key == "holders" and not all(_holder_ok(h) for h in value):
+                return False
         elif not isinstance(value, type(template)):
             return False
     return True
+
+
+def _holder_ok(holder: Any) -> bool:
+    return (
+        isinstance(holder, list)
+        and len(holder) == 2
+        and type(holder[0]) is int
+        and isinstance(holder[1], str)
+    )
 
 
 #: The machine last opened (card and count), reused by a plain ``--simulate``.
@@ -360,7 +375,9 @@ class SimBackend(Backend):
         load = float(g["load_now"])
         _, slot = self._job(index, now) if g["load"] is None else (0.0, None)
         procs: list[ProcessInfo] = []
-        mem_used = 380.0
+        # NVML's v2 "used" leaves the driver's reservation out: an idle card reads
+        # 0 and a busy one what its processes hold, unless memory was orphaned.
+        mem_used = float(g["orphaned_mib"])
         if load >= 0.05:
             jobs = [slot] if slot is not None else [0]
             for j in jobs:
@@ -430,6 +447,10 @@ class SimBackend(Backend):
         sample.ecc_uncorrected = g["ecc_uncorrected"] if self.read_ecc else None
         sample.processes = procs
         sample.minor_number = index
+        sample.device_holders = [
+            ProcessInfo(pid=pid, user="sim", name=cmd.split(" ")[0], command=cmd, kind="holder")
+            for pid, cmd in g["holders"]
+        ]
         self._deep(index, g, sample, load, now)
         return sample
 
@@ -557,8 +578,14 @@ class SimBackend(Backend):
         ``ambient_c``, ``lost``, ``ecc_uncorrected``, ``temperature_c``,
         ``temperature_fails`` (temperature reads return nothing), ``xid`` (an
         XID code the card reports now), ``idle_holder_mib`` (a process holding
-        that much memory whatever the load, None to end it)."""
+        that much memory whatever the load, None to end it), ``orphaned_mib``
+        (VRAM used that no listed process holds), ``holders`` ((pid, command)
+        of each process holding the device node open without being listed)."""
         xid = values.pop("xid", None)
+        if "holders" in values:
+            values["holders"] = [[int(pid), str(cmd)] for pid, cmd in values["holders"]]
+        if "orphaned_mib" in values:
+            values["orphaned_mib"] = float(values["orphaned_mib"])
         allowed = {
             "load",
             "ambient_c",
@@ -567,6 +594,8 @@ class SimBackend(Backend):
             "temperature_c",
             "temperature_fails",
             "idle_holder_mib",
+            "orphaned_mib",
+            "holders",
         }
         unknown = set(values) - allowed
         if unknown:

@@ -178,10 +178,6 @@ def process_lines(snap: Snapshot, color: bool = False, command_width: int = 100)
     return _table(header, rows, right={0, 1, 3, 4}, color=color)
 
 
-#: Unowned VRAM below this is the driver's own bookkeeping, not worth a line.
-UNOWNED_NOTE_MIB = 256.0
-
-
 def health_lines(snap: Snapshot, color: bool = False, command_width: int = 60) -> list[str]:
     """A line each for what needs a look: the last XID, a pending or failed row
     remap, VRAM no listed process holds, processes holding a GPU's device node
@@ -217,7 +213,7 @@ def health_lines(snap: Snapshot, color: bool = False, command_width: int = 60) -
                 lines.append(safe(text))
         holders = g.device_holders or []
         unowned = g.unowned_memory_mib
-        if holders or (unowned is not None and unowned >= UNOWNED_NOTE_MIB):
+        if holders or health.unowned_worth_noting(g):
             text = f"GPU {g.index}: {fmt.mib(unowned)} of VRAM held by no listed process"
             if holders:
                 who = ", ".join(

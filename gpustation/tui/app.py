@@ -238,6 +238,8 @@ class DashboardApp(ProcessActions):
         self._note_timer: object = None
         #: asked in turn on quit; one that returns True has taken over (asked a question)
         self.quit_hooks: list[Callable[[], bool]] = []
+        #: asked before each pass whether the GPM readings are wanted (a live run)
+        self.gpm_hooks: list[Callable[[], bool]] = []
         entries = SCREENS_BY_MODE if screens is None else screens
         self._modes_in_use = [e for e in entries if _available(e.factory)]
         self.MODES = {e.mode: _screen_maker(e) for e in self._modes_in_use}  # type: ignore[misc]
@@ -281,7 +283,17 @@ class DashboardApp(ProcessActions):
 
     def sample_now(self) -> None:
         """Start a sampling pass now (replaces a scheduled one)."""
+        self.source.want_gpm = self.gpm_wanted()
         self._poller.run_now()
+
+    def gpm_wanted(self) -> bool:
+        """Whether the next pass reads GPM: the visible screen shows it
+        (``shows_gpm``: the dashboard's full cards) or a hook says a run is live."""
+        # The screen under a dialog is still on view.
+        shown = next((s for s in reversed(self.screen_stack) if not s.is_modal), None)
+        if getattr(shown, "shows_gpm", False):
+            return True
+        return any(hook() for hook in self.gpm_hooks)
 
     def _sample_pass(self) -> FrameReady | SampleFailed:
         # Runs on the poller's thread; the poller posts what it returns.
@@ -294,6 +306,7 @@ class DashboardApp(ProcessActions):
 
     def _rearm(self, delay: float) -> None:
         if not self.paused and self.is_running:
+            self.source.want_gpm = self.gpm_wanted()
             self._poller.schedule(delay)
 
     @property

@@ -117,6 +117,12 @@ class KillDialog(ModalScreen[int | None]):
         with Vertical(id="kill-box"):
             yield Label(Text(f"Signal PID {r.pid}{sim}?"), id="kill-title")
             yield Label(Text(f"user {safe(r.user)} · GPU {r.gpu}"), id="kill-who")
+            if r.holder:
+                yield Label(
+                    "holds the GPU's device node open without being in the driver's "
+                    "process list: what can keep VRAM in use after its job ended",
+                    id="kill-holder",
+                )
             yield Label(Text(safe(r.command)[:200]), id="kill-command")
             with Horizontal(id="kill-buttons"):
                 yield Button("Terminate (SIGTERM) [t]", id="term", variant="warning")

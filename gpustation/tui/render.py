@@ -20,6 +20,7 @@ from gpustation.telemetry.alerts import topology_findings
 from gpustation.telemetry.health import short_name
 from gpustation.telemetry.history import METRICS, History, bucket
 from gpustation.telemetry.model import GpuSample, HostSample, Snapshot
+from gpustation.textsafe import safe
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 EIGHTHS = " ▏▎▍▌▋▊▉█"
@@ -205,6 +206,31 @@ def mig_text(gpu: GpuSample) -> Text:
             style="dim",
         )
     return out
+
+
+def unowned_text(snap: Snapshot, command_width: int = 60) -> Text:
+    """A line per GPU whose VRAM is largely held by no listed process, naming the
+    processes that hold its device node open (empty when there is none)."""
+    out = Text()
+    for gpu in snap.gpus:
+        if gpu.lost or not health.unowned_worth_noting(gpu):
+            continue
+        held = fmt.mib_words(gpu.unowned_memory_mib)
+        line = f"GPU {gpu.index}: {held} of VRAM held by no listed process"
+        holders = gpu.device_holders or []
+        if holders:
+            who = ", ".join(
+                f"PID {p.pid} {_cut(p.command or p.name or fmt.NA, command_width)}" for p in holders
+            )
+            line += f" (holders: {who})"
+        if out:
+            out.append("\n")
+        out.append(safe(line), style="yellow")
+    return out
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def compact_text(gpu: GpuSample, width: int, focused: bool = False) -> Text:

@@ -116,6 +116,12 @@ class DashboardScreen(LiveScreen):
         super().__init__()
         self._cards: dict[int, GpuCard] = {}
         self._layout_key: tuple[object, ...] | None = None
+        self._compact_cards = False
+
+    @property
+    def shows_gpm(self) -> bool:
+        """Its cards show SM, tensor and DRAM activity (full cards do, compact ones not)."""
+        return not self._compact_cards
 
     # ---- data ----------------------------------------------------------
     def show_frame(self, frame: Frame) -> None:
@@ -139,7 +145,9 @@ class DashboardScreen(LiveScreen):
         graph.window_s = self.dash.graph_window_s
         graph.redraw()
         self.query_one(HostPane).set_snapshot(snap)
-        self.query_one(ProcessTable).set_rows(process_rows(snap, frame.procs))
+        table = self.query_one(ProcessTable)
+        table.set_rows(process_rows(snap, frame.procs))
+        table.set_notes(render.unowned_text(snap))
 
     def set_metric(self, metric: str) -> None:
         select = self.query_one("#metric", Select)
@@ -185,6 +193,7 @@ class DashboardScreen(LiveScreen):
         cards.styles.grid_rows = str(card_h)
         cards.styles.height = math.ceil(n / cols) * card_h
         cards.set_class(compact, "-compact")
+        self._compact_cards = compact
         for card in self._cards.values():
             card.compact = compact
             card.set_class(compact, "-compact")

@@ -3,8 +3,9 @@
 :class:`DataSource` opens the backend (NVML init can take a while, so never
 on the UI thread), builds a :class:`Sampler` and adds what the process table
 needs beyond the model: CPU % and RSS of each GPU process, read through
-psutil for GPU processes only. Tests inject a backend factory, a fixed host
-sample, a hostname and a clock so screenshots are deterministic.
+psutil for GPU processes only (and the device nodes' holders). Tests inject
+a backend factory, a fixed host sample, a hostname, a clock and a ``/proc``
+so screenshots are deterministic.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class DataSource:
         clock: Callable[[], float] = time.time,
         slow_interval_s: float = 5.0,
         recorder: Recorder | None = None,
+        proc_root: str = "/proc",
     ) -> None:
         self._factory = backend_factory or (lambda: open_backend(fallback_to_sim=True))
         self._gpus = gpus
@@ -63,6 +65,8 @@ class DataSource:
         self._hostname = hostname
         self._clock = clock
         self._slow_interval_s = slow_interval_s
+        #: where the device nodes' holders are looked up
+        self._proc_root = proc_root
         self.backend: Backend | None = None
         self.sampler: Sampler | None = None
         self._procs: dict[int, psutil.Process] = {}
@@ -70,13 +74,15 @@ class DataSource:
         self.recorder = recorder
         #: why the recording stopped (a full disk), for the banner
         self.record_error: str | None = None
+        #: read the profiling metrics (GPM) in the next pass: the app sets it
+        #: while something on screen shows them or a run is live; the pass
+        #: hands it to the backend (on this thread, never the UI's)
+        self.want_gpm = False
 
     def open(self) -> Backend:
         if self.backend is None:
             backend = self._factory()
             backend.read_energy = False  # the dashboard does not show it
-            # SM and tensor activity, on the cards; GPM costs nothing on cards without it
-            backend.read_gpm = True
             try:
                 self.sampler = Sampler(
                     backend,
@@ -84,6 +90,7 @@ class DataSource:
                     slow_interval_s=self._slow_interval_s,
                     with_host=self._host_source is None,
                     clock=self._clock,
+                    proc_root=self._proc_root,
                 )
             except BaseException:
                 backend.close()
@@ -95,6 +102,8 @@ class DataSource:
         """One pass: GPUs, host, process CPU/RSS. Raises what the backend raises."""
         self.open()
         assert self.sampler is not None and self.backend is not None
+        # GPM takes driver time and a sample buffer per GPU: only while shown.
+        self.sampler.read_gpm = self.want_gpm
         t0 = time.perf_counter()
         snap = self.sampler.sample()
         if self._host_source is not None:
@@ -122,7 +131,7 @@ class DataSource:
     def _proc_stats(self, snap: Snapshot) -> dict[int, ProcStat]:
         # Only the GPU processes: walking every process on the host each tick
         # is what makes some monitors expensive.
-        pids = {p.pid for g in snap.gpus for p in g.processes}
+        pids = {p.pid for g in snap.gpus for p in [*g.processes, *(g.device_holders or ())]}
         out: dict[int, ProcStat] = {}
         for pid in pids:
             proc = self._procs.get(pid)

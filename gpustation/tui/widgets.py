@@ -7,8 +7,6 @@ keeps the dashboard's CPU use low.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rich.style import Style
@@ -22,12 +20,12 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Footer, Input, Label
 
-from gpustation.telemetry import format as fmt
 from gpustation.telemetry.history import History
 from gpustation.telemetry.model import GpuSample, Snapshot
 from gpustation.tui import render
 from gpustation.tui.linecache import KeepsLines
-from gpustation.tui.source import ProcStat
+from gpustation.tui.procrows import COLUMNS, DESCENDING, SORT_KEYS, WIDTHS, ProcRow
+from gpustation.tui.procrows import process_rows as process_rows
 
 
 class Rows(KeepsLines, Vertical):
@@ -316,75 +314,6 @@ class HostPane(DrawnText):
         self.show(render.host_text(snap.host, snap.hostname, self.content_region.width or 30))
 
 
-@dataclass(frozen=True, slots=True)
-class ProcRow:
-    gpu: int
-    pid: int
-    user: str
-    gpu_memory_mib: float | None
-    cpu_pct: float | None
-    rss_bytes: int | None
-    command: str
-    #: when the process started (seconds since the epoch; None where unknown)
-    started: float | None = None
-
-    @property
-    def key(self) -> str:
-        return f"{self.gpu}:{self.pid}"
-
-    def cells(self) -> tuple[str, ...]:
-        rss = None if self.rss_bytes is None else self.rss_bytes / (1024 * 1024)
-        return (
-            str(self.pid),
-            self.user,
-            str(self.gpu),
-            fmt.mib(self.gpu_memory_mib),
-            fmt.num(self.cpu_pct, 0),
-            fmt.mib(rss),
-            self.command,
-        )
-
-
-SORT_KEYS: dict[str, Callable[[ProcRow], object]] = {
-    "pid": lambda r: r.pid,
-    "user": lambda r: r.user,
-    "gpu": lambda r: (r.gpu, r.pid),
-    "gpu_mem": lambda r: r.gpu_memory_mib or 0.0,
-    "cpu": lambda r: r.cpu_pct or 0.0,
-    "rss": lambda r: r.rss_bytes or 0,
-    "command": lambda r: r.command,
-}
-COLUMNS = (
-    ("PID", "pid"),
-    ("USER", "user"),
-    ("GPU", "gpu"),
-    ("GPU MEM", "gpu_mem"),
-    ("CPU %", "cpu"),
-    ("RSS", "rss"),
-    ("COMMAND", "command"),
-)
-
-
-def process_rows(snap: Snapshot, stats: dict[int, ProcStat]) -> list[ProcRow]:
-    rows = []
-    for gpu in snap.gpus:
-        for p in gpu.processes:
-            st = stats.get(p.pid, ProcStat())
-            rows.append(
-                ProcRow(
-                    gpu=gpu.index,
-                    pid=p.pid,
-                    user=p.user or fmt.NA,
-                    gpu_memory_mib=p.gpu_memory_mib,
-                    cpu_pct=st.cpu_pct,
-                    rss_bytes=st.rss_bytes,
-                    command=p.command or p.name or fmt.NA,
-                    started=st.started,
-                )
-            )
-    return rows
-
-
 class ProcList(DrawnText):
     """The process rows as text: a header, one line per process, a cursor.
 
@@ -404,7 +333,7 @@ class ProcList(DrawnText):
     ]
     #: at most this many rows are shown; the cursor scrolls through the rest
     MAX_ROWS = 20
-    WIDTHS = (7, 10, 4, 8, 6, 7)
+    WIDTHS = WIDTHS
 
     def __init__(self, owner: ProcessTable, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -467,7 +396,7 @@ class ProcList(DrawnText):
             if self._offset + n == self.cursor:
                 style = "reverse" if self._focused else "on grey23"
             else:
-                style = ""
+                style = "yellow" if row.holder else ""
             t.append("\n")
             t.append(line, style=style)
         self.show(t)
@@ -509,10 +438,20 @@ class ProcessTable(KeepsLines, Vertical):
     def compose(self) -> ComposeResult:
         yield Input(placeholder="filter: pid, user or command (Esc to close)", id="proc-filter")
         yield ProcList(self, id="proc-table")
+        yield LiveText(id="proc-notes", wrap=True)
 
     def on_mount(self) -> None:
         self.query_one(Input).display = False
+        self.query_one("#proc-notes", LiveText).display = False
         self._render_rows()
+
+    def set_notes(self, notes: Text) -> None:
+        """Lines under the table (VRAM no listed process holds); hidden when empty."""
+        box = self.query_one("#proc-notes", LiveText)
+        shown = bool(notes.plain)
+        if box.display != shown:
+            box.display = shown
+        box.show(notes)
 
     @property
     def table(self) -> ProcList:
@@ -553,7 +492,7 @@ class ProcessTable(KeepsLines, Vertical):
             self.sort_reverse = not self.sort_reverse
         else:
             self.sort_key = key
-            self.sort_reverse = key in ("gpu_mem", "cpu", "rss")
+            self.sort_reverse = key in DESCENDING
         self._shown_rows = None
         self._render_rows()
 

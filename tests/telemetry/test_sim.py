@@ -220,3 +220,51 @@ def test_an_idle_holder_is_shared_through_the_state_file_and_counts_as_used_memo
     for bad in (-1, "4GiB", True):
         with pytest.raises(ValueError, match="idle_holder_mib"):
             poker.poke(1, idle_holder_mib=bad)
+
+
+@pytest.mark.parametrize("card", sorted(CARDS))
+@pytest.mark.parametrize("load", [0.0, 1.0])
+def test_simulated_vram_is_what_the_listed_processes_hold(card: str, load: float) -> None:
+    from gpustation.telemetry.table import render_snapshot
+
+    sim = SimBackend(count=2, card=card, clock=Clock())
+    for i in (0, 1):
+        sim.poke(i, load=load)
+    snap = Sampler(sim, with_host=False, with_topology=False).sample()
+    for g in snap.gpus:
+        assert g.memory_used_mib == sum(p.gpu_memory_mib or 0 for p in g.processes)
+        assert g.unowned_memory_mib == 0 and g.device_holders == []
+        assert bool(g.processes) == (load > 0)
+    assert "held by no listed process" not in render_snapshot(snap)
+
+
+def test_orphaned_memory_and_holders_are_simulated_only_when_poked() -> None:
+    from gpustation.telemetry.table import render_snapshot
+
+    sim = SimBackend(count=1, card="h200", clock=Clock())
+    sim.poke(0, load=0.0, orphaned_mib=3277, holders=[(4321, "python stuck.py")])
+    snap = Sampler(sim, with_host=False, with_topology=False).sample()
+    g = snap.gpus[0]
+    assert g.memory_used_mib == 3277 and g.unowned_memory_mib == 3277
+    assert [(p.pid, p.kind, p.command) for p in g.device_holders or []] == [
+        (4321, "holder", "python stuck.py")
+    ]
+    line = next(ln for ln in render_snapshot(snap).splitlines() if "held by no listed" in ln)
+    assert line.startswith("GPU 0: 3.2G of VRAM") and "held open by 4321 (python stuck.py)" in line
+    sim.poke(0, orphaned_mib=0, holders=[])
+    g = Sampler(sim, with_host=False, with_topology=False).sample().gpus[0]
+    assert g.unowned_memory_mib == 0 and g.device_holders == []
+
+
+def test_a_saved_state_with_malformed_holders_starts_afresh(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    path = tmp_path / "sim.json"
+    sim = SimBackend(count=1, card="rtx4090", clock=Clock(), state_path=path)
+    sim.poke(0, holders=[(4321, "python stuck.py")])
+    state = json.loads(path.read_text())
+    assert state["gpus"][0]["holders"] == [[4321, "python stuck.py"]]
+    state["gpus"][0]["holders"] = [["not a pid"]]
+    path.write_text(json.dumps(state))
+    again = SimBackend(count=1, card="rtx4090", clock=Clock(), state_path=path)
+    assert again.read_gpus([0], slow=True)[0].device_holders == []

@@ -106,3 +106,25 @@ def test_no_health_lines_for_a_healthy_gpu() -> None:
     snap.gpus[0].device_holders = []
     text = render_snapshot(snap)
     assert "held by no listed process" not in text and "XID" not in text
+
+
+def test_unowned_vram_is_named_from_a_gib_or_a_hundredth_of_a_big_card() -> None:
+    from gpustation.telemetry.health import unowned_worth_noting
+
+    def gpu(unowned: float | None, total: float) -> GpuSample:
+        return GpuSample(index=0, memory_total_mib=total, unowned_memory_mib=unowned)
+
+    # the driver's reservation where NVML's v1 memory info counts it as used
+    assert not unowned_worth_noting(gpu(581, 143771))
+    assert not unowned_worth_noting(gpu(372, 24564))
+    assert not unowned_worth_noting(gpu(None, 24564))  # a process's share unknown
+    assert unowned_worth_noting(gpu(1024, 24564))
+    assert not unowned_worth_noting(gpu(1200, 143771))  # under 1 % of 140 GiB
+    assert unowned_worth_noting(gpu(3277, 143771))
+
+    snap = _h200()
+    snap.gpus[0].unowned_memory_mib = 581.0
+    snap.gpus[0].device_holders = []
+    assert "held by no listed process" not in render_snapshot(snap)
+    snap.gpus[0].unowned_memory_mib = 3277.0
+    assert "GPU 0: 3.2G of VRAM held by no listed process" in render_snapshot(snap)

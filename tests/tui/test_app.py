@@ -324,6 +324,8 @@ async def test_process_table_sorts_and_filters() -> None:
         mems = [r.gpu_memory_mib or 0 for r in rows]
         assert mems == sorted(mems, reverse=True)  # default: most GPU memory first
         await pilot.press("s")
+        assert table.sort_key == "sm"
+        await pilot.press("s")
         assert table.sort_key == "cpu"
         await pilot.press("s", "s", "s", "s")
         assert table.sort_key == "user"

@@ -269,6 +269,8 @@ async def test_launch_by_key_follow_log_and_curve_then_stop(presets: dict[str, A
         (view,) = ui.live_active()
         assert view.preset == "a-train" and view.gpus == [1]
         assert ui.selected == view.id
+        # The runs screen shows no GPM itself: the live run keeps it read.
+        assert app.gpm_wanted()
         # Its log streams into the pane, its curve gets points, its GPU is shown.
         await wait_for(pilot, lambda: "step 12 loss" in log_text(app), timeout=40)
         assert "trainer ready" in log_text(app)
@@ -297,6 +299,7 @@ async def test_launch_by_key_follow_log_and_curve_then_stop(presets: dict[str, A
         await wait_for(pilot, lambda: view.id in ui.history_ids)
         table = app.screen.query_one("#runs-table", DataTable)
         assert str(table.get_cell(view.id, "status")) == "stopped"
+        assert not app.gpm_wanted()  # the run ended: the runs screen needs no GPM
 
 
 async def test_two_runs_at_once_and_a_finished_run_lands_in_the_history(

@@ -210,6 +210,14 @@ def test_main_screen_eight_h200(snap_compare) -> None:  # type: ignore[no-untype
     assert snap_compare(dashboard(count=8, card="h200"), terminal_size=(160, 48), run_before=settle)
 
 
+def test_main_screen_with_a_device_node_holder(snap_compare) -> None:  # type: ignore[no-untyped-def]
+    # VRAM no listed process holds and the process keeping its device node open
+    app, backend = make_app(count=2, prefill=300, notify_alerts=False, screens=BUILTIN_SCREENS)
+    backend.poke(0, orphaned_mib=3277, holders=[(31337, "python -c import torch; torch.zeros(1)")])
+    app.paused = True
+    assert snap_compare(app, terminal_size=(160, 48), run_before=settle)
+
+
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
 def test_launch_form(snap_compare, size, gpustation_dirs) -> None:  # type: ignore[no-untyped-def]
     from .test_launch_form import FormApp, preset

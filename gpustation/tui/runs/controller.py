@@ -105,6 +105,9 @@ class RunsUI:
         app_hooks = getattr(app, "quit_hooks", None)
         if isinstance(app_hooks, list):
             app_hooks.append(self.before_quit)
+        gpm_hooks = getattr(app, "gpm_hooks", None)
+        if isinstance(gpm_hooks, list):
+            gpm_hooks.append(self.runs_live)  # SM and tensor activity beside a live run
 
     # -- the poller ----------------------------------------------------------------------
     def start(self, screen: RunsScreen) -> None:
@@ -254,6 +257,10 @@ class RunsUI:
     def live_active(self) -> list[RunView]:
         """Runs launched or re-attached here that are still going."""
         return [v for v in self.views.values() if v.live and v.active]
+
+    def runs_live(self) -> bool:
+        """A run launched or re-attached here is still going."""
+        return bool(self.live_active())
 
     # -- presets ----------------------------------------------------------------------
     def _load_presets(self) -> None:

@@ -82,6 +82,12 @@ def gpu_line(g: GpuSample) -> Text:
     t.append(f" · {fmt.pair(g.power_w, g.power_limit_w, ' W')}")
     t.append(f" · util {fmt.num(g.utilization_gpu_pct, 0, ' %')}")
     t.append(f" · VRAM {fmt.mib(g.memory_used_mib)}/{fmt.mib(g.memory_total_mib)}")
+    if g.sm_active_pct is not None or g.tensor_active_pct is not None:
+        # GPM, read while a run is live on cards that have it
+        t.append(
+            f" · SM active {fmt.num(g.sm_active_pct, 0, ' %')}"
+            f" tensor {fmt.num(g.tensor_active_pct, 0, ' %')}"
+        )
     reasons = health.limiting_reasons(g)
     if reasons:
         t.append(f" · throttled: {fmt.throttle(reasons)}", style="yellow")
