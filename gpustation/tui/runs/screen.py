@@ -114,8 +114,8 @@ class RunsScreen(RunDetailScreen):
         Binding("k", "cursor(-1)", "Up", show=False, id="runs.up"),
         Binding("escape", "app.show_dashboard", "Back", id="runs.back"),
     ]
-    # The presets and runs pane takes 40 % of the width up to 64 columns (45 %
-    # up to 84 on a wide terminal, for more of the runs table); below 100
+    # The presets and runs pane takes 40 % of the width up to 64 columns (84
+    # on a wide terminal, for more of the runs table); below 100
     # columns the panes stack. Short terminals get smaller lists and plot.
     DEFAULT_CSS = """
     #runs-body { height: 1fr; }
@@ -133,7 +133,7 @@ class RunsScreen(RunDetailScreen):
     #run-log { height: 1fr; border: round $panel; }
     #run-log:focus { border: round $accent; }
     #run-log-hint { height: 1; padding: 0 1; }
-    RunsScreen.-wide #runs-left { width: 45%; max-width: 84; }
+    RunsScreen.-wide #runs-left { max-width: 84; }
     RunsScreen.-short #runs-presets { height: 8; }
     RunsScreen.-short #run-plot { height: 8; }
     RunsScreen.-tall #runs-presets { height: 16; }
