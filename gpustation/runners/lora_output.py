@@ -21,7 +21,8 @@ DEFAULT_PROMPT = "A GPU is"
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--merge",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="at the end, merge the adapter into the base weights and save the plain model "
         "(with its tokenizer, if it has one) to OUTPUT_DIR/merged, loadable with "
         "AutoModelForCausalLM.from_pretrained",

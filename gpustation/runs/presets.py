@@ -450,11 +450,15 @@ def apply_overrides(
             key = raw_key.replace("-", "_")
             near = difflib.get_close_matches(key, list(args), n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
+            value: ArgValue = text
+            word = text.strip().lower()
+            if word in ("true", "false", "yes", "no", "on", "off"):
+                # a switch: --flag or --no-flag, as for the preset's own booleans
+                value = word in ("true", "yes", "on")
             warnings.append(
                 f"--set {raw_key}: preset {preset.name!r} has no argument {raw_key!r}{hint}; "
-                "passing it as a string"
+                f"passing it as {'a switch' if isinstance(value, bool) else 'a string'}"
             )
-            value: ArgValue = text
         else:
             value = _typed(raw_key, text, args[key])
         args[key] = value

@@ -6,7 +6,10 @@ opens the backend) and :meth:`HostSampler.sample` the second, so a one-shot
 snapshot measures over the time it spends anyway. CPU use is counted in
 jiffies (a hundredth of a second per core), too coarse for a few
 milliseconds: the first reading after :meth:`~HostSampler.prime` waits until
-:data:`MIN_CPU_INTERVAL_S` have passed since the baseline.
+the counters of all the cores together have had time for about
+:data:`CPU_TICKS` ticks since the baseline (:func:`min_cpu_interval_s`: 50 ms
+on two cores, 25 ms on sixteen, never below 10 ms), which a snapshot of a
+many-core GPU host has spent already by the time it reads the host.
 
 On Linux everything is read from ``/proc`` directly: importing psutil costs
 more than a whole snapshot's reading of the host, and ``gpustation snapshot``
@@ -107,8 +110,16 @@ def _proc_meminfo() -> dict[str, int]:
 
 # ---- the sampler --------------------------------------------------------------
 
-#: the shortest interval the first CPU reading is measured over (see the module docstring)
+#: the longest the first CPU reading waits for its interval (see the module docstring)
 MIN_CPU_INTERVAL_S = 0.05
+#: jiffies (all cores together) the first CPU reading is measured over, at the least
+CPU_TICKS = 40
+
+
+def min_cpu_interval_s(cores: int | None = None) -> float:
+    """The shortest interval the first CPU reading is measured over on ``cores`` cores."""
+    cores = cores or os.cpu_count() or 1
+    return min(MIN_CPU_INTERVAL_S, max(0.01, CPU_TICKS / (100.0 * cores)))
 
 
 class HostSampler:
@@ -118,7 +129,7 @@ class HostSampler:
         self._net: tuple[int, int] | None = None
         self._cpu: list[tuple[int, int]] | None = None
         self._primed = False
-        #: the next sample is the first after prime: it waits for MIN_CPU_INTERVAL_S
+        #: the next sample is the first after prime: it waits for min_cpu_interval_s()
         self._first = True
         self._psutil: Any = None
         if not _LINUX:
@@ -173,7 +184,7 @@ class HostSampler:
         now = time.monotonic()
         if self._first:
             self._first = False
-            short = MIN_CPU_INTERVAL_S - (now - (self._t or now))
+            short = min_cpu_interval_s() - (now - (self._t or now))
             if short > 0:
                 time.sleep(short)  # the measuring interval itself, not a wait on anything
                 now = time.monotonic()

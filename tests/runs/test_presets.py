@@ -131,6 +131,16 @@ def test_overrides_are_typed_by_the_defaults() -> None:
     assert preset.args["batch_size"] == 32, "the original preset is left alone"
 
 
+def test_an_unknown_key_set_to_true_or_false_is_a_switch() -> None:
+    from gpustation.runs.argv import format_args
+
+    preset = RunPreset(name="p", command=["x"], args={"steps": 10})
+    new, parsed, warnings = apply_overrides(preset, ["merge=true", "verify=off", "seed=1"])
+    assert parsed == {"merge": True, "verify": False, "seed": "1"}  # digits stay text
+    assert format_args(new.args) == ["--steps", "10", "--merge", "--no-verify", "--seed", "1"]
+    assert "as a switch" in warnings[0] and "as a string" in warnings[2]
+
+
 @pytest.mark.parametrize(
     ("item", "words"),
     [

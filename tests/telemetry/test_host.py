@@ -90,11 +90,11 @@ def test_the_first_cpu_reading_covers_a_minimum_interval(monkeypatch: pytest.Mon
     monkeypatch.setattr(host, "time", clock)
     sampler = host.HostSampler()
     sampler.prime()
-    clock.t += host.MIN_CPU_INTERVAL_S / 4  # reading the GPUs took a moment
+    clock.t += host.min_cpu_interval_s() / 4  # reading the GPUs took a moment
     sampler.sample()
     # the first reading waited for the rest of the interval, the next ones do not wait
-    assert sum(clock.slept) == pytest.approx(host.MIN_CPU_INTERVAL_S * 3 / 4)
-    clock.t += host.MIN_CPU_INTERVAL_S / 4
+    assert sum(clock.slept) == pytest.approx(host.min_cpu_interval_s() * 3 / 4)
+    clock.t += host.min_cpu_interval_s() / 4
     sampler.sample()
     assert len(clock.slept) == 1
 
@@ -104,7 +104,7 @@ def test_a_baseline_older_than_the_minimum_costs_no_wait(monkeypatch: pytest.Mon
     monkeypatch.setattr(host, "time", clock)
     sampler = host.HostSampler()
     sampler.prime()
-    clock.t += host.MIN_CPU_INTERVAL_S * 2  # opening the backend took longer
+    clock.t += host.min_cpu_interval_s() * 2  # opening the backend took longer
     sampler.sample()
     assert clock.slept == []
 
@@ -122,3 +122,11 @@ def test_describe_process_leaves_an_unknown_pid_alone() -> None:
     proc = ProcessInfo(pid=2**22 + 12345)
     host.describe_process(proc)
     assert proc.user is None and proc.name is None and proc.command is None
+
+
+@pytest.mark.parametrize(
+    ("cores", "expected"), [(1, 0.05), (2, 0.05), (8, 0.05), (16, 0.025), (64, 0.01), (256, 0.01)]
+)
+def test_the_minimum_interval_shrinks_with_the_cores(cores: int, expected: float) -> None:
+    # about 40 jiffies over all the cores together, between 10 and 50 ms
+    assert host.min_cpu_interval_s(cores) == pytest.approx(expected)
