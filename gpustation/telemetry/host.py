@@ -8,8 +8,8 @@ jiffies (a hundredth of a second per core), too coarse for a few
 milliseconds: the first reading after :meth:`~HostSampler.prime` waits until
 the counters of all the cores together have had time for about
 :data:`CPU_TICKS` ticks since the baseline (:func:`min_cpu_interval_s`: 50 ms
-on two cores, 25 ms on sixteen, never below 10 ms), which a snapshot of a
-many-core GPU host has spent already by the time it reads the host.
+on two cores, 20 ms on eight, 10 ms on sixteen or more): a figure to a few
+per cent, for a wait of a few milliseconds on a many-core GPU host.
 
 On Linux everything is read from ``/proc`` directly: importing psutil costs
 more than a whole snapshot's reading of the host, and ``gpustation snapshot``
@@ -113,7 +113,7 @@ def _proc_meminfo() -> dict[str, int]:
 #: the longest the first CPU reading waits for its interval (see the module docstring)
 MIN_CPU_INTERVAL_S = 0.05
 #: jiffies (all cores together) the first CPU reading is measured over, at the least
-CPU_TICKS = 40
+CPU_TICKS = 16
 
 
 def min_cpu_interval_s(cores: int | None = None) -> float:
