@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from collections import defaultdict
 from typing import Any
 
-from gpustation.errors import UsageError
 from gpustation.runs.cost import J_PER_KWH, load_price
+from gpustation.runs.history import parse_span
 from gpustation.runs.store import RunStore
 from gpustation.textsafe import safe
-
-_SPAN = re.compile(r"(\d+(?:\.\d+)?)\s*([hdw])")
-_UNIT_S = {"h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,15 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
 
 
-def parse_span(text: str) -> float:
-    m = _SPAN.fullmatch(text.strip())
-    if not m:
-        raise UsageError(f"--since: a span such as 12h, 7d or 4w, got {text!r}")
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
-
-
 def run(args: argparse.Namespace) -> int:
-    since = time.time() - parse_span(args.since)
+    since = time.time() - parse_span(args.since, "--since")
     price = load_price()
     groups: dict[str, dict[str, Any]] = defaultdict(
         lambda: {"runs": 0, "energy_j": 0.0, "gpu_hours": 0.0, "unmeasured": 0}

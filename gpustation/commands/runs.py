@@ -157,18 +157,14 @@ def _print_profile(out: object, r: RunSummary) -> None:
 
 
 def _tidy(store: RunStore, args: argparse.Namespace) -> int:
-    from gpustation.commands.energy import parse_span
-    from gpustation.runs.history import annotate, delete_runs, prune_candidates
+    from gpustation.runs.history import annotate, delete_runs, parse_span, prune_candidates
 
     if args.runs_action == "delete":
         for run_id in delete_runs(store, [store.resolve_id(i) for i in args.ids]):
             print(f"deleted {run_id}")
         return 0
     if args.runs_action == "prune":
-        try:
-            span = parse_span(args.older_than)
-        except UsageError as err:
-            raise UsageError(str(err).replace("--since", "--older-than")) from None
+        span = parse_span(args.older_than, "--older-than")
         found = prune_candidates(store, span, args.status)
         if args.dry_run:
             for r in found:

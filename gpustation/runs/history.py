@@ -8,6 +8,7 @@ deleted; stop it first.
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from collections.abc import Sequence
@@ -71,6 +72,18 @@ def delete_runs(store: RunStore, run_ids: Sequence[str]) -> list[str]:
         store.delete(record.id)
         deleted.append(record.id)
     return deleted
+
+
+_SPAN = re.compile(r"(\d+(?:\.\d+)?)\s*([hdw])")
+_UNIT_S = {"h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_span(text: str, what: str = "the span") -> float:
+    """``12h``, ``30d``, ``4w`` -> seconds; a UsageError naming ``what`` otherwise."""
+    m = _SPAN.fullmatch(text.strip())
+    if not m:
+        raise UsageError(f"{what}: a span such as 12h, 7d or 4w, got {text!r}")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
 
 
 def prune_candidates(

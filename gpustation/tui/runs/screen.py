@@ -28,8 +28,9 @@ from textual.widgets.option_list import Option
 
 from gpustation.runs.compare import gpus_text
 from gpustation.runs.presets import RunPreset
+from gpustation.textsafe import safe
 from gpustation.tui.readonly import refused
-from gpustation.tui.runs import tidy
+from gpustation.tui.runs import prune, tidy
 from gpustation.tui.runs.compare import CompareScreen
 from gpustation.tui.runs.controller import (
     AllStopped,
@@ -93,6 +94,7 @@ RUN_COLUMNS = (
     ("tags · note", "notes"),
 )
 STATUS_COLUMN = 4
+RUNS_TITLE = "Runs (x stops · space marks · v compares · / filters)"
 
 # ---- the screen -----------------------------------------------------------------------------
 
@@ -109,6 +111,8 @@ class RunsScreen(RunDetailScreen):
         Binding("delete", "delete", "Delete", key_display="Del", id="runs.delete"),
         Binding("n", "note", "Note", id="runs.note"),
         Binding("T", "tag", "Tag", id="runs.tag"),
+        Binding("D", "prune", "Prune", id="runs.prune"),
+        Binding("slash", "filter", "Filter", key_display="/", id="runs.filter"),
         Binding("end", "follow", "Follow log", priority=True, id="runs.follow"),
         Binding("j", "cursor(1)", "Down", show=False, id="runs.down"),
         Binding("k", "cursor(-1)", "Up", show=False, id="runs.up"),
@@ -161,6 +165,8 @@ class RunsScreen(RunDetailScreen):
         self._flushed_at = 0.0
         self._dirty = True
         self._log_dirty = True
+        #: the runs table shows only the runs matching this (prune.matches); "" all
+        self.run_filter = ""
 
     @property
     def ui(self) -> RunsUI:
@@ -190,7 +196,7 @@ class RunsScreen(RunDetailScreen):
         super().on_mount()
         self.query_one("#runs-presets", OptionList).border_title = "Presets (l launches)"
         table = self.query_one("#runs-table", DataTable)
-        table.border_title = "Runs (x stops · space marks · v compares)"
+        table.border_title = RUNS_TITLE
         # Preset, step and loss first: a narrow table keeps them in view (the
         # selected run's status is in the run pane too).
         for label, key in RUN_COLUMNS:
@@ -359,6 +365,8 @@ class RunsScreen(RunDetailScreen):
         table = self.query_one("#runs-table", DataTable)
         now = time.time()
         views = self.ui.ordered()
+        if self.run_filter:
+            views = [v for v in views if prune.matches(v, self.run_filter, self._user_tags(v))]
         ids = [v.id for v in views]
         if ids != self._row_ids:
             current = select or self.ui.selected
@@ -388,6 +396,11 @@ class RunsScreen(RunDetailScreen):
                     if old is None or cells[n] != old[n]:
                         table.update_cell(v.id, columns[n], value, update_width=True)
         self._sync_selection()
+
+    @staticmethod
+    def _user_tags(view: RunView) -> list[str]:
+        """Tags set from this screen on a run going (its summary has the rest)."""
+        return list(view.annotations[0]) if view.annotations else []
 
     @staticmethod
     def _styled(cells: tuple[str, ...], v: RunView) -> list[Text | str]:
@@ -621,6 +634,30 @@ class RunsScreen(RunDetailScreen):
 
     def on_tidied(self, message: tidy.Tidied) -> None:
         tidy.tidied(self, message)
+
+    def action_prune(self) -> None:
+        if not refused(self.dash, "deleting runs"):
+            prune.ask_prune(self)
+
+    def on_prune_found(self, message: prune.PruneFound) -> None:
+        prune.confirm_prune(self, message)
+
+    def action_filter(self) -> None:
+        def answered(text: str | None) -> None:
+            if text is not None:
+                self.run_filter = text
+                self._show_filter()
+                self._update_table()
+
+        self.app.push_screen(prune.FilterDialog(self.run_filter), answered)
+
+    def _show_filter(self) -> None:
+        table = self.query_one("#runs-table", DataTable)
+        if self.run_filter:
+            # The user's words, shown as they are (never read as markup).
+            table.border_title = Text(f"Runs (filter: {safe(self.run_filter)} · / changes it)")
+        else:
+            table.border_title = RUNS_TITLE
 
     def action_follow(self) -> None:
         log = self.query_one("#run-log", RunLog)

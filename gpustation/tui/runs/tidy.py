@@ -219,7 +219,7 @@ def targets(screen: RunsScreen) -> list[RunView]:
     return [view] if view is not None else []
 
 
-def _work(screen: RunsScreen, job: Any, name: str) -> None:
+def in_worker(screen: RunsScreen, job: Any, name: str) -> None:
     screen.app.run_worker(job, thread=True, exit_on_error=False, group="runs", name=name)
 
 
@@ -253,7 +253,7 @@ def ask_delete(screen: RunsScreen) -> None:
 
     def answered(choice: str | None) -> None:
         if choice == "delete":
-            _work(screen, job, "delete runs")
+            in_worker(screen, job, "delete runs")
 
     screen.app.push_screen(DeleteRunsDialog(views), answered)
 
@@ -278,7 +278,7 @@ def _annotate(
             return
         screen.post_message(Tidied(action, run_ids, records))
 
-    _work(screen, job, f"{action} runs")
+    in_worker(screen, job, f"{action} runs")
 
 
 def ask_note(screen: RunsScreen) -> None:
