@@ -23,7 +23,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Static, TextArea
 
 from gpustation.errors import UsageError
 from gpustation.runs.presets import RunPreset, command_preset
-from gpustation.tui.runs.form import LaunchRequest, shown_argv
+from gpustation.tui.runs.form import GpuChoice, LaunchRequest, shown_argv
 from gpustation.tui.widgets import set_size_classes
 
 #: the command line's words in messages, and the form's
@@ -64,7 +64,6 @@ class CommandDialog(ModalScreen[LaunchRequest | None]):
     #command-box .launch-row > Input { width: 1fr; }
     #command-env { width: 1fr; height: 5; }
     #command-gpus { height: auto; width: 1fr; }
-    #command-gpus Checkbox { width: auto; margin-right: 1; }
     #command-argv {
         color: $text-muted; height: auto; padding: 0 1; border: round $panel; margin-top: 1;
     }
@@ -105,13 +104,7 @@ class CommandDialog(ModalScreen[LaunchRequest | None]):
                 )
             with Horizontal(classes="launch-row"):
                 yield Label("GPUs")
-                with Horizontal(id="command-gpus"):
-                    for i in range(self.device_count or 0):
-                        yield Checkbox(
-                            f"GPU {i}", i in self.initial_gpus, id=f"gpu-{i}", compact=True
-                        )
-                    if not self.device_count:
-                        yield Label(Text("no GPU on this machine: a CPU run", style="dim"))
+                yield GpuChoice(self.device_count, self.initial_gpus, id="command-gpus")
             yield Static(id="command-argv")
             yield Label("", id="command-error")
             with Horizontal(id="command-buttons"):
@@ -128,9 +121,7 @@ class CommandDialog(ModalScreen[LaunchRequest | None]):
     # -- reading the form -------------------------------------------------------------------
     def gpus(self) -> list[int] | None:
         """The GPUs checked (None where the machine has none to choose)."""
-        if not self.device_count:
-            return None
-        return [i for i in range(self.device_count) if self.query_one(f"#gpu-{i}", Checkbox).value]
+        return self.query_one(GpuChoice).chosen()
 
     def preset(self) -> RunPreset:
         """The command preset the fields describe; raises UsageError with what is wrong."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -139,6 +140,29 @@ class ArgsRead(Message):
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
+class GpuChoice(Horizontal):
+    """A form's GPUs as checkboxes (``#gpu-N``), or a line saying there are none."""
+
+    DEFAULT_CSS = "GpuChoice Checkbox { width: auto; margin-right: 1; }"
+
+    def __init__(self, device_count: int | None, chosen: Sequence[int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.device_count = device_count or 0
+        self.initial = list(chosen)
+
+    def compose(self) -> ComposeResult:
+        for i in range(self.device_count):
+            yield Checkbox(f"GPU {i}", i in self.initial, id=f"gpu-{i}", compact=True)
+        if not self.device_count:
+            yield Label(Text("no GPU on this machine: a CPU run", style="dim"))
+
+    def chosen(self) -> list[int] | None:
+        """The GPUs checked (None where the machine has none to choose)."""
+        if not self.device_count:
+            return None
+        return [i for i in range(self.device_count) if self.query_one(f"#gpu-{i}", Checkbox).value]
+
+
 def shown_argv(argv: list[str]) -> str:
     """``argv`` as a shell would read it, safe for the screen."""
     # The interpreter's full path says nothing the reader needs.
@@ -174,7 +198,6 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
     .launch-help { color: $text-muted; padding: 0 0 0 24; height: auto; width: 100%; }
     #launch-add-row { margin-top: 1; }
     #launch-gpus { height: auto; width: 1fr; }
-    #launch-gpus Checkbox { width: auto; margin-right: 1; }
     #launch-argv { color: $text-muted; height: auto; padding: 0 1; border: round $panel; }
     #launch-error { color: $error; height: auto; }
     #launch-buttons { height: auto; }
@@ -230,13 +253,7 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
                 )
             with Horizontal(classes="launch-row"):
                 yield Label("GPUs")
-                with Horizontal(id="launch-gpus"):
-                    for i in range(self.device_count or 0):
-                        yield Checkbox(
-                            f"GPU {i}", i in self.initial_gpus, id=f"gpu-{i}", compact=True
-                        )
-                    if not self.device_count:
-                        yield Label(Text("no GPU on this machine: a CPU run", style="dim"))
+                yield GpuChoice(self.device_count, self.initial_gpus, id="launch-gpus")
             yield Static(id="launch-argv")
             yield Label("", id="launch-error")
             with Horizontal(id="launch-buttons"):
@@ -373,9 +390,7 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
 
     def gpus(self) -> list[int] | None:
         """The GPUs checked (None where the machine has none to choose)."""
-        if not self.device_count:
-            return None
-        return [i for i in range(self.device_count) if self.query_one(f"#gpu-{i}", Checkbox).value]
+        return self.query_one(GpuChoice).chosen()
 
     def request(self) -> LaunchRequest:
         """The launch the form describes; raises UsageError with what is wrong."""

@@ -33,6 +33,8 @@ ACTIVE_BITE = 1 << 18
 FINISHED_BITE = 2 << 20
 #: the loss curve is redrawn at most this often (a plotext figure is slow to build)
 PLOT_EVERY_S = 1.0
+#: the runs table's title while no filter is set
+RUNS_TITLE = "Runs (x stops · space marks · v compares · / filters)"
 #: history rows shown
 HISTORY_LIMIT = 200
 #: lines under the preset list describing the highlighted preset

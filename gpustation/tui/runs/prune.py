@@ -13,19 +13,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Select
+from textual.widgets import Button, DataTable, Input, Label, Select
 
 from gpustation.errors import UsageError
 from gpustation.runs.history import parse_span
 from gpustation.runs.rundir import FINAL_STATUSES
 from gpustation.runs.summary import RunSummary
-from gpustation.tui.runs.model import RunView
-from gpustation.tui.runs.tidy import DeleteRunsDialog, Tidied, in_worker
+from gpustation.textsafe import safe
+from gpustation.tui.runs.model import RUNS_TITLE, RunView
+from gpustation.tui.runs.tidy import confirm_delete, in_worker
 
 if TYPE_CHECKING:
     from gpustation.tui.runs.screen import RunsScreen
@@ -129,25 +131,7 @@ def confirm_prune(screen: RunsScreen, message: PruneFound) -> None:
     if not message.found:
         screen.notify(f"No run ended before {message.span} ago.", title="Prune")
         return
-    views = [RunView.of(s) for s in message.found]
-    run_ids = [v.id for v in views]
-
-    def job() -> None:
-        from gpustation.runs.history import delete_runs
-        from gpustation.runs.store import RunStore
-
-        try:
-            deleted = delete_runs(RunStore(), run_ids)
-        except Exception as err:
-            screen.post_message(Tidied("delete", run_ids, error=str(err)))
-            return
-        screen.post_message(Tidied("delete", deleted))
-
-    def answered(choice: str | None) -> None:
-        if choice == "delete":
-            in_worker(screen, job, "prune runs")
-
-    screen.app.push_screen(DeleteRunsDialog(views), answered)
+    confirm_delete(screen, [RunView.of(s) for s in message.found], "prune runs")
 
 
 # ---- the filter ---------------------------------------------------------------------
@@ -174,6 +158,28 @@ def matches(view: RunView, text: str, user_tags: Sequence[str] = ()) -> bool:
             if word not in haystack:
                 return False
     return True
+
+
+def filtered(views: Sequence[RunView], text: str) -> list[RunView]:
+    """The runs matching ``text``, with the tags set from the screen on runs going."""
+    return [v for v in views if matches(v, text, v.annotations[0] if v.annotations else ())]
+
+
+def ask_filter(screen: RunsScreen) -> None:
+    """Ask for the filter; the table and its title follow the answer."""
+
+    def answered(text: str | None) -> None:
+        if text is None:
+            return
+        screen.run_filter = text
+        table = screen.query_one("#runs-table", DataTable)
+        # The user's words, shown as they are (never read as markup).
+        table.border_title = (
+            Text(f"Runs (filter: {safe(text)} · / changes it)") if text else RUNS_TITLE
+        )
+        screen.runs_changed(True, False)
+
+    screen.app.push_screen(FilterDialog(screen.run_filter), answered)
 
 
 class FilterDialog(ModalScreen[str | None]):

@@ -28,7 +28,6 @@ from textual.widgets.option_list import Option
 
 from gpustation.runs.compare import gpus_text
 from gpustation.runs.presets import RunPreset
-from gpustation.textsafe import safe
 from gpustation.tui.readonly import refused
 from gpustation.tui.runs import prune, tidy
 from gpustation.tui.runs.compare import CompareScreen
@@ -51,6 +50,7 @@ from gpustation.tui.runs.model import (
     FLOOD_LINES,
     INFO_LINES,
     MAX_LOG_LINES,
+    RUNS_TITLE,
     STATUS_STYLE,
     RunDelta,
     RunView,
@@ -94,7 +94,6 @@ RUN_COLUMNS = (
     ("tags · note", "notes"),
 )
 STATUS_COLUMN = 4
-RUNS_TITLE = "Runs (x stops · space marks · v compares · / filters)"
 
 # ---- the screen -----------------------------------------------------------------------------
 
@@ -366,7 +365,7 @@ class RunsScreen(RunDetailScreen):
         now = time.time()
         views = self.ui.ordered()
         if self.run_filter:
-            views = [v for v in views if prune.matches(v, self.run_filter, self._user_tags(v))]
+            views = prune.filtered(views, self.run_filter)
         ids = [v.id for v in views]
         if ids != self._row_ids:
             current = select or self.ui.selected
@@ -396,11 +395,6 @@ class RunsScreen(RunDetailScreen):
                     if old is None or cells[n] != old[n]:
                         table.update_cell(v.id, columns[n], value, update_width=True)
         self._sync_selection()
-
-    @staticmethod
-    def _user_tags(view: RunView) -> list[str]:
-        """Tags set from this screen on a run going (its summary has the rest)."""
-        return list(view.annotations[0]) if view.annotations else []
 
     @staticmethod
     def _styled(cells: tuple[str, ...], v: RunView) -> list[Text | str]:
@@ -643,21 +637,7 @@ class RunsScreen(RunDetailScreen):
         prune.confirm_prune(self, message)
 
     def action_filter(self) -> None:
-        def answered(text: str | None) -> None:
-            if text is not None:
-                self.run_filter = text
-                self._show_filter()
-                self._update_table()
-
-        self.app.push_screen(prune.FilterDialog(self.run_filter), answered)
-
-    def _show_filter(self) -> None:
-        table = self.query_one("#runs-table", DataTable)
-        if self.run_filter:
-            # The user's words, shown as they are (never read as markup).
-            table.border_title = Text(f"Runs (filter: {safe(self.run_filter)} · / changes it)")
-        else:
-            table.border_title = RUNS_TITLE
+        prune.ask_filter(self)
 
     def action_follow(self) -> None:
         log = self.query_one("#run-log", RunLog)

@@ -238,6 +238,11 @@ def ask_delete(screen: RunsScreen) -> None:
             severity="warning",
         )
         return
+    confirm_delete(screen, views)
+
+
+def confirm_delete(screen: RunsScreen, views: Sequence[RunView], name: str = "delete runs") -> None:
+    """Name ``views`` in a confirmation; once given, a worker deletes them (Tidied)."""
     run_ids = [v.id for v in views]
 
     def job() -> None:
@@ -253,7 +258,7 @@ def ask_delete(screen: RunsScreen) -> None:
 
     def answered(choice: str | None) -> None:
         if choice == "delete":
-            in_worker(screen, job, "delete runs")
+            in_worker(screen, job, name)
 
     screen.app.push_screen(DeleteRunsDialog(views), answered)
 
