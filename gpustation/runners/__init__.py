@@ -53,7 +53,18 @@ EXIT_OOM = 75
 
 # Shared helpers and data used by the runners, not runnable workloads.
 LIBRARY_MODULES = frozenset(
-    {"common", "llm", "integrations", "data", "checkpoint", "lora_output", "gpuwatch"}
+    {
+        "common",
+        "profiling",
+        "llm",
+        "integrations",
+        "data",
+        "checkpoint",
+        "lora_output",
+        "gpuwatch",
+        "burnin_monitor",
+        "burnin_phases",
+    }
 )
 
 # The argument names runners share, and what each means in every runner that has it.

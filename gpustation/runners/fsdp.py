@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from gpustation.runners import EXIT_OOM, common, llm
+from gpustation.runners import EXIT_OOM, common, llm, profiling
 from gpustation.runs.metrics import METRICS_ENV, RUN_DIR_ENV, MetricsWriter
 
 SHARDING = {"full": True, "grad-op": False}  # reshard_after_forward
@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-grad-norm", type=float, default=1.0, help="0 disables clipping")
     parser.add_argument("--lora-r", type=int, default=16, help="LoRA rank (--mode lora)")
     parser.add_argument("--lora-alpha", type=float, default=32.0)
-    common.add_profile_arg(parser)
+    profiling.add_profile_arg(parser)
     parser.add_argument(
         "--find-max-model",
         action=argparse.BooleanOptionalAction,
@@ -319,7 +319,7 @@ def _train(args: argparse.Namespace, d: common.Dist) -> int:
 
     model.train()
     metrics = MetricsWriter.from_env(rank=d.rank)
-    prof = common.StepProfiler(
+    prof = profiling.StepProfiler(
         args.profile_steps, warmup, args.steps, device, lambda: common.output_dir(args),
         enabled=d.is_main,
     )  # fmt: skip

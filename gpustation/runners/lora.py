@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from gpustation.runners import checkpoint, common, llm, lora_output
+from gpustation.runners import checkpoint, common, llm, lora_output, profiling
 from gpustation.runs.metrics import MetricsWriter
 
 ADAPTER_DIR = "adapter"
@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=False,
         help="quantise the base model to 4-bit NF4 (QLoRA; needs bitsandbytes and a GPU)",
     )
-    common.add_profile_arg(parser)
+    profiling.add_profile_arg(parser)
     parser.add_argument(
         "--save-adapter",
         action=argparse.BooleanOptionalAction,
@@ -299,7 +299,7 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     last_checkpoint: Path | None = None
 
     metrics = MetricsWriter.from_env(rank=dist.rank)
-    prof = common.StepProfiler(
+    prof = profiling.StepProfiler(
         args.profile_steps, warmup, args.steps, device, lambda: common.output_dir(args),
         enabled=dist.is_main,
     )  # fmt: skip

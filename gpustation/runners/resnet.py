@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpustation.runners import common
+from gpustation.runners import common, profiling
 from gpustation.runs.metrics import MetricsWriter
 
 
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         "graph and replay it: one launch per step instead of hundreds (CUDA only; not with "
         "fp16, whose grad scaler syncs with the host, nor data-parallel)",
     )
-    common.add_profile_arg(parser)
+    profiling.add_profile_arg(parser)
     parser.add_argument(
         "--save-checkpoint",
         action=argparse.BooleanOptionalAction,
@@ -312,7 +312,7 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
         if args.data
         else synthetic_batches(args, device, args.batch_size, dist.rank)
     )
-    prof = common.StepProfiler(
+    prof = profiling.StepProfiler(
         args.profile_steps, warmup, args.steps, device, lambda: common.output_dir(args),
         enabled=dist.is_main,
     )  # fmt: skip

@@ -6,7 +6,7 @@ import argparse
 
 import torch
 
-from gpustation.runners import burnin
+from gpustation.runners import burnin, burnin_monitor
 
 
 def test_tiny_cpu_burnin_passes_and_says_nvml_is_not_available(run_runner) -> None:
@@ -39,7 +39,7 @@ def _results(mismatches: int = 0, mem_errors: int = 0) -> tuple[dict, dict, dict
 
 
 def test_wrong_results_and_memory_errors_fail() -> None:
-    mon = burnin.Monitor(torch.device("cpu"))
+    mon = burnin_monitor.Monitor(torch.device("cpu"))
     checks = {c["name"]: c for c in burnin.verdicts(*_results(3, 5), mon)}
     assert checks["matmul results"]["status"] == "fail"
     assert "3 elements differed" in checks["matmul results"]["detail"]
@@ -50,7 +50,7 @@ def test_wrong_results_and_memory_errors_fail() -> None:
 
 
 def test_nvml_readings_become_throttle_seconds_link_and_ecc_verdicts() -> None:
-    mon = burnin.Monitor(torch.device("cpu"))
+    mon = burnin_monitor.Monitor(torch.device("cpu"))
     mon.available = True
     mon.static = {"pcie_gen_max": 5, "pcie_width_max": 16, "ecc_enabled": True,
                   "xid_events_supported": True, "slowdown_temp_c": 87,
