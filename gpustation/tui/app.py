@@ -13,7 +13,7 @@ scheduling. The UI thread never calls NVML.
 
 Extension points (for new screens: runs, hardware control, fleet):
 
-* ``SCREENS_BY_MODE`` below: one :class:`ScreenEntry` per screen. Each is a
+* ``SCREENS_BY_MODE`` (:mod:`gpustation.tui.modes`): one :class:`ScreenEntry` per screen. Each is a
   Textual mode with its own key, footer label, command-palette entry and help
   line; ``factory`` is a class or a ``"module:Class"`` string imported when the
   screen is first shown (a missing module leaves the entry out).
@@ -35,13 +35,10 @@ Extension points (for new screens: runs, hardware control, fleet):
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
@@ -57,14 +54,20 @@ from gpustation.telemetry.backend import Backend, open_backend
 from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
 from gpustation.tui.keys import KeymapConfig, apply_keymap, load_keymap
+from gpustation.tui.modes import (
+    BUILTIN_MODES,
+    SCREENS_BY_MODE,
+    ScreenEntry,
+    available,
+    mode_binding,
+    resolve,
+    screen_maker,
+)
 from gpustation.tui.poll import Poller
 from gpustation.tui.processes import ProcessActions
 from gpustation.tui.screens import (
-    AlertLogScreen,
     DashboardScreen,
-    HelpScreen,
     LiveScreen,
-    TopologyScreen,
 )
 from gpustation.tui.source import DataSource, Frame
 
@@ -82,83 +85,6 @@ STALE_CHECK_S = 1.0
 #: the banner shows a backend's note (why NVML is not used) in full this long,
 #: then on its first line only, cut to fit: it stays true for the whole session
 NOTE_FULL_S = 8.0
-
-
-@dataclass(frozen=True)
-class ScreenEntry:
-    """A screen of the dashboard: its mode name, key and how to build it."""
-
-    mode: str
-    key: str
-    title: str
-    help: str
-    factory: type[Screen[Any]] | str
-
-
-SCREENS_BY_MODE: list[ScreenEntry] = [
-    ScreenEntry(
-        "dashboard", "d", "Dashboard", "GPU cards, history, host, processes", DashboardScreen
-    ),
-    ScreenEntry("topology", "t", "Topology", "GPU matrix, P2P, NUMA, PCIe links", TopologyScreen),
-    ScreenEntry("alerts", "a", "Alerts", "the alert log", AlertLogScreen),
-    ScreenEntry("help", "question_mark", "Help", "keys and what they do", HelpScreen),
-    ScreenEntry(
-        "control",
-        "c",
-        "Control",
-        "power limits, fan curve, hardware profiles (keys 1-9), journal",
-        "gpustation.tui.control.screen:ControlScreen",
-    ),
-    ScreenEntry(
-        "runs",
-        "r",
-        "Runs",
-        "launch presets; follow, stop and compare runs",
-        "gpustation.tui.runs:RunsScreen",
-    ),
-]
-
-
-#: the screens every dashboard has; the others get a key binding of their own
-BUILTIN_MODES = ("dashboard", "topology", "alerts", "help")
-
-
-def _mode_binding(entry: ScreenEntry) -> Binding:
-    return Binding(entry.key, f"switch_to('{entry.mode}')", entry.title, id=f"app.{entry.mode}")
-
-
-def _available(factory: type[Screen[Any]] | str) -> bool:
-    """Whether a screen's module exists, without importing it (start-up stays quick)."""
-    if not isinstance(factory, str):
-        return True
-    module = factory.partition(":")[0]
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def _screen_maker(entry: ScreenEntry) -> Callable[[], Screen[Any]]:
-    """Build the entry's screen when its mode is first shown (imports it then)."""
-
-    def make() -> Screen[Any]:
-        cls = _resolve(entry.factory)
-        if cls is None:
-            raise GpustationError(f"the {entry.title} screen could not be loaded")
-        return cls()
-
-    return make
-
-
-def _resolve(factory: type[Screen[Any]] | str) -> Any:
-    """The class (or function) a ``"module:attr"`` string names; None if missing."""
-    if not isinstance(factory, str):
-        return factory
-    module, _, name = factory.partition(":")
-    try:
-        return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
-    except (ImportError, AttributeError):
-        return None
 
 
 class FrameReady(Message):
@@ -196,7 +122,7 @@ class DashboardApp(ProcessActions):
         Binding("p", "toggle_pause", "Pause", id="app.pause"),
         # One key per added screen (app.control, app.runs ...): hidden by
         # check_action where this dashboard runs without that screen.
-        *(_mode_binding(e) for e in SCREENS_BY_MODE if e.mode not in BUILTIN_MODES),
+        *(mode_binding(e) for e in SCREENS_BY_MODE if e.mode not in BUILTIN_MODES),
     ]
 
     def __init__(
@@ -241,8 +167,8 @@ class DashboardApp(ProcessActions):
         #: asked before each pass whether the GPM readings are wanted (a live run)
         self.gpm_hooks: list[Callable[[], bool]] = []
         entries = SCREENS_BY_MODE if screens is None else screens
-        self._modes_in_use = [e for e in entries if _available(e.factory)]
-        self.MODES = {e.mode: _screen_maker(e) for e in self._modes_in_use}  # type: ignore[misc]
+        self._modes_in_use = [e for e in entries if available(e.factory)]
+        self.MODES = {e.mode: screen_maker(e) for e in self._modes_in_use}  # type: ignore[misc]
         #: the [keys] table of config.toml, applied on mount
         self.keymap_config = keymap if keymap is not None else load_keymap()
         super().__init__()
@@ -535,7 +461,7 @@ class DashboardApp(ProcessActions):
         for entry in self._modes_in_use:
             if entry.mode in BUILTIN_MODES:
                 continue
-            cls = _resolve(entry.factory)
+            cls = resolve(entry.factory)
             bindings = getattr(cls, "BINDINGS", None) or []
             keys = [self.remapped(b) for b in bindings if isinstance(b, Binding) and b.show]
             if keys:
@@ -549,7 +475,7 @@ class DashboardApp(ProcessActions):
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        control_commands = _resolve("gpustation.tui.control.ui:system_commands")  # type: ignore[arg-type]
+        control_commands = resolve("gpustation.tui.control.ui:system_commands")  # type: ignore[arg-type]
         if control_commands is not None:
             yield from control_commands(self, screen)  # type: ignore[call-arg]
         for entry in self._modes_in_use:

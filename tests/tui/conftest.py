@@ -13,7 +13,8 @@ from textual.pilot import Pilot
 
 from gpustation.telemetry.model import HostSample
 from gpustation.telemetry.sim import SimBackend
-from gpustation.tui.app import SCREENS_BY_MODE, DashboardApp
+from gpustation.tui.app import DashboardApp
+from gpustation.tui.modes import SCREENS_BY_MODE
 from gpustation.tui.source import DataSource
 
 START = 1_000_000.0

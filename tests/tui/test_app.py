@@ -373,7 +373,7 @@ async def test_layout_adapts_to_terminal_size_and_gpu_count(size, count, compact
 async def test_the_process_table_and_the_screen_s_keys_stay_in_view(size) -> None:  # type: ignore[no-untyped-def]
     from textual.widgets._footer import FooterKey
 
-    from gpustation.tui.app import SCREENS_BY_MODE
+    from gpustation.tui.modes import SCREENS_BY_MODE
 
     app, _ = make_app(count=2, screens=SCREENS_BY_MODE)
     async with app.run_test(size=size) as pilot:

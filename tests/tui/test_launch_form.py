@@ -12,7 +12,7 @@ from textual.widgets import Button, Checkbox, DataTable, Input, Label, Select, S
 
 from gpustation.runs.presets import RunPreset, load_preset_file
 from gpustation.runs.runner_args import RunnerArg, read_parser
-from gpustation.tui.app import SCREENS_BY_MODE
+from gpustation.tui.modes import SCREENS_BY_MODE
 from gpustation.tui.runs import LaunchDialog, LaunchRequest, runs_ui
 
 from .conftest import BUILTIN_SCREENS, make_app, wait_for

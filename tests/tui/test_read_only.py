@@ -18,9 +18,10 @@ from gpustation.runs import rundir
 from gpustation.runs.launch import launch
 from gpustation.runs.presets import load_presets
 from gpustation.runs.stop import stop_run
-from gpustation.tui.app import SCREENS_BY_MODE, DashboardApp
+from gpustation.tui.app import DashboardApp
 from gpustation.tui.control import ControlScreen, KeepChangeDialog, PowerCapDialog, control_ui
 from gpustation.tui.dialogs import KillDialog
+from gpustation.tui.modes import SCREENS_BY_MODE
 from gpustation.tui.runs import RunsScreen, runs_ui
 from gpustation.tui.runs.dialogs import LaunchDialog, QuitRunsDialog, StopRunDialog
 from gpustation.tui.widgets import LiveText, ProcessTable

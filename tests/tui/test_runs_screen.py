@@ -25,7 +25,8 @@ from gpustation.runs import rundir
 from gpustation.runs.launch import launch
 from gpustation.runs.presets import load_presets
 from gpustation.runs.stop import stop_run
-from gpustation.tui.app import SCREENS_BY_MODE, DashboardApp
+from gpustation.tui.app import DashboardApp
+from gpustation.tui.modes import SCREENS_BY_MODE
 from gpustation.tui.runs import (
     MAX_LOG_LINES,
     CompareScreen,

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def make_app() -> Any:
-    from gpustation.tui.app import SCREENS_BY_MODE
+    from gpustation.tui.modes import SCREENS_BY_MODE
 
     runs = next(e for e in SCREENS_BY_MODE if e.mode == "runs")
     app, _ = make_dashboard(count=2, screens=[*BUILTIN_SCREENS, runs])

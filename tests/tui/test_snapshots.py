@@ -19,8 +19,8 @@ from textual.pilot import Pilot
 from gpustation.fleet.ssh import DOWN, UP, HostState
 from gpustation.runs.presets import load_presets
 from gpustation.telemetry.sim import SimBackend
-from gpustation.tui.app import SCREENS_BY_MODE
 from gpustation.tui.fleet import FleetApp, FleetScreen
+from gpustation.tui.modes import SCREENS_BY_MODE
 from gpustation.tui.runs import LossPlot, runs_ui
 from gpustation.tui.runs.timeline import GpuPlot
 from gpustation.tui.source import DataSource
