@@ -23,7 +23,8 @@ from pathlib import Path
 
 import zstandard
 
-from gpustation.telemetry.recorder import Recorder, Recording
+from gpustation.telemetry.recorder import Recorder
+from gpustation.telemetry.recording import Recording
 from gpustation.telemetry.sampler import Sampler
 from gpustation.telemetry.sim import SimBackend
 

@@ -56,7 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _time(text: str, option: str) -> float:
-    from gpustation.telemetry.recorder import parse_time
+    from gpustation.telemetry.recording import parse_time
 
     try:
         return parse_time(text)
@@ -65,7 +65,7 @@ def _time(text: str, option: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpustation.telemetry.recorder import SPEEDS, Recording
+    from gpustation.telemetry.recording import SPEEDS, Recording
 
     speed = args.speed
     if not (math.isfinite(speed) and SPEEDS[0] <= speed <= SPEEDS[-1]):

@@ -1,42 +1,26 @@
-"""The flight recorder: snapshots written to zstd-compressed JSON Lines, read back with seek.
+"""The flight recorder: snapshots written to a recording, rotated to stay under a size.
 
-File format (``gpustation.recording/1``): a sequence of zstd frames, each
-holding one ``gpustation.snapshot/1`` document per line, oldest first. Before
-each data frame a zstd *skippable* frame carries ``{"t": first snapshot time}``
-(any zstd tool skips it: ``zstdcat FILE`` prints the JSON Lines). A frame is
-streamed: the lines written so far are flushed as a zstd block every
-``flush_s`` (so a killed writer loses at most those seconds, and a reader
-decompresses a torn last frame up to its last whole line); a new frame starts
-every ``frame_s`` seconds.
-
-The index is built on open without decompressing: the scan reads the
-skippable frames' times and walks the data frames' block headers to find where
-each ends. A seek decompresses one frame. A data frame without a time before
-it (a file made with ``zstd``) has its first line decompressed for its time.
+The file format (``gpustation.recording/1``) and its reader are
+:mod:`gpustation.telemetry.recording`. A frame is streamed: the lines written
+so far are flushed as a zstd block every ``flush_s`` (so a killed writer loses
+at most those seconds); a new frame starts every ``frame_s`` seconds.
 
 Rotation: ``FILE`` is written until it reaches a quarter of ``max_size``, then
 renamed ``FILE.1`` (``FILE.1`` to ``FILE.2`` ...) and the oldest files are
-deleted so that all of them stay under ``max_size``. :class:`Recording` reads
-the whole chain, oldest first.
+deleted so that all of them stay under ``max_size``.
 """
 
 from __future__ import annotations
 
-import bisect
 import errno
 import fcntl
 import json
 import math
-import mmap
 import os
 import re
 import struct
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +29,11 @@ import zstandard
 from gpustation import paths
 from gpustation.errors import GpustationError, UsageError
 from gpustation.telemetry.model import Snapshot
+from gpustation.telemetry.recording import FORMAT, SKIP_MAGIC, chain, format_time, intact
 
-FORMAT = "gpustation.recording/1"
-ZSTD_MAGIC = 0xFD2FB528
-SKIP_MAGIC = 0x184D2A5E  # one of zstd's skippable-frame magics (0x184D2A50..5F)
-SKIP_FIRST, SKIP_LAST = 0x184D2A50, 0x184D2A5F
 DEFAULT_MAX_SIZE = 200 * 1000 * 1000
 #: the smallest cap: a few frames per file
 MIN_MAX_SIZE = 16 * 1024
-#: the playback speeds ``gpustation replay`` steps through
-SPEEDS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 #: files in a chain: FILE and up to this many older ones
 SEGMENTS = 4
 
@@ -90,48 +69,6 @@ def parse_size(text: str | int, what: str = "--max-size") -> int:
     if value < MIN_MAX_SIZE:
         raise UsageError(f"{what}: at least {MIN_MAX_SIZE // 1024} KiB, got {text!r}")
     return value
-
-
-def parse_time(text: str) -> float:
-    """Unix seconds from ``1764581400.5`` or ISO 8601 (local time unless an offset is given)."""
-    text = text.strip()
-    try:
-        value = float(text)
-    except ValueError:
-        pass
-    else:
-        if not math.isfinite(value):
-            raise ValueError(f"{text!r} is not a time")
-        return value
-    iso = text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text
-    try:
-        return datetime.fromisoformat(iso).timestamp()  # naive: local time
-    except ValueError:
-        raise ValueError(
-            f"{text!r} is neither Unix seconds nor an ISO 8601 time "
-            "(e.g. 2026-12-01T09:30:00 or 2026-12-01T09:30:00+01:00)"
-        ) from None
-
-
-def format_time(t: float) -> str:
-    """A recording time as a person reads it: local ISO 8601 to the second, with offset."""
-    return datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
-
-
-def chain(path: Path) -> list[Path]:
-    """The files of a recording, oldest first: ``FILE.N`` ... ``FILE.1``, ``FILE``."""
-    older: list[Path] = []
-    k = 1
-    while True:
-        p = path.with_name(f"{path.name}.{k}")
-        if not p.exists():
-            break
-        older.append(p)
-        k += 1
-    files = [*reversed(older)]
-    if path.exists():
-        files.append(path)
-    return files
 
 
 class RecordError(GpustationError):
@@ -211,7 +148,7 @@ class Recorder:
             raise RecordError(f"{self.path} is being recorded by another process") from None
         self._lock_fd = lock
         try:
-            if self.path.exists() and not _intact(self.path):
+            if self.path.exists() and not intact(self.path):
                 # a torn last frame (a writer killed): keep it whole, start a fresh file
                 self._rotate()
             self._open_current()
@@ -347,234 +284,6 @@ class Recorder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# ---- reading ----------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class FrameRef:
-    """Where one data frame lies and the time of its first snapshot."""
-
-    path: Path
-    offset: int
-    end: int
-    t0: float | None
-    #: False for a frame cut short (a writer killed or still writing)
-    whole: bool = True
-
-
-@dataclass(slots=True)
-class _Scan:
-    frames: list[FrameRef] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-
-def _frame_end(data: bytes | mmap.mmap, pos: int) -> tuple[int, bool]:
-    """Where the zstd frame starting at ``pos`` ends, from its block headers alone.
-
-    Returns (end, whole); a frame cut short ends at the data's end.
-    """
-    n = len(data)
-    if pos + 5 > n:
-        return n, False
-    fhd = data[pos + 4]
-    fcs_flag, single, checksum, did_flag = fhd >> 6, (fhd >> 5) & 1, (fhd >> 2) & 1, fhd & 3
-    header = 1 + (0 if single else 1) + (0, 1, 2, 4)[did_flag]
-    header += (1 if single else 0, 2, 4, 8)[fcs_flag]
-    p = pos + 4 + header
-    while True:
-        if p + 3 > n:
-            return n, False
-        bh = data[p] | (data[p + 1] << 8) | (data[p + 2] << 16)
-        last, kind, size = bh & 1, (bh >> 1) & 3, bh >> 3
-        if kind == 3:
-            raise ValueError("a corrupt zstd block")
-        p += 3 + (1 if kind == 1 else size)
-        if p > n:
-            return n, False
-        if last:
-            break
-    p += 4 if checksum else 0
-    return (p, True) if p <= n else (n, False)
-
-
-def _map(path: Path) -> bytes | mmap.mmap:
-    """The bytes of a file, mapped (pages are read when touched)."""
-    with path.open("rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return b""
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-
-
-def _scan(path: Path, data: bytes | mmap.mmap) -> _Scan:
-    out = _Scan()
-    pos, n = 0, len(data)
-    t0: float | None = None
-    while pos < n:
-        if pos + 8 > n:
-            out.problems.append(f"{path}: {n - pos} stray bytes at the end")
-            break
-        magic = struct.unpack_from("<I", data, pos)[0]
-        if SKIP_FIRST <= magic <= SKIP_LAST:
-            size = struct.unpack_from("<I", data, pos + 4)[0]
-            payload = data[pos + 8 : pos + 8 + size]
-            pos += 8 + size
-            try:
-                meta = json.loads(payload)
-                t0 = float(meta["t"]) if isinstance(meta, dict) and "t" in meta else None
-            except (ValueError, TypeError, KeyError):
-                t0 = None
-            continue
-        if magic != ZSTD_MAGIC:
-            out.problems.append(f"{path}: not zstd data at byte {pos}")
-            break
-        try:
-            end, whole = _frame_end(data, pos)
-        except ValueError as err:
-            out.problems.append(f"{path}: {err} at byte {pos}")
-            break
-        out.frames.append(FrameRef(path, pos, end, t0, whole))
-        t0 = None
-        pos = end
-    return out
-
-
-def _intact(path: Path) -> bool:
-    """Whether a recording file ends on a whole frame (appending to it is safe)."""
-    try:
-        data = _map(path)
-    except OSError:
-        return False
-    scan = _scan(path, data)
-    return not scan.problems and all(f.whole for f in scan.frames)
-
-
-def _lines(raw: bytes) -> list[dict[str, Any]]:
-    docs = []
-    for line in raw.split(b"\n"):
-        if not line.strip():
-            continue
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue  # a torn line: the writer died in the middle of it
-        if isinstance(doc, dict) and isinstance(doc.get("time"), (int, float)):
-            docs.append(doc)
-    return docs
-
-
-class Recording:
-    """A recording (the chain of ``FILE.N`` ... ``FILE``) opened for reading.
-
-    The index of frames is built on open; ``docs(frame)`` decompresses one
-    frame (a few kept decoded). Readers never write.
-    """
-
-    CACHE = 4
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        files = chain(self.path)
-        if not files:
-            raise UsageError(f"no recording at {self.path}")
-        self.problems: list[str] = []
-        self.frames: list[FrameRef] = []
-        self._data: dict[Path, bytes | mmap.mmap] = {}
-        for p in files:
-            try:
-                data = _map(p)
-            except OSError as err:
-                self.problems.append(f"cannot read {p}: {err.strerror or err}")
-                continue
-            self._data[p] = data
-            scan = _scan(p, data)
-            self.problems.extend(scan.problems)
-            self.frames.extend(scan.frames)
-        self._cache: OrderedDict[int, list[dict[str, Any]]] = OrderedDict()
-        self._lock = threading.Lock()  # the cache is shared by the replay's threads
-        # frames without a time before them, or empty ones: decode their first line
-        for i, ref in enumerate(self.frames):
-            if ref.t0 is None:
-                docs = self.docs(i)
-                ref.t0 = float(docs[0]["time"]) if docs else None
-        self.frames = [f for f in self.frames if f.t0 is not None]
-        self.frames.sort(key=lambda f: f.t0 or 0.0)
-        self._cache.clear()
-        self._t0s = [f.t0 or 0.0 for f in self.frames]
-        last = self._last_docs()
-        if not self.frames or not last:
-            why = f" ({'; '.join(self.problems[:3])})" if self.problems else ""
-            raise UsageError(f"{self.path}: no snapshots in the recording{why}")
-        self.start = self._t0s[0]
-        self.end = float(last[-1]["time"])
-
-    def _last_docs(self) -> list[dict[str, Any]]:
-        for i in range(len(self.frames) - 1, -1, -1):
-            docs = self.docs(i)
-            if docs:
-                return docs
-        return []
-
-    def docs(self, index: int) -> list[dict[str, Any]]:
-        """The snapshot documents of frame ``index``, oldest first (whole lines only)."""
-        with self._lock:
-            return self._docs(index)
-
-    def _docs(self, index: int) -> list[dict[str, Any]]:
-        cached = self._cache.get(index)
-        if cached is not None:
-            self._cache.move_to_end(index)
-            return cached
-        ref = self.frames[index]
-        raw = self._data[ref.path][ref.offset : ref.end]
-        try:
-            text = zstandard.ZstdDecompressor().decompressobj().decompress(raw)
-        except zstandard.ZstdError as err:
-            self.problems.append(f"{ref.path}: frame at byte {ref.offset}: {err}")
-            text = b""
-        if not ref.whole:
-            text = text[: text.rfind(b"\n") + 1]  # up to the last whole line
-        docs = _lines(text)
-        self._cache[index] = docs
-        if len(self._cache) > self.CACHE:
-            self._cache.popitem(last=False)
-        return docs
-
-    def frame_for(self, t: float) -> int:
-        """The frame holding the last snapshot at or before ``t`` (0 before the start)."""
-        return max(0, bisect.bisect_right(self._t0s, t) - 1)
-
-    def locate(self, t: float) -> tuple[int, int]:
-        """(frame, line) of the last snapshot at or before ``t`` (the first before the start)."""
-        i = self.frame_for(t)
-        while True:
-            docs = self.docs(i)
-            if docs or i == 0:
-                break
-            i -= 1
-        times = [float(d["time"]) for d in docs]
-        return i, max(0, bisect.bisect_right(times, t) - 1)
-
-    def doc_at(self, t: float) -> dict[str, Any]:
-        i, j = self.locate(t)
-        return self.docs(i)[j]
-
-    def snapshot_at(self, t: float) -> Snapshot:
-        """The snapshot recorded at (the last one at or before) ``t``."""
-        return Snapshot.from_dict(self.doc_at(t))
-
-    def iter_docs(self) -> Iterator[dict[str, Any]]:
-        """Every snapshot document, oldest first."""
-        for i in range(len(self.frames)):
-            yield from self.docs(i)
-
-    def span(self) -> str:
-        return f"{format_time(self.start)} to {format_time(self.end)}"
-
-    @property
-    def size(self) -> int:
-        return sum(len(d) for d in self._data.values())
 
 
 # ---- the [record] table of config.toml -----------------------------------------

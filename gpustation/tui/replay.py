@@ -41,7 +41,7 @@ from gpustation.runs.store import RunStore
 from gpustation.telemetry.alerts import AlertLog
 from gpustation.telemetry.history import DEFAULT_LENGTH
 from gpustation.telemetry.model import Snapshot
-from gpustation.telemetry.recorder import SPEEDS, Recording, parse_time
+from gpustation.telemetry.recording import SPEEDS, Recording, parse_time
 from gpustation.tui.app import (
     GRAPH_WINDOW_S,
     SCREENS_BY_MODE,

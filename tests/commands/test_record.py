@@ -17,7 +17,8 @@ from gpustation.commands.serve import _recording
 from gpustation.errors import UsageError
 from gpustation.telemetry import recorder as recorder_mod
 from gpustation.telemetry.model import Snapshot
-from gpustation.telemetry.recorder import Recorder, Recording, recorder_from_config
+from gpustation.telemetry.recorder import Recorder, recorder_from_config
+from gpustation.telemetry.recording import Recording
 from gpustation.telemetry.sim import SimBackend
 from gpustation.tui.source import DataSource
 from tests.conftest import child_env, gpustation_cmd

@@ -12,16 +12,10 @@ import zstandard
 
 from gpustation.errors import UsageError
 from gpustation.telemetry import recorder as recorder_mod
+from gpustation.telemetry import recording as recording_mod
 from gpustation.telemetry.model import Snapshot
-from gpustation.telemetry.recorder import (
-    Recorder,
-    RecordError,
-    Recording,
-    chain,
-    parse_size,
-    parse_time,
-    record_settings,
-)
+from gpustation.telemetry.recorder import Recorder, RecordError, parse_size, record_settings
+from gpustation.telemetry.recording import Recording, chain, parse_time
 from tests.telemetry.recording_tools import START, make_recording
 
 
@@ -55,7 +49,7 @@ def test_a_seek_decompresses_one_frame_not_the_file(
         made.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(recorder_mod.zstandard, "ZstdDecompressor", counting)
+    monkeypatch.setattr(recording_mod.zstandard, "ZstdDecompressor", counting)
     rec = Recording(path)
     opened = len(made)
     assert opened <= 1  # the index comes from the frame headers; the end from the last frame

@@ -13,7 +13,7 @@ from textual.widgets import Input
 from gpustation.control.journal import JournalEntry, journal_path
 from gpustation.runs.store import RunStore
 from gpustation.runs.summary import RunSummary
-from gpustation.telemetry.recorder import Recording
+from gpustation.telemetry.recording import Recording
 from gpustation.tui.replay import (
     ALERT,
     CONTROL,

@@ -1,4 +1,4 @@
-"""The NVML backend: open the GPUs, read their fields, carry out control.
+"""The NVML backend: open the GPUs and read their fields.
 
 Which fields there are, what each costs and how NVML reads it come from the
 declarations in :mod:`gpustation.telemetry.model`; this module interprets
@@ -11,26 +11,18 @@ thread of its own beside the fast reads: they are the slow driver calls
 Every call goes through :class:`~gpustation.telemetry.nvml.query.Query`, so
 one failing field never hides the others. A GPU that falls off the bus is
 reported with ``lost=True`` and retried at most every ``LOST_RETRY_S``
-seconds; the other GPUs keep reporting.
+seconds; the other GPUs keep reporting. Control (the power limit, the fans)
+is :class:`~gpustation.telemetry.nvml.control.NvmlControl`'s.
 """
 
 from __future__ import annotations
 
-import os
-import shlex
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from gpustation.errors import (
-    GpustationError,
-    NeedsRootError,
-    NoDriverError,
-    NotSupportedError,
-    UsageError,
-)
+from gpustation.errors import NoDriverError, UsageError
 from gpustation.paths import state_dir
 from gpustation.telemetry.backend import Backend
 from gpustation.telemetry.model import (
@@ -46,6 +38,7 @@ from gpustation.telemetry.model import (
     decode_throttle,
     specs,
 )
+from gpustation.telemetry.nvml.control import NvmlControl
 from gpustation.telemetry.nvml.deep import (
     GpmReader,
     NvLinkReader,
@@ -139,15 +132,7 @@ def _put_key(sample: GpuSample, key: str, value: Any) -> None:
         setattr(sample, key, list(value) if isinstance(value, list) else value)
 
 
-def _sudo_hint() -> str:
-    """The command line to run again as root, when we can tell what it was."""
-    argv0 = os.path.basename(sys.argv[0]) if sys.argv else ""
-    if argv0 in ("gpustation", "__main__.py") and len(sys.argv) > 1:
-        return "sudo gpustation " + shlex.join(sys.argv[1:])
-    return "sudo gpustation ..."
-
-
-class NvmlBackend(Backend):
+class NvmlBackend(NvmlControl, Backend):
     """Reads and controls real GPUs through ``pynvml`` (or a module like it: a fake)."""
 
     simulated = False
@@ -480,126 +465,6 @@ class NvmlBackend(Backend):
         with self._lock:
             gpus = [self._gpu(i) for i in indices]
             return self._topology.read(gpus, [g for g in gpus if self._available(g)])
-
-    # ---- control ------------------------------------------------------------------
-
-    def _control_handle(self, index: int, what: str) -> Gpu:
-        gpu = self._gpu(index)
-        if gpu.lost and not self._available(gpu):
-            raise GpustationError(
-                f"cannot {what}: GPU {index} has fallen off the bus (NVML: GPU is lost). "
-                "Check `nvidia-smi` and the kernel log; a reboot may be needed."
-            )
-        return gpu
-
-    def _set(self, gpu: Gpu, name: str, what: str, value: str, *args: Any) -> None:
-        """Call an NVML setter and turn its refusals into errors for the user."""
-        fn = self.q.function(name)
-        label = f"GPU {gpu.index}" + (f" ({gpu.name})" if gpu.name else "")
-        if fn is None:
-            raise NotSupportedError(
-                f"cannot {what} on {label}: this NVML library has no {name}. "
-                "Update the NVIDIA driver and nvidia-ml-py."
-            )
-        nvml = self.nvml
-        try:
-            with self._lock:
-                fn(gpu.handle, *args)
-        except self.q.error_type as err:
-            code = getattr(err, "value", None)
-            if code == nvml.NVML_ERROR_NO_PERMISSION:
-                raise NeedsRootError(
-                    f"cannot {what} on {label}: the driver refused ({err}); this needs root: "
-                    f"run it as {_sudo_hint()}"
-                ) from None
-            if code in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND):
-                if code == nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
-                    self.q.forget(name)
-                raise NotSupportedError(f"{label} cannot {what} (NVML: {err}).") from None
-            if code == nvml.NVML_ERROR_INVALID_ARGUMENT:
-                raise GpustationError(
-                    f"{label} rejected {value} when asked to {what} (NVML: {err})."
-                ) from None
-            if code == nvml.NVML_ERROR_GPU_IS_LOST:
-                self._mark_lost(gpu, f"{name}: {err}")
-                raise GpustationError(
-                    f"cannot {what}: {label} has fallen off the bus (NVML: {err})."
-                ) from None
-            raise GpustationError(f"cannot {what} on {label}: NVML said {err}.") from None
-
-    def set_power_limit(self, index: int, watts: float) -> None:
-        """Set the power limit (the driver takes milliwatts)."""
-        gpu = self._control_handle(index, "set the power limit")
-        lo, hi = gpu.static.get("power_min_w"), gpu.static.get("power_max_w")
-        accepted = f" (it accepts {lo:g}-{hi:g} W)" if lo is not None and hi is not None else ""
-        self._set(
-            gpu,
-            "nvmlDeviceSetPowerManagementLimit",
-            "set the power limit",
-            f"a power limit of {watts:g} W{accepted}",
-            round(watts * 1000),
-        )
-
-    def fan_count(self, index: int) -> int:
-        return self._gpu(index).num_fans
-
-    def _check_fan(self, gpu: Gpu, fan: int, what: str) -> None:
-        if gpu.num_fans == 0:
-            raise NotSupportedError(
-                f"GPU {gpu.index} ({gpu.name or 'unknown'}) has no fans NVML can {what}; "
-                "datacenter cards are cooled by the chassis."
-            )
-        if not 0 <= fan < gpu.num_fans:
-            raise UsageError(
-                f"GPU {gpu.index} has fans 0-{gpu.num_fans - 1}; there is no fan {fan}"
-            )
-
-    def fan_speed_range(self, index: int) -> tuple[int, int]:
-        gpu = self._gpu(index)
-        self._check_fan(gpu, 0, "control")
-        if gpu.fan_min is None and not gpu.lost:
-            # Read when control first asks (no display shows it); asked again
-            # after a passing error.
-            with self._lock:
-                try:
-                    fan_range = self.q(gpu, "fan_range", "nvmlDeviceGetMinMaxFanSpeed")
-                except GpuLost as err:
-                    self._mark_lost(gpu, str(err))
-                    fan_range = None
-            if fan_range is not None:
-                gpu.fan_min, gpu.fan_max = int(fan_range[0]), int(fan_range[1])
-        if gpu.fan_min is None or gpu.fan_max is None:
-            raise NotSupportedError(
-                f"GPU {index} does not report the fan speeds it accepts "
-                "(nvmlDeviceGetMinMaxFanSpeed); manual fan control is not available."
-            )
-        return gpu.fan_min, gpu.fan_max
-
-    def set_fan_speed(self, index: int, fan: int, pct: int) -> None:
-        gpu = self._control_handle(index, "set a fan speed")
-        self._check_fan(gpu, fan, "control")
-        accepted = ""
-        if gpu.fan_min is not None and gpu.fan_max is not None:
-            accepted = f" (it accepts {gpu.fan_min}-{gpu.fan_max}%)"
-        self._set(
-            gpu,
-            "nvmlDeviceSetFanSpeed_v2",
-            f"set fan {fan} speed",
-            f"a fan speed of {pct}%{accepted}",
-            fan,
-            int(pct),
-        )
-
-    def set_fan_auto(self, index: int, fan: int) -> None:
-        gpu = self._control_handle(index, "return a fan to automatic control")
-        self._check_fan(gpu, fan, "control")
-        self._set(
-            gpu,
-            "nvmlDeviceSetDefaultFanSpeed_v2",
-            f"return fan {fan} to automatic control",
-            f"fan {fan}",
-            fan,
-        )
 
     # ---- closing --------------------------------------------------------------------
 
