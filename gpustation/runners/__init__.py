@@ -64,6 +64,7 @@ LIBRARY_MODULES = frozenset(
         "gpuwatch",
         "burnin_monitor",
         "burnin_phases",
+        "fsdp_search",
     }
 )
 

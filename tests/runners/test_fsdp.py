@@ -60,7 +60,7 @@ def test_fp16_is_refused_with_a_reason(run_inprocess) -> None:
 
 
 def test_find_max_search_doubles_then_bisects() -> None:
-    from gpustation.runners.fsdp import _next_layers
+    from gpustation.runners.fsdp_search import _next_layers
 
     assert _next_layers(None, None) == 1
     assert _next_layers(8, None) == 16
@@ -94,7 +94,7 @@ def test_find_max_model_searches_the_modes_asked_for(
 ) -> None:
     import torch
 
-    from gpustation.runners import common, fsdp
+    from gpustation.runners import common, fsdp_search
 
     # The search on a pretend GPU where up to 12 layers fit (24 with offload).
     tried: list[tuple[int, bool]] = []
@@ -107,8 +107,8 @@ def test_find_max_model_searches_the_modes_asked_for(
                 "params": layers * 1e8, "mem_peak_mib": 1.0, "host_rss_peak_mib": 1.0}  # fmt: skip
 
     monkeypatch.setattr(common, "pick_device", lambda _: torch.device("cuda"))
-    monkeypatch.setattr(fsdp, "run_trial", trial)
-    monkeypatch.setattr(fsdp, "available_ram_bytes", lambda: None)
+    monkeypatch.setattr(fsdp_search, "run_trial", trial)
+    monkeypatch.setattr(fsdp_search, "available_ram_bytes", lambda: None)
     r = run_inprocess("fsdp", "--find-max-model", "--find-modes", modes, "--find-start-layers", "4")
     assert r.returncode == 0
     searched = {offload for _, offload in tried}
