@@ -2,30 +2,24 @@
 
 The recorded snapshots reach the dashboard's own screens (cards, graphs,
 topology, alert log) through the same path as live ones: a
-:class:`ReplaySource` stands in for the :class:`~gpustation.tui.source.DataSource`
-and each pass of the sampling thread returns the snapshot at the playback
-position as a :class:`~gpustation.tui.source.Frame`, with the snapshots played
-over since the last pass (so the graphs miss none at 16x). Every
-decompression happens on that thread; the keys only leave requests (seek,
-step, speed) that the next pass carries out.
+:class:`~gpustation.tui.replay_source.ReplaySource` stands in for the
+:class:`~gpustation.tui.source.DataSource` and each pass of the sampling
+thread returns the snapshot at the playback position, with the snapshots
+played over since the last pass. The keys only leave requests (seek, step,
+speed) that the next pass carries out.
 
 The banner says REPLAY and the recording's time, and draws a timeline of the
-recording with marks: runs starting ``[`` and ending ``]`` (from the run store),
-alerts ``!`` (:class:`~gpustation.telemetry.alerts.AlertLog` over the recorded
-snapshots) and control changes ``◆`` (the control journal), from the same
+recording with marks (:mod:`gpustation.tui.replay_marks`): runs starting
+``[`` and ending ``]``, alerts ``!`` and control changes ``◆``, from the same
 period. ``n``/``N`` jump to the next or previous mark.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -36,333 +30,22 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label
 
-from gpustation.control.journal import describe_value, read_journal
-from gpustation.runs.store import RunStore
 from gpustation.telemetry.alerts import AlertLog
-from gpustation.telemetry.history import DEFAULT_LENGTH
-from gpustation.telemetry.model import Snapshot
 from gpustation.telemetry.recording import SPEEDS, Recording, parse_time
-from gpustation.tui.app import (
-    GRAPH_WINDOW_S,
-    SCREENS_BY_MODE,
-    DashboardApp,
-    FrameReady,
-)
+from gpustation.tui.app import DashboardApp, FrameReady
+from gpustation.tui.modes import SCREENS_BY_MODE
 from gpustation.tui.poll import Poller
+from gpustation.tui.replay_marks import (
+    STYLES,
+    SYMBOLS,
+    Mark,
+    clock_text,
+    collect_marks,
+    timeline_text,
+)
+from gpustation.tui.replay_source import ReplaySource, Step
 from gpustation.tui.screens import LiveScreen
-from gpustation.tui.source import DataSource, Frame
 from gpustation.tui.widgets import ProcRow
-
-#: a pause in the recording longer than this is played as one second
-GAP_S = 30.0
-#: the quickest a playing replay repaints (more snapshots go to the graphs)
-MIN_PASS_S = 0.1
-MAX_PASS_S = 1.0
-#: played over in one pass beyond this, the graphs are rebuilt instead
-MAX_PASSED = 2000
-
-# ---- marks -------------------------------------------------------------------
-
-RUN_START, RUN_END, ALERT, CONTROL = "run_start", "run_end", "alert", "control"
-SYMBOLS = {RUN_START: "[", RUN_END: "]", ALERT: "!", CONTROL: "◆"}
-STYLES = {RUN_START: "bold green", RUN_END: "bold green", ALERT: "bold red", CONTROL: "bold cyan"}
-# Where marks share a cell, the higher one shows.
-PRIORITY = {RUN_START: 0, RUN_END: 0, CONTROL: 1, ALERT: 2}
-
-
-@dataclass(frozen=True, slots=True)
-class Mark:
-    time: float
-    kind: str  # run_start | run_end | alert | control
-    text: str
-
-
-def alert_marks(recording: Recording) -> list[Mark]:
-    """The alerts the dashboard would have raised over the recorded snapshots."""
-    log = AlertLog()
-    out = []
-    for doc in recording.iter_docs():
-        for alert in log.update(Snapshot.from_dict(doc)):
-            out.append(Mark(alert.time, ALERT, alert.message))
-    return out
-
-
-def run_marks(start: float, end: float, store: RunStore | None = None) -> list[Mark]:
-    out = []
-    for run in (store or RunStore()).list_runs():
-        name = run.title or run.preset or run.id
-        if run.started_at is not None and start <= run.started_at <= end:
-            out.append(Mark(run.started_at, RUN_START, f"run {name} started ({run.id})"))
-        if run.ended_at is not None and start <= run.ended_at <= end:
-            out.append(Mark(run.ended_at, RUN_END, f"run {name} ended: {run.status}"))
-    return out
-
-
-def control_marks(start: float, end: float, host: str, journal: Path | None = None) -> list[Mark]:
-    out = []
-    for e in read_journal(journal).entries:
-        if not start <= e.time <= end or (e.host and e.host != host):
-            continue
-        what = e.what.replace("_", " ") + (f" (fan {e.fan})" if e.fan is not None else "")
-        out.append(
-            Mark(
-                e.time,
-                CONTROL,
-                f"GPU {e.gpu} {what} {describe_value(e.what, e.previous)} → "
-                f"{describe_value(e.what, e.new)}: {e.outcome}, by {e.command}",
-            )
-        )
-    return out
-
-
-def collect_marks(
-    recording: Recording,
-    store: RunStore | None = None,
-    journal: Path | None = None,
-    local_host: str | None = None,
-) -> list[Mark]:
-    """Every mark of the recording's period, oldest first.
-
-    Runs and control changes are this machine's: they are marked only on a
-    recording made here (the journal's entries name their host).
-    """
-    first = recording.snapshot_at(recording.start)
-    here = local_host if local_host is not None else os.uname().nodename
-    marks = alert_marks(recording)
-    marks += control_marks(recording.start, recording.end, first.hostname, journal)
-    if first.hostname == here:
-        marks += run_marks(recording.start, recording.end, store)
-    return sorted(marks, key=lambda m: m.time)
-
-
-def _clock_text(t: float, with_date: bool) -> str:
-    return time.strftime("%m-%d %H:%M:%S" if with_date else "%H:%M:%S", time.localtime(t))
-
-
-def timeline_cells(start: float, end: float, t: float, width: int) -> int:
-    """The cell of time ``t`` on a timeline ``width`` cells wide."""
-    if end <= start or width <= 1:
-        return 0
-    return max(0, min(width - 1, round((t - start) / (end - start) * (width - 1))))
-
-
-def timeline_text(start: float, end: float, pos: float, marks: list[Mark], width: int) -> Text:
-    """``09:12:03 ──[───!──◆──┃───]── 09:40:00``: the recording, its marks, the position."""
-    with_date = time.localtime(start)[:3] != time.localtime(end)[:3]
-    left, right = _clock_text(start, with_date) + " ", " " + _clock_text(end, with_date)
-    n = max(10, width - len(left) - len(right))
-    chars = ["─"] * n
-    styles = ["dim"] * n
-    rank = [-1] * n
-    for mark in marks:
-        c = timeline_cells(start, end, mark.time, n)
-        if PRIORITY[mark.kind] >= rank[c]:
-            chars[c], styles[c], rank[c] = (
-                SYMBOLS[mark.kind],
-                STYLES[mark.kind],
-                PRIORITY[mark.kind],
-            )
-    c = timeline_cells(start, end, pos, n)
-    chars[c], styles[c] = "┃", "bold reverse"
-    out = Text(left, style="dim")
-    for ch, st in zip(chars, styles, strict=True):
-        out.append(ch, style=st)
-    out.append(right, style="dim")
-    return out
-
-
-# ---- the source ------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Step:
-    """What one pass of the replay produced."""
-
-    frame: Frame
-    #: snapshots played over since the last pass, oldest first (for the graphs)
-    passed: list[Snapshot] = field(default_factory=list)
-    #: the graphs start again from ``passed`` (a jump back, a seek, the first pass)
-    reset: bool = False
-    playing: bool = False
-    at_end: bool = False
-    delay_s: float = MAX_PASS_S
-    #: the position changed (or was set): the shown snapshot is new to the graphs
-    moved: bool = True
-
-
-_Pos = tuple[int, int]
-
-
-class ReplaySource(DataSource):
-    """Snapshots of a :class:`Recording` at a playback position (used from the worker).
-
-    The UI thread calls the request methods (cheap: a lock and a field);
-    :meth:`advance` carries them out on the sampling thread.
-    """
-
-    def __init__(
-        self,
-        recording: Recording,
-        start: float | None = None,
-        speed: float = 1.0,
-        playing: bool = True,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(backend_factory=lambda: _no_backend())
-        self.recording = recording
-        self._wall_clock = clock
-        self._lock = threading.Lock()
-        self._seek_to: float | None = recording.start if start is None else start
-        self._step = 0
-        self._playing = playing
-        self.speed = speed
-        self._pos: _Pos = (0, 0)
-        self._was_playing = False
-        self._play_t = recording.start
-        self._wall = clock()
-        #: the recording time of the snapshot shown (read by the UI thread)
-        self.position = recording.start
-
-    # ---- requests (UI thread) -------------------------------------------------
-    @property
-    def playing(self) -> bool:
-        return self._playing
-
-    def set_playing(self, playing: bool) -> None:
-        with self._lock:
-            self._playing = playing
-
-    def step(self, n: int) -> None:
-        """Move ``n`` snapshots (back when negative) and pause."""
-        with self._lock:
-            self._playing = False
-            self._step += n
-
-    def seek(self, seconds: float) -> None:
-        """Jump ``seconds`` from the position (back when negative)."""
-        with self._lock:
-            base = self._seek_to if self._seek_to is not None else self.position
-            self._seek_to = base + seconds
-            self._step = 0
-
-    def seek_to(self, t: float) -> None:
-        with self._lock:
-            self._seek_to = t
-            self._step = 0
-
-    def set_speed(self, speed: float) -> None:
-        self.speed = min(SPEEDS[-1], max(SPEEDS[0], speed))
-
-    # ---- the worker's side ---------------------------------------------------------
-    def sample(self) -> Frame:
-        return self.advance().frame
-
-    def _time(self, pos: _Pos) -> float:
-        return float(self.recording.docs(pos[0])[pos[1]]["time"])
-
-    def _next(self, pos: _Pos) -> _Pos | None:
-        i, j = pos
-        if j + 1 < len(self.recording.docs(i)):
-            return i, j + 1
-        for k in range(i + 1, len(self.recording.frames)):
-            if self.recording.docs(k):
-                return k, 0
-        return None
-
-    def _prev(self, pos: _Pos) -> _Pos | None:
-        i, j = pos
-        if j > 0:
-            return i, j - 1
-        for k in range(i - 1, -1, -1):
-            docs = self.recording.docs(k)
-            if docs:
-                return k, len(docs) - 1
-        return None
-
-    def _window(self, pos: _Pos) -> list[Snapshot]:
-        """The snapshots of the graph window before ``pos``, oldest first."""
-        since = self._time(pos) - GRAPH_WINDOW_S
-        out: list[dict[str, Any]] = []
-        p = self._prev(pos)
-        while p is not None and len(out) < DEFAULT_LENGTH:
-            if self._time(p) < since:
-                break
-            out.append(self.recording.docs(p[0])[p[1]])
-            p = self._prev(p)
-        return [Snapshot.from_dict(d) for d in reversed(out)]
-
-    def advance(self) -> Step:
-        """Carry out the requests and the playing since the last pass; the frame to show."""
-        with self._lock:
-            seek_to, self._seek_to = self._seek_to, None
-            step, self._step = self._step, 0
-            playing = self._playing
-        now = self._wall_clock()
-        rec = self.recording
-        pos = start_pos = self._pos
-        passed: list[dict[str, Any]] = []
-        reset = False
-        at_end = False
-        if seek_to is not None:
-            pos = rec.locate(min(rec.end, max(rec.start, seek_to)))
-            reset = True
-            self._play_t = self._time(pos)
-        elif step:
-            for _ in range(abs(step)):
-                nxt = self._next(pos) if step > 0 else self._prev(pos)
-                if nxt is None:
-                    break
-                pos = nxt
-                if step > 0:
-                    passed.append(rec.docs(pos[0])[pos[1]])
-            reset = step < 0
-            self._play_t = self._time(pos)
-        elif playing and self._was_playing:
-            self._play_t += (now - self._wall) * self.speed
-            while True:
-                nxt = self._next(pos)
-                if nxt is None:
-                    at_end = True
-                    break
-                cur_t, next_t = self._time(pos), self._time(nxt)
-                if next_t - cur_t > GAP_S and self._play_t >= cur_t + self.speed * MIN_PASS_S:
-                    self._play_t = max(self._play_t, next_t)  # skip a pause in the recording
-                if next_t > self._play_t:
-                    break
-                pos = nxt
-                passed.append(rec.docs(pos[0])[pos[1]])
-        elif playing:
-            self._play_t = self._time(pos)
-        if playing and self._next(pos) is None:
-            at_end = True
-        if at_end:
-            playing = False
-            with self._lock:
-                self._playing = False
-        self._was_playing = playing
-        self._wall = now
-        self._pos = pos
-        snap = Snapshot.from_dict(rec.docs(pos[0])[pos[1]])
-        self.position = snap.time
-        passed = passed[:-1]  # the last is the one shown, which the app adds itself
-        if len(passed) > MAX_PASSED:
-            reset, passed = True, []
-        history = self._window(pos) if reset else [Snapshot.from_dict(d) for d in passed]
-        delay = MAX_PASS_S
-        nxt = self._next(pos)
-        if playing and nxt is not None:
-            wait = (self._time(nxt) - self._play_t) / self.speed
-            delay = max(MIN_PASS_S, min(MAX_PASS_S, wait))
-        moved = reset or pos != start_pos
-        return Step(Frame(snap), history, reset, playing, at_end, delay, moved)
-
-    def close(self) -> None:
-        pass
-
-
-def _no_backend() -> Any:
-    raise RuntimeError("a replay reads no GPU")
-
 
 # ---- going to a time -------------------------------------------------------------
 
@@ -654,7 +337,7 @@ class ReplayApp(DashboardApp):
                 continue
             if t:
                 t.append("   ")
-            t.append(f"{label} {_clock_text(mark.time, False)} ", style="dim")
+            t.append(f"{label} {clock_text(mark.time, False)} ", style="dim")
             t.append(SYMBOLS[mark.kind] + " ", style=STYLES[mark.kind])
             t.append(mark.text)
         return t

@@ -14,18 +14,18 @@ from gpustation.control.journal import JournalEntry, journal_path
 from gpustation.runs.store import RunStore
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.recording import Recording
-from gpustation.tui.replay import (
+from gpustation.tui.replay import ReplayApp
+from gpustation.tui.replay_marks import (
     ALERT,
     CONTROL,
     RUN_END,
     RUN_START,
     SYMBOLS,
-    ReplayApp,
-    ReplaySource,
     collect_marks,
     timeline_cells,
     timeline_text,
 )
+from gpustation.tui.replay_source import ReplaySource
 from gpustation.tui.widgets import GpuCard, LiveText
 from tests.telemetry.recording_tools import START, make_recording
 

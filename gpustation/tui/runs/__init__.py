@@ -5,8 +5,10 @@ A module per job: :mod:`.model` (a run as the screen shows it, no textual),
 :mod:`.controller` (the dashboard's runs: views, launching, stopping,
 quitting), :mod:`.widgets`, :mod:`.dialogs`, :mod:`.compare`, the selected
 run's detail (:mod:`.detail`: :mod:`.timeline`, :mod:`.profile`,
-:mod:`.sweeps`) and :mod:`.screen`. The app loads ``gpustation.tui.runs:RunsScreen``; the names
-below are re-exported so that path (and the tests' imports) stay put.
+:mod:`.sweeps`), the log pane (:mod:`.logpane`), the preset list
+(:mod:`.preset_pane`) and :mod:`.screen`. The app loads
+``gpustation.tui.runs:RunsScreen``; the names below are re-exported so that
+path (and the tests' imports) stay put.
 """
 
 from __future__ import annotations

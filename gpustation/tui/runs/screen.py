@@ -12,8 +12,6 @@ collection walks only what was made since.
 from __future__ import annotations
 
 import time
-from collections import deque
-from pathlib import Path
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -22,14 +20,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.timer import Timer
 from textual.widgets import DataTable, OptionList
-from textual.widgets.option_list import Option
 
 from gpustation.runs.compare import gpus_text
 from gpustation.runs.presets import RunPreset
 from gpustation.tui.readonly import refused
-from gpustation.tui.runs import prune, tidy
+from gpustation.tui.runs import preset_pane, prune, tidy
 from gpustation.tui.runs.compare import CompareScreen
 from gpustation.tui.runs.controller import (
     AllStopped,
@@ -41,18 +37,14 @@ from gpustation.tui.runs.controller import (
     Stopped,
     runs_ui,
 )
-from gpustation.tui.runs.detail import RunDetailScreen
 from gpustation.tui.runs.dialogs import LaunchDialog, LaunchRequest, StopRunDialog
 from gpustation.tui.runs.form import Prefill, prefill_of, preset_of
 from gpustation.tui.runs.heap import freeze_heap
+from gpustation.tui.runs.logpane import RunLogScreen
 from gpustation.tui.runs.model import (
-    FLOOD_FLUSH_S,
-    FLOOD_LINES,
-    INFO_LINES,
     MAX_LOG_LINES,
     RUNS_TITLE,
     STATUS_STYLE,
-    RunDelta,
     RunView,
     fmt_duration,
     fmt_value,
@@ -98,7 +90,7 @@ STATUS_COLUMN = 4
 # ---- the screen -----------------------------------------------------------------------------
 
 
-class RunsScreen(RunDetailScreen):
+class RunsScreen(RunLogScreen):
     """Presets, runs and the selected run's progress, GPUs, loss curve and log."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -155,15 +147,7 @@ class RunsScreen(RunDetailScreen):
         self._columns_ready = False
         self._row_ids: list[str] = []
         self._row_cells: dict[str, tuple[str, ...]] = {}
-        self._log_run: str | None = None
-        #: lines that arrived for the shown run while the user had scrolled up
-        self._unseen = 0
-        #: lines for the log pane not written yet (a flood is written in bigger steps)
-        self._pending: deque[str] = deque(maxlen=MAX_LOG_LINES)
-        self._flush_timer: Timer | None = None
-        self._flushed_at = 0.0
         self._dirty = True
-        self._log_dirty = True
         #: the runs table shows only the runs matching this (prune.matches); "" all
         self.run_filter = ""
 
@@ -202,7 +186,7 @@ class RunsScreen(RunDetailScreen):
             table.add_column(label, key=key)
         self.query_one("#run-log", RunLog).border_title = "Log"
         self.ui.start(self)
-        self.show_presets()
+        preset_pane.show_presets(self)
         self.runs_changed(True, True)
         self.query_one("#runs-presets", OptionList).focus()
         # Once the screen has painted: its widgets are as long-lived as the app.
@@ -213,7 +197,7 @@ class RunsScreen(RunDetailScreen):
 
     def on_resize(self, event: events.Resize) -> None:
         # The preset lines are cut to the list's width: cut them again for the new one.
-        self.call_after_refresh(self.show_presets)
+        self.call_after_refresh(preset_pane.show_presets, self)
 
     def on_screen_resume(self) -> None:
         super().on_screen_resume()
@@ -237,7 +221,7 @@ class RunsScreen(RunDetailScreen):
 
     def on_presets_loaded(self, message: PresetsLoaded) -> None:
         self.ui.presets_loaded(message)
-        self.show_presets()
+        preset_pane.show_presets(self)
 
     def on_launched(self, message: Launched) -> None:
         view = self.ui.launched(message)
@@ -259,65 +243,8 @@ class RunsScreen(RunDetailScreen):
         self.app.exit()
 
     # -- presets ------------------------------------------------------------------------
-    def show_presets(self) -> None:
-        if not self.is_mounted:
-            return
-        ui = self.ui
-        options = self.query_one("#runs-presets", OptionList)
-        problems = self.query_one("#runs-problems", LiveText)
-        if ui.presets is None:
-            problems.show(Text("reading the presets…", style="dim"), layout=True)
-            return
-        highlighted = options.highlighted
-        options.clear_options()
-        width = max(20, options.content_region.width or 56)
-        name_w = min(24, max((len(p.name) for p in ui.presets.values()), default=0))
-        entries = []
-        for p in ui.presets.values():
-            # One line per preset: a wrapped title would make the list hard to scan.
-            label = Text.assemble((f"{p.name:<{name_w}}", "bold"), "  ", (p.title or "", "dim"))
-            label.truncate(width, overflow="ellipsis")
-            entries.append(Option(label, id=p.name))
-        options.add_options(entries)
-        if ui.presets:
-            options.highlighted = min(highlighted or 0, len(ui.presets) - 1)
-        t = Text()
-        for problem in ui.problems:
-            t.append("✗ ", style="bold red")
-            t.append(f"{Path(problem.path).name}")
-            if problem.line is not None:
-                t.append(f":{problem.line}")
-            t.append(f" {('[' + problem.key + '] ') if problem.key else ''}{problem.message}\n")
-        t.rstrip()
-        problems.show(t, layout=True)
-        self._show_preset_info()
-
-    def _highlighted_preset(self) -> RunPreset | None:
-        presets = self.ui.presets
-        options = self.query_one("#runs-presets", OptionList)
-        if not presets or options.highlighted is None:
-            return None
-        option = options.get_option_at_index(options.highlighted)
-        return presets.get(option.id or "")
-
-    def _show_preset_info(self) -> None:
-        preset = self._highlighted_preset()
-        info = self.query_one("#runs-preset-info", LiveText)
-        width = max(20, info.content_region.width or 58)
-        lines: list[Text] = []
-        if preset is not None:
-            about = Text(preset.description or preset.display_title)
-            lines = list(about.wrap(self.app.console, width, overflow="ellipsis"))[:2]
-            where = preset.runner or " ".join(preset.command or [])
-            lines.append(Text(f"{preset.launcher}: {where}", style="dim"))
-        # Always INFO_LINES lines: moving through the list never relayouts the screen.
-        lines += [Text("")] * (INFO_LINES - len(lines))
-        for line in lines:
-            line.truncate(width, overflow="ellipsis")
-        info.show(Text("\n").join(lines[:INFO_LINES]))
-
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
-        self._show_preset_info()
+        preset_pane.show_preset_info(self)
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         self.action_launch()
@@ -439,96 +366,9 @@ class RunsScreen(RunDetailScreen):
         self.query_one("#run-gpus", LiveText).show(gpus)
         self.show_detail()
 
-    # -- the log pane ------------------------------------------------------------------------
-    def _reload_log(self) -> None:
-        """Show the selected run's kept lines, at the end unless the user has scrolled back."""
-        log = self.query_one("#run-log", RunLog)
-        view = self.current_view()
-        if self._log_run != (view.id if view else None):
-            log.follow = True  # another run: start at its end
-        self._log_dirty = False
-        self._unseen = 0
-        self._pending.clear()
-        self._log_run = view.id if view else None
-        lines: list[str] = []
-        if view is not None:
-            if view.dropped:
-                lines.append(f"… {view.dropped:,} earlier lines in {view.run_dir / 'output.log'}")
-            lines.extend(view.lines)
-            log.border_title = f"Log · {view.id}"
-        log.replace(lines)
-        if log.follow:
-            log.show_end()
-        self._show_hint()
-
-    def log_append(self, view: RunView, delta: RunDelta) -> None:
-        """New lines for the shown run (called with each batch, so at most once a pass)."""
-        if not self.is_mounted or self.app.screen is not self:
-            self._log_dirty = True
-            return
-        if delta.reset or self._log_run != view.id:
-            self._reload_log()
-            return
-        if not delta.lines:
-            return
-        log = self.query_one("#run-log", RunLog)
-        if log.follow:
-            self._pending.extend(delta.lines)
-            self._flush_soon()
-        else:
-            # Scrolled back: keep the view still; the lines wait in the run's buffer.
-            self._unseen += len(delta.lines) + delta.dropped
-            self._show_hint()
-
-    def _flush_soon(self) -> None:
-        """Write the pending lines now, or a little later during a flood."""
-        if self._flush_timer is not None:
-            return
-        spacing = FLOOD_FLUSH_S if len(self._pending) >= FLOOD_LINES else 0.0
-        wait = self._flushed_at + spacing - time.monotonic()
-        if wait <= 0:
-            self._flush_log()
-        else:
-            self._flush_timer = self.set_timer(wait, self._flush_log)
-
-    def _flush_log(self) -> None:
-        self._flush_timer = None
-        self._flushed_at = time.monotonic()
-        if not self._pending or not self.is_mounted:
-            return
-        log = self.query_one("#run-log", RunLog)
-        lines = list(self._pending)
-        self._pending.clear()
-        if not log.follow:
-            self._unseen += len(lines)
-            self._show_hint()
-            return
-        log.write_lines(lines)
-        log.show_end()
-
-    def _log_scrolled(self) -> None:
-        log = self.query_one("#run-log", RunLog)
-        if log.follow and self._unseen:
-            self._reload_log()
-        else:
-            self._show_hint()
-
-    def _show_hint(self) -> None:
-        log = self.query_one("#run-log", RunLog)
-        hint = Text()
-        if not log.follow:
-            hint.append(" paused — End to follow ", style="bold black on yellow")
-            if self._unseen:
-                hint.append(f" {self._unseen:,} new lines", style="yellow")
-        elif self._log_run is not None:
-            view = self.ui.views.get(self._log_run)
-            if view is not None and view.active:
-                hint.append("following the log", style="dim")
-        self.query_one("#run-log-hint", LiveText).show(hint)
-
     # -- actions ---------------------------------------------------------------------------
     def action_launch(self) -> None:
-        preset = self._highlighted_preset()
+        preset = preset_pane.highlighted_preset(self)
         if preset is None:
             self.notify("No preset selected.", severity="warning")
             return
@@ -638,14 +478,6 @@ class RunsScreen(RunDetailScreen):
 
     def action_filter(self) -> None:
         prune.ask_filter(self)
-
-    def action_follow(self) -> None:
-        log = self.query_one("#run-log", RunLog)
-        log.follow = True
-        if self._unseen:
-            self._reload_log()
-        log.show_end()
-        self._show_hint()
 
     def action_cursor(self, delta: int) -> None:
         focused = self.focused
