@@ -149,7 +149,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_plan(sweep: Sweep, limits: dict[str, dict[int, float]]) -> None:
     est = _estimate_s(sweep.preset)
-    total = f"about {est * len(sweep.points) / 60:.0f} min" if est else "unknown (no earlier run)"
+    total = (
+        f"about {est * len(sweep.points) / 60:.0f} min ({len(sweep.points)} x {est:.0f} s, "
+        f"the median of {sweep.preset}'s earlier runs)"
+        if est
+        else f"unknown: {sweep.preset} has not run here yet "
+        f"(`gpustation run {sweep.preset}` once gives the time of a point)"
+    )
     print(f"Dry run: sweep of {sweep.preset}, {len(sweep.points)} points; nothing is changed.")
     print(f"GPUs: {', '.join(map(str, sweep.gpus)) or 'none'}; estimated time: {total}")
     for p in sweep.points:

@@ -15,6 +15,8 @@ import pytest
 from gpustation.control import journal
 from gpustation.errors import EXIT_NEEDS_ROOT, NeedsRootError
 from gpustation.runs import rundir, sweep
+from gpustation.runs.store import RunStore
+from gpustation.runs.summary import RunSummary
 from gpustation.runs.sweep_report import measured, recommend
 from gpustation.telemetry.sim import SimBackend
 from tests.conftest import child_env, gpustation_cmd
@@ -184,6 +186,16 @@ def test_dry_run_prints_every_point_with_its_limit_per_gpu_and_changes_nothing(
     assert len(lines) == 4 and all("GPU 0" in x and "GPU 1" in x for x in lines)
     assert _limits() == before and sweep.list_sweeps() == []
     assert not journal.journal_path().exists()
+    assert "estimated time: unknown: sweepy has not run here yet" in result.stdout
+    # with earlier runs of the preset, each point is timed by their median
+    store = RunStore()
+    for i, seconds in enumerate((30.0, 90.0, 60.0)):
+        store.upsert(
+            RunSummary(id=f"past-{i}", preset="sweepy", status="succeeded", duration_s=seconds)
+        )
+    store.upsert(RunSummary(id="past-f", preset="sweepy", status="failed", duration_s=900.0))
+    timed = gs("sweep", "sweepy", "--simulate", "2", "--set", "batch_size=4,8", "--dry-run")
+    assert "estimated time: about 2 min (2 x 60 s" in timed.stdout, timed.stdout
     bad = gs("sweep", "sweepy", "--simulate", "2", "--power-limit", "10%", "--dry-run")
     assert bad.returncode == 2 and "outside the card's range" in bad.stderr
 
