@@ -12,6 +12,7 @@ With ``--hosts`` the preset runs on those hosts through torchrun
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -129,6 +130,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "$GPUSTATION_REMOTE_PYTHON, [fleet] remote_python, else python3)",
     )
     nodes.add_argument(
+        "--node-dir",
+        metavar="DIR",
+        help="the working directory on every node (default: this directory where a node "
+        "has it, else the remote home)",
+    )
+    nodes.add_argument(
         "--ssh-config",
         metavar="FILE",
         default=argparse.SUPPRESS,
@@ -242,6 +249,7 @@ def _node_options(args: argparse.Namespace) -> Any:
             ("--nproc-per-node", args.nproc_per_node),
             ("--rdzv-port", args.rdzv_port),
             ("--remote-python", args.remote_python),
+            ("--node-dir", args.node_dir),
         )
         if value is not None
     ]
@@ -279,7 +287,22 @@ def _node_options(args: argparse.Namespace) -> Any:
         remote_python=resolve_remote_python(args.remote_python, config.remote_python),
         ssh_config=getattr(args, "ssh_config", None) or config.ssh_config,
         stop_grace_s=args.grace,
+        node_dir=_node_dir(args.node_dir),
     )
+
+
+def _node_dir(text: str | None) -> str | None:
+    """``--node-dir``: an absolute path (the nodes' home is not this one's)."""
+    if text is None:
+        return None
+    if not text.strip() or "\0" in text:
+        raise UsageError("--node-dir: empty; give an absolute directory such as /data/run")
+    if not os.path.isabs(text):
+        raise UsageError(
+            f"--node-dir {text!r}: an absolute path, since each node resolves it on its own "
+            f"(e.g. {os.path.join('/srv', text)})"
+        )
+    return os.path.normpath(text)
 
 
 class _Progress:

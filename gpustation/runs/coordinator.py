@@ -73,6 +73,7 @@ class Node:
     telemetry_off: str | None = None
     simulated: bool = False
     kept: str | None = None
+    cwd: str | None = None
     reported: bool = False  # the agent sent its exit message
     stop_sent: bool = False
     last_stderr: str | None = None
@@ -94,6 +95,7 @@ class Node:
             "telemetry_off": self.telemetry_off,
             "simulated": self.simulated,
             "kept": self.kept,
+            "cwd": self.cwd,
         }
 
 
@@ -208,8 +210,11 @@ class Coordinator:
             node.remote_pid = _int(msg.get("pid"))
             node.remote_pgid = _int(msg.get("pgid"))
             node.hostname = str(msg["hostname"]) if msg.get("hostname") else None
+            node.cwd = str(msg["cwd"]) if msg.get("cwd") else None
             self._say(
-                node, f"gpustation: torchrun started on {node.hostname} as pid {node.remote_pid}"
+                node,
+                f"gpustation: torchrun started on {node.hostname} as pid {node.remote_pid}"
+                + (f" in {node.cwd}" if node.cwd else ""),
             )
             self._write_nodes()
         elif kind == "exit":

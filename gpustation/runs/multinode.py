@@ -30,6 +30,13 @@ exited 1``); the other nodes are stopped. A node's energy comes from its own
 GPUs read on the node; a node whose GPUs cannot be read has its energy marked
 unknown, and so does the run's total.
 
+The working directory on each node: ``--node-dir DIR`` (a node without it
+fails before torchrun starts, naming the directory), else the directory
+``gpustation run`` was started in when the node has it (a shared or mirrored
+filesystem: relative paths in the preset's arguments mean the same files),
+else the remote user's home, said in the node's log. torchrun and the
+workers run there; ``nodes.json`` records each node's.
+
 The remote Python: ``--remote-python``, else ``GPUSTATION_REMOTE_PYTHON``,
 else ``[fleet] remote_python`` in config.toml, else ``python3``. It is a
 command line run by the remote user's shell (``/opt/venv/bin/python``,
@@ -179,6 +186,8 @@ class NodeOptions:
     remote_python: str = DEFAULT_REMOTE_PYTHON
     ssh_config: str | None = None
     stop_grace_s: float = DEFAULT_GRACE_S
+    #: the nodes' working directory (None: this one where a node has it, else home)
+    node_dir: str | None = None
 
 
 def launch_multinode(
@@ -232,6 +241,8 @@ def launch_multinode(
                     "argv": node_argv(preset, len(options.hosts), nproc, endpoint, run_id, i == 0),
                     "env": env,
                     "grace_s": options.stop_grace_s,
+                    "cwd": options.node_dir or os.getcwd(),
+                    "cwd_required": options.node_dir is not None,
                 },
             }
         )
@@ -256,6 +267,7 @@ def launch_multinode(
             "rdzv_endpoint": endpoint,
             "rdzv_id": run_id,
             "remote_python": options.remote_python,
+            "node_dir": options.node_dir,
             "nodes": nodes,
         },
     }

@@ -202,6 +202,28 @@ class _Descendants:
         return {self.pid, *(int(e[0]) for e in self.known)}
 
 
+def _working_directory(spec: dict[str, Any], out: _Out) -> str | None:
+    """Where torchrun runs: the spec's ``cwd`` if this node has it; else, unless it
+    was asked for (``--node-dir``), this process's own (the remote home), said in
+    the log; None (after saying why) when an asked-for one is missing."""
+    wanted = spec.get("cwd")
+    here = os.getcwd()
+    if not isinstance(wanted, str) or not wanted:
+        return here
+    if os.path.isdir(wanted):
+        return wanted
+    host = socket.gethostname()
+    if spec.get("cwd_required"):
+        out.send("log", text=f"gpustation node: --node-dir {wanted}: no such directory on {host}")
+        return None
+    out.send(
+        "log",
+        text=f"gpustation node: {host} has no {wanted} (the launcher's directory); "
+        f"running in {here}",
+    )
+    return here
+
+
 def run_node() -> int:
     out = _Out()
     try:
@@ -227,10 +249,16 @@ def run_node() -> int:
     # A write to a closed connection is an error to handle, not a death.
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     become_subreaper()
+    cwd = _working_directory(spec, out)
+    if cwd is None:
+        out.send("exit", code=2, signal=None, kept=None)
+        shutil.rmtree(workdir, ignore_errors=True)
+        return 2
     argv = [sys.executable, "-m", "torch.distributed.run", *spec["argv"]]
     try:
         child = subprocess.Popen(
             argv,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -245,7 +273,12 @@ def run_node() -> int:
         return 127
     create_time = rundir.create_time_of(child.pid)
     out.send(
-        "started", pid=child.pid, pgid=child.pid, hostname=socket.gethostname(), dir=str(workdir)
+        "started",
+        pid=child.pid,
+        pgid=child.pid,
+        hostname=socket.gethostname(),
+        dir=str(workdir),
+        cwd=cwd,
     )
     descendants = _Descendants(child.pid)
     telemetry = _Telemetry(env, out)

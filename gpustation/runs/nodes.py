@@ -6,8 +6,9 @@ first: ``node box2 exited 1``) and ``nodes``, one object per node with
 ``host``, ``status`` (starting, running, succeeded, failed, stopped),
 ``exit_code``, ``signal``, ``error``, ``remote_pid`` and ``remote_pgid``
 (torchrun's on the node), ``hostname`` (what the node calls itself),
-``telemetry_off`` (why its GPUs could not be read) and ``kept`` (a directory
-the run left files in on the node). ``nodes/<host>/output.log`` is the node's
+``telemetry_off`` (why its GPUs could not be read), ``kept`` (a directory
+the run left files in on the node) and ``cwd`` (the directory torchrun ran in
+there). ``nodes/<host>/output.log`` is the node's
 own log, ``nodes/<host>/telemetry.jsonl`` its GPUs (``gputrace.py``'s lines).
 """
 

@@ -77,9 +77,16 @@ def nodes(sshd: LoopbackSshd, runs_env: dict, monkeypatch: pytest.MonkeyPatch) -
     return sshd
 
 
-def gs(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
+def gs(
+    *args: str, timeout: float = TIMEOUT, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        gpustation_cmd(*args), capture_output=True, text=True, env=child_env(), timeout=timeout
+        gpustation_cmd(*args),
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=timeout,
+        cwd=cwd,
     )
 
 
@@ -116,11 +123,13 @@ def node_processes(host: str) -> list[int]:
 @pytest.mark.ssh
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_two_nodes_run_one_ddp_job_recorded_as_one_run(nodes: LoopbackSshd) -> None:
+def test_two_nodes_run_one_ddp_job_recorded_as_one_run(nodes: LoopbackSshd, tmp_path: Path) -> None:
     port = free_port()
+    here = tmp_path / "project"  # the launcher's directory, which both "hosts" have
+    here.mkdir()
     result = gs(
         "run", "tiny-ddp", "--hosts", _hosts(), "--nproc-per-node", "1",
-        "--rdzv-port", str(port), "--grace", "5",
+        "--rdzv-port", str(port), "--grace", "5", cwd=here,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     directory = _only_run()
@@ -131,6 +140,7 @@ def test_two_nodes_run_one_ddp_job_recorded_as_one_run(nodes: LoopbackSshd) -> N
     for host in (HOST_A, HOST_B):
         log = (directory / "nodes" / host / "output.log").read_text()
         assert "gpustation: torchrun started on " in log and "torchrun exited 0" in log, log
+        assert f" in {here}\n" in log  # torchrun ran in the launcher's directory
     # rank 0 talks (the runner's report): on whichever node it landed
     assert "What limits you" in result.stdout
     combined = (directory / rundir.OUTPUT_LOG).read_text().splitlines()
@@ -160,6 +170,7 @@ def test_two_nodes_run_one_ddp_job_recorded_as_one_run(nodes: LoopbackSshd) -> N
         HOST_B: "succeeded",
     }
     assert by_host[HOST_A]["remote_pid"] and by_host[HOST_A]["telemetry_off"] is None
+    assert {n["cwd"] for n in by_host.values()} == {str(here)}
     assert "driver" in (by_host[HOST_B]["telemetry_off"] or "").lower()
     assert (directory / "nodes" / HOST_A / "telemetry.jsonl").read_text().strip()
     record = RunStore().get(run["id"])
@@ -265,6 +276,28 @@ def test_a_cut_connection_stops_that_node_and_fails_the_run(nodes: LoopbackSshd)
     wait_until(lambda: not node_processes(HOST_A), 60, f"{HOST_A}'s processes to end")
 
 
+@pytest.mark.ssh
+@pytest.mark.timeout(420)
+def test_a_node_dir_no_node_has_fails_the_run_before_torchrun(
+    nodes: LoopbackSshd, tmp_path: Path
+) -> None:
+    missing = tmp_path / "not-on-the-nodes"
+    result = gs(
+        "run", "long-ddp", "--hosts", _hosts(), "--rdzv-port", str(free_port()),
+        "--node-dir", str(missing), "--grace", "5",
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    directory = _only_run()
+    state = rundir.read_state(directory)
+    assert state is not None and state.status == "failed"
+    assert re.fullmatch(rf"node ({HOST_A}|{HOST_B}) exited 2", state.reason or ""), state.reason
+    first = (state.reason or "").split()[1]
+    log = (directory / "nodes" / first / "output.log").read_text()
+    assert f"--node-dir {missing}: no such directory on " in log, log
+    assert "torchrun started" not in log
+    assert (rundir.read_run(directory) or {})["multinode"]["node_dir"] == str(missing)
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
@@ -282,6 +315,8 @@ def test_a_cut_connection_stops_that_node_and_fails_the_run(nodes: LoopbackSshd)
         (["--hosts", "box1", "--simulate", "2"], "--simulate does not go with --hosts"),
         (["--hosts", "box1", "--profile"], "--profile does not go with --hosts"),
         (["--nproc-per-node", "2"], "--nproc-per-node go with --hosts"),
+        (["--node-dir", "/srv/x"], "--node-dir go with --hosts"),
+        (["--hosts", "box1", "--node-dir", "data/run"], "--node-dir 'data/run': an absolute path"),
     ],
 )
 def test_bad_multinode_options_exit_2_before_anything_starts(
