@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 from pathlib import Path
 
@@ -354,3 +355,30 @@ def test_a_command_runs_on_every_node_as_given() -> None:
     assert argv[-6:] == ["--no-python", "./train.sh", "--data", "/d", "--lr", "0.1"]
     assert {"--nnodes=3", "--nproc-per-node=4", "--rdzv-conf=is_host=0"} <= set(argv)
     assert "--rdzv-endpoint=10.0.0.1:29400" in argv and "--rdzv-id=rid" in argv
+
+
+class _Said:
+    def __init__(self) -> None:
+        self.logs: list[str] = []
+
+    def send(self, kind: str, **fields: object) -> None:
+        self.logs.append(str(fields["text"]))
+
+
+def test_a_node_without_the_launchers_directory_runs_in_its_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpustation.runs.node_agent import _working_directory
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.chdir(home)
+    said = _Said()
+    there = tmp_path / "project"
+    assert _working_directory({"cwd": str(there)}, said) == str(home)  # type: ignore[arg-type]
+    assert said.logs == [f"gpustation node: {socket.gethostname()} has no {there} "
+                         f"(the launcher's directory); running in {home}"]  # fmt: skip
+    there.mkdir()
+    assert _working_directory({"cwd": str(there)}, said) == str(there)  # type: ignore[arg-type]
+    assert _working_directory({}, said) == str(home)  # type: ignore[arg-type]
+    assert len(said.logs) == 1
