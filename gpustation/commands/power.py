@@ -139,10 +139,7 @@ def _change(args: argparse.Namespace, value: PowerValue, command: str) -> int:
         simulated_banner(backend)
         if args.dry_run:
             print("Dry run: nothing is changed.")
-            for change in changes:
-                print(
-                    f"would set {change.describe()}" + (" (unchanged)" if change.unchanged else "")
-                )
+            print_planned(changes)
             return 0
 
         def report(change: PowerChange) -> None:
@@ -155,6 +152,12 @@ def _change(args: argparse.Namespace, value: PowerValue, command: str) -> int:
         if done:
             print(NOT_PERSISTENT)
     return 0
+
+
+def print_planned(changes: list[PowerChange]) -> None:
+    """What a dry run would set on each card."""
+    for change in changes:
+        print(f"would set {change.describe()}" + (" (unchanged)" if change.unchanged else ""))
 
 
 def print_journal(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from gpustation.commands.options import (
     print_json,
     simulated_banner,
 )
+from gpustation.commands.power import print_planned
 from gpustation.control.fancurve import FanController, stop_controllers
 from gpustation.control.fans import fan_gpus, set_fans_auto
 from gpustation.control.power import NOT_PERSISTENT, apply_power, plan_power
@@ -147,10 +148,7 @@ def _apply(args: argparse.Namespace) -> int:
         simulated_banner(backend)
         if args.dry_run:
             print(f"Dry run: profile {profile.name!r}; nothing is changed.")
-            for change in changes:
-                print(
-                    f"would set {change.describe()}" + (" (unchanged)" if change.unchanged else "")
-                )
+            print_planned(changes)
             if profile.power is None:
                 print("power limit: left as it is")
             if fans == "auto":

@@ -14,7 +14,7 @@ import random
 import resource
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,6 +114,12 @@ def add_training_args(
         default=compile_default,
         help="torch.compile the model (slower start, faster steps on a GPU)",
     )
+
+
+def check_grad_accum(args: argparse.Namespace) -> None:
+    """Refuse a ``--batch-size`` that ``--grad-accum`` cannot split into equal micro-batches."""
+    if args.batch_size % max(1, args.grad_accum):
+        raise RunnerError("--batch-size must be a multiple of --grad-accum", EXIT_USAGE)
 
 
 def parse_int_list(text: str) -> list[int]:
@@ -280,6 +286,25 @@ def shutdown_distributed(d: Dist) -> None:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def distributed(device_name: str | None) -> Iterator[Dist]:
+    """:func:`init_distributed` for a ``with`` block, the group left however the block ends."""
+    d = init_distributed(device_name)
+    try:
+        yield d
+    finally:
+        shutdown_distributed(d)
+
+
+def data_parallel(model: torch.nn.Module, d: Dist, device: torch.device) -> torch.nn.Module:
+    """``model`` wrapped in DistributedDataParallel in a data-parallel job, else as it is."""
+    if not d.enabled:
+        return model
+    return torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None
+    )
 
 
 def all_reduce_mean(value: float, d: Dist, device: torch.device) -> float:

@@ -235,19 +235,18 @@ def process_group(device_name: str | None) -> Iterator[common.Dist]:
     """The launcher's process group, or a one-process group so FSDP runs alone too."""
     import torch.distributed as dist
 
-    d = common.init_distributed(device_name)
-    own = False
-    if not d.enabled and not dist.is_initialized():
-        use_cuda = device_name == "cuda" or (device_name is None and torch.cuda.is_available())
-        backend = "nccl" if use_cuda and torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-        own = True
-    try:
-        yield d
-    finally:
-        if own and dist.is_initialized():
-            dist.destroy_process_group()
-        common.shutdown_distributed(d)
+    with common.distributed(device_name) as d:
+        own = False
+        if not d.enabled and not dist.is_initialized():
+            use_cuda = device_name == "cuda" or (device_name is None and torch.cuda.is_available())
+            backend = "nccl" if use_cuda and torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            own = True
+        try:
+            yield d
+        finally:
+            if own and dist.is_initialized():
+                dist.destroy_process_group()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -313,12 +312,8 @@ def _train(args: argparse.Namespace, d: common.Dist) -> int:
 
     model.train()
     metrics = MetricsWriter.from_env(rank=d.rank)
-    prof = profiling.StepProfiler(
-        args.profile_steps, warmup, args.steps, device, lambda: common.output_dir(args),
-        enabled=d.is_main,
-    )  # fmt: skip
-    warmup = prof.timer_warmup
-    timer = common.StepTimer(device, warmup)
+    prof, timer = profiling.profiler_and_timer(args, warmup, device, d)
+    warmup = timer.warmup_steps
     tokens_per_step = args.batch_size * args.seq_len * d.world_size
     losses: list[tuple[int, float]] = []
     loss_val = float("nan")

@@ -219,19 +219,13 @@ def eval_loss(
 
 
 def main(args: argparse.Namespace) -> int:
-    dist = common.init_distributed(args.device)
-    try:
+    with common.distributed(args.device) as dist:
         return _train(args, dist)
-    finally:
-        common.shutdown_distributed(dist)
 
 
 def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     device = common.pick_device(args.device, dist.local_rank)
-    if args.batch_size % max(1, args.grad_accum):
-        raise common.RunnerError(
-            "--batch-size must be a multiple of --grad-accum", common.EXIT_USAGE
-        )
+    common.check_grad_accum(args)
     _check_args(args)
     resume = checkpoint.find(args.resume_from) if args.resume_from else None
     start = resume.step if resume is not None else 0
@@ -273,10 +267,7 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     if args.compile and args.load_in_4bit:
         say("note: --compile is skipped with --load-in-4bit (bitsandbytes kernels do not compile)")
         args.compile = False
-    if dist.enabled:
-        model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
-        )
+    model = common.data_parallel(model, dist, device)
     if args.compile and not compile_layers(peft_model):
         model = torch.compile(model)
     params = [p for p in peft_model.parameters() if p.requires_grad]
@@ -299,12 +290,8 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     last_checkpoint: Path | None = None
 
     metrics = MetricsWriter.from_env(rank=dist.rank)
-    prof = profiling.StepProfiler(
-        args.profile_steps, warmup, args.steps, device, lambda: common.output_dir(args),
-        enabled=dist.is_main,
-    )  # fmt: skip
-    warmup = prof.timer_warmup
-    timer = common.StepTimer(device, warmup)
+    prof, timer = profiling.profiler_and_timer(args, warmup, device, dist)
+    warmup = timer.warmup_steps
     common.reset_peak_memory(device)
     tokens_per_step = args.batch_size * args.seq_len * dist.world_size
     losses: list[tuple[int, float]] = []

@@ -109,6 +109,21 @@ class StepProfiler:
         return out
 
 
+def profiler_and_timer(
+    args: argparse.Namespace, warmup: int, device: torch.device, dist: common.Dist
+) -> tuple[StepProfiler, common.StepTimer]:
+    """A training run's ``--profile-steps`` profiler (rank 0 records) and its step timer.
+
+    The timer's warm-up runs past the profiled steps, so they are not timed:
+    read the run's timed steps from the timer's ``warmup_steps``.
+    """
+    prof = StepProfiler(
+        args.profile_steps, warmup, args.steps, device, lambda: common.output_dir(args),
+        enabled=dist.is_main,
+    )  # fmt: skip
+    return prof, common.StepTimer(device, prof.timer_warmup)
+
+
 def summarize_profile(
     prof: Any, wall_us: float, steps: int, device: torch.device
 ) -> dict[str, Any]:

@@ -129,10 +129,8 @@ def make_trainer(
     model: nn.Module = torchvision.models.get_model(args.model, num_classes=args.num_classes)
     model = model.to(device).to(memory_format=memory_format)  # type: ignore[call-overload]
     raw = model
-    if dist is not None and dist.enabled:
-        model = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
-        )
+    if dist is not None:
+        model = common.data_parallel(model, dist, device)
     if args.compile:
         model = torch.compile(model)  # type: ignore[assignment]
 
@@ -281,20 +279,14 @@ def folder_batches(
 
 
 def main(args: argparse.Namespace) -> int:
-    dist = common.init_distributed(args.device)
-    try:
+    with common.distributed(args.device) as dist:
         return _train(args, dist)
-    finally:
-        common.shutdown_distributed(dist)
 
 
 def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     device = common.pick_device(args.device, dist.local_rank)
     common.seed_everything(args.seed + dist.rank)
-    if args.batch_size % max(1, args.grad_accum):
-        raise common.RunnerError(
-            "--batch-size must be a multiple of --grad-accum", common.EXIT_USAGE
-        )
+    common.check_grad_accum(args)
     warmup = min(args.warmup_steps, max(0, args.steps - 1))
     metrics = MetricsWriter.from_env(rank=dist.rank)
     say = print if dist.is_main else (lambda *a, **k: None)
@@ -312,12 +304,8 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
         if args.data
         else synthetic_batches(args, device, args.batch_size, dist.rank)
     )
-    prof = profiling.StepProfiler(
-        args.profile_steps, warmup, args.steps, device, lambda: common.output_dir(args),
-        enabled=dist.is_main,
-    )  # fmt: skip
-    warmup = prof.timer_warmup
-    timer = common.StepTimer(device, warmup)
+    prof, timer = profiling.profiler_and_timer(args, warmup, device, dist)
+    warmup = timer.warmup_steps
     common.reset_peak_memory(device)
     global_batch = args.batch_size * dist.world_size
     loss_val = float("nan")

@@ -28,13 +28,21 @@ summary, "(shared)" beside the figure.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpustation.runs.tail import bounded_lines, parse_metric_line
 from gpustation.telemetry.model import LIMITING_REASONS, Snapshot
+
+#: how often a run's GPUs are sampled
+SAMPLE_INTERVAL_S = 1.0
+#: how often their slow fields are: energy (a cumulative counter, so every few
+#: seconds is enough) and PCIe throughput (slow to read on NVML)
+SLOW_INTERVAL_S = 5.0
 
 
 def run_share(processes: list[Any], pids: set[int]) -> float | None:
@@ -79,6 +87,45 @@ def compact_sample(snapshot: Snapshot, t: float, pids: set[int] | None = None) -
     # ``time`` (Unix seconds) lines telemetry up with the run's metrics, whose
     # ``t`` counts from another start: a sweep leaves out the warm-up by it.
     return {"t": round(t, 3), "time": round(snapshot.time, 3), "gpus": gpus}
+
+
+class TraceSampler:
+    """Reads a run's GPUs into the lines of its telemetry, :func:`compact_sample`'s.
+
+    Only the given GPUs (None: all), without host or topology figures. Opening
+    the backend, and each :meth:`line`, raise what the backend raises: the
+    caller turns the telemetry off, never the run.
+    """
+
+    def __init__(
+        self,
+        gpus: list[int] | None,
+        t0: float,
+        simulate: int | None = None,
+        sim_card: str | None = None,
+    ) -> None:
+        from gpustation.telemetry.backend import open_backend
+        from gpustation.telemetry.sampler import Sampler
+
+        self.backend = open_backend(simulate=simulate, sim_card=sim_card)
+        self.sampler = Sampler(
+            self.backend,
+            gpus=gpus,
+            slow_interval_s=SLOW_INTERVAL_S,
+            with_host=False,
+            with_topology=False,
+        )
+        #: when the run started (time.monotonic()): the lines' ``t`` counts from it
+        self.t0 = t0
+
+    def line(self, pids: set[int] | None = None, final: bool = False) -> dict[str, Any]:
+        """The GPUs now; ``final`` reads the slow fields too (the counters at the end)."""
+        snap = self.sampler.sample(slow=True if final else None)
+        return compact_sample(snap, time.monotonic() - self.t0, pids)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.backend.close()
 
 
 def write_sample(path: Path, sample: dict[str, Any]) -> None:

@@ -47,12 +47,11 @@ from pathlib import Path
 from typing import Any
 
 from gpustation.runs import rundir
+from gpustation.runs.gputrace import SAMPLE_INTERVAL_S, TraceSampler
 from gpustation.runs.metrics import METRICS_ENV, RUN_DIR_ENV
 from gpustation.runs.stop import DEFAULT_GRACE_S, terminate_group
-from gpustation.runs.supervisor import become_subreaper
+from gpustation.runs.supervisor import become_subreaper, live_descendants
 
-SAMPLE_INTERVAL_S = 1.0
-SLOW_INTERVAL_S = 5.0
 MAX_SPEC_BYTES = 1024 * 1024
 #: a line of output longer than this is sent in pieces
 MAX_LINE_BYTES = 64 * 1024
@@ -100,52 +99,38 @@ class _Telemetry:
     """The node's GPUs (those of CUDA_VISIBLE_DEVICES when set, else all)."""
 
     def __init__(self, env: dict[str, str], out: _Out) -> None:
-        self.sampler: Any = None
+        self.trace: TraceSampler | None = None
         self.out = out
-        self.t0 = time.monotonic()
+        t0 = time.monotonic()
         visible = env.get("CUDA_VISIBLE_DEVICES")
         try:
             gpus = [int(x) for x in visible.split(",") if x.strip()] if visible else None
         except ValueError:
             gpus = None
         try:
-            from gpustation.telemetry.backend import open_backend
-            from gpustation.telemetry.sampler import Sampler
-
-            backend = open_backend()
-            self.sampler = Sampler(
-                backend,
-                gpus=gpus,
-                slow_interval_s=SLOW_INTERVAL_S,
-                with_host=False,
-                with_topology=False,
-            )
+            self.trace = TraceSampler(gpus, t0)
         except Exception as err:
             out.send("telemetry_off", why=str(err) or type(err).__name__)
             return
-        if not self.sampler.gpus:
+        if not self.trace.sampler.gpus:
             out.send("telemetry_off", why="no GPUs on this node")
             self.close()
 
     def sample(self, pids: set[int], final: bool = False) -> None:
-        if self.sampler is None:
+        if self.trace is None:
             return
-        from gpustation.runs.gputrace import compact_sample
-
         try:
-            snap = self.sampler.sample(slow=True if final else None)
-            sample = compact_sample(snap, time.monotonic() - self.t0, pids)
+            sample = self.trace.line(pids, final)
         except Exception as err:
             self.out.send("telemetry_off", why=f"GPU readings stopped: {err}")
             self.close()
             return
-        self.out.send("telemetry", sample=sample, simulated=bool(self.sampler.backend.simulated))
+        self.out.send("telemetry", sample=sample, simulated=bool(self.trace.backend.simulated))
 
     def close(self) -> None:
-        if self.sampler is not None:
-            with contextlib.suppress(Exception):
-                self.sampler.backend.close()
-            self.sampler = None
+        if self.trace is not None:
+            self.trace.close()
+            self.trace = None
 
 
 def _read_spec() -> tuple[dict[str, Any], bytes]:
@@ -180,23 +165,7 @@ class _Descendants:
         self.known: list[list[float]] = []
 
     def refresh(self) -> None:
-        import psutil
-
-        kept = [e for e in self.known if rundir.process_matches(int(e[0]), float(e[1]))]
-        seen = {int(e[0]) for e in kept}
-        try:
-            found = psutil.Process(self.pid).children(recursive=True)
-        except psutil.Error:
-            found = []
-        with contextlib.suppress(psutil.Error):
-            # re-parented here (a subreaper) when their parent died
-            found += [p for p in psutil.Process().children(recursive=True) if p.pid != self.pid]
-        for proc in found:
-            if proc.pid not in seen:
-                with contextlib.suppress(psutil.Error):
-                    kept.append([proc.pid, proc.create_time()])
-                    seen.add(proc.pid)
-        self.known = kept
+        self.known = live_descendants(self.pid, self.known)
 
     def pids(self) -> set[int]:
         return {self.pid, *(int(e[0]) for e in self.known)}

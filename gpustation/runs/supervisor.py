@@ -41,19 +41,17 @@ from pathlib import Path
 from typing import Any
 
 from gpustation.runs import rundir
-from gpustation.runs.gputrace import compact_sample, write_sample
+from gpustation.runs.gputrace import SAMPLE_INTERVAL_S, TraceSampler, write_sample
 from gpustation.runs.reconcile import record_end, stopped_reason
 from gpustation.runs.rundir import RunState
 from gpustation.runs.stop import DEFAULT_GRACE_S, terminate_group
 
-SAMPLE_INTERVAL_S = 1.0
 #: how long the end of a run is retried when it cannot be written (a full disk)
 END_RETRY_S = 600.0
 #: between two tries
 END_RETRY_EVERY_S = 1.0
 #: prctl(2) option: orphaned descendants are re-parented to this process
 PR_SET_CHILD_SUBREAPER = 36
-SLOW_INTERVAL_S = 5.0
 _CUDA_OOM = re.compile(
     rb"CUDA out of memory|OutOfMemoryError|"
     rb"CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation|RESOURCE_EXHAUSTED: Out of memory"
@@ -184,52 +182,36 @@ class _Telemetry:
 
     def __init__(self, directory: Path, gpus: list[int], backend_info: dict[str, Any]) -> None:
         self.path = directory / rundir.TELEMETRY_FILE
-        self.sampler: Any = None
-        self.t0 = time.monotonic()
+        self.trace: TraceSampler | None = None
+        t0 = time.monotonic()
         if not gpus or backend_info.get("kind") == "none":
             return
         try:
-            from gpustation.telemetry.backend import open_backend
-            from gpustation.telemetry.sampler import Sampler
-
             simulate = backend_info.get("simulate") if backend_info.get("simulated") else None
-            backend = open_backend(simulate=simulate, sim_card=backend_info.get("sim_card"))
-            self.sampler = Sampler(
-                backend,
-                gpus=gpus,
-                # Energy is a slow field (as is PCIe throughput, slow to read on
-                # NVML): read every few seconds; the counter is cumulative.
-                slow_interval_s=SLOW_INTERVAL_S,
-                with_host=False,
-                with_topology=False,
-            )
+            self.trace = TraceSampler(gpus, t0, simulate, backend_info.get("sim_card"))
             # SM and tensor activity while the run is live (cards with GPM)
-            self.sampler.backend.read_gpm = True
+            self.trace.backend.read_gpm = True
         except Exception as err:
             _log(f"GPU telemetry is off: {err}")
-            self.sampler = None
+            self.trace = None
 
     def sample(self, final: bool = False, pids: set[int] | None = None) -> None:
-        if self.sampler is None:
+        if self.trace is None:
             return
         try:
-            snap = self.sampler.sample(slow=True if final else None)
-            write_sample(self.path, compact_sample(snap, time.monotonic() - self.t0, pids))
+            write_sample(self.path, self.trace.line(pids, final))
         except Exception as err:
             _log(f"GPU telemetry stopped: {err}")
             self.close()
 
     def close(self) -> None:
-        if self.sampler is not None:
-            try:
-                self.sampler.backend.close()
-            except Exception:
-                pass
-            self.sampler = None
+        if self.trace is not None:
+            self.trace.close()
+            self.trace = None
 
 
-def _note_descendants(pid: int, state: RunState) -> bool:
-    """Keep the state's list of the child's live descendants; True when it changed.
+def live_descendants(pid: int, known: list[list[float]]) -> list[list[float]]:
+    """``known`` brought up to date: the descendants of ``pid`` alive now, ``[pid, create_time]``.
 
     Only the living are kept (DataLoader workers come and go every epoch), but
     a descendant whose parent died stays listed while it lives: it is exactly
@@ -241,14 +223,9 @@ def _note_descendants(pid: int, state: RunState) -> bool:
         found = psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         found = []
-    # Re-parented to the supervisor (a subreaper) when their parent died.
+    # Re-parented to this process (a subreaper) when their parent died.
     found += _own_descendants(pid)
-    kept = [
-        entry
-        for entry in state.descendants
-        if rundir.process_matches(int(entry[0]), float(entry[1]))
-    ]
-    changed = len(kept) != len(state.descendants)
+    kept = [entry for entry in known if rundir.process_matches(int(entry[0]), float(entry[1]))]
     seen = {int(entry[0]) for entry in kept}
     for proc in found:
         if proc.pid in seen:
@@ -256,9 +233,15 @@ def _note_descendants(pid: int, state: RunState) -> bool:
         try:
             kept.append([proc.pid, proc.create_time()])
             seen.add(proc.pid)
-            changed = True
         except psutil.Error:
             continue
+    return kept
+
+
+def _note_descendants(pid: int, state: RunState) -> bool:
+    """Keep the state's list of the child's live descendants; True when it changed."""
+    kept = live_descendants(pid, state.descendants)
+    changed = kept != state.descendants
     state.descendants = kept
     return changed
 
