@@ -290,10 +290,21 @@ def shutdown_distributed(d: Dist) -> None:
 
 @contextlib.contextmanager
 def distributed(device_name: str | None) -> Iterator[Dist]:
-    """:func:`init_distributed` for a ``with`` block, the group left however the block ends."""
+    """:func:`init_distributed` for a ``with`` block, the group left however the block ends.
+
+    A block that ends normally meets the other ranks at a barrier first, so the
+    ranks leave together: with gloo, a rank that tore its group down while rank 0
+    was still writing its report was seen to abort on the way out ("terminate
+    called without an active exception"), failing a run whose work was done.
+    """
     d = init_distributed(device_name)
     try:
         yield d
+        if d.enabled:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.barrier()
     finally:
         shutdown_distributed(d)
 
