@@ -27,7 +27,6 @@ THROTTLE_REASONS = {
     0x80: "hardware power brake",
     0x100: "display clock setting",
 }
-THERMAL_BITS = 0x8 | 0x20 | 0x40 | 0x80
 
 
 @dataclass

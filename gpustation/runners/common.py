@@ -23,6 +23,7 @@ import torch
 
 from gpustation.runners import EXIT_OOM
 from gpustation.runs.metrics import RUN_DIR_ENV, MetricsWriter
+from gpustation.textsafe import safe
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
@@ -385,7 +386,8 @@ def run_main(
     try:
         return main(args)
     except RunnerError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        # its words may quote a file or a child's output: made safe for the terminal
+        print(f"error: {safe(exc, newlines=True)}", file=sys.stderr, flush=True)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)

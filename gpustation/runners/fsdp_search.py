@@ -8,7 +8,6 @@ share of the time for each offload setting.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from typing import Any
 
 from gpustation.runners import EXIT_OOM, common, llm
 from gpustation.runs.metrics import METRICS_ENV, RUN_DIR_ENV, MetricsWriter
+from gpustation.runs.tail import parse_metric_line
 
 
 def find_max_model(args: argparse.Namespace) -> int:
@@ -166,9 +166,10 @@ def run_trial(
             return {"layers": layers, "fits": False, "why": f"over {timeout:.0f}s"}
         summary = None
         if metrics.exists():
-            for line in metrics.read_text().splitlines():
-                event = json.loads(line)
-                if "summary" in event:
+            # a trial killed mid-write leaves a torn last line: skipped, not fatal
+            for line in metrics.read_bytes().splitlines():
+                event = parse_metric_line(line, check=False)
+                if event is not None and "summary" in event:
                     summary = event["summary"]
         if proc.returncode == 0 and summary:
             return {"layers": layers, "fits": True, **{k: summary.get(k) for k in (

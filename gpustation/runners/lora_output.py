@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from gpustation.runners import common, llm
+from gpustation.textsafe import safe
 
 MERGED_DIR = "merged"
 DEFAULT_PROMPT = "A GPU is"
@@ -116,7 +117,8 @@ def sample_line(result: dict[str, Any], untrained_base: bool) -> str:
         if untrained_base
         else ""
     )
-    return (
+    # json.dumps escapes C0 controls; safe() takes DEL and the C1 ones (CSI, OSC) too
+    return safe(
         f"sample{where}, {result['sample_tokens']} tokens after "
         f"{json.dumps(result['sample_prompt'], ensure_ascii=False)}: "
         f"{json.dumps(result['sample'], ensure_ascii=False)}"

@@ -454,11 +454,6 @@ def _energy_per_unit_row(records: Sequence[RunSummary]) -> CompareRow:
     return CompareRow("energy per unit", values, digits=3, kinds=kinds, units=cells)
 
 
-def compare_rows(records: list[RunSummary]) -> list[CompareRow]:
-    """The rows of the comparison (settings from the run directories)."""
-    return compare(records).rows
-
-
 def _cost_rows(records: list[RunSummary]) -> list[CompareRow]:
     """The cost of each run, when ``[energy]`` names a price."""
     from gpustation.runs.cost import load_price

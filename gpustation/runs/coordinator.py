@@ -42,7 +42,9 @@ from typing import IO, Any
 
 from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
 from gpustation.runs import rundir
+from gpustation.runs.gputrace import write_sample
 from gpustation.runs.nodes import NODE_TELEMETRY, NODES_JSON, node_dir
+from gpustation.runs.stop import signal_name
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -200,8 +202,8 @@ class Coordinator:
                 self.metrics.write(line.encode() + b"\n")
         elif kind == "telemetry" and isinstance(msg.get("sample"), dict):
             node.simulated = bool(msg.get("simulated"))
-            with contextlib.suppress(OSError), open(node.telemetry, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(msg["sample"], separators=(",", ":")) + "\n")
+            with contextlib.suppress(OSError):
+                write_sample(node.telemetry, msg["sample"])
         elif kind == "telemetry_off":
             node.telemetry_off = str(msg.get("why") or "unknown")
             self._write_nodes()
@@ -265,7 +267,7 @@ class Coordinator:
             if ssh_code == 255:
                 node.error = f"ssh failed: {node.last_stderr or 'connection lost'}"
             elif ssh_code < 0:
-                node.error = f"the connection was cut (ssh killed by {_signal_name(-ssh_code)})"
+                node.error = f"the connection was cut (ssh killed by {signal_name(-ssh_code)})"
         ok = node.exit_code == 0 and not node.signal
         if ok:
             node.status = "succeeded"
@@ -315,13 +317,6 @@ class Coordinator:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
 
 
 def _failure_text(node: Node) -> str:

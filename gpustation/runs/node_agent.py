@@ -49,7 +49,7 @@ from typing import Any
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import SAMPLE_INTERVAL_S, TraceSampler
 from gpustation.runs.metrics import METRICS_ENV, RUN_DIR_ENV
-from gpustation.runs.stop import DEFAULT_GRACE_S, terminate_group
+from gpustation.runs.stop import DEFAULT_GRACE_S, signal_name, terminate_group
 from gpustation.runs.supervisor import become_subreaper, live_descendants
 
 MAX_SPEC_BYTES = 1024 * 1024
@@ -345,7 +345,7 @@ def run_node() -> int:
     code = child.returncode
     sig_name = None
     if code < 0:
-        sig_name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        sig_name = signal_name(-code)
     with contextlib.suppress(OSError):
         metrics.unlink()
     kept: str | None = None

@@ -23,7 +23,8 @@ from gpustation.runs.rundir import RunState
 DEFAULT_GRACE_S = 10.0
 
 
-def _signal_name(sig: int) -> str:
+def signal_name(sig: int) -> str:
+    """``SIGTERM`` for 15; the number itself for one Python has no name for."""
     try:
         return signal.Signals(sig).name
     except ValueError:
@@ -106,7 +107,7 @@ def terminate_group(
             return last
         if force_now is not None and force_now() and sig != signal.SIGKILL:
             continue
-        last = _signal_name(sig)
+        last = signal_name(sig)
         if log:
             log(f"sending {last} to process group {pgid}")
         if on_signal:

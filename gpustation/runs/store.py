@@ -511,10 +511,12 @@ def record_from_dir(directory: Path, state: RunState | None = None) -> RunSummar
     fold = MetricsFold()
     record.malformed_metrics = fold.read(directory / rundir.METRICS_FILE)
     fold.apply(record)
-    tele = summarize_telemetry(directory / rundir.TELEMETRY_FILE)
-    node_energy = nodes_energy(directory)
-    if node_energy:  # a multi-node run: its nodes' GPUs, read on each node
-        tele = combined_telemetry(node_energy)
+    node_energy = nodes_energy(directory)  # a multi-node run: its nodes' GPUs, read on each
+    tele = (
+        combined_telemetry(node_energy)
+        if node_energy
+        else summarize_telemetry(directory / rundir.TELEMETRY_FILE)
+    )
     return apply_telemetry(record, tele, directory)
 
 

@@ -44,7 +44,7 @@ from gpustation.runs import rundir
 from gpustation.runs.gputrace import SAMPLE_INTERVAL_S, TraceSampler, write_sample
 from gpustation.runs.reconcile import record_end, stopped_reason
 from gpustation.runs.rundir import RunState
-from gpustation.runs.stop import DEFAULT_GRACE_S, terminate_group
+from gpustation.runs.stop import DEFAULT_GRACE_S, signal_name, terminate_group
 
 #: how long the end of a run is retried when it cannot be written (a full disk)
 END_RETRY_S = 600.0
@@ -421,7 +421,7 @@ def supervise(directory: Path) -> int:
     code = child.returncode
     state.ended_at = time.time()
     if code < 0:
-        state.signal = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        state.signal = signal_name(-code)
         state.exit_code = None
     else:
         state.exit_code = code

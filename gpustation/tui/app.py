@@ -45,6 +45,7 @@ from rich.text import Text
 from textual.app import SystemCommand
 from textual.binding import Binding, BindingType
 from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
 from gpustation.errors import GpustationError
@@ -177,6 +178,19 @@ class DashboardApp(ProcessActions):
             if entry.mode not in BUILTIN_MODES and entry.mode not in known:
                 # A screen added at run time: a key, though not one [keys] can remap.
                 self.bind(entry.key, f"switch_to('{entry.mode}')", description=entry.title)
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = True,
+    ) -> None:
+        """Every toast as plain text: messages carry run names, notes, host names and
+        command lines, and a ``[`` in one must show, not be read as markup."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # A screen this dashboard runs without: its key is neither shown nor live.

@@ -62,7 +62,7 @@ class ProcessActions(App[int]):
             self._kill(row.pid, sig)
         except PermissionError:
             self.notify(
-                f"not permitted: PID {row.pid} belongs to {row.user}; "
+                f"not permitted: PID {row.pid} belongs to {safe(row.user)}; "
                 "run gpustation as that user or as root",
                 title=f"{name} refused",
                 severity="error",

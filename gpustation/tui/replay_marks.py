@@ -21,6 +21,7 @@ from gpustation.runs.store import RunStore
 from gpustation.telemetry.alerts import AlertLog
 from gpustation.telemetry.model import Snapshot
 from gpustation.telemetry.recording import Recording
+from gpustation.textsafe import safe
 
 RUN_START, RUN_END, ALERT, CONTROL = "run_start", "run_end", "alert", "control"
 SYMBOLS = {RUN_START: "[", RUN_END: "]", ALERT: "!", CONTROL: "◆"}
@@ -91,7 +92,8 @@ def collect_marks(
     marks += control_marks(recording.start, recording.end, first.hostname, journal)
     if first.hostname == here:
         marks += run_marks(recording.start, recording.end, store)
-    return sorted(marks, key=lambda m: m.time)
+    # recorded alerts, journal commands and run titles: the terminal gets them made safe
+    return sorted((Mark(m.time, m.kind, safe(m.text)) for m in marks), key=lambda m: m.time)
 
 
 def clock_text(t: float, with_date: bool) -> str:

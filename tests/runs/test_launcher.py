@@ -296,3 +296,13 @@ def test_stop_several_runs_at_once(runs_env: dict, tmp_path: Path) -> None:
         waiting.id: "stopped",
     }
     assert list_active_runs() == []
+
+
+def test_signal_names_for_every_signal_a_process_can_die_of() -> None:
+    import signal as signals
+
+    from gpustation.runs.stop import signal_name
+
+    assert signal_name(signals.SIGTERM) == "SIGTERM"
+    # real-time signals other than the first and last have no name in Python
+    assert signal_name(signals.SIGRTMIN + 1) == str(int(signals.SIGRTMIN) + 1)

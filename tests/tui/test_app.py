@@ -571,3 +571,16 @@ async def test_shift_s_reverses_the_process_table_s_order() -> None:
         assert table.sort_key == key
         await pilot.press("S")
         await wait_for(pilot, lambda: table.sort_reverse is before)
+
+
+async def test_toasts_are_plain_text_whatever_they_quote() -> None:
+    """A note, a run title or a command line with ``[/]`` in it shows as written."""
+    app, _ = make_app(count=1)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await first_frame(pilot)
+        app.notify("run [/] lr [red]x ended")
+        app.screen.notify("host [bold]box")
+        await pilot.pause()
+        shown = list(app._notifications)  # what the toasts are drawn from
+        assert [n.message for n in shown] == ["run [/] lr [red]x ended", "host [bold]box"]
+        assert [n.markup for n in shown] == [False, False]

@@ -56,6 +56,11 @@ async def test_prune_names_the_old_runs_and_deletes_only_them(
         await pilot.press("enter")
         await wait_for(pilot, lambda: "a span such as" in label(pilot, "#prune-error"))
         assert isinstance(app.screen, PruneDialog)
+        # the user's own words in the error are shown as typed, never read as markup
+        app.screen.query_one("#prune-span", Input).value = "[/]"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: "'[/]'" in label(pilot, "#prune-error"))
+        assert isinstance(app.screen, PruneDialog)
         app.screen.query_one("#prune-span", Input).value = "30d"
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, DeleteRunsDialog))

@@ -215,3 +215,18 @@ async def test_note_and_tags_are_written_and_shown(gpustation_dirs: dict[str, Pa
         await wait_for(pilot, lambda: any("'bad!'" in n for n in notifications(app)))
         assert "bad!" not in (root / second / rundir.ANNOTATIONS_JSON).read_text()
         assert notes_cell(pilot, second) == "#lr:3e-4"
+
+
+async def test_a_note_with_brackets_is_shown_as_written(gpustation_dirs: dict[str, Path]) -> None:
+    root = gpustation_dirs["data"] / "runs"
+    (first,) = past_runs(root, [("resnet50-bf16", {})])
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await open_runs(pilot, 1)
+        await select(pilot, first)
+        await pilot.press("n")
+        await wait_for(pilot, lambda: isinstance(app.screen, NoteDialog))
+        await pilot.press(*"[/] lr [red]x")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: notes_cell(pilot, first) == "[/] lr [red]x")
+        assert isinstance(app.screen, RunsScreen)

@@ -76,7 +76,7 @@ class RunDetailScreen(LiveScreen):
             return
         view = self.current_view()
         self._cursor.for_run(view.id if view else None)
-        at = self._cursor.shown_at()
+        at = self._cursor.at_s  # None at the end: no line drawn
         self.query_one("#run-plot", LossPlot).show(view, at)
         self.query_one("#run-telemetry", GpuPlot).show(view, at)
         readout = self.query_one("#run-cursor", LiveText)

@@ -78,7 +78,7 @@ class PruneDialog(ModalScreen[tuple[float, str, str | None] | None]):
         try:
             seconds = parse_span(text, "older than")
         except UsageError as err:
-            self.query_one("#prune-error", Label).update(str(err))
+            self.query_one("#prune-error", Label).update(Text(str(err)))
             return
         status = self.query_one("#prune-status", Select).value
         chosen = status if isinstance(status, str) and status != ANY_STATUS else None

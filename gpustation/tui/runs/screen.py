@@ -324,8 +324,9 @@ class RunsScreen(RunLogScreen):
         self._sync_selection()
 
     @staticmethod
-    def _styled(cells: tuple[str, ...], v: RunView) -> list[Text | str]:
-        out: list[Text | str] = list(cells)
+    def _styled(cells: tuple[str, ...], v: RunView) -> list[Text]:
+        # Text, never markup: presets, notes and tags are the user's words ("[/]" too).
+        out = [Text(cell) for cell in cells]
         out[STATUS_COLUMN] = Text(cells[STATUS_COLUMN], style=STATUS_STYLE.get(v.status, ""))
         return out
 

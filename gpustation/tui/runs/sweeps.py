@@ -130,7 +130,7 @@ class SweepsScreen(ModalScreen[None]):
         for s in newest:
             done = sum(p.status != "pending" for p in s.points)
             label = Text.assemble(
-                (safe(s.preset), "bold"), f"  {done}/{len(s.points)} · {s.status}\n",
+                (safe(s.preset), "bold"), f"  {done}/{len(s.points)} · {safe(s.status)}\n",
                 (safe(s.id), "dim"),
             )  # fmt: skip
             options.add_option(Option(label, id=s.id))
@@ -150,7 +150,7 @@ class SweepsScreen(ModalScreen[None]):
         self.shown = sweep_id
         head = Text()
         head.append(f"sweep {safe(sweep.id)}", style="bold")
-        head.append(f" · {safe(sweep.preset)} · {sweep.status}")
+        head.append(f" · {safe(sweep.preset)} · {safe(sweep.status)}")
         if sweep.simulated:
             head.append(" · SIMULATED GPUs", style="bold yellow")
         self.query_one("#sweep-head", Static).update(head)
@@ -161,7 +161,7 @@ class SweepsScreen(ModalScreen[None]):
             table.add_column(_cell(column, column), key=column)
         for row in point_rows(sweep):
             table.add_row(*(_cell(c, col) for c, col in zip(row, columns, strict=True)))
-        self.query_one("#sweep-advice", Static).update(Text(recommendation_text(sweep)))
+        self.query_one("#sweep-advice", Static).update(Text(safe(recommendation_text(sweep))))
         self._plot_key = None
         self.call_after_refresh(self.draw_plot)
 

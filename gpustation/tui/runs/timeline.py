@@ -170,10 +170,6 @@ class TimeCursor:
         self.at_s = stops[n]
         return True
 
-    def shown_at(self) -> float | None:
-        """Where a line is drawn: only when the user moved off the end."""
-        return self.at_s
-
 
 #: the keys, said after the values as far as the line has room
 KEY_HINTS = ("[ ] { } move", "P profile", "S sweeps")
