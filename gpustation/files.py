@@ -19,8 +19,9 @@ from gpustation.errors import UsageError
 MAX_TEXT_BYTES = 1 << 20
 
 
-def read_text(path: Path, what: str, max_bytes: int = MAX_TEXT_BYTES) -> str:
-    """The UTF-8 text of a regular file of at most ``max_bytes``."""
+def read_text(path: Path, what: str, max_bytes: int = MAX_TEXT_BYTES, private: bool = False) -> str:
+    """The UTF-8 text of a regular file of at most ``max_bytes``; with ``private`` (a
+    password, a token) only of a file no other user can read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as err:
@@ -29,6 +30,11 @@ def read_text(path: Path, what: str, max_bytes: int = MAX_TEXT_BYTES) -> str:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise UsageError(f"cannot read {what} {path}: not a regular file")
+        if private and info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise UsageError(
+                f"{what}: {path} can be read by other users; "
+                f"make it private with `chmod 600 {path}`"
+            )
         if info.st_size > max_bytes:
             raise UsageError(
                 f"cannot read {what} {path}: {info.st_size} bytes, more than the "

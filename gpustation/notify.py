@@ -214,22 +214,29 @@ class AlertNotifier:
         self.failed = 0
 
     def take(self, alerts: Iterable[Alert], hostname: str | None) -> list[str]:
-        """Queue the alerts [notify] asks for; returns the events queued."""
-        queued = []
-        for alert in alerts:
-            message = alert_message(alert, hostname)
-            if message is None or not self.notifier.wanted(message[0]):
-                continue
-            with self._lock:
-                if self._closed:
-                    break
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._work, name="gpustation-alert-notify", daemon=True
-                    )
-                    self._thread.start()
-                self._queue.put(message)
-            queued.append(message[0])
+        """Queue the alerts [notify] asks for; returns the events queued.
+
+        It only queues, and whatever fails here is logged, never raised: the
+        dashboard, the exporter and the recorder call it from their own loops.
+        """
+        queued: list[str] = []
+        try:
+            for alert in alerts:
+                message = alert_message(alert, hostname)
+                if message is None or not self.notifier.wanted(message[0]):
+                    continue
+                with self._lock:
+                    if self._closed:
+                        break
+                    if self._thread is None:
+                        self._thread = threading.Thread(
+                            target=self._work, name="gpustation-alert-notify", daemon=True
+                        )
+                        self._thread.start()
+                    self._queue.put(message)
+                queued.append(message[0])
+        except Exception as err:
+            log.warning("alerts not notified: %s", err)
         return queued
 
     def _work(self) -> None:

@@ -353,16 +353,15 @@ def _node_rows(r: RunSummary) -> list[tuple[str, str | None]]:
 
     from gpustation.runs import rundir
     from gpustation.runs.compare import fmt_energy
-    from gpustation.runs.nodes import nodes_energy, read_nodes
+    from gpustation.runs.nodes import nodes_energy
 
     directory = Path(r.run_dir) if r.run_dir else None
-    doc = read_nodes(directory) if directory is not None else None
-    if directory is None or not doc:
+    energies = nodes_energy(directory) if directory is not None else []
+    if directory is None or not energies:
         return []
-    ends = {n.get("host"): n for n in doc.get("nodes") or [] if isinstance(n, dict)}
     rows: list[tuple[str, str | None]] = []
-    for e in nodes_energy(directory):
-        node = ends.get(e.host) or {}
+    for e in energies:
+        node = e.entry
         end = e.status
         if node.get("signal"):
             end += f" ({node['signal']})"

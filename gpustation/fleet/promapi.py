@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import stat
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpustation.errors import EXIT_UNREACHABLE, GpustationError, UsageError
+from gpustation.files import read_text
 from gpustation.textsafe import safe
 
 REQUEST_TIMEOUT_S = 5.0
@@ -59,13 +59,7 @@ def check_url(text: str, option: str = "--prometheus") -> str:
 def read_secret(path: str, what: str) -> str:
     """The first line of a file only its owner can read (a password or a token)."""
     p = Path(path).expanduser()
-    try:
-        info = p.stat()
-        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise UsageError(f"{what}: {p} can be read by other users; chmod 600 it")
-        text = p.read_text(encoding="utf-8", errors="replace")
-    except OSError as err:
-        raise UsageError(f"{what}: cannot read {p}: {err.strerror or err}") from None
+    text = read_text(p, what, private=True)
     secret = text.splitlines()[0].strip() if text.strip() else ""
     if not secret:
         raise UsageError(f"{what}: {p} is empty")

@@ -173,7 +173,7 @@ def verdicts(
                 + (f": {sorted(set(mon.xids))} (see the kernel log)" if mon.xids else ""),
             )
         )
-    thermal_s = sum(v for k, v in mon.throttled_s.items() if "thermal" in k or "slowdown" in k)
+    thermal_s = mon.thermal_s()
     peak_t, slow = mon.peak.get("temp_c"), st.get("slowdown_temp_c")
     out.append(check(
         "thermal", "warn" if thermal_s > 0 else "pass",
@@ -306,9 +306,7 @@ def _summary(
         "max_mem_clock_reached_mhz": mon.peak.get("mem_clock_mhz"),
         "max_mem_clock_mhz": st.get("max_mem_clock_mhz"),
         "throttled_s": {k: round(v, 1) for k, v in mon.throttled_s.items()},
-        "thermal_throttled_s": round(
-            sum(v for k, v in mon.throttled_s.items() if "thermal" in k or "slowdown" in k), 1
-        ) if mon.available else None,
+        "thermal_throttled_s": round(mon.thermal_s(), 1) if mon.available else None,
         "power_capped_s": round(mon.throttled_s.get("software power cap", 0.0), 1)
         if mon.available else None,
         "power_violation_s": viol_s("violation_power_ns"),

@@ -87,6 +87,10 @@ class Monitor:
             self._events = None
         self.static["xid_events_supported"] = self._events is not None
 
+    def thermal_s(self) -> float:
+        """Seconds slowed by heat: the thermal and slowdown reasons, summed."""
+        return sum(v for k, v in self.throttled_s.items() if "thermal" in k or "slowdown" in k)
+
     def _handle(self) -> Any:
         props = torch.cuda.get_device_properties(self.device)
         uuid = getattr(props, "uuid", None)

@@ -40,13 +40,12 @@ from gpustation.runs.checkpoints import (
     latest_checkpoint,
     read_checkpoint,
 )
+from gpustation.runs.metrics import RUN_ID_ENV
 
 ADAPTER_DIR = "adapter"
 STATE_FILE = "trainer_state.pt"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 FORMAT = 1
-#: the variable the launcher sets to the run's id (gpustation.runs.argv.RUN_ID_ENV)
-RUN_ID_ENV = "GPUSTATION_RUN_ID"
 #: adapter settings that must match for a checkpoint to load into this run's model
 _ADAPTER_KEYS = ("r", "lora_alpha", "target_modules")
 
@@ -200,7 +199,11 @@ def check_compatible(ckpt: Checkpoint, base_info: dict[str, Any], lora: Any) -> 
             k: v for k, v in b.items() if k != "max_positions"
         }
 
-    theirs = llm.read_base_info(adapter)
+    try:
+        theirs = llm.read_base_info(adapter)
+        config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise damaged(ckpt, err) from None
     if not same_base(theirs, base_info):
         raise common.RunnerError(
             f"--resume-from {ckpt.path}: the checkpoint was trained on {_base_text(theirs)}, "
@@ -208,7 +211,6 @@ def check_compatible(ckpt: Checkpoint, base_info: dict[str, Any], lora: Any) -> 
             "--model / --model-preset / --seed (gpustation run --resume takes them from the run)",
             common.EXIT_USAGE,
         )
-    config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
     ours = {"r": lora.r, "lora_alpha": lora.lora_alpha, "target_modules": lora.target_modules}
     for key in _ADAPTER_KEYS:
         a, b = config.get(key), ours[key]
@@ -220,6 +222,16 @@ def check_compatible(ckpt: Checkpoint, base_info: dict[str, Any], lora: Any) -> 
                 f"asks for {b}; resume with the same --lora-r / --lora-alpha / --target-modules",
                 common.EXIT_USAGE,
             )
+
+
+def damaged(ckpt: Checkpoint, err: BaseException) -> common.RunnerError:
+    """A checkpoint whose files are missing or unreadable, as a usage error (exit 2)."""
+    return common.RunnerError(
+        f"--resume-from {ckpt.path}: the checkpoint cannot be read "
+        f"({type(err).__name__}: {(str(err).splitlines() or [''])[0]}); "
+        "resume from an earlier one (--resume-from its step-N folder)",
+        common.EXIT_USAGE,
+    )
 
 
 def _base_text(info: dict[str, Any]) -> str:
@@ -234,7 +246,13 @@ def load(ckpt: Checkpoint, trainer: Trainer, device: torch.device) -> None:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    weights = load_file(str(ckpt.path / ADAPTER_DIR / ADAPTER_WEIGHTS), device=str(device))
+    try:
+        weights = load_file(str(ckpt.path / ADAPTER_DIR / ADAPTER_WEIGHTS), device=str(device))
+        state = torch.load(ckpt.path / STATE_FILE, map_location=device, weights_only=True)
+    except Exception as err:  # safetensors' and pickle's errors have no common base
+        if common.is_oom(err):
+            raise
+        raise damaged(ckpt, err) from None
     result = set_peft_model_state_dict(trainer.model, weights)
     unexpected = list(getattr(result, "unexpected_keys", []) or [])
     if unexpected:
@@ -243,7 +261,6 @@ def load(ckpt: Checkpoint, trainer: Trainer, device: torch.device) -> None:
             f"for ({', '.join(unexpected[:3])}...)",
             common.EXIT_USAGE,
         )
-    state = torch.load(ckpt.path / STATE_FILE, map_location=device, weights_only=True)
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.schedule.load_state_dict(state["schedule"])
     trainer.scaler.load_state_dict(state["scaler"])

@@ -32,14 +32,15 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from gpustation.runners import common, llm
-from gpustation.runners.gpuwatch import GpuWatch, PhaseGpu
 from gpustation.runs.metrics import METRICS_ENV, MetricsWriter
-from gpustation.runs.phases import HEADERS, phase_cells, phase_notes
+
+if TYPE_CHECKING:
+    from gpustation.runners.gpuwatch import GpuWatch, PhaseGpu
 
 PHASES = ("train", "infer", "both")
 ROLES = ("train", "infer")
@@ -225,6 +226,11 @@ def run_phase(
 def main(args: argparse.Namespace) -> int:
     if args.role:
         return _child(args)
+    # Only the parent watches the GPU and prints the table: the role children,
+    # started once per phase, do without those imports (NVML's, rich's).
+    from gpustation.runners.gpuwatch import GpuWatch
+    from gpustation.runs.phases import HEADERS, phase_cells, phase_notes
+
     device = common.pick_device(args.device)
     print(
         f"contention: training (batch {args.batch_size} x {args.seq_len}) and inference "

@@ -16,10 +16,8 @@ from typing import Any
 
 from gpustation.errors import UsageError
 from gpustation.runs import rundir
-from gpustation.runs.metrics import METRICS_ENV, RUN_DIR_ENV
+from gpustation.runs.metrics import METRICS_ENV, RUN_DIR_ENV, RUN_ID_ENV
 from gpustation.runs.presets import RUNNER_PACKAGE, ArgValue, RunPreset
-
-RUN_ID_ENV = "GPUSTATION_RUN_ID"
 
 # Multi-node settings passed through to torchrun, by preset key.
 _TORCHRUN_PASSTHROUGH = (

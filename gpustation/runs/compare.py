@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpustation.runs import rundir
+from gpustation.runs.fold import finite_number
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.format import duration as fmt_duration
 from gpustation.textsafe import safe
@@ -73,16 +74,10 @@ def energy_text(record: RunSummary) -> str:
 # ---- one number format per row ------------------------------------------------------------
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def row_decimals(values: Sequence[Any], digits: int) -> int:
     """The decimals every cell of a row gets: ``digits``, fewer for big numbers, more for
     small ones (two significant digits of the smallest), the same in each cell."""
-    nums = [abs(n) for n in map(_number, values) if n is not None]
+    nums = [abs(n) for n in map(finite_number, values) if n is not None]
     if not nums:
         return digits
     if max(nums) >= 10000:
@@ -95,7 +90,7 @@ def row_decimals(values: Sequence[Any], digits: int) -> int:
 
 def fmt_fixed(value: Any, decimals: int) -> str:
     """``value`` with thousands separators and ``decimals`` decimals (``-``: none)."""
-    number = _number(value)
+    number = finite_number(value)
     if number is None:
         return "-" if value is None else safe(value)
     return f"{number:,.{decimals}f}"
@@ -134,10 +129,10 @@ class CompareRow:
         """Percent change of each value from the first run's (None when not comparable)."""
         if not self.numeric:
             return [None for _ in self.values]
-        base = _number(self.values[0]) if self.values else None
+        base = finite_number(self.values[0]) if self.values else None
         out: list[float | None] = []
         for i, value in enumerate(self.values):
-            number = _number(value)
+            number = finite_number(value)
             if base is None or number is None or base == 0 or not self.comparable(i):
                 out.append(None)
             else:
@@ -387,14 +382,14 @@ def compare(
     for r in records:
         for key, value in r.summary.items():
             if (
-                _number(value) is not None
+                finite_number(value) is not None
                 and key not in ("final_loss", "best_loss", "epoch_time_s")
                 and key not in keys
             ):
                 keys.append(key)
     for key in keys:
         values = [r.summary.get(key) for r in records]
-        integral = all(isinstance(v, int) for v in values if _number(v) is not None)
+        integral = all(isinstance(v, int) for v in values if finite_number(v) is not None)
         rows.append(CompareRow(key, values, digits=0 if integral else 4, kinds=kinds))
     shown = [row for row in rows if row.setting or any(v not in (None, "-") for v in row.values)]
     return Comparison(records, shown, same)

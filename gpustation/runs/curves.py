@@ -9,13 +9,11 @@ reading the file again. Bounded like the runs screen's curve: past
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from gpustation.runs import rundir
-from gpustation.runs.fold import Series
+from gpustation.runs.fold import Series, finite_number
 from gpustation.runs.tail import bounded_lines, parse_metric_line
 
 #: points kept per curve
@@ -62,12 +60,6 @@ class _Collect:
         return Curve(steps, times, values)
 
 
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def read_curves(run_dir: Path, max_points: int = MAX_POINTS) -> RunCurves:
     """The run's curves (empty when it has no metrics file or no loss in it).
 
@@ -89,12 +81,12 @@ def read_curves(run_dir: Path, max_points: int = MAX_POINTS) -> RunCurves:
                 if isinstance(raw_step, int) and not isinstance(raw_step, bool):
                     step = float(raw_step)
                 x = step if step is not None else float(count)
-                seen = _finite(event.get("t"))
+                seen = finite_number(event.get("t"))
                 t = t if seen is None else seen
-                value = _finite(event.get("loss"))
+                value = finite_number(event.get("loss"))
                 if value is not None:
                     loss.add(x, t, value)
-                value = _finite(event.get("eval_loss"))
+                value = finite_number(event.get("eval_loss"))
                 if value is not None:
                     evals.add(x, t, value)
     except OSError:

@@ -80,7 +80,8 @@ def ema(values: Sequence[float], weight: float = EMA_WEIGHT) -> list[float]:
     return out
 
 
-def _num(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
+    """A metrics value as a float: None for a bool, a non-number, NaN or infinity."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     value = float(value)
@@ -127,7 +128,7 @@ class MetricsFold:
 
     def add(self, event: dict[str, Any]) -> None:
         self.events += 1
-        t = _num(event.get("t"))
+        t = finite_number(event.get("t"))
         raw_step = event.get("step")
         step = raw_step if isinstance(raw_step, int) and not isinstance(raw_step, bool) else None
         if step is not None:
@@ -137,16 +138,16 @@ class MetricsFold:
         total = event.get("total_steps")
         if isinstance(total, int) and not isinstance(total, bool) and total > 0:
             self.total_steps = total
-        epoch = _num(event.get("epoch"))
+        epoch = finite_number(event.get("epoch"))
         if epoch is not None:
             self.epoch = epoch
-        loss = _num(event.get("loss"))
+        loss = finite_number(event.get("loss"))
         if loss is not None:
             self.final_loss = loss
             self.best_loss = loss if self.best_loss is None else min(self.best_loss, loss)
             x = float(self.step) if self.step is not None else float(self.events)
             self.losses.add(x, loss)
-        eval_loss = _num(event.get("eval_loss"))
+        eval_loss = finite_number(event.get("eval_loss"))
         if eval_loss is not None:
             self.last_eval_loss = eval_loss
             x = float(step) if step is not None else float(len(self.evals) + 1)
@@ -154,12 +155,12 @@ class MetricsFold:
             self.best_eval_loss = (
                 eval_loss if self.best_eval_loss is None else min(self.best_eval_loss, eval_loss)
             )
-        lr = _num(event.get("lr"))
+        lr = finite_number(event.get("lr"))
         if lr is not None:
             self.lr = lr
         if isinstance(event.get("unit"), str):
             self.unit = event["unit"]
-        rate = _num(event.get("throughput"))
+        rate = finite_number(event.get("throughput"))
         if rate is not None:
             self.throughput = rate
             self.best_throughput = (
@@ -170,7 +171,7 @@ class MetricsFold:
                 since = self.last_t if self.last_t is not None else 0.0
                 if t > since:
                     self.work += rate * (t - since)
-        mem = _num(event.get("mem_peak_mib"))
+        mem = finite_number(event.get("mem_peak_mib"))
         if mem is not None:
             self.mem_peak_mib = mem if self.mem_peak_mib is None else max(self.mem_peak_mib, mem)
         if isinstance(event.get("summary"), dict):
@@ -187,7 +188,7 @@ class MetricsFold:
     def work_done(self) -> tuple[float | None, str | None]:
         """Units of work done (e.g. images), preferring what the summary says."""
         for key in ("samples", "tokens", "images", "work"):
-            value = _num(self.summary.get(key))
+            value = finite_number(self.summary.get(key))
             if value is not None:
                 unit = {"samples": "sample", "tokens": "token", "images": "img"}.get(key)
                 return value, unit or work_unit(self.unit)
@@ -227,7 +228,7 @@ class MetricsFold:
         summary.summary = dict(self.summary)
         # A summary event may state its own final figures; they beat the running ones.
         for key in ("final_loss", "best_loss"):
-            value = _num(self.summary.get(key))
+            value = finite_number(self.summary.get(key))
             if value is not None:
                 setattr(summary, key, value)
         summary.work, summary.work_unit = self.work_done()

@@ -23,6 +23,8 @@ from typing import IO, Any
 
 METRICS_ENV = "GPUSTATION_METRICS_FILE"
 RUN_DIR_ENV = "GPUSTATION_RUN_DIR"
+#: the run's id, set by the launcher for the run's processes
+RUN_ID_ENV = "GPUSTATION_RUN_ID"
 
 KNOWN_KEYS = (
     "t",

@@ -56,8 +56,9 @@ from typing import Any
 
 from gpustation.errors import UsageError
 from gpustation.fleet.ssh import HostSpec, parse_host, ssh_options
-from gpustation.runs.argv import RUN_ID_ENV, format_args
+from gpustation.runs.argv import format_args
 from gpustation.runs.launch import RunHandle, new_run_directory, start_run
+from gpustation.runs.metrics import RUN_ID_ENV
 from gpustation.runs.nodes import node_dir
 from gpustation.runs.presets import RUNNER_PACKAGE, RunPreset, apply_overrides
 from gpustation.runs.reconcile import record_lost_runs

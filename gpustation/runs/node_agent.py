@@ -51,6 +51,7 @@ from gpustation.runs.gputrace import SAMPLE_INTERVAL_S, TraceSampler
 from gpustation.runs.metrics import METRICS_ENV, RUN_DIR_ENV
 from gpustation.runs.stop import DEFAULT_GRACE_S, signal_name, terminate_group
 from gpustation.runs.supervisor import become_subreaper, live_descendants
+from gpustation.runs.tail import Tailer
 
 MAX_SPEC_BYTES = 1024 * 1024
 #: a line of output longer than this is sent in pieces
@@ -73,26 +74,6 @@ class _Out:
                 os.write(1, line.encode())
             except OSError:
                 self.broken = True
-
-
-class _Tail:
-    """New complete lines of a file that may not exist yet (byte offsets)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.partial = b""
-
-    def lines(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read(4 * 1024 * 1024)
-        except OSError:
-            return []
-        self.offset += len(data)
-        *complete, self.partial = (self.partial + data).split(b"\n")
-        return [line.decode("utf-8", errors="replace") for line in complete if line.strip()]
 
 
 class _Telemetry:
@@ -251,7 +232,14 @@ def run_node() -> int:
     )
     descendants = _Descendants(child.pid)
     telemetry = _Telemetry(env, out)
-    tail = _Tail(metrics)
+    tail = Tailer(metrics)
+
+    def send_metrics() -> None:
+        for raw in tail.read_new():
+            line = raw.decode("utf-8", errors="replace")
+            if line.strip():
+                out.send("metric", line=line)
+
     stopper: list[threading.Thread] = []
 
     def start_stop() -> None:
@@ -314,8 +302,7 @@ def run_node() -> int:
                 buffer = b""
             for raw in lines:
                 out.send("log", text=raw.decode("utf-8", errors="replace").rstrip("\r"))
-        for line in tail.lines():
-            out.send("metric", line=line)
+        send_metrics()
         now = time.monotonic()
         if now >= next_sample:
             descendants.refresh()
@@ -333,8 +320,8 @@ def run_node() -> int:
     sel.close()
     if buffer:
         out.send("log", text=buffer.decode("utf-8", errors="replace"))
-    for line in tail.lines():
-        out.send("metric", line=line)
+    send_metrics()
+    tail.close()
     telemetry.sample(descendants.pids(), final=True)
     telemetry.close()
     # Workers left behind (their own sessions, or re-parented here) end with torchrun.

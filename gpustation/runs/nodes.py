@@ -49,6 +49,8 @@ class NodeEnergy:
     telemetry: TelemetrySummary
     #: why the node's energy is unknown (None when it is known)
     unknown: str | None
+    #: the node's entry in ``nodes.json`` (its exit, signal, remote pid ...)
+    entry: dict[str, Any]
 
 
 def nodes_energy(directory: Path) -> list[NodeEnergy]:
@@ -65,7 +67,7 @@ def nodes_energy(directory: Path) -> list[NodeEnergy]:
         unknown = None
         if tele.energy_j is None:
             unknown = str(node.get("telemetry_off") or "the node sent no GPU readings")
-        found.append(NodeEnergy(host, str(node.get("status") or "?"), tele, unknown))
+        found.append(NodeEnergy(host, str(node.get("status") or "?"), tele, unknown, node))
     return found
 
 

@@ -18,7 +18,6 @@ only when they are numbers, and text goes through :func:`~gpustation.textsafe.sa
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,6 +25,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from gpustation.runs.fold import finite_number
 from gpustation.textsafe import safe
 
 HEADERS = (
@@ -48,26 +48,23 @@ def read_phases(summary: Mapping[str, Any] | None) -> list[dict[str, Any]] | Non
     return rows or None
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def _fmt(value: Any, digits: int) -> str:
-    number = _num(value)
+    number = finite_number(value)
     return "-" if number is None else f"{number:,.{digits}f}"
 
 
 def _pair(a: Any, b: Any, digits: int) -> str:
-    if _num(a) is None and _num(b) is None:
+    if finite_number(a) is None and finite_number(b) is None:
         return "-"
     return f"{_fmt(a, digits)} / {_fmt(b, digits)}"
 
 
 def _slowdown(row: Mapping[str, Any]) -> str:
     """``1.32x / 3.92x``: training's and the p99 latency's (the p50s are in their column)."""
-    train, p99 = _num(row.get("train_slowdown")), _num(row.get("infer_p99_slowdown"))
+    train, p99 = (
+        finite_number(row.get("train_slowdown")),
+        finite_number(row.get("infer_p99_slowdown")),
+    )
     if train is None and p99 is None:
         return ""
     return " / ".join("-" if v is None else f"{v:.2f}x" for v in (train, p99))

@@ -35,6 +35,8 @@ from gpustation.runs.presets import RunPreset, apply_overrides
 from gpustation.telemetry.backend import Backend
 
 SWEEP_JSON = "sweep.json"
+#: each point's run is tagged ``sweep:<sweep id>``
+SWEEP_TAG = "sweep:"
 #: the most points one sweep may have (a typo like 1,2,...,999 is not a plan)
 MAX_POINTS = 256
 
@@ -306,7 +308,7 @@ class SweepRunner:
         if point.power is not None:
             self._set_limit(point)
             self.say(f"  power limit {_limits_text(point.limits_w)} (read back)")
-        preset = replace(self.preset, tags=[*self.preset.tags, f"sweep:{self.sweep.id}"])
+        preset = replace(self.preset, tags=[*self.preset.tags, f"{SWEEP_TAG}{self.sweep.id}"])
         overrides = [f"{k}={v}" for k, v in point.overrides.items()]
         point.status = "running"
         handle = self.launch(

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import html
 import itertools
-import math
 from pathlib import Path
 from typing import Any
 
 from gpustation.runs import rundir
+from gpustation.runs.fold import finite_number
 from gpustation.runs.sweep import Point, Sweep
 from gpustation.runs.tail import parse_metric_line
 
@@ -36,12 +36,6 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     except OSError:
         pass
     return out
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def work_unit(unit: str | None) -> str | None:
@@ -62,7 +56,8 @@ def point_figures(directory: Path, warmup_s: float | None = None) -> dict[str, A
     reports = [
         (float(e["time"]), tp, e.get("unit"))
         for e in metrics
-        if _num(e.get("time")) is not None and (tp := _num(e.get("throughput"))) is not None
+        if finite_number(e.get("time")) is not None
+        and (tp := finite_number(e.get("throughput"))) is not None
     ]
     start = reports[0][0] if reports else None
     if warmup_s is not None and state is not None and state.started_at is not None:
@@ -77,7 +72,7 @@ def point_figures(directory: Path, warmup_s: float | None = None) -> dict[str, A
     window = [
         s
         for s in samples
-        if (t := _num(s.get("time"))) is not None
+        if (t := finite_number(s.get("time"))) is not None
         and (start is None or t >= start)
         and (end is None or t <= end + 1.0)
     ] or samples
@@ -93,31 +88,31 @@ def point_figures(directory: Path, warmup_s: float | None = None) -> dict[str, A
 
 
 def _power_figures(window: list[dict[str, Any]]) -> dict[str, Any]:
-    t0 = _num(window[0].get("time")) or 0.0
-    t1 = _num(window[-1].get("time")) or 0.0
+    t0 = finite_number(window[0].get("time")) or 0.0
+    t1 = finite_number(window[-1].get("time")) or 0.0
     span = t1 - t0
     if span <= 0:
         return {}
-    first = {g.get("index"): _num(g.get("energy_j")) for g in window[0]["gpus"]}
-    last = {g.get("index"): _num(g.get("energy_j")) for g in window[-1]["gpus"]}
+    first = {g.get("index"): finite_number(g.get("energy_j")) for g in window[0]["gpus"]}
+    last = {g.get("index"): finite_number(g.get("energy_j")) for g in window[-1]["gpus"]}
     energy: float | None = None
     if first and all(first.get(i) is not None and last.get(i) is not None for i in first):
         energy = sum((last[i] or 0.0) - (first[i] or 0.0) for i in first)
     if energy is None or energy <= 0:  # no counter: integrate the power samples
         energy = 0.0
         for a, b in itertools.pairwise(window):
-            dt = (_num(b.get("time")) or 0.0) - (_num(a.get("time")) or 0.0)
-            pa = sum(_num(g.get("power_w")) or 0.0 for g in a["gpus"])
-            pb = sum(_num(g.get("power_w")) or 0.0 for g in b["gpus"])
+            dt = (finite_number(b.get("time")) or 0.0) - (finite_number(a.get("time")) or 0.0)
+            pa = sum(finite_number(g.get("power_w")) or 0.0 for g in a["gpus"])
+            pb = sum(finite_number(g.get("power_w")) or 0.0 for g in b["gpus"])
             energy += max(0.0, dt) * (pa + pb) / 2
     return {"window_s": span, "energy_j": energy, "avg_power_w": energy / span}
 
 
 def _counter_power(a: dict[str, Any], b: dict[str, Any]) -> float | None:
     """The GPUs' mean power between two samples from their energy counters."""
-    dt = (_num(b.get("time")) or 0.0) - (_num(a.get("time")) or 0.0)
-    before = {g.get("index"): _num(g.get("energy_j")) for g in a["gpus"]}
-    after = {g.get("index"): _num(g.get("energy_j")) for g in b["gpus"]}
+    dt = (finite_number(b.get("time")) or 0.0) - (finite_number(a.get("time")) or 0.0)
+    before = {g.get("index"): finite_number(g.get("energy_j")) for g in a["gpus"]}
+    after = {g.get("index"): finite_number(g.get("energy_j")) for g in b["gpus"]}
     if dt <= 0 or not before or before.keys() != after.keys():
         return None
     if any(v is None for v in (*before.values(), *after.values())):
@@ -143,17 +138,17 @@ def _peaks(samples: list[dict[str, Any]]) -> dict[str, Any]:
         if between is not None:
             out["peak_power_w"] = max(out.get("peak_power_w", 0.0), between)
     for s in samples:
-        power = sum(_num(g.get("power_w")) or 0.0 for g in s["gpus"])
+        power = sum(finite_number(g.get("power_w")) or 0.0 for g in s["gpus"])
         out["peak_power_w"] = max(out.get("peak_power_w", 0.0), power)
         for g in s["gpus"]:
             for key, name in (
                 ("temperature_c", "peak_temp_c"),
                 ("memory_used_mib", "peak_vram_mib"),
             ):
-                v = _num(g.get(key))
+                v = finite_number(g.get(key))
                 if v is not None:
                     out[name] = max(out.get(name, v), v)
-        t = _num(s.get("time")) or _num(s.get("t"))
+        t = finite_number(s.get("time")) or finite_number(s.get("t"))
         if prev is not None and t is not None and any(g.get("throttle") for g in s["gpus"]):
             throttled += max(0.0, t - prev)
         prev = t

@@ -21,14 +21,13 @@ along the run. Plain data: no textual, no plotting.
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from gpustation.runs import rundir
-from gpustation.runs.fold import MAX_POINTS
+from gpustation.runs.fold import MAX_POINTS, finite_number
 from gpustation.runs.tail import Tailer, parse_metric_line
 
 T = TypeVar("T")
@@ -131,21 +130,14 @@ class Timeline:
         return last(loss_t, tuple(losses)), last(self._gpu_t, self.gpu)
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
 def gpu_moment(sample: dict[str, Any], t_s: float) -> GpuMoment | None:
     """The run's GPUs of one ``telemetry.jsonl`` line, together (None: no GPU in it)."""
     gpus = [g for g in sample.get("gpus") or () if isinstance(g, dict)]
     if not gpus:
         return None
-    powers = [p for g in gpus if (p := _num(g.get("power_w"))) is not None]
-    temps = [c for g in gpus if (c := _num(g.get("temperature_c"))) is not None]
-    utils = [u for g in gpus if (u := _num(g.get("utilization_gpu_pct"))) is not None]
+    powers = [p for g in gpus if (p := finite_number(g.get("power_w"))) is not None]
+    temps = [c for g in gpus if (c := finite_number(g.get("temperature_c"))) is not None]
+    utils = [u for g in gpus if (u := finite_number(g.get("utilization_gpu_pct"))) is not None]
     reasons = sorted(
         {str(r) for g in gpus if isinstance(g.get("throttle"), list) for r in g["throttle"]}
     )
@@ -178,7 +170,7 @@ class TimelineReader:
             self.origin = started_at
 
     def _place(self, line: dict[str, Any], from_line_start: bool) -> float | None:
-        when, t = _num(line.get("time")), _num(line.get("t"))
+        when, t = finite_number(line.get("time")), finite_number(line.get("t"))
         if self.origin is None and when is not None and from_line_start and t is not None:
             self.origin = when - t  # telemetry's t counts from the run's start
         if when is not None and self.origin is not None:
@@ -188,7 +180,10 @@ class TimelineReader:
     def add_events(self, events: Iterable[dict[str, Any]]) -> None:
         """Metric events (read by the run's follower) with a loss or an eval loss."""
         for event in events:
-            loss, eval_loss = _num(event.get("loss")), _num(event.get("eval_loss"))
+            loss, eval_loss = (
+                finite_number(event.get("loss")),
+                finite_number(event.get("eval_loss")),
+            )
             if loss is None and eval_loss is None:
                 continue
             t_s = self._place(event, from_line_start=False)

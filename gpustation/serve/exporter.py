@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,7 +42,6 @@ from gpustation.telemetry.model import THROTTLE_REASONS, GpuSample, Snapshot, en
 if TYPE_CHECKING:
     from gpustation.notify import AlertNotifier
 
-log = logging.getLogger(__name__)
 
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "hostname")
 
@@ -450,10 +448,7 @@ class Exporter:
             return
         raised = self._alerts.update(snap)
         if self._alert_notifier is not None and raised:
-            try:  # it only queues; whatever happens there never stops the sampling
-                self._alert_notifier.take(raised, snap.hostname)
-            except Exception as err:
-                log.warning("alerts not notified: %s", err)
+            self._alert_notifier.take(raised, snap.hostname)  # it only queues, never raises
         self._latest = replace(previous, snapshot=snap, error=None, alerts=self._alerts.active)
         self.samples_taken += 1
 

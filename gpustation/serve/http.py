@@ -23,7 +23,6 @@ import gzip
 import hmac
 import socket
 import ssl
-import stat
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -51,17 +50,9 @@ class _QuietHandler(WSGIRequestHandler):
 
 def load_users(path: Path) -> dict[str, str]:
     """``user:password`` lines (``#`` comments) from a file only its owner can read."""
-    try:
-        info = path.stat()
-    except OSError as err:
-        raise UsageError(f"--basic-auth-file: cannot read {path}: {err.strerror or err}") from None
-    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise UsageError(
-            f"--basic-auth-file: {path} can be read by other users; "
-            f"make it private with `chmod 600 {path}`"
-        )
     users: dict[str, str] = {}
-    for number, line in enumerate(read_text(path, "--basic-auth-file").splitlines(), 1):
+    text = read_text(path, "--basic-auth-file", private=True)
+    for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue

@@ -23,7 +23,6 @@ import hmac
 import secrets
 import shlex
 import signal
-import stat
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -35,6 +34,7 @@ from aiohttp import web
 from textual_serve.server import Server, to_int
 
 from gpustation.errors import GpustationError, UsageError
+from gpustation.files import read_text
 
 #: the shortest token a --token-file may hold (token_urlsafe(32) makes 43 characters)
 MIN_TOKEN_CHARS = 16
@@ -46,18 +46,7 @@ def new_token() -> str:
 
 def read_token_file(path: Path) -> str:
     """The token in ``path``: a file only its owner can read, one line, 16 characters or more."""
-    try:
-        info = path.stat()
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        why = getattr(err, "strerror", None) or err
-        raise UsageError(f"--token-file: cannot read {path}: {why}") from None
-    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise UsageError(
-            f"--token-file: {path} can be read by other users; "
-            f"make it private with `chmod 600 {path}`"
-        )
-    token = text.strip()
+    token = read_text(path, "--token-file", private=True).strip()
     if len(token) < MIN_TOKEN_CHARS or any(c.isspace() or not c.isprintable() for c in token):
         raise UsageError(
             f"--token-file: {path} must hold one token of {MIN_TOKEN_CHARS} or more "

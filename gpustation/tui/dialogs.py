@@ -17,7 +17,7 @@ from textual.widgets import Button, Label
 
 from gpustation.telemetry import format as fmt
 from gpustation.textsafe import safe
-from gpustation.tui.widgets import ProcRow
+from gpustation.tui.procrows import ProcRow
 
 
 def process_details_text(row: ProcRow) -> Text:

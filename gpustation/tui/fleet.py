@@ -48,13 +48,13 @@ from gpustation.fleet.ssh import UP
 from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
 from gpustation.tui.keys import KeymapConfig, apply_keymap, load_keymap
+from gpustation.tui.procrows import process_rows
 from gpustation.tui.widgets import (
     GpuCard,
     HistoryGraph,
     HostPane,
     KeysFooter,
     ProcessTable,
-    process_rows,
     set_size_classes,
 )
 

@@ -13,8 +13,8 @@ from textual.app import App
 
 from gpustation.textsafe import safe
 from gpustation.tui.dialogs import KillDialog, ProcessDialog
+from gpustation.tui.procrows import ProcRow
 from gpustation.tui.readonly import refused
-from gpustation.tui.widgets import ProcRow
 
 
 class ProcessActions(App[int]):

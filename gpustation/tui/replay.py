@@ -35,6 +35,7 @@ from gpustation.telemetry.recording import SPEEDS, Recording, parse_time
 from gpustation.tui.app import DashboardApp, FrameReady
 from gpustation.tui.modes import SCREENS_BY_MODE
 from gpustation.tui.poll import Poller
+from gpustation.tui.procrows import ProcRow
 from gpustation.tui.replay_marks import (
     STYLES,
     SYMBOLS,
@@ -45,7 +46,6 @@ from gpustation.tui.replay_marks import (
 )
 from gpustation.tui.replay_source import ReplaySource, Step
 from gpustation.tui.screens import LiveScreen
-from gpustation.tui.widgets import ProcRow
 
 # ---- going to a time -------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from textual.widgets import Select
 from gpustation.telemetry.history import METRIC_KEYS, METRICS
 from gpustation.tui import render
 from gpustation.tui.linecache import KeepsLines
+from gpustation.tui.procrows import process_rows
 from gpustation.tui.source import Frame
 from gpustation.tui.widgets import (
     NARROW_W,
@@ -35,7 +36,6 @@ from gpustation.tui.widgets import (
     Rows,
     ScrollRows,
     Tiles,
-    process_rows,
     set_size_classes,
 )
 

@@ -25,7 +25,6 @@ from gpustation.telemetry.model import GpuSample, Snapshot
 from gpustation.tui import render
 from gpustation.tui.linecache import KeepsLines
 from gpustation.tui.procrows import COLUMNS, DESCENDING, SORT_KEYS, WIDTHS, ProcRow
-from gpustation.tui.procrows import process_rows as process_rows
 
 
 class Rows(KeepsLines, Vertical):
@@ -333,7 +332,6 @@ class ProcList(DrawnText):
     ]
     #: at most this many rows are shown; the cursor scrolls through the rest
     MAX_ROWS = 20
-    WIDTHS = WIDTHS
 
     def __init__(self, owner: ProcessTable, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -367,7 +365,7 @@ class ProcList(DrawnText):
     def header_text(self) -> Text:
         arrow = "▼" if self.owner.sort_reverse else "▲"
         t = Text(style="bold")
-        for (label, key), w in zip(COLUMNS, (*self.WIDTHS, 0), strict=True):
+        for (label, key), w in zip(COLUMNS, (*WIDTHS, 0), strict=True):
             cell = label + (arrow if key == self.owner.sort_key else "")
             t.append(
                 f"{cell:<{w}} " if w else cell,
@@ -388,7 +386,7 @@ class ProcList(DrawnText):
         for n, row in enumerate(self.rows[self._offset : self._offset + self.MAX_ROWS]):
             cells = row.cells()
             line = (
-                " ".join(f"{c:<{w}}" for c, w in zip(cells[:-1], self.WIDTHS, strict=True))
+                " ".join(f"{c:<{w}}" for c, w in zip(cells[:-1], WIDTHS, strict=True))
                 + " "
                 + cells[-1]
             )
@@ -410,7 +408,7 @@ class ProcList(DrawnText):
         if event.y == 0:
             # a click on the header sorts by that column (again: reverses)
             x = 0
-            for (_, key), w in zip(COLUMNS, (*self.WIDTHS, 10_000), strict=True):
+            for (_, key), w in zip(COLUMNS, (*WIDTHS, 10_000), strict=True):
                 if event.x < x + w + 1:
                     self.owner.sort_by(key)
                     return

@@ -149,6 +149,15 @@ def test_resume_refuses_a_checkpoint_that_does_not_fit(run_inprocess, tmp_path: 
     assert r.returncode == 2 and "at step 2" in r.stderr and "--steps 4" in r.stderr
     r = run_inprocess("lora", *common, "--steps", "4", "--resume-from", str(tmp_path / "nope"))
     assert r.returncode == 2 and "no complete checkpoint" in r.stderr
+    # a damaged checkpoint: its training state, then its adapter config
+    ckpt = latest_checkpoint(out)
+    assert ckpt is not None
+    (ckpt.path / checkpoint.STATE_FILE).write_bytes(b"not a torch file")
+    r = run_inprocess("lora", *common, "--steps", "4", *other)
+    assert r.returncode == 2 and "the checkpoint cannot be read" in r.stderr, r.stderr
+    (ckpt.path / checkpoint.ADAPTER_DIR / "adapter_config.json").write_text("{")
+    r = run_inprocess("lora", *common, "--steps", "4", *other)
+    assert r.returncode == 2 and "the checkpoint cannot be read" in r.stderr, r.stderr
 
 
 def test_merged_model_loads_alone_and_the_run_ends_with_a_sample(

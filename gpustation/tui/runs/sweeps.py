@@ -22,7 +22,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
 
-from gpustation.runs.sweep import Sweep
+from gpustation.runs.sweep import SWEEP_TAG, Sweep
 from gpustation.runs.sweep_report import (
     TEXT_COLUMNS,
     point_columns,
@@ -31,8 +31,6 @@ from gpustation.runs.sweep_report import (
     terminal_plot,
 )
 from gpustation.textsafe import safe
-
-SWEEP_TAG = "sweep:"
 
 
 def sweep_of(tags: list[str]) -> str | None:
