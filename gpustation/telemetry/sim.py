@@ -91,6 +91,52 @@ def _new_gpu_state(spec: CardSpec) -> dict[str, Any]:
 _NULLABLE = frozenset({"load", "ecc_uncorrected", "idle_holder_mib"})
 
 
+def _ranges(spec: CardSpec) -> dict[str, tuple[float, float]]:
+    """What each number in a GPU's state may be: a state file edited by hand
+    (a -100 W limit, Infinity, a load of 50) is started afresh, never shown."""
+    pct = (0.0, 100.0)
+    return {
+        "power_limit_w": (spec.power_min_w, spec.power_max_w),
+        "fan_manual_pct": pct,
+        "fans_pct": pct,
+        "temperature_c": (-40.0, 150.0),
+        "ambient_c": (-40.0, 80.0),
+        "energy_j": (0.0, math.inf),
+        "load": (0.0, 1.0),
+        "load_now": (0.0, 1.0),
+        "ecc_uncorrected": (0.0, 1e12),
+        "idle_holder_mib": (0.0, spec.memory_total_mib),
+        "orphaned_mib": (0.0, spec.memory_total_mib),
+        "power_w": (0.0, 10.0 * spec.power_max_w),
+        "clock_sm_mhz": (0.0, spec.clock_sm_max_mhz),
+    }
+
+
+def _in_range(value: Any, bounds: tuple[float, float]) -> bool:
+    low, high = bounds
+    values = value if isinstance(value, list) else [value]
+    return all(
+        not isinstance(v, bool)
+        and isinstance(v, (int, float))
+        and math.isfinite(v)
+        and low <= v <= high
+        for v in values
+    )
+
+
+def _xid_ok(entry: Any) -> bool:
+    """An XID entry is [time, code]: a finite time and a small whole code."""
+    return (
+        isinstance(entry, list)
+        and len(entry) == 2
+        and not isinstance(entry[0], bool)
+        and isinstance(entry[0], (int, float))
+        and math.isfinite(entry[0])
+        and type(entry[1]) is int
+        and 0 <= entry[1] < 1 << 16
+    )
+
+
 def _gpu_state_ok(g: Any, spec: CardSpec) -> bool:
     """One GPU's saved state has every key, each of the type (and list length)
     a fresh one has: a hand-edited or foreign file never crashes a read."""
@@ -115,9 +161,16 @@ def _gpu_state_ok(g: Any, spec: CardSpec) -> bool:
                 return False
             if key == "holders" and not all(_holder_ok(h) for h in value):
                 return False
+            if key == "xid" and not all(_xid_ok(x) for x in value):
+                return False
         elif not isinstance(value, type(template)):
             return False
-    return True
+    bounds = _ranges(spec)
+    return all(
+        g[key] is None or _in_range(g[key], limits)
+        for key, limits in bounds.items()
+        if key in g
+    )
 
 
 def _holder_ok(holder: Any) -> bool:

@@ -268,3 +268,47 @@ def test_a_saved_state_with_malformed_holders_starts_afresh(tmp_path) -> None:  
     path.write_text(json.dumps(state))
     again = SimBackend(count=1, card="rtx4090", clock=Clock(), state_path=path)
     assert again.read_gpus([0], slow=True)[0].device_holders == []
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("power_limit_w", -100),
+        ("power_limit_w", 1e9),
+        ("temperature_c", float("inf")),
+        ("load", 50),
+        ("fan_manual_pct", [5000.0, 30.0]),
+        ("energy_j", -1.0),
+        ("xid", [["yesterday", 79]]),
+        ("xid", [[1.0, "79"]]),
+        ("xid", [[1.0]]),
+    ],
+)
+def test_a_saved_state_with_a_value_out_of_range_starts_afresh(tmp_path, key, value) -> None:  # type: ignore[no-untyped-def]
+    """A hand-edited state file's values are checked where they are read: a
+    bad XID entry never crashes a read, and an impossible limit, temperature,
+    load or fan speed is never shown as given."""
+    import json
+
+    path = tmp_path / "sim.json"
+    clock = Clock()
+    SimBackend(count=1, card="rtx4090", clock=clock, state_path=path).poke(0, xid=79)
+    state = json.loads(path.read_text())
+    state["gpus"][0][key] = value
+    # json writes inf as Infinity, as a hand-edited file may hold it
+    path.write_text(json.dumps(state))
+    g = SimBackend(count=1, card="rtx4090", clock=clock, state_path=path).read_gpus([0], slow=True)[0]
+    spec = CARDS["rtx4090"]
+    assert g.power_limit_w == spec.power_default_w
+    assert g.temperature_c is not None and g.temperature_c < 150
+    assert g.utilization_gpu_pct is not None and 0 <= g.utilization_gpu_pct <= 100
+    assert all(0 <= f <= 100 for f in g.fans_pct or ())
+    assert g.xid_events == []  # afresh: the poked XID went with the bad state
+
+
+def test_a_saved_state_in_range_is_kept(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "sim.json"
+    clock = Clock()
+    SimBackend(count=1, card="rtx4090", clock=clock, state_path=path).set_power_limit(0, 300)
+    again = SimBackend(count=1, card="rtx4090", clock=clock, state_path=path)
+    assert again.read_gpus([0], slow=False)[0].power_limit_w == 300
