@@ -21,7 +21,7 @@ from gpustation.runs.compare import (
     gpus_text,
     status_text,
 )
-from gpustation.runs.cost import load_price
+from gpustation.runs.cost import Price, price_or_none
 from gpustation.runs.output import console, strict_json
 from gpustation.runs.phases import phases_table
 from gpustation.runs.store import RunStore
@@ -216,6 +216,10 @@ def _get(store: RunStore, text: str) -> RunSummary:
 fmt_duration = fmt.duration
 
 
+def _price() -> Price | None:
+    return price_or_none(lambda problem: print(f"warning: {problem}", file=sys.stderr))
+
+
 def _started(record: RunSummary) -> str:
     if record.started_at is None:
         return "-"
@@ -228,7 +232,7 @@ def _print_list(records: list[RunSummary]) -> None:
         return
     from rich.table import Table
 
-    price = load_price()
+    price = _price()
     table = Table(box=None, header_style="bold", pad_edge=False)
     columns = [
         ("ID", "left"),
@@ -310,7 +314,7 @@ def _print_show(r: RunSummary) -> None:
         ("best throughput", fmt_num(r.best_throughput, 1, r.throughput_unit or "")),
         ("peak VRAM", fmt_num(r.peak_vram_mib, 0, "MiB")),
         ("energy", energy_text(r)),
-        ("cost", price.text(r.energy_j) if (price := load_price()) is not None else None),
+        ("cost", price.text(r.energy_j) if (price := _price()) is not None else None),
         (
             f"energy per {r.work_unit}" if r.work_unit else "energy per unit",
             fmt_num(r.energy_per_unit_j, 3, "J") if r.energy_per_unit_j is not None else None,

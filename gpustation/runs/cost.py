@@ -7,6 +7,7 @@ energy has no cost (``None``), never 0.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,9 @@ from gpustation.config import config_path, section
 from gpustation.errors import UsageError
 
 J_PER_KWH = 3.6e6
+#: above any currency's price of a kWh (a few thousand dong or rupiah), so a
+#: typo such as 1e308 is named rather than printed as a 300-digit cost
+MAX_PRICE_PER_KWH = 1e6
 
 
 @dataclass(frozen=True)
@@ -49,9 +53,12 @@ def load_price(path: Path | None = None) -> Price | None:
     elif (
         isinstance(price, bool)
         or not isinstance(price, (int, float))
-        or not (math.isfinite(price) and price >= 0)
+        or not (math.isfinite(price) and 0 <= price <= MAX_PRICE_PER_KWH)
     ):
-        problems.append("price_per_kwh must be a number of 0 or more")
+        problems.append(
+            f"price_per_kwh must be a number from 0 to {MAX_PRICE_PER_KWH:,.0f}"
+            f" (e.g. price_per_kwh = 0.30), not {price!r}"
+        )
     if not isinstance(currency, str) or len(currency) > 8:
         problems.append('currency must be a short text such as "EUR"')
     if unknown:
@@ -60,3 +67,14 @@ def load_price(path: Path | None = None) -> Price | None:
         raise UsageError(f"{path} [energy]: " + "; ".join(problems))
     assert isinstance(price, (int, float))
     return Price(float(price), str(currency))
+
+
+def price_or_none(warn: Callable[[str], None]) -> Price | None:
+    """The configured price for a view that shows costs beside other figures:
+    a bad ``[energy]`` table is passed to ``warn`` and the view goes on
+    without costs, so a typo in the price never hides the run history."""
+    try:
+        return load_price()
+    except UsageError as err:
+        warn(f"{err}; no cost is shown")
+        return None

@@ -77,3 +77,19 @@ def test_runs_list_show_and_compare_give_the_cost(
     code, out, _ = cli(capsys, "runs", "compare", "r1", "r2")
     # The currency once, in the row's label.
     assert code == 0 and "cost (EUR)" in out and "0.25 (-50.0 %)" in out
+
+
+@pytest.mark.parametrize("value", ['"0.30"', "1e308", "-0.1", "inf"])
+def test_a_bad_price_is_named_once_and_the_history_still_shows(
+    gpustation_dirs: dict[str, Path], capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    config = gpustation_dirs["config"] / "config.toml"
+    config.write_text(f'[energy]\nprice_per_kwh = {value}\ncurrency = "EUR"\n')
+    with pytest.raises(UsageError, match="price_per_kwh"):
+        load_price()
+    RunStore().upsert(RunSummary(id="r1", preset="a", status="succeeded", energy_j=7.2e6))
+    for argv in (("runs", "list"), ("runs", "show", "r1")):
+        code, out, err = cli(capsys, *argv)
+        assert code == 0, err
+        assert "r1" in out and "EUR" not in out  # the run, without a made-up cost
+        assert err.count("warning:") == 1 and "price_per_kwh" in err and str(config) in err
