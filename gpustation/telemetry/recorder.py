@@ -29,7 +29,14 @@ import zstandard
 from gpustation import paths
 from gpustation.errors import GpustationError, UsageError
 from gpustation.telemetry.model import Snapshot
-from gpustation.telemetry.recording import FORMAT, SKIP_MAGIC, chain, format_time, intact
+from gpustation.telemetry.recording import (
+    FORMAT,
+    SKIP_MAGIC,
+    chain,
+    format_time,
+    intact,
+    is_recording,
+)
 
 DEFAULT_MAX_SIZE = 200 * 1000 * 1000
 #: the smallest cap: a few frames per file
@@ -108,8 +115,12 @@ class Recorder:
         frame_s: float = 60.0,
         level: int = 3,
         clock: Any = time.monotonic,
+        make_dir: bool = False,
     ) -> None:
         self.path = Path(path)
+        #: only gpustation's own folder is made when missing; a folder a user
+        #: named must exist (under sudo, one made here would be root's)
+        self._make_dir = make_dir
         self.max_size = max_size
         self.segment_size = max(MIN_MAX_SIZE // SEGMENTS, max_size // SEGMENTS)
         # A file ends its frame this far below its share, so the last write
@@ -129,13 +140,20 @@ class Recorder:
         self.samples = 0
         self.first_time: float | None = None
         self.last_time: float | None = None
+        # what a reader would find: samples in the blocks written whole so far
+        # (those still in the compressor are lost with a failed write)
+        self._on_disk = 0
+        self._on_disk_last: float | None = None
         self.error: str | None = None
         self._open()
 
     # ---- files -------------------------------------------------------------
     def _open(self) -> None:
+        parent = self.path.parent
+        if not parent.is_dir() and not self._make_dir:
+            raise RecordError(f"cannot write {self.path}: the folder {parent} does not exist")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            parent.mkdir(parents=True, exist_ok=True)
             lock = os.open(
                 self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644
             )
@@ -147,6 +165,13 @@ class Recorder:
             os.close(lock)
             raise RecordError(f"{self.path} is being recorded by another process") from None
         self._lock_fd = lock
+        foreign = [p for p in chain(self.path) if not is_recording(p)]
+        if foreign:
+            self._release()
+            raise RecordError(
+                f"{foreign[0]} exists and is not a gpustation recording: "
+                "give another FILE, or move that file away"
+            )
         try:
             if self.path.exists() and not intact(self.path):
                 # a torn last frame (a writer killed): keep it whole, start a fresh file
@@ -208,27 +233,36 @@ class Recorder:
                 _write(self._fd, _skippable({"t": snap.time, "format": FORMAT}))
             out = self._obj.compress(line)
             self._pending = True
-            if now - self._last_flush >= self.flush_s:
+            self.samples += 1
+            if self.first_time is None:
+                self.first_time = snap.time
+            self.last_time = snap.time
+            block = now - self._last_flush >= self.flush_s
+            if block:
                 out += self._obj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
                 self._last_flush = now
                 self._pending = False
             if out:
                 _write(self._fd, out)
+            if block:
+                self._written()
             if os.fstat(self._fd).st_size >= self._limit:
                 self._end_frame()
         except OSError as err:
             self._fail(err)
-        self.samples += 1
-        if self.first_time is None:
-            self.first_time = snap.time
-        self.last_time = snap.time
         return True
+
+    def _written(self) -> None:
+        """Every sample added so far is in a block on disk."""
+        self._on_disk = self.samples
+        self._on_disk_last = self.last_time
 
     def _end_frame(self) -> None:
         if self._obj is not None and self._fd is not None:
             obj, self._obj = self._obj, None
             _write(self._fd, obj.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH))
             self._pending = False
+            self._written()
 
     def flush(self) -> None:
         """Put every snapshot added so far on disk (as a zstd block)."""
@@ -237,6 +271,7 @@ class Recorder:
                 _write(self._fd, self._obj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK))
             except OSError as err:
                 self._fail(err)
+            self._written()
             self._pending = False
             self._last_flush = self._clock()
 
@@ -251,12 +286,12 @@ class Recorder:
         raise RecordError(self.error) from None
 
     def kept(self) -> str:
-        """What the recording holds so far, in words."""
-        if self.first_time is None or self.last_time is None:
+        """What the recording holds on disk, in words (not what was only added)."""
+        if self.first_time is None or self._on_disk_last is None or not self._on_disk:
             return "no samples were recorded"
         return (
-            f"kept {self.samples} samples from {format_time(self.first_time)} "
-            f"to {format_time(self.last_time)} in {self.path}"
+            f"kept {self._on_disk} samples from {format_time(self.first_time)} "
+            f"to {format_time(self._on_disk_last)} in {self.path}"
         )
 
     def close(self) -> None:
@@ -347,4 +382,5 @@ def recorder_from_config() -> Recorder | None:
         settings.path or default_path(),
         max_size=settings.max_size,
         interval_s=settings.interval_s,
+        make_dir=settings.path is None,
     )

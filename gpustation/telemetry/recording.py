@@ -24,6 +24,7 @@ import json
 import math
 import mmap
 import os
+import stat
 import struct
 import threading
 from collections import OrderedDict
@@ -86,6 +87,31 @@ def chain(path: Path) -> list[Path]:
     if path.exists():
         files.append(path)
     return files
+
+
+def is_recording(path: Path) -> bool:
+    """Whether ``path`` is empty or begins as a recording does (its format's header),
+    so that a writer never rotates away a file of someone else's."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        head = os.read(fd, 8 + 4096)
+    finally:
+        os.close(fd)
+    if not head:
+        return True
+    if len(head) < 8 or struct.unpack_from("<I", head)[0] != SKIP_MAGIC:
+        return False
+    size = struct.unpack_from("<I", head, 4)[0]
+    try:
+        meta = json.loads(head[8 : 8 + size])
+    except ValueError:
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT
 
 
 @dataclass(slots=True)

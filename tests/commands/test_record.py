@@ -17,7 +17,7 @@ from gpustation.commands.serve import _recording
 from gpustation.errors import UsageError
 from gpustation.telemetry import recorder as recorder_mod
 from gpustation.telemetry.model import Snapshot
-from gpustation.telemetry.recorder import Recorder, recorder_from_config
+from gpustation.telemetry.recorder import Recorder, RecordError, default_path, recorder_from_config
 from gpustation.telemetry.recording import Recording
 from gpustation.telemetry.sim import SimBackend
 from gpustation.tui.source import DataSource
@@ -215,6 +215,23 @@ def test_record_in_config_and_the_serve_hook(
     (gpustation_dirs["config"] / "config.toml").write_text('[record]\nenabled = "yes"\n')
     with pytest.raises(UsageError, match=r"\[record\] enabled"):
         recorder_from_config()
+
+
+def test_a_configured_record_path_in_a_missing_folder_is_refused_not_made(
+    tmp_path: Path, gpustation_dirs: dict[str, Path]
+) -> None:
+    """Only gpustation's own recordings folder is made when missing: a folder
+    named in [record] path must exist, so root never makes one in a user's home."""
+    missing = tmp_path / "no" / "such" / "folder"
+    config = gpustation_dirs["config"] / "config.toml"
+    config.write_text(f'[record]\nenabled = true\npath = "{missing / "r.zst"}"\n')
+    with pytest.raises(RecordError, match="does not exist"):
+        recorder_from_config()
+    assert not (tmp_path / "no").exists()
+    config.write_text("[record]\nenabled = true\n")
+    rec = recorder_from_config()
+    assert rec is not None and rec.path == default_path() and rec.path.parent.is_dir()
+    rec.close()
 
 
 def test_record_notifies_the_gpu_events_notify_chooses(

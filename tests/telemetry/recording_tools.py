@@ -29,6 +29,7 @@ def make_recording(
     gpus: int = 2,
     events: dict[int, Callable[[SimBackend], None]] | None = None,
     frame_s: float = 10.0,
+    flush_s: float = 0.0,
     **kwargs: Any,
 ) -> list[float]:
     """Record ``n`` snapshots ``interval`` apart from ``start``; their times.
@@ -40,7 +41,7 @@ def make_recording(
     sampler = Sampler(backend, clock=clk, with_host=False)
     mono = Clock(0.0)
     times = []
-    with Recorder(path, clock=mono, flush_s=0.0, frame_s=frame_s, **kwargs) as rec:
+    with Recorder(path, clock=mono, flush_s=flush_s, frame_s=frame_s, **kwargs) as rec:
         for i in range(n):
             if events and i in events:
                 events[i](backend)

@@ -138,6 +138,37 @@ def test_a_write_error_says_what_was_kept(tmp_path: Path, monkeypatch: pytest.Mo
     assert len(list(kept.iter_docs())) >= 5
 
 
+@pytest.mark.parametrize("fail_after", [3, 7, 12, 20])
+def test_a_write_error_claims_only_the_samples_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_after: int
+) -> None:
+    """Samples still in the compressor when the disk fills are lost: the
+    message counts those a reader finds, not those that were added."""
+    import re
+
+    path = tmp_path / "r.zst"
+    real = recorder_mod._write
+    calls = {"n": 0}
+
+    def full_disk(fd: int, data: bytes) -> None:
+        calls["n"] += 1
+        if calls["n"] > fail_after:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data)
+
+    monkeypatch.setattr(recorder_mod, "_write", full_disk)
+    with pytest.raises(RecordError) as err:
+        make_recording(path, n=200, flush_s=5.0, frame_s=30.0)
+    on_disk = [float(d["time"]) for d in Recording(path).iter_docs()]
+    claimed = re.search(r"kept (\d+) samples", str(err.value))
+    if not on_disk:
+        assert "no samples were recorded" in str(err.value)
+    else:
+        assert claimed is not None, err.value
+        assert int(claimed.group(1)) == len(on_disk)
+        assert recording_mod.format_time(on_disk[-1]) in str(err.value)
+
+
 def test_one_writer_per_recording(tmp_path: Path) -> None:
     path = tmp_path / "r.zst"
     with Recorder(path), pytest.raises(RecordError, match="another process"):
@@ -183,3 +214,22 @@ def test_a_file_that_is_not_a_recording_is_refused_saying_why(tmp_path: Path) ->
         Recording(plain)
     with pytest.raises(UsageError, match="no recording"):
         Recording(tmp_path / "missing.zst")
+
+
+@pytest.mark.parametrize("name", ["notes.txt", "notes.txt.1"])
+def test_a_file_that_is_not_a_recording_is_never_rotated_away(tmp_path: Path, name: str) -> None:
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    path = folder / "notes.txt"
+    (folder / name).write_text("my notes, not a recording\n")
+    with pytest.raises(RecordError, match="not a gpustation recording"):
+        Recorder(path)
+    assert (folder / name).read_text() == "my notes, not a recording\n"
+    assert sorted(p.name for p in folder.iterdir() if not p.name.endswith(".lock")) == [name]
+    # a recording of ours, even a torn one, is appended to as before
+    ours = tmp_path / "ours.zst"
+    make_recording(ours, n=5)
+    with ours.open("ab") as f:
+        f.write(b"\x28\xb5\x2f\xfd\x00")  # a frame cut short
+    with Recorder(ours) as rec:
+        assert rec.path == ours
