@@ -593,3 +593,21 @@ def test_active_alerts_are_exported_a_gpu_held_idle_among_them(tmp_path: Path) -
     metrics = _scrape(exporter)
     rules = {labels for labels in metrics["gpustation_alert"]}
     assert any(("rule", "gpu_idle_held") in labels for labels in rules)
+
+
+def test_a_card_that_reports_nothing_exports_no_value_but_its_presence() -> None:
+    """Every series derived from a reading is left out when the card does not
+    report it: none may stand in a 0 (a slip in any one reader fails here)."""
+    from gpustation.telemetry.model import GpuSample
+
+    silent = GpuSample(index=0, name="NVIDIA Silent", uuid="GPU-0", pci_bus_id="0000:01:00.0")
+    for field in ("fans_pct", "fan_control", "processes", "nvlink"):
+        assert not getattr(silent, field), field  # nothing read: empty, as a backend gives it
+    exporter = Exporter(lambda: Snapshot(hostname="h", time=FROZEN, gpus=[silent]), with_extras=False)
+    exporter.sample_once()
+    m = _scrape(exporter)
+    per_gpu = {name for name, series in m.items() if any(dict(k).get("gpu") == "0" for k in series)}
+    # presence, and the process list (the model holds it as a list: empty is none)
+    kept = {"gpustation_gpu_lost", "gpustation_gpu_processes"}
+    assert per_gpu == kept, per_gpu - kept
+    assert _gpu_series(m["gpustation_gpu_lost"], 0) == 0.0
