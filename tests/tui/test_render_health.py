@@ -54,3 +54,25 @@ def test_gpm_xid_remap_and_mig_instances_show_on_the_card() -> None:
     assert "XID 79 GPU has fallen off the bus" in throttle and "row remap pending" in throttle
     assert "MIG 0 3g.71gb" in lines[7] and "1 proc" in lines[7]
     assert "MIG 1 3g.71gb" in lines[8] and "0 procs" in lines[8]
+
+
+def test_a_lost_gpu_says_lost_on_both_cards_and_shows_no_stale_figure() -> None:
+    """A lost GPU's last readings are never drawn as if live, on the full card
+    or on the two-line card used for small terminals and many GPUs."""
+    from gpustation.tui.render import compact_text
+
+    gpu = h200(
+        lost=True,
+        temperature_c=61.0,
+        power_w=412.0,
+        power_limit_w=700.0,
+        utilization_gpu_pct=97.0,
+        memory_used_mib=80000.0,
+    )
+    for text in (card_text(gpu, 120).plain, compact_text(gpu, 120).plain):
+        assert "LOST" in text
+        for stale in ("61", "412", "97", "80000", "78.1"):
+            assert stale not in text, (stale, text)
+    assert len(compact_text(gpu, 120).plain.splitlines()) <= 2
+    alive = compact_text(h200(temperature_c=61.0, power_w=412.0, power_limit_w=700.0), 120).plain
+    assert "LOST" not in alive and "61" in alive and "412" in alive
