@@ -70,6 +70,30 @@ def test_a_fan_the_card_refuses_to_hand_back_is_said_not_hidden(
     assert [e.outcome for e in entries] == [journal.MADE, journal.REFUSED]
 
 
+def test_the_hand_back_goes_on_past_a_fan_that_failed(
+    sim: RecordingSim, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first fan of the first card refuses: every later fan, and the next
+    card's, is still handed back (a fan left manual is the worst state)."""
+    for gpu in (0, 1):
+        for fan in (0, 1):
+            sim.set_fan_speed(gpu, fan, 80)
+    real = sim.set_fan_auto
+
+    def refuse_the_first(index: int, fan: int) -> None:
+        if (index, fan) == (0, 0):
+            raise GpustationError("the driver refused")
+        real(index, fan)
+
+    monkeypatch.setattr(sim, "set_fan_auto", refuse_the_first)
+    code, out, err = cli(capsys, "fan", "auto", "--simulate")
+    assert code == 1 and "fan 0: the driver refused" in err
+    modes = [g.fan_control for g in sim.read_gpus([0, 1], slow=False)]
+    assert modes == [["manual", "auto"], ["auto", "auto"]]
+    assert "GPU 0: 1 of 2 fans on automatic control" in out
+    assert "GPU 1: 2 fans on automatic control" in out
+
+
 def _families(exporter: Exporter) -> dict[str, Metric]:
     return {m.name: m for m in exporter.registry.collect()}
 
