@@ -167,9 +167,7 @@ def _gpu_state_ok(g: Any, spec: CardSpec) -> bool:
             return False
     bounds = _ranges(spec)
     return all(
-        g[key] is None or _in_range(g[key], limits)
-        for key, limits in bounds.items()
-        if key in g
+        g[key] is None or _in_range(g[key], limits) for key, limits in bounds.items() if key in g
     )
 
 

@@ -603,7 +603,8 @@ def test_a_card_that_reports_nothing_exports_no_value_but_its_presence() -> None
     silent = GpuSample(index=0, name="NVIDIA Silent", uuid="GPU-0", pci_bus_id="0000:01:00.0")
     for field in ("fans_pct", "fan_control", "processes", "nvlink"):
         assert not getattr(silent, field), field  # nothing read: empty, as a backend gives it
-    exporter = Exporter(lambda: Snapshot(hostname="h", time=FROZEN, gpus=[silent]), with_extras=False)
+    snap = Snapshot(hostname="h", time=FROZEN, gpus=[silent])
+    exporter = Exporter(lambda: snap, with_extras=False)
     exporter.sample_once()
     m = _scrape(exporter)
     per_gpu = {name for name, series in m.items() if any(dict(k).get("gpu") == "0" for k in series)}

@@ -297,7 +297,8 @@ def test_a_saved_state_with_a_value_out_of_range_starts_afresh(tmp_path, key, va
     state["gpus"][0][key] = value
     # json writes inf as Infinity, as a hand-edited file may hold it
     path.write_text(json.dumps(state))
-    g = SimBackend(count=1, card="rtx4090", clock=clock, state_path=path).read_gpus([0], slow=True)[0]
+    sim = SimBackend(count=1, card="rtx4090", clock=clock, state_path=path)
+    g = sim.read_gpus([0], slow=True)[0]
     spec = CARDS["rtx4090"]
     assert g.power_limit_w == spec.power_default_w
     assert g.temperature_c is not None and g.temperature_c < 150
