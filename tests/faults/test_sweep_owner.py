@@ -316,6 +316,10 @@ def test_a_damaged_leftover_is_named_and_blocks_nothing(runs_env: dict) -> None:
     assert f"skipped: {bad} is damaged" in result.stderr
 
 
+#: 20,000 values: a grid of two such axes must be refused before it is built
+_BIG = ",".join(map(str, range(20000)))
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
@@ -326,8 +330,7 @@ def test_a_damaged_leftover_is_named_and_blocks_nothing(runs_env: dict) -> None:
         (("--set", "sleep=nan"), "expected a finite number"),
         (("--set", "sleep=1e400"), "expected a finite number"),
         (
-            ("--set", "batch_size=" + ",".join(map(str, range(20000))))
-            + ("--set", "steps=" + ",".join(map(str, range(20000)))),
+            ("--set", f"batch_size={_BIG}", "--set", f"steps={_BIG}"),
             "the grid has 400000000 points",
         ),
     ],

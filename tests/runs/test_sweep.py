@@ -247,7 +247,8 @@ def test_a_plain_sweep_restores_first_the_limits_a_killed_sweep_left(runs_env: d
         assert f"sweep {killed.id}: GPU 0 315 W -> {before[0]:g} W, GPU 1 315 W" in dry.stdout
         assert _limits() == [315.0, 315.0] and not sweep.load_sweep(killed.id).restored
         # the killed sweep's point run goes on: the next sweep refuses, naming it
-        plain_argv = ("sweep", "sweepy", "--simulate", "2", "--set", "sleep=0.05", "--set", "steps=1")
+        plain_argv = ("sweep", "sweepy", "--simulate", "2", "--set", "sleep=0.05")
+        plain_argv += ("--set", "steps=1")
         busy = gs(*plain_argv)
         assert busy.returncode == 1, busy.stderr
         assert f"run {killed.points[0].run_id} on GPU 0, 1 is still going" in busy.stderr

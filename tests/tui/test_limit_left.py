@@ -33,8 +33,10 @@ async def test_a_limit_a_killed_sweep_left_is_an_alert_naming_the_restore() -> N
         await wait_for(pilot, lambda: app.passes >= 1)
         await wait_for(
             pilot,
-            lambda: [(a.gpu, a.message) for a in app.alerts.active if a.rule == "limit_left"]
-            == [(1, want)],
+            lambda: (
+                [(a.gpu, a.message) for a in app.alerts.active if a.rule == "limit_left"]
+                == [(1, want)]
+            ),
         )
         await wait_for(pilot, lambda: any(want in n for n in notifications(app)))
         lease.release(left.id)  # restored
