@@ -163,8 +163,8 @@ class LeaseHeld(GpustationError):
         names = "; ".join(h.describe() for h in self.holders)
         super().__init__(
             f"{what or 'the power limit'} is refused: {names} owns these GPUs' power limits "
-            "now; wait for it to end, stop it, or give --force to end it first. "
-            "Nothing was changed."
+            "now; wait for it to end or stop it (`sweep --force` and `power set --force` end "
+            "it first, and it puts its limits back). Nothing was changed."
         )
 
 
