@@ -20,7 +20,7 @@ from gpustation.control import lease
 from gpustation.control.power import apply_power, plan_power
 from gpustation.control.profiles import PowerValue
 from gpustation.errors import GpustationError, NeedsRootError
-from gpustation.runs.sweep import Sweep, scan_sweeps
+from gpustation.runs.sweep import Sweep, scan_sweeps, sweeps_dir
 from gpustation.telemetry.backend import Backend
 from gpustation.telemetry.model import GpuSample
 
@@ -90,6 +90,10 @@ def unrestored(backend: Backend, say: Event | None = None) -> list[Sweep]:
     if say is not None:
         for line in damaged:
             say(f"skipped: {line}")
+    for gone in lease.leftovers(backend.simulated):
+        # killed after taking its lease, before it wrote (or changed) anything
+        if gone.owner == f"sweep {gone.id}" and not (sweeps_dir() / gone.id).exists():
+            lease.release(gone.id)
     out = []
     samples: list[GpuSample] | None = None
     for s in found:

@@ -359,3 +359,17 @@ def test_a_lease_whose_owner_is_gone_or_reused_holds_nothing(gpustation_dirs: di
         lease.take(lease.Lease("other", "sweep other", [(0, "GPU-a")], True))
     (Path(lease.lease_dir()) / "junk.json").write_text("{not json")
     assert {x.id for x in lease.read_leases()} == {"old", "reused", "mine"}
+
+
+def test_a_lease_a_sweep_took_before_writing_anything_is_let_go(runs_env: dict) -> None:
+    sim = SimBackend.open(count=2)
+    uuid = sim.read_gpus([0], slow=False)[0].uuid
+    lease.take(
+        lease.Lease(
+            "20240101-000000-sweep-x", "sweep 20240101-000000-sweep-x", [(0, uuid)], True,
+            pid=_dead_pid(), start="1",
+        )
+    )  # fmt: skip
+    assert lease.left_notes([(0, uuid)], True)
+    assert sweep_owner.unrestored(sim) == []
+    assert lease.read_leases() == []  # it changed nothing: nothing is said to be left
