@@ -8,11 +8,14 @@ after every point, so a sweep stopped at any moment says what it did.
 
 The power-limit axis goes through :mod:`gpustation.control.power` on every GPU
 of the run: validated against each card, journalled, read back and checked
-before the point starts. The limits each card had before the sweep are in
-``sweep.json`` before any is changed, and are put back when the sweep ends, is
-stopped with Ctrl-C or fails; a sweep killed outright (SIGKILL, power loss)
+before the point starts. Before any change the sweep takes a lease on its GPUs
+(:mod:`gpustation.control.lease`: no other program changes their limits while
+it lives), and the limit each card had, with the card's UUID, is in
+``sweep.json``; they are put back when the sweep ends, is stopped (Ctrl-C,
+SIGTERM, SIGHUP) or fails. A sweep killed outright (SIGKILL, power loss)
 leaves them recorded, and the next sweep (with a power-limit axis or not), or
-``gpustation sweeps restore``, puts them back first.
+``gpustation sweeps restore``, puts them back first
+(:mod:`gpustation.runs.sweep_owner`).
 """
 
 from __future__ import annotations
