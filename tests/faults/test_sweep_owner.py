@@ -327,6 +327,7 @@ _BIG = ",".join(map(str, range(20000)))
         (("--power-limit", "250%"), "--power-limit '250%'"),
         (("--power-limit", "nan"), "--power-limit 'nan'"),
         (("--power-limit", "60%,,80%"), "an empty value"),
+        (("--power-limit", "60%,60%"), "a value given twice"),
         (("--set", "sleep=nan"), "expected a finite number"),
         (("--set", "sleep=1e400"), "expected a finite number"),
         (
