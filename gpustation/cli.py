@@ -132,16 +132,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Everything after a bare `--` is the caller's, untouched by the parser
     # (`gpustation run -- python train.py --lr 3e-4`).
     after: list[str] = []
-    if "--" in argv:
+    if "--" in argv and command in _TAKES_A_COMMAND:
         cut = argv.index("--")
         argv, after = argv[:cut], argv[cut + 1 :]
     if command is None and ({"-h", "--help"} & set(argv)):
         parser = build_parser()  # the full help lists every command
     else:
         parser = build_parser(only=command or "")
-    args = parser.parse_args(argv)
-    if after and args.command not in _TAKES_A_COMMAND:
-        parser.error(f"arguments after -- are only for `gpustation run`: {' '.join(after)}")
+    # Elsewhere a `--` ends the options as usual (`power set -- -5W` is a value).
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if "--" not in argv:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        extra = [a for a in extra if a != "--"]
+        parser.error(f"arguments after -- are only for `gpustation run`: {' '.join(extra)}")
     args.after_dashes = after
     module = DASHBOARD if args.command is None else COMMANDS[args.command]
     try:

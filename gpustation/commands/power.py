@@ -16,11 +16,14 @@ from gpustation.commands.options import (
     print_json,
     simulated_banner,
 )
-from gpustation.control import journal
+from gpustation.control import journal, lease
 from gpustation.control.power import NOT_PERSISTENT, PowerChange, apply_power, plan_power
 from gpustation.control.profiles import PowerValue, parse_power_value
-from gpustation.errors import UsageError
+from gpustation.errors import GpustationError, UsageError
+from gpustation.telemetry.backend import Backend
 from gpustation.textsafe import safe
+
+_FORCE_HELP = "end a sweep that owns these GPUs' limits first (it puts its limits back as it ends)"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -45,9 +48,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     set_.add_argument("value", metavar="VALUE", help="watts (350, 350W) or %% of default (80%%)")
     add_control_options(set_)
+    set_.add_argument("--force", action="store_true", help=_FORCE_HELP)
 
     reset = actions.add_parser("reset", help="put every selected card back on its default limit")
     add_control_options(reset)
+    reset.add_argument("--force", action="store_true", help=_FORCE_HELP)
 
     log = actions.add_parser("journal", help="print the control journal (every change made)")
     log.add_argument("--json", action="store_true", help="print JSON Lines, one entry a line")
@@ -78,6 +83,7 @@ def _fmt(watts: float | None) -> str:
 def _show(args: argparse.Namespace) -> int:
     with open_gpus(args) as (backend, indices):
         samples = backend.read_gpus(indices, slow=False)
+        left = lease.left_notes([(s.index, s.uuid) for s in samples], backend.simulated)
         if args.json:
             print_json(
                 {
@@ -94,6 +100,7 @@ def _show(args: argparse.Namespace) -> int:
                             "power_default_w": s.power_default_w,
                             "power_min_w": s.power_min_w,
                             "power_max_w": s.power_max_w,
+                            "limit_note": left.get(s.index),
                         }
                         for s in samples
                     ],
@@ -128,6 +135,8 @@ def _show(args: argparse.Namespace) -> int:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for row in rows:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip())
+        for index, note in sorted(left.items()):
+            print(safe(f"WARNING: GPU {index}: {note}"))
         print(NOT_PERSISTENT)
     return 0
 
@@ -142,16 +151,43 @@ def _change(args: argparse.Namespace, value: PowerValue, command: str) -> int:
             print_planned(changes)
             return 0
 
-        def report(change: PowerChange) -> None:
-            print(f"set {change.describe()}", flush=True)
-
-        done = apply_power(backend, changes, command, on_change=report)
+        if getattr(args, "force", False):
+            held = lease.holders([(c.gpu, c.uuid) for c in changes], backend.simulated)
+            if held:
+                print("ending " + "; ".join(h.describe() for h in held) + " first (--force)")
+                lease.end_holders(held)
+        # Said once every card has its limit: a later card's failure puts the
+        # earlier ones back, and nothing may read as set that was undone.
+        made: list[PowerChange] = []
+        try:
+            done = apply_power(backend, changes, command, on_change=made.append)
+        except GpustationError as err:
+            if made:
+                err.args = (f"{err} ({_after_undo(backend, made)})",)
+            raise
+        for change in done:
+            print(f"set {change.describe()}")
         for change in changes:
             if change.unchanged:
                 print(f"GPU {change.gpu}: already at {change.new_w:g} W, unchanged")
         if done:
             print(NOT_PERSISTENT)
     return 0
+
+
+def _after_undo(backend: Backend, made: list[PowerChange]) -> str:
+    """What became of the cards set before a later one failed, read from the cards."""
+    parts = []
+    for c in made:
+        try:
+            now = backend.read_gpus([c.gpu], slow=False)[0].power_limit_w
+        except Exception:
+            now = None
+        if now is not None and c.current_w is not None and abs(now - c.current_w) < 0.5:
+            parts.append(f"GPU {c.gpu} was put back to {now:g} W")
+        else:
+            parts.append(f"GPU {c.gpu} could not be put back: it reads {_fmt(now)}")
+    return "; ".join(parts)
 
 
 def print_planned(changes: list[PowerChange]) -> None:

@@ -18,6 +18,7 @@ from gpustation.commands.options import add_fleet_options, add_gpu_options
 from gpustation.errors import UsageError
 from gpustation.telemetry.backend import parse_gpu_list
 from gpustation.telemetry.model import Snapshot
+from gpustation.textsafe import safe
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -92,9 +93,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _emit(snap: Snapshot, as_json: bool, watching: bool = False) -> None:
+    from gpustation.control.lease import left_notes
+
     out = sys.stdout
+    # Limits a killed sweep left changed (the control layer's leases; telemetry
+    # knows nothing of them).
+    left = left_notes([(g.index, g.uuid) for g in snap.gpus], snap.simulated)
     if as_json:
         doc = snap.to_dict()
+        for gpu in doc.get("gpus", []):
+            if gpu.get("index") in left:
+                gpu["limit_note"] = left[gpu["index"]]
         out.write(json.dumps(doc, separators=(",", ":")) if watching else json.dumps(doc, indent=2))
         out.write("\n")
         out.flush()
@@ -116,5 +125,7 @@ def _emit(snap: Snapshot, as_json: bool, watching: bool = False) -> None:
                 f"WARNING: GPU {index} fan {which} on manual control with no fan controller "
                 f"running: they will not follow the temperature ({UNATTENDED_HINT})\n"
             )
+    for index, note in sorted(left.items()):
+        out.write(safe(f"WARNING: GPU {index}: {note}") + "\n")
     out.write("\n" if watching and not tty else "")
     out.flush()

@@ -17,23 +17,29 @@ import time
 from pathlib import Path
 
 from gpustation.commands.options import add_gpu_options, backend_from_args
-from gpustation.errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
+from gpustation.errors import EXIT_INTERRUPTED, EXIT_OK, GpustationError, UsageError
 from gpustation.runs import rundir
 from gpustation.runs.sweep import (
     Sweep,
     SweepRunner,
     check_preset_takes,
     grid,
-    leftovers_text,
     new_sweep_id,
     parse_axes,
     parse_power_axis,
     plan_limits,
     require_root_for,
-    restore_leftovers,
-    unrestored,
 )
-from gpustation.telemetry.backend import parse_gpu_list
+from gpustation.runs.sweep_owner import (
+    holding_sweeps,
+    leftovers_text,
+    restore_leftovers,
+    runs_on,
+    runs_text,
+    unrestored,
+    wait_for_runs,
+)
+from gpustation.telemetry.backend import Backend, parse_gpu_list
 from gpustation.textsafe import safe
 
 
@@ -79,6 +85,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="the recommendation: least energy within PCT of the best throughput (default 5%%)",
     )
     p.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="end a sweep that holds these GPUs first (it puts its limits back as it ends)",
+    )
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for runs still going on these GPUs instead of refusing to start",
+    )
     p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS", help=argparse.SUPPRESS)
 
 
@@ -130,10 +146,9 @@ def run(args: argparse.Namespace) -> int:
         )
         if backend.simulated:
             print("SIMULATED GPUs (no hardware is changed)")
-        # Limits a killed sweep left changed are put back before any sweep measures.
-        leftovers = unrestored(backend.simulated)
         if args.dry_run:
             _print_plan(sweep, limits)
+            leftovers = unrestored(backend, _say)
             if leftovers:
                 print(
                     "First, the power limits a killed sweep left changed would be restored: "
@@ -141,10 +156,35 @@ def run(args: argparse.Namespace) -> int:
                 )
             return EXIT_OK
         require_root_for(sweep, backend.simulated)
-        restore_leftovers(leftovers, backend, _say)
+        _claim(sweep, backend, args)
         return _run(sweep, preset, backend, args)
     finally:
         backend.close()
+
+
+def _claim(sweep: Sweep, backend: Backend, args: argparse.Namespace) -> None:
+    """One owner at a time: a live sweep on these GPUs refuses this one (or, with
+    --force, is ended first); limits killed sweeps left are put back; a run still
+    on these GPUs refuses it (or, with --wait, is waited for)."""
+    from gpustation.control import lease
+
+    held = holding_sweeps(sweep.gpus, backend) if sweep.gpus else []
+    if held and not args.force:
+        raise lease.LeaseHeld(held, f"sweep {sweep.id}")
+    if held:
+        _say("ending " + "; ".join(h.describe() for h in held) + " first (--force)")
+        lease.end_holders(held)
+    if sweep.gpus and args.wait:
+        wait_for_runs(sweep.gpus, backend.simulated, _say)
+    busy = runs_on(sweep.gpus, backend.simulated) if sweep.gpus else []
+    if busy:
+        raise GpustationError(
+            f"{runs_text(busy)} is still going: a point measured beside it would measure "
+            "both. Wait for it (--wait), or stop it with `gpustation runs stop "
+            f"{busy[0][0]}`. Nothing was changed."
+        )
+    # Limits a killed sweep left changed are put back before any sweep measures.
+    restore_leftovers(unrestored(backend, _say), backend, _say)
 
 
 def _print_plan(sweep: Sweep, limits: dict[str, dict[int, float]]) -> None:
@@ -206,24 +246,43 @@ def _run(sweep: Sweep, preset: object, backend: object, args: argparse.Namespace
         simulate=getattr(args, "simulate", None),
         sim_card=getattr(args, "sim_card", None),
     )
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in _STOP_SIGNALS}
     try:
         runner.run()
     except KeyboardInterrupt:
-        _report(sweep)
+        _report_quietly(sweep)
         return EXIT_INTERRUPTED
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     _report(sweep)
     return EXIT_OK
 
 
+def _report_quietly(sweep: Sweep) -> None:
+    try:
+        _report(sweep)
+    except OSError:
+        pass  # the terminal is gone; sweep.json has it all
+
+
 def _say(text: str) -> None:
-    print(f"gpustation: {text}", file=sys.stderr, flush=True)
+    try:
+        print(f"gpustation: {text}", file=sys.stderr, flush=True)
+    except OSError:
+        pass  # the terminal is gone (SIGHUP): the limits still go back
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
+    # Once: a second TERM or HUP must not cut the restore short.
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     raise KeyboardInterrupt
+
+
+#: Ctrl-C raises KeyboardInterrupt itself; these end a sweep the same way
+#: (the point's run stopped, the limits put back), as for `fan run`.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _report(sweep: Sweep) -> None:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from gpustation.commands.options import add_gpu_options, backend_from_args
-from gpustation.runs.sweep import list_sweeps, load_sweep, restore_limits
+from gpustation.errors import GpustationError
+from gpustation.runs.sweep import Sweep, load_sweep, scan_sweeps
+from gpustation.runs.sweep_owner import restore_limits
+from gpustation.textsafe import safe
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,9 +31,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.verb == "list":
-        sweeps = list_sweeps()
+        sweeps, damaged = scan_sweeps()
+        for line in damaged:
+            print(f"gpustation: skipped: {line}", file=sys.stderr)
         if args.json:
-            print(json.dumps([s.to_dict() for s in sweeps], indent=2, allow_nan=False))
+            docs = [{**s.to_dict(), "state": state_of(s)} for s in sweeps]
+            print(json.dumps(docs, indent=2, allow_nan=False))
             return 0
         if not sweeps:
             print("no sweeps yet; start one with `gpustation sweep PRESET --set KEY=A,B`")
@@ -38,20 +45,33 @@ def run(args: argparse.Namespace) -> int:
             done = sum(p.status != "pending" for p in s.points)
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created_at))
             sim = "  [SIMULATED]" if s.simulated else ""
-            print(f"{s.id}  {s.preset}  {done}/{len(s.points)} points  {s.status}  {when}{sim}")
+            print(
+                safe(f"{s.id}  {s.preset}  {done}/{len(s.points)} points  {state_of(s)}  {when}")
+                + sim
+            )
         return 0
     sweep = load_sweep(args.id)
     if args.verb == "show":
         if args.json:
-            print(json.dumps(sweep.to_dict(), indent=2, allow_nan=False))
+            print(
+                json.dumps({**sweep.to_dict(), "state": state_of(sweep)}, indent=2, allow_nan=False)
+            )
             return 0
         from gpustation.commands.sweep import _report
 
+        print(safe(f"sweep {sweep.id}: {state_of(sweep)}"))
         _report(sweep)
         return 0
+    if sweep.alive and not sweep.restored:
+        raise GpustationError(
+            f"sweep {sweep.id} is still running (pid {sweep.pid}): it owns its GPUs' limits "
+            "and puts them back itself as it ends. Stop it (Ctrl-C where it runs, or "
+            f"kill -TERM {sweep.pid}) instead; nothing was changed."
+        )
     backend = backend_from_args(args)
     try:
-        restore_limits(sweep, backend)
+        for line in restore_limits(sweep, backend):
+            print(f"gpustation: {line}", file=sys.stderr)
     finally:
         backend.close()
     print(
@@ -60,3 +80,14 @@ def run(args: argparse.Namespace) -> int:
         else f"sweep {sweep.id} changed no power limit"
     )
     return 0
+
+
+def state_of(sweep: Sweep) -> str:
+    """The sweep's status, with whether its process is gone and the limits it left."""
+    if not sweep.dead:
+        return sweep.status
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(sweep.created_at))
+    text = f"dead: its process (pid {sweep.pid}, started {started}) is gone"
+    if sweep.left_limits:
+        text += f"; limits left changed: `gpustation sweeps restore {sweep.id}`"
+    return text

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpustation.control import journal
+from gpustation.control import journal, lease
 from gpustation.control.profiles import PowerValue
 from gpustation.errors import GpustationError, NotSupportedError, UsageError
 from gpustation.telemetry.backend import Backend
@@ -116,15 +116,21 @@ def apply_power(
     changes: Sequence[PowerChange],
     command: str,
     on_change: Callable[[PowerChange], None] | None = None,
+    owner: str | None = None,
 ) -> list[PowerChange]:
     """Journal, set and read back each change; undo the ones made if a later one fails.
 
     Holds the control lock throughout, and reads each card's limit again under
     it, so the journal's "previous" is what the card had. Returns the changes
-    that were made (cards already at the limit are skipped).
+    that were made (cards already at the limit are skipped). Refused (LeaseHeld,
+    nothing changed) when a live program other than ``owner`` holds a lease on
+    any of the GPUs (:mod:`gpustation.control.lease`).
     """
     done: list[PowerChange] = []
     with journal.control_lock():
+        lease.check_free(
+            [(c.gpu, c.uuid) for c in changes], backend.simulated, owner, f"`{command}`"
+        )
         try:
             for change in changes:
                 current = _current_limit(backend, change.gpu)

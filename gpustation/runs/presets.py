@@ -402,9 +402,12 @@ def _typed(key: str, text: str, default: ArgValue) -> ArgValue:
             expected = "a whole number"
     elif isinstance(default, float):
         try:
-            return float(text)
+            number = float(text)
         except ValueError:
-            expected = "a number"
+            number = math.nan
+        if math.isfinite(number):
+            return number
+        expected = "a finite number"
     elif isinstance(default, list):
         items = [p.strip() for p in text.split(",") if p.strip()]
         if not default:

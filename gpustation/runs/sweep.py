@@ -8,17 +8,21 @@ after every point, so a sweep stopped at any moment says what it did.
 
 The power-limit axis goes through :mod:`gpustation.control.power` on every GPU
 of the run: validated against each card, journalled, read back and checked
-before the point starts. The limits each card had before the sweep are in
-``sweep.json`` before any is changed, and are put back when the sweep ends, is
-stopped with Ctrl-C or fails; a sweep killed outright (SIGKILL, power loss)
+before the point starts. Before any change the sweep takes a lease on its GPUs
+(:mod:`gpustation.control.lease`: no other program changes their limits while
+it lives), and the limit each card had, with the card's UUID, is in
+``sweep.json``; they are put back when the sweep ends, is stopped (Ctrl-C,
+SIGTERM, SIGHUP) or fails. A sweep killed outright (SIGKILL, power loss)
 leaves them recorded, and the next sweep (with a power-limit axis or not), or
-``gpustation sweeps restore``, puts them back first.
+``gpustation sweeps restore``, puts them back first
+(:mod:`gpustation.runs.sweep_owner`).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -27,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from gpustation import paths
+from gpustation.control import lease
 from gpustation.control.power import apply_power, plan_power
-from gpustation.control.profiles import PowerValue, parse_power_value
+from gpustation.control.profiles import parse_power_value
 from gpustation.errors import GpustationError, NeedsRootError, UsageError
 from gpustation.runs import rundir
 from gpustation.runs.presets import RunPreset, apply_overrides
@@ -78,9 +83,28 @@ class Sweep:
     simulated: bool = False
     #: GPU index -> limit in W before the sweep changed anything (power axis only)
     original_limits_w: dict[int, float] = field(default_factory=dict)
+    #: GPU index (when the sweep started) -> its UUID: the limit goes back to that card
+    uuids: dict[int, str | None] = field(default_factory=dict)
     restored: bool = False
     pid: int = 0
+    #: the start of process ``pid`` (:func:`gpustation.control.lease.process_start`)
+    pid_start: str | None = None
     points: list[Point] = field(default_factory=list)
+
+    @property
+    def alive(self) -> bool:
+        """True while the process that ran this sweep still runs."""
+        return bool(self.pid) and lease.process_matches(self.pid, self.pid_start)
+
+    @property
+    def dead(self) -> bool:
+        """Marked running, its process gone: killed outright (SIGKILL, power loss)."""
+        return self.status in ("planned", "running") and not self.alive
+
+    @property
+    def left_limits(self) -> bool:
+        """Its limits are still changed and nobody will put them back but a restore."""
+        return bool(self.original_limits_w) and not self.restored and not self.alive
 
     @property
     def directory(self) -> Path:
@@ -90,14 +114,37 @@ class Sweep:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Sweep:
-        points = [Point(**p) for p in data.get("points", [])]
-        for p in points:
-            p.limits_w = {int(k): float(v) for k, v in p.limits_w.items()}
+    def from_dict(cls, data: Any) -> Sweep:
+        """A sweep from its ``sweep.json``; ValueError naming the field that is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        for name, types in _FIELD_TYPES.items():
+            if name in data and not _of_type(data[name], types):
+                raise ValueError(f"{name!r} is not {_describe(types)}")
+        for name in ("id", "preset"):
+            if not isinstance(data.get(name), str) or not data[name]:
+                raise ValueError(f"{name!r} is missing")
+        points = []
+        for n, p in enumerate(data.get("points") or []):
+            if not isinstance(p, dict):
+                raise ValueError(f"point {n + 1} is not an object")
+            for name, types in _POINT_TYPES.items():
+                if name in p and not _of_type(p[name], types):
+                    raise ValueError(f"point {n + 1}: {name!r} is not {_describe(types)}")
+            known_p = {k: v for k, v in p.items() if k in Point.__dataclass_fields__}
+            try:
+                point = Point(**known_p)
+            except TypeError:
+                raise ValueError(f"point {n + 1} lacks its index or overrides") from None
+            point.limits_w = {int(k): _watts(v) for k, v in point.limits_w.items()}
+            points.append(point)
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         known["points"] = points
         known["original_limits_w"] = {
-            int(k): float(v) for k, v in (data.get("original_limits_w") or {}).items()
+            int(k): _watts(v) for k, v in (data.get("original_limits_w") or {}).items()
+        }
+        known["uuids"] = {
+            int(k): None if v is None else str(v) for k, v in (data.get("uuids") or {}).items()
         }
         return cls(**known)
 
@@ -106,8 +153,78 @@ class Sweep:
         rundir.write_json(self.directory / SWEEP_JSON, self.to_dict())
 
 
+_NUMBER = (int, float)
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "axes": (dict,),
+    "power_limits": (list,),
+    "gpus": (list,),
+    "repeat": (int,),
+    "warmup_s": (int, float, type(None)),
+    "within_pct": _NUMBER,
+    "created_at": _NUMBER,
+    "ended_at": (int, float, type(None)),
+    "status": (str,),
+    "simulated": (bool,),
+    "original_limits_w": (dict,),
+    "uuids": (dict,),
+    "restored": (bool,),
+    "pid": (int,),
+    "pid_start": (str, type(None)),
+    "points": (list,),
+}
+_POINT_TYPES: dict[str, tuple[type, ...]] = {
+    "index": (int,),
+    "overrides": (dict,),
+    "power": (str, type(None)),
+    "repeat": (int,),
+    "run_id": (str, type(None)),
+    "status": (str,),
+    "limits_w": (dict,),
+    "figures": (dict,),
+}
+
+
+def _of_type(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool) and bool not in types:
+        return False
+    return isinstance(value, types)
+
+
+def _describe(types: tuple[type, ...]) -> str:
+    names = {
+        dict: "an object",
+        list: "a list",
+        str: "text",
+        int: "a whole number",
+        float: "a number",
+        bool: "true or false",
+        type(None): "null",
+    }
+    return " or ".join(dict.fromkeys(names[t] for t in types))
+
+
+def _watts(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, _NUMBER):
+        raise ValueError(f"a power limit of {value!r}, not watts")
+    watts = float(value)
+    if not (math.isfinite(watts) and 0 < watts <= 5000):
+        raise ValueError(f"a power limit of {value!r} W")
+    return watts
+
+
 def sweeps_dir() -> Path:
     return paths.data_dir() / "sweeps"
+
+
+def read_sweep_file(path: Path) -> Sweep:
+    """One ``sweep.json``; UsageError naming the file and what is wrong with it."""
+    data = rundir.read_json(path)
+    if data is None:
+        raise UsageError(f"{path} cannot be read (not JSON); move it away or delete it")
+    try:
+        return Sweep.from_dict(data)
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"{path} is damaged ({err}); move it away or delete it") from None
 
 
 def load_sweep(sweep_id: str) -> Sweep:
@@ -123,23 +240,25 @@ def load_sweep(sweep_id: str) -> Sweep:
     if len(match) != 1:
         what = "no sweep" if not match else f"{len(match)} sweeps"
         raise UsageError(f"{what} matches {sweep_id!r}; `gpustation sweeps list` shows them")
-    data = rundir.read_json(root / match[0] / SWEEP_JSON)
-    if not isinstance(data, dict):
-        raise UsageError(f"sweep {match[0]}: {SWEEP_JSON} cannot be read")
-    return Sweep.from_dict(data)
+    return read_sweep_file(root / match[0] / SWEEP_JSON)
 
 
 def list_sweeps() -> list[Sweep]:
+    """Every sweep that can be read (a damaged file is skipped, never the whole list)."""
+    return scan_sweeps()[0]
+
+
+def scan_sweeps() -> tuple[list[Sweep], list[str]]:
+    """Every sweep, and one line per ``sweep.json`` that cannot be read: its path and why."""
     root = sweeps_dir()
-    out = []
+    out: list[Sweep] = []
+    damaged: list[str] = []
     for path in sorted(root.glob(f"*/{SWEEP_JSON}")) if root.exists() else []:
-        data = rundir.read_json(path)
-        if isinstance(data, dict):
-            try:
-                out.append(Sweep.from_dict(data))
-            except (TypeError, ValueError):
-                continue  # a damaged file is skipped, never the whole list
-    return out
+        try:
+            out.append(read_sweep_file(path))
+        except UsageError as err:
+            damaged.append(str(err))
+    return out, damaged
 
 
 # ---- planning -------------------------------------------------------------------
@@ -170,14 +289,26 @@ def parse_power_axis(text: str | None) -> list[str]:
         return []
     values = [v.strip() for v in text.split(",")]
     for v in values:
+        if not v:
+            raise UsageError(f"--power-limit {text!r}: an empty value in the list")
         try:
-            parse_power_value(v)
-        except UsageError as err:
-            raise UsageError(f"--power-limit: {err}") from None
+            value = parse_power_value(v)
+        except ValueError as err:
+            raise UsageError(f"--power-limit {v!r}: {err}") from None
+        if value.kind != "default" and not math.isfinite(value.amount):
+            raise UsageError(
+                f"--power-limit {v!r}: expected watts (300W) or a percentage of the default (80%)"
+            )
+    if len(set(values)) != len(values):
+        raise UsageError(f"--power-limit {text!r}: a value given twice")
     return values
 
 
 def grid(axes: dict[str, list[str]], powers: list[str], repeat: int) -> list[Point]:
+    # counted before any is built: a typo of a grid must not fill the memory
+    size = math.prod(len(v) for v in axes.values()) * max(1, len(powers)) * repeat
+    if size > MAX_POINTS:
+        raise UsageError(f"the grid has {size} points; at most {MAX_POINTS} in one sweep")
     combos = list(itertools.product(*axes.values())) if axes else [()]
     points: list[Point] = []
     choices: list[str | None] = [*powers] if powers else [None]
@@ -235,10 +366,11 @@ class SweepRunner:
 
     def run(self) -> Sweep:
         sweep = self.sweep
-        if sweep.power_limits:
-            self._take_originals()
-        sweep.status = "running"
         sweep.pid = os.getpid()
+        sweep.pid_start = lease.process_start(sweep.pid)
+        if sweep.power_limits:
+            self._take_originals()  # the lease first: refused, nothing is written
+        sweep.status = "running"
         sweep.save()
         try:
             for point in sweep.points:
@@ -271,19 +403,44 @@ class SweepRunner:
                     point.status = "stopped"
 
     def _take_originals(self) -> None:
+        """Take the lease on the sweep's GPUs, then write down each card's limit (by
+        UUID) before any is changed: a killed sweep can still be undone."""
         assert self.backend is not None
         samples = self.backend.read_gpus(self.sweep.gpus, slow=False)
         for s in samples:
             if s.power_limit_w is None:
                 raise GpustationError(f"GPU {s.index} does not report its power limit")
+        lease.take(
+            lease.Lease(
+                id=self.sweep.id,
+                owner=f"sweep {self.sweep.id}",
+                gpus=[(s.index, s.uuid) for s in samples],
+                simulated=self.backend.simulated,
+                restore=f"gpustation sweeps restore {self.sweep.id}",
+                pid=self.sweep.pid,
+                start=self.sweep.pid_start,
+            )
+        )
+        for s in samples:
+            assert s.power_limit_w is not None
             self.sweep.original_limits_w[s.index] = s.power_limit_w
-        self.sweep.save()  # before any change: a killed sweep can still be undone
+            self.sweep.uuids[s.index] = s.uuid
+        try:
+            self.sweep.save()
+        except BaseException:
+            lease.release(self.sweep.id)
+            raise
 
     def _set_limit(self, point: Point) -> None:
         assert self.backend is not None and point.power is not None
         samples = self.backend.read_gpus(self.sweep.gpus, slow=False)
         changes = plan_power(samples, parse_power_value(point.power))
-        apply_power(self.backend, changes, f"gpustation sweep {self.sweep.id}: {point.label}")
+        apply_power(
+            self.backend,
+            changes,
+            f"gpustation sweep {self.sweep.id}: {point.label}",
+            owner=self.sweep.id,
+        )
         after = self.backend.read_gpus(self.sweep.gpus, slow=False)
         for c, s in zip(changes, after, strict=True):
             if s.power_limit_w is None or abs(s.power_limit_w - c.new_w) >= 0.5:
@@ -293,9 +450,13 @@ class SweepRunner:
             point.limits_w[s.index] = s.power_limit_w
 
     def _restore(self) -> None:
+        from gpustation.runs.sweep_owner import restore_limits
+
         try:
-            restore_limits(self.sweep, self.backend)
-            self.say(f"power limits restored: {_limits_text(self.sweep.original_limits_w)}")
+            for line in restore_limits(self.sweep, self.backend):
+                self.say(line)
+            if self.sweep.original_limits_w:
+                self.say(f"power limits restored: {_limits_text(self.sweep.original_limits_w)}")
         except Exception as err:  # said loudly: the cards are left changed
             self.say(
                 f"could not restore the power limits ({err}); run `gpustation sweeps restore "
@@ -329,92 +490,6 @@ class SweepRunner:
         status = state.status if state is not None else "failed"
         point.status = "oom" if state is not None and state.oom else status
         self.say(f"  run {handle.id}: {point.status}" + _figures_text(point.figures))
-
-
-def restore_limits(sweep: Sweep, backend: Backend | None) -> None:
-    """Put every card back to the limit it had before the sweep (journalled)."""
-    if not sweep.original_limits_w or sweep.restored:
-        return
-    if backend is None:
-        raise GpustationError("no GPU backend to restore the limits with")
-    samples = backend.read_gpus(sorted(sweep.original_limits_w), slow=False)
-    for s in samples:
-        watts = sweep.original_limits_w[s.index]
-        changes = plan_power([s], PowerValue("watts", watts))
-        apply_power(backend, changes, f"gpustation sweep {sweep.id}: restore")
-    sweep.restored = True
-    sweep.save()
-
-
-def unrestored(simulated: bool) -> list[Sweep]:
-    """Sweeps that changed power limits and never put them back, whose process is gone."""
-    out = []
-    for s in list_sweeps():
-        if s.original_limits_w and not s.restored and s.simulated == simulated:
-            if s.pid and s.pid != os.getpid() and _alive(s.pid):
-                continue
-            out.append(s)
-    return out
-
-
-def leftovers_text(leftovers: Sequence[Sweep], backend: Backend | None = None) -> str:
-    """What restoring ``leftovers`` changes, per sweep and GPU: ``sweep ID: GPU 0
-    315 W -> 450 W`` (the limit now from ``backend`` where it can be read)."""
-    now: dict[int, float] = {}
-    if backend is not None:
-        indices = sorted({i for s in leftovers for i in s.original_limits_w})
-        try:
-            now = {
-                g.index: g.power_limit_w
-                for g in backend.read_gpus(indices, slow=False)
-                if g.power_limit_w is not None
-            }
-        except Exception:
-            now = {}  # the limits they go back to are still worth saying
-    parts = []
-    for s in leftovers:
-        gpus = ", ".join(
-            f"GPU {i} {now[i]:g} W -> {w:g} W" if i in now else f"GPU {i} back to {w:g} W"
-            for i, w in sorted(s.original_limits_w.items())
-        )
-        parts.append(f"sweep {s.id}: {gpus}")
-    return "; ".join(parts)
-
-
-def _refusal(leftovers: Sequence[Sweep], what: str) -> NeedsRootError:
-    ids = " ".join(s.id for s in leftovers)
-    return NeedsRootError(
-        f"a sweep that was killed left power limits changed ({what}); they are put back "
-        "before another sweep runs, which needs root: run sudo gpustation sweeps restore "
-        f"{ids} (or this sweep with sudo)"
-    )
-
-
-def restore_leftovers(leftovers: Sequence[Sweep], backend: Backend, say: Event) -> None:
-    """Put back the limits killed sweeps left, newest first (so that each card
-    ends at the limit it had before the oldest); NeedsRootError naming the GPUs,
-    the limits and ``sudo gpustation sweeps restore`` when not root."""
-    if not leftovers:
-        return
-    what = leftovers_text(leftovers, backend)
-    if not backend.simulated and os.geteuid() != 0:
-        raise _refusal(leftovers, what)
-    say(f"a killed sweep left power limits changed; restoring them first: {what}")
-    for old in sorted(leftovers, key=lambda s: (s.created_at, s.id), reverse=True):
-        try:
-            restore_limits(old, backend)
-        except NeedsRootError:
-            raise _refusal(leftovers, what) from None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def require_root_for(sweep: Sweep, simulated: bool) -> None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from gpustation.control import journal
+from gpustation.control import journal, lease
 from gpustation.control.fans import unattended_manual_fans
 from gpustation.errors import UsageError
 from gpustation.runs import store
@@ -242,6 +242,7 @@ def snapshot_metrics(
     runs_by_status: dict[str, int] | None = None,
     unattended: dict[int, list[int]] | None = None,
     alerts: list[Alert] | None = None,
+    limits_left: dict[int, str] | None = None,
 ) -> list[Metric]:
     """Render one Snapshot (plus the active profile and run counts) as metric families.
 
@@ -288,6 +289,18 @@ def snapshot_metrics(
                 alone.add_metric((*gpu_labels(snap, gpu), str(fan)), flag)
         if alone.samples:
             families.append(alone)
+
+    if limits_left:
+        left = GaugeMetricFamily(
+            "gpustation_power_limit_left",
+            "1 while the power limit is one a killed program left changed (the note "
+            "says which, and the command that puts it back).",
+            labels=(*GPU_LABELS, "note"),
+        )
+        for gpu in live:
+            if gpu.index in limits_left:
+                left.add_metric((*gpu_labels(snap, gpu), limits_left[gpu.index]), 1.0)
+        families.append(left)
 
     fans = GaugeMetricFamily(
         "gpustation_fan_speed_percent",
@@ -365,6 +378,7 @@ class _Latest:
     error: str | None = None
     unattended: dict[int, list[int]] | None = None
     alerts: list[Alert] | None = None
+    limits_left: dict[int, str] | None = None
 
 
 class SnapshotCollector(Collector):
@@ -381,7 +395,12 @@ class SnapshotCollector(Collector):
         )
         if latest.snapshot is not None:
             yield from snapshot_metrics(
-                latest.snapshot, latest.profile, latest.runs, latest.unattended, latest.alerts
+                latest.snapshot,
+                latest.profile,
+                latest.runs,
+                latest.unattended,
+                latest.alerts,
+                latest.limits_left,
             )
 
 
@@ -456,15 +475,21 @@ class Exporter:
         profile: str | None = None
         runs: dict[str, int] = {}
         unattended: dict[int, list[int]] | None = None
+        left: dict[int, str] | None = None
         with contextlib.suppress(Exception):
             profile = journal.active_profile()
         with contextlib.suppress(Exception):
             runs = store.runs_by_status()
         cur = self._latest
         if cur.snapshot is not None:
+            gpus, simulated = cur.snapshot.gpus, cur.snapshot.simulated
             with contextlib.suppress(Exception):
-                unattended = unattended_manual_fans(cur.snapshot.gpus, cur.snapshot.simulated)
-        self._latest = replace(cur, profile=profile, runs=runs, unattended=unattended)
+                unattended = unattended_manual_fans(gpus, simulated)
+            with contextlib.suppress(Exception):
+                left = lease.left_notes([(g.index, g.uuid) for g in gpus], simulated)
+        self._latest = replace(
+            cur, profile=profile, runs=runs, unattended=unattended, limits_left=left
+        )
 
     def _loop(self) -> None:
         next_at = time.monotonic()

@@ -74,6 +74,7 @@ class Alert:
             "xid": "XID",
             "row_remap_pending": "remap pending",
             "row_remap_failure": "remap failed",
+            "limit_left": "limit left",
         }
         return f"GPU{self.gpu} {words.get(self.rule, self.rule)}"
 
@@ -282,6 +283,12 @@ def fans_unattended(unattended: dict[int, list[int]], t: float) -> list[Alert]:
         )
         for index, fans in unattended.items()
     ]
+
+
+def limits_left(notes: dict[int, str], t: float) -> list[Alert]:
+    """Conditions for power limits a killed program left changed, each with its
+    note ("limit left by sweep ID; ..."), found by the control layer."""
+    return [Alert("limit_left", index, f"GPU {index}: {note}", t) for index, note in notes.items()]
 
 
 class IdleHeld:

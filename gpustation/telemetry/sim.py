@@ -171,6 +171,10 @@ def _gpu_state_ok(g: Any, spec: CardSpec) -> bool:
     )
 
 
+def _serials_ok(serials: Any, count: int) -> bool:
+    return isinstance(serials, list) and sorted(serials) == list(range(count))
+
+
 def _holder_ok(holder: Any) -> bool:
     return (
         isinstance(holder, list)
@@ -226,6 +230,8 @@ class SimBackend(Backend):
         self.clock = clock
         self._memory_state: dict[str, Any] | None = None
         self._last_slow: dict[int, tuple[float, float, int]] = {}
+        #: the card in each slot when the machine was re-ordered (None: in order)
+        self._order: list[int] | None = None
         with self._state() as state:
             if (
                 state.get("card") != card
@@ -413,11 +419,32 @@ class SimBackend(Backend):
         with self._state() as state:
             self._advance(state, now)
             gpus = [dict(state["gpus"][i]) for i in indices]
+            serials = state.get("serials")
+        self._order = serials if _serials_ok(serials, self.count) else None
         return [self._sample(i, g, now, slow) for i, g in zip(indices, gpus, strict=True)]
+
+    def _serials(self, index: int) -> int:
+        return self._order[index] if self._order is not None else index
+
+    def reorder(self, order: Sequence[int]) -> None:
+        """Move the cards between slots, as a re-cabled or re-enumerated machine does:
+        index ``i`` becomes the card that was at ``order[i]``, its UUID and state
+        (power limit, fans) with it."""
+        if sorted(order) != list(range(self.count)):
+            raise ValueError(f"order: a permutation of 0-{self.count - 1}, got {list(order)}")
+        with self._state() as state:
+            self._advance(state, self.clock())
+            was = list(state.get("serials") or range(self.count))
+            state["gpus"] = [state["gpus"][i] for i in order]
+            state["serials"] = [was[i] for i in order]
+        self._order = None if state["serials"] == list(range(self.count)) else state["serials"]
 
     def _sample(self, index: int, g: dict[str, Any], now: float, slow: bool) -> GpuSample:
         spec = self.spec
-        uuid = f"GPU-SIM-{int(self._hash('uuid') * 2**32):08x}-{index:04d}"
+        # A card keeps its UUID wherever it sits (see :meth:`reorder`), and
+        # another simulated card model never shares it.
+        serial = self._serials(index)
+        uuid = f"GPU-SIM-{int(self._hash('uuid', spec.key) * 2**32):08x}-{serial:04d}"
         bus = f"00000000:{0x17 + index * 0x10:02X}:00.0"
         sample = GpuSample(index=index, uuid=uuid, name=spec.name, pci_bus_id=bus)
         if g["lost"]:

@@ -50,7 +50,12 @@ from textual.screen import Screen
 
 from gpustation.errors import GpustationError
 from gpustation.notify import alert_notifier_from_config
-from gpustation.telemetry.alerts import AlertLog, fans_unattended, idle_rule_or_default
+from gpustation.telemetry.alerts import (
+    AlertLog,
+    fans_unattended,
+    idle_rule_or_default,
+    limits_left,
+)
 from gpustation.telemetry.backend import Backend, open_backend
 from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
@@ -283,8 +288,11 @@ class DashboardApp(ProcessActions):
         self.history.add(frame.snapshot)
         if frame.snapshot.note and self._note_timer is None:
             self._note_timer = self.set_timer(self.note_full_s, self.collapse_note)
-        unattended = fans_unattended(frame.unattended_fans, frame.snapshot.time)
-        raised = self.alerts.update(frame.snapshot, unattended)
+        extra = [
+            *fans_unattended(frame.unattended_fans, frame.snapshot.time),
+            *limits_left(frame.limits_left, frame.snapshot.time),
+        ]
+        raised = self.alerts.update(frame.snapshot, extra)
         if self.alert_notifier is not None:
             # only queued here: the notifier's own thread talks to the services
             self.alert_notifier.take(raised, frame.snapshot.hostname)

@@ -43,6 +43,8 @@ class Frame:
     sample_s: float = 0.0
     #: GPU -> its fans on manual control with no fan controller driving them
     unattended_fans: dict[int, list[int]] = field(default_factory=dict)
+    #: GPU -> "limit left by sweep ID; ..." where a killed sweep left its limit
+    limits_left: dict[int, str] = field(default_factory=dict)
 
 
 class DataSource:
@@ -118,7 +120,10 @@ class DataSource:
             from gpustation.control.fans import unattended_manual_fans
 
             unattended = unattended_manual_fans(snap.gpus, self.backend.simulated)
-        return Frame(snap, procs, time.perf_counter() - t0, unattended)
+        from gpustation.control.lease import left_notes
+
+        left = left_notes([(g.index, g.uuid) for g in snap.gpus], self.backend.simulated)
+        return Frame(snap, procs, time.perf_counter() - t0, unattended, left)
 
     def _record(self, snap: Snapshot) -> None:
         assert self.recorder is not None

@@ -14,7 +14,7 @@ import pytest
 
 from gpustation.control import journal
 from gpustation.errors import EXIT_NEEDS_ROOT, NeedsRootError
-from gpustation.runs import rundir, sweep
+from gpustation.runs import rundir, sweep, sweep_owner
 from gpustation.runs.store import RunStore
 from gpustation.runs.summary import RunSummary
 from gpustation.runs.sweep_report import measured, recommend
@@ -246,8 +246,17 @@ def test_a_plain_sweep_restores_first_the_limits_a_killed_sweep_left(runs_env: d
         assert dry.returncode == 0, dry.stderr
         assert f"sweep {killed.id}: GPU 0 315 W -> {before[0]:g} W, GPU 1 315 W" in dry.stdout
         assert _limits() == [315.0, 315.0] and not sweep.load_sweep(killed.id).restored
+        # the killed sweep's point run goes on: the next sweep refuses, naming it
+        plain_argv = ("sweep", "sweepy", "--simulate", "2", "--set", "sleep=0.05")
+        plain_argv += ("--set", "steps=1")
+        busy = gs(*plain_argv)
+        assert busy.returncode == 1, busy.stderr
+        assert f"run {killed.points[0].run_id} on GPU 0, 1 is still going" in busy.stderr
+        assert _limits() == [315.0, 315.0]  # nothing changed
+        _kill_orphaned_runs(runs_env)
+        wait_until(lambda: not sweep_owner.runs_on([0, 1], True), TIMEOUT, "the run's end")
         # a sweep with no power-limit axis puts them back before its first point
-        plain = gs("sweep", "sweepy", "--simulate", "2", "--set", "sleep=0.05", "--set", "steps=1")
+        plain = gs(*plain_argv)
     finally:
         proc.kill()
         proc.wait(timeout=TIMEOUT)
