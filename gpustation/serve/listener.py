@@ -182,8 +182,12 @@ class CappedListener:
             starved = False
             self._open += 1
             counted = _Counted(self.factory(), self._released)
+
+            def protocol(counted: _Counted = counted) -> asyncio.Protocol:
+                return counted
+
             try:
-                await loop.connect_accepted_socket(lambda c=counted: c, conn)
+                await loop.connect_accepted_socket(protocol, conn)
             except OSError:
                 conn.close()
                 counted.release()

@@ -233,6 +233,13 @@ async def serve_until_stopped(
     try:
         sockets = listen_sockets(server.host, server.port, BACKLOG)
         cap = connection_cap(max_connections, server.max_sessions * FDS_PER_SESSION)
+        if cap < max_connections:
+            print(
+                f"gpustation: at most {cap} connections at once, not {max_connections}: "
+                "the open-files limit leaves room for no more (`ulimit -n` raises it)",
+                file=sys.stderr,
+                flush=True,
+            )
         assert runner.server is not None
         listener = CappedListener(sockets, runner.server, cap)
         listener.start()

@@ -211,8 +211,13 @@ def test_the_websocket_opens_only_for_the_servers_own_page(no_token: bool) -> No
     with WebServer("--simulate", "2", *(["--no-token"] if no_token else [])) as web:
         web.wait_listening()
         cookie = {} if no_token else {"Cookie": session_cookie(web)}
-        upgrade = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
-                   "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", **cookie}
+        upgrade = {
+            "Connection": "Upgrade",
+            "Upgrade": "websocket",
+            "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+            **cookie,
+        }
         for origin in (f"http://127.0.0.1:{free_port()}", "http://evil.example", "null", None):
             headers = {**upgrade, **({"Origin": origin} if origin else {})}
             status, body, _ = fetch(web.base + "/ws", headers)
@@ -222,6 +227,10 @@ def test_the_websocket_opens_only_for_the_servers_own_page(no_token: bool) -> No
         foreign = {**cookie, "Origin": f"http://127.0.0.1:{free_port()}"}
         assert fetch(web.base + "/", foreign)[0] == 403
         assert fetch(web.base + "/", {**cookie, "Origin": web.base})[0] == 200
+        # Through ssh -L on another local port, the page is at that port, and its own.
+        tunnel = {**cookie, "Host": "127.0.0.1:9000", "Origin": "http://127.0.0.1:9000"}
+        status, page, _ = fetch(web.base + "/", tunnel)
+        assert status == 200 and 'data-session-websocket-url="ws://127.0.0.1:9000/ws"' in page
 
 
 def test_no_token_on_127_1_is_loopback() -> None:
@@ -279,3 +288,40 @@ def test_ctrl_c_ends_it_with_130() -> None:
         web.proc.send_signal(signal.SIGINT)
         assert web.proc.wait(timeout=30) == 130
         web.wait_line(r"gpustation: interrupted")
+
+
+# ---- the names and sessions, directly ----------------------------------------------------
+
+
+def test_the_names_a_server_answers_to() -> None:
+    from gpustation.serve.webguard import canonical_host, host_name, listen_names
+
+    assert canonical_host("127.1") == canonical_host("2130706433") == "127.0.0.1"
+    assert canonical_host("LocalHost.") == "localhost"
+    assert canonical_host("::1") == canonical_host("[0:0::1]") == "[::1]"
+    assert host_name("127.1:8765") == "127.0.0.1"
+    assert host_name("[::1]:8765") == "[::1]" and host_name("box") == "box"
+    for bad in ("", "box:http", "[::1", "::1:8765", "box:80:80"):
+        assert host_name(bad) is None, bad
+
+    here = canonical_host(socket.gethostname())
+    loopback = listen_names("127.0.0.1")
+    assert {"localhost", "127.0.0.1", "[::1]"} <= loopback
+    assert here not in loopback or here == "localhost"
+    assert listen_names("::1") == loopback
+    assert "gpubox.example.org" in listen_names("127.0.0.1", ("GPUbox.example.org.",))
+    everywhere = listen_names("0.0.0.0")
+    assert here in everywhere and "127.0.0.1" in everywhere
+    one = listen_names("192.0.2.7")
+    assert "192.0.2.7" in one and here in one and "127.0.0.1" not in one
+
+
+def test_a_session_key_expires_and_only_the_newest_are_kept() -> None:
+    from gpustation.serve.webguard import SessionKeys
+
+    keys = SessionKeys(keep=2)
+    first, second, third = keys.issue(), keys.issue(), keys.issue()
+    assert not keys.valid(first) and keys.valid(second) and keys.valid(third)
+    assert not keys.valid(None) and not keys.valid("") and not keys.valid(third + "x")
+    gone = SessionKeys(lifetime_s=0)
+    assert not gone.valid(gone.issue())

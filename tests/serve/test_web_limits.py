@@ -80,8 +80,14 @@ def test_connections_that_send_nothing_or_too_little_are_closed_after_the_timeou
 def test_the_connection_cap_holds_and_the_next_one_waits_its_turn() -> None:
     cap = 8
     with WebServer(
-        "--simulate", "2", "--max-sessions", "2", "--max-connections", str(cap),
-        "--idle-timeout", str(IDLE_S),
+        "--simulate",
+        "2",
+        "--max-sessions",
+        "2",
+        "--max-connections",
+        str(cap),
+        "--idle-timeout",
+        str(IDLE_S),
     ) as web:
         web.wait_listening()
         url = web.url()
@@ -102,11 +108,17 @@ def test_out_of_files_the_server_neither_spins_nor_floods_its_log() -> None:
     # keeps its connections under the limit, and what comes beyond waits.
     limit = 128
     with WebServer(
-        "--simulate", "2", "--max-connections", "1000", "--idle-timeout", "4",
+        "--simulate",
+        "2",
+        "--max-connections",
+        "1000",
+        "--idle-timeout",
+        "4",
         open_files=limit,
     ) as web:
         web.wait_listening()
         url = web.url()
+        assert "connections at once, not 1000: the open-files limit" in web.output
         logged = len(web.output)
         cpu = web.cpu_s()
         with idle_sockets(web.port, 100):

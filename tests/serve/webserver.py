@@ -25,9 +25,7 @@ def free_port() -> int:
 class WebServer:
     """``gpustation web ARGS --listen HOST:PORT``; its stderr lines are kept as they come."""
 
-    def __init__(
-        self, *args: str, host: str = "127.0.0.1", open_files: int | None = None
-    ) -> None:
+    def __init__(self, *args: str, host: str = "127.0.0.1", open_files: int | None = None) -> None:
         self.port = free_port()
 
         def limit_files() -> None:  # in the child, before it runs
