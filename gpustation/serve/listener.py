@@ -46,12 +46,13 @@ def connection_cap(wanted: int, reserve: int) -> int:
 
 def listen_sockets(host: str, port: int, backlog: int) -> list[socket.socket]:
     """Listening, non-blocking sockets on every address ``host`` names (port 0: one free port)."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         infos = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
         )
     except socket.gaierror as err:
-        raise GpustationError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+        raise GpustationError(f"cannot listen on {where}: {err.strerror or err}") from None
     sockets: list[socket.socket] = []
     seen: set[tuple[Any, ...]] = set()
     try:
@@ -73,7 +74,7 @@ def listen_sockets(host: str, port: int, backlog: int) -> list[socket.socket]:
     except OSError as err:
         for sock in sockets:
             sock.close()
-        raise GpustationError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+        raise GpustationError(f"cannot listen on {where}: {err.strerror or err}") from None
     return sockets
 
 
