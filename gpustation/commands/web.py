@@ -118,7 +118,7 @@ def dashboard_options(args: argparse.Namespace) -> list[str]:
 
 def _limits(args: argparse.Namespace) -> tuple[int, int, float]:
     """(max sessions, max connections, idle timeout) of ``args``; UsageError if out of range."""
-    from gpustation.serve.web import IDLE_TIMEOUT_S, MAX_CONNECTIONS, MAX_SESSIONS
+    from gpustation.serve.webguard import IDLE_TIMEOUT_S, MAX_CONNECTIONS, MAX_SESSIONS
 
     sessions = MAX_SESSIONS if args.max_sessions is None else args.max_sessions
     if not 1 <= sessions <= 64:
@@ -174,7 +174,7 @@ def _warning(where: str, allow_control: bool) -> str:
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted (Ctrl-C: 130, SIGTERM: 0)."""
     from gpustation.serve.exporter import is_loopback, parse_listen
-    from gpustation.serve.webguard import canonical_host
+    from gpustation.serve.webguard import canonical_host, listen_names
 
     host, port = parse_listen(args.listen)
     host = canonical_host(host).strip("[]")  # 127.1 is 127.0.0.1, and loopback
@@ -197,7 +197,6 @@ def run(args: argparse.Namespace) -> int:
         from gpustation.serve.web import (
             DashboardServer,
             dashboard_command,
-            listen_names,
             serve_until_stopped,
             url_host,
         )

@@ -42,7 +42,15 @@ from textual_serve.server import Server, to_int
 from gpustation.errors import UsageError
 from gpustation.files import read_text
 from gpustation.serve.listener import CappedListener, connection_cap, listen_sockets
-from gpustation.serve.webguard import SessionKeys, host_name, listen_names, same_origin
+from gpustation.serve.webguard import (
+    IDLE_TIMEOUT_S,
+    MAX_CONNECTIONS,
+    MAX_SESSIONS,
+    SessionKeys,
+    host_name,
+    listen_names,
+    same_origin,
+)
 from gpustation.textsafe import safe
 
 #: the shortest token a --token-file may hold (token_urlsafe(32) makes 43 characters)
@@ -78,10 +86,6 @@ def url_host(host: str) -> str:
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-#: how long a connection may stay without a request before it is closed
-IDLE_TIMEOUT_S = 10.0
-MAX_CONNECTIONS = 64
-MAX_SESSIONS = 4
 #: connections waiting in the kernel while the server is at its cap
 BACKLOG = 64
 #: descriptors one dashboard session holds in this server (its pipes, its process)

@@ -23,6 +23,11 @@ from collections import OrderedDict
 
 #: the names every loopback address is reached by
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+#: how long a connection may stay without a request before it is closed
+IDLE_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 64
+#: dashboards at once: each is a process of its own
+MAX_SESSIONS = 4
 #: how long a session's cookie opens the dashboard after the token was given
 SESSION_LIFETIME_S = 12 * 3600.0
 #: session keys kept; the oldest is forgotten first
