@@ -9,6 +9,7 @@ through ``ssh -L``.
 from __future__ import annotations
 
 import argparse
+import re
 import socket
 import sys
 from pathlib import Path
@@ -58,6 +59,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="serve without a token: loopback and read-only only",
     )
     p.add_argument(
+        "--server-name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer to this name in the Host header (a DNS name of this machine or a "
+        "proxy's); requests for any other name are refused",
+    )
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="dashboards open at once, each a process of its own (default 4)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help="connections open at once; more wait (default 64)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="close a connection that sends no request for this long (default 10)",
+    )
+    p.add_argument(
         "--refresh",
         type=float,
         default=argparse.SUPPRESS,
@@ -84,6 +114,25 @@ def dashboard_options(args: argparse.Namespace) -> list[str]:
         raise UsageError(f"--refresh: between 0.25 and 10 seconds, got {refresh:g}")
     out += ["--refresh", f"{refresh:g}"]
     return out
+
+
+def _limits(args: argparse.Namespace) -> tuple[int, int, float]:
+    """(max sessions, max connections, idle timeout) of ``args``; UsageError if out of range."""
+    from gpustation.serve.webguard import IDLE_TIMEOUT_S, MAX_CONNECTIONS, MAX_SESSIONS
+
+    sessions = MAX_SESSIONS if args.max_sessions is None else args.max_sessions
+    if not 1 <= sessions <= 64:
+        raise UsageError(f"--max-sessions: between 1 and 64, got {sessions}")
+    connections = MAX_CONNECTIONS if args.max_connections is None else args.max_connections
+    if not sessions + 4 <= connections <= 4096:
+        raise UsageError(
+            f"--max-connections: between --max-sessions + 4 ({sessions + 4}) and 4096 "
+            f"(each dashboard holds one, its page needs a few more), got {connections}"
+        )
+    idle = IDLE_TIMEOUT_S if args.idle_timeout is None else args.idle_timeout
+    if not 0.5 <= idle <= 3600:  # also refuses nan
+        raise UsageError(f"--idle-timeout: between 0.5 and 3600 seconds, got {idle:g}")
+    return sessions, connections, idle
 
 
 def _token(args: argparse.Namespace, loopback: bool) -> str | None:
@@ -125,11 +174,21 @@ def _warning(where: str, allow_control: bool) -> str:
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted (Ctrl-C: 130, SIGTERM: 0)."""
     from gpustation.serve.exporter import is_loopback, parse_listen
+    from gpustation.serve.webguard import canonical_host, listen_names
 
     host, port = parse_listen(args.listen)
+    host = canonical_host(host).strip("[]")  # 127.1 is 127.0.0.1, and loopback
+    names = tuple(canonical_host(n) for n in args.server_name)
+    for given, name in zip(args.server_name, names, strict=True):
+        if not re.fullmatch(r"[a-z0-9_.-]+|\[[0-9a-f:.]+\]", name):
+            raise UsageError(
+                f"--server-name: a host name or address without a port or a scheme, "
+                f"e.g. gpubox.example.org, got {given!r}"
+            )
     if args.allow_control and getattr(args, "read_only", False):
         raise UsageError("--read-only and --allow-control: give one or the other")
     options = dashboard_options(args)
+    sessions, connections, idle_s = _limits(args)
     loopback = is_loopback(host)
     token = _token(args, loopback)
     try:
@@ -148,7 +207,15 @@ def run(args: argparse.Namespace) -> int:
 
     hostname = socket.gethostname()
     command = dashboard_command(options, read_only=not args.allow_control)
-    server = DashboardServer(command, host, port, token, title=f"gpustation on {hostname}")
+    server = DashboardServer(
+        command,
+        host,
+        port,
+        token,
+        title=f"gpustation on {hostname}",
+        names=listen_names(host, names),
+        max_sessions=sessions,
+    )
 
     def ready(bound: int) -> None:
         shown = url_host(hostname if host in ("0.0.0.0", "::") else host)
@@ -170,5 +237,7 @@ def run(args: argparse.Namespace) -> int:
             where = f"{url_host(host)}:{bound}"
             print(_warning(where, args.allow_control), file=sys.stderr, flush=True)
 
-    asyncio.run(serve_until_stopped(server, ready))
+    asyncio.run(
+        serve_until_stopped(server, ready, idle_timeout_s=idle_s, max_connections=connections)
+    )
     return 0

@@ -11,6 +11,7 @@ the page over its websocket to the dashboard.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psutil
@@ -43,9 +44,11 @@ WAIT_S = 90.0
 CAPTURE = """
 (() => {
   const Native = window.WebSocket;
-  const gs = (window.__gs = { bytes: [], size: null });
+  const gs = (window.__gs = { bytes: [], size: null, events: [] });
   function Capturing(url, protocols) {
     const ws = protocols === undefined ? new Native(url) : new Native(url, protocols);
+    ws.addEventListener("open", () => gs.events.push("open"));
+    ws.addEventListener("close", () => gs.events.push("close"));
     const query = new URL(url).searchParams;
     gs.size = [Number(query.get("width")), Number(query.get("height"))];
     ws.addEventListener("message", (event) => {
@@ -110,15 +113,16 @@ class BrowserTerminal:
         box.send_keys(keys)
 
 
-@pytest.fixture
-def driver() -> Iterator[Any]:
+@contextmanager
+def chromium(*args: str) -> Iterator[Any]:
+    """Headless Chromium with the terminal capture on every page; ``args`` added."""
     if selenium_missing is not None:
         missing(selenium_missing)
-    chromium = tool("chromium", "apt install chromium")
+    binary = tool("chromium", "apt install chromium")
     chromedriver = tool("chromedriver", "apt install chromium-driver")
     options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+    options.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", *args):
         options.add_argument(arg)
     options.add_argument("--window-size=1400,1000")
     browser = webdriver.Chrome(service=Service(chromedriver), options=options)
@@ -127,6 +131,12 @@ def driver() -> Iterator[Any]:
         yield browser
     finally:
         browser.quit()
+
+
+@pytest.fixture
+def driver() -> Iterator[Any]:
+    with chromium() as browser:
+        yield browser
 
 
 def power_limits() -> list[float | None]:

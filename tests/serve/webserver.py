@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import resource
 import socket
 import subprocess
 import threading
@@ -23,14 +25,20 @@ def free_port() -> int:
 class WebServer:
     """``gpustation web ARGS --listen HOST:PORT``; its stderr lines are kept as they come."""
 
-    def __init__(self, *args: str, host: str = "127.0.0.1") -> None:
+    def __init__(self, *args: str, host: str = "127.0.0.1", open_files: int | None = None) -> None:
         self.port = free_port()
+
+        def limit_files() -> None:  # in the child, before it runs
+            if open_files is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
         self.proc = subprocess.Popen(
             gpustation_cmd("web", *args, "--listen", f"{host}:{self.port}"),
             env=child_env(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=limit_files,
         )
         self.lines: list[str] = []
         self._changed = threading.Condition()
@@ -98,6 +106,12 @@ class WebServer:
 
     def token(self) -> str:
         return self.wait_line(r"\?token=(\S+)").group(1)
+
+    def cpu_s(self) -> float:
+        """The server's CPU time so far (user + system), from /proc."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> int:
         """SIGTERM, then the exit code."""
