@@ -67,7 +67,8 @@ exec "{python}" -m gpustation "$@"
 _REMOTE_PYTHON = """#!/bin/sh
 # The nodes' Python for multi-node runs: this checkout's gpustation, the fake
 # host's own directories, then what hosts/<name>/env adds (sourced). Mode
-# ``fail`` makes the node fail before its Python starts.
+# ``fail`` makes the node fail before its Python starts, ``hang`` makes it
+# accept the connection and never answer.
 name="${{GPUSTATION_FAKE_HOST:-default}}"
 dir="{root}/hosts/$name"
 mkdir -p "$dir/state" "$dir/config" "$dir/data"
@@ -78,6 +79,9 @@ if [ -f "$dir/env" ]; then . "$dir/env"; fi
 mode=$(cat "$dir/mode" 2>/dev/null || echo ok)
 if [ "$mode" = fail ]; then
   echo "cannot start on $name (test failure)" >&2; exit 3
+fi
+if [ "$mode" = hang ]; then
+  exec sleep 3600
 fi
 exec "{python}" "$@"
 """
