@@ -10,7 +10,8 @@ Every host alias (``box1``...) is 127.0.0.1 with ``SetEnv GPUSTATION_FAKE_HOST``
 sshd accepts that one variable, so the remote script knows which fake host it
 plays and gives each its own state directory. A host's behaviour is set by the
 file ``hosts/<name>/mode``: ``ok`` (default), ``garbage`` (prints non-JSON
-lines) or ``fail`` (exits with an error). The remote gpustation writes its PID
+lines), ``trickle`` (a byte a second, never a whole line) or ``fail`` (exits
+with an error). The remote gpustation writes its PID
 to ``hosts/<name>/pid`` so a test can kill it mid-stream.
 """
 
@@ -54,6 +55,8 @@ echo $$ > "$dir/pid"
 case "$mode" in
   garbage)
     while :; do echo "<html>this is not a snapshot</html>"; sleep 0.3; done ;;
+  trickle)
+    while :; do printf '{{'; sleep 1; done ;;
   fail)
     echo "gpustation: cannot start on $name (test failure)" >&2; exit 3 ;;
 esac
