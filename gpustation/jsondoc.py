@@ -23,7 +23,8 @@ MAX_DEPTH = 64
 _ESCAPES = re.compile(rb"\\.", re.DOTALL)
 _STRINGS = re.compile(rb'"[^"]*"')
 _NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'[]{}"')
-_CLOSERS = {ord("]"): ord("["), ord("}"): ord("{")}
+#: one kind of bracket: depth is what is measured (the parser catches a ``[`` closed by ``}``)
+_ONE_KIND = bytes.maketrans(b"{}", b"[]")
 
 
 class DocumentError(ValueError):
@@ -60,34 +61,31 @@ def _size(n: int) -> str:
 
 
 def _structure_problem(data: bytes, max_depth: int) -> str | None:
-    """Why the brackets outside strings cannot be a document of at most ``max_depth``
-    levels (None when they can, or when only the parser can tell what is wrong).
+    """Why the brackets outside strings nest deeper than ``max_depth`` (None when
+    they do not, or when only the parser can tell what is wrong with them).
 
-    Everything but brackets and quotes is dropped at C speed, then innermost
-    pairs are removed once per level; only a remainder is walked in Python,
-    and that walk ends at the first level too deep or the first mismatch.
+    Everything but brackets and quotes is dropped at C speed, then the
+    innermost pairs are removed once per level (``bytes.replace`` does not look
+    again at what it joined); only a remainder is walked in Python, and that
+    walk ends at the first level too deep or the first unmatched bracket.
     """
     if data.count(b"[") + data.count(b"{") <= max_depth:
         return None  # too few openers to nest deeper: the common small document
-    shape = _ESCAPES.sub(b"", data).translate(None, _NOT_STRUCTURE)
+    shape = _ESCAPES.sub(b"", data).translate(_ONE_KIND, _NOT_STRUCTURE)
     # Two adjacent quotes are an empty string or two strings side by side: dropping
     # them keeps what is inside strings inside, and most strings go at C speed.
-    shape = _STRINGS.sub(b"", shape.replace(b'""', b""))
-    removed = 0  # levels taken off: each pass takes the innermost pairs
-    while removed < max_depth:
-        shorter = shape.replace(b"[]", b"").replace(b"{}", b"")
-        if shorter == shape:
+    shape = _STRINGS.sub(b"", shape.replace(b'""', b"")).replace(b'"', b"")
+    removed = 0
+    while shape and removed < max_depth:
+        shorter = shape.replace(b"[]", b"")
+        if len(shorter) == len(shape):
             break
         shape, removed = shorter, removed + 1
-    if not shape:
-        return None
-    stack: list[int] = []
+    depth = removed
     for c in shape:
-        if c in _CLOSERS:
-            if not stack or stack.pop() != _CLOSERS[c]:
-                return None  # brackets that do not match: the parser says where
-        elif c != ord('"'):
-            stack.append(c)
-            if len(stack) + removed > max_depth:
-                return f"nested deeper than {max_depth} levels"
+        depth += 1 if c == ord("[") else -1
+        if depth > max_depth:
+            return f"nested deeper than {max_depth} levels"
+        if depth < removed:
+            return None  # a bracket closed that was never opened: the parser says where
     return None
