@@ -63,5 +63,5 @@ def test_numbers_that_are_not_finite_read_as_missing() -> None:
 
 @pytest.mark.parametrize("doc", [b"", b"{", b"\xff\xfe", b"1" * 5000])
 def test_what_is_not_json_is_a_document_error(doc: bytes) -> None:
-    with pytest.raises(DocumentError, match="^not JSON"):
+    with pytest.raises(DocumentError, match=r"^not JSON"):
         loads(doc, 1 << 20)

@@ -125,7 +125,7 @@ def _prometheus_keys(table: dict[str, Any], problems: list[str]) -> dict[str, An
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
             problems.append("prometheus_timeout must be a number of seconds")
         elif not 0.1 <= timeout <= 600:
-            problems.append(f"prometheus_timeout must be between 0.1 and 600 seconds, got {timeout}")
+            problems.append(f"prometheus_timeout must be 0.1 to 600 seconds, got {timeout}")
         else:
             out["prometheus_timeout"] = float(timeout)
     return out

@@ -202,11 +202,12 @@ class PrometheusClient:
             raise PrometheusError(f"{where}: no answer within {self.timeout_s:g} s")
         timeout = min(self.connect_timeout_s, left)
         conn: http.client.HTTPConnection
+        host, port = parts.hostname or "", parts.port
         try:
             if parts.scheme == "https":
-                conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=timeout)
+                conn = http.client.HTTPSConnection(host, port, timeout=timeout)
             else:
-                conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
+                conn = http.client.HTTPConnection(host, port, timeout=timeout)
         except ValueError as err:
             raise PrometheusError(f"{where}: {safe(str(err))}") from None
         expired = threading.Event()
@@ -297,11 +298,11 @@ def _shape_problem(result: Any, kind: str) -> str | None:
             return f"{where}.metric is not an object of label strings"
         if kind == "vector":
             if not _is_sample(item.get("value")):
-                return f"{where}.value is not [time, \"value\"]"
+                return f'{where}.value is not [time, "value"]'
         else:
             values = item.get("values")
             if not isinstance(values, list) or not all(_is_sample(v) for v in values):
-                return f"{where}.values is not a list of [time, \"value\"]"
+                return f'{where}.values is not a list of [time, "value"]'
     return None
 
 

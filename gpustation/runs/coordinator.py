@@ -24,9 +24,9 @@ A node whose agent has not said ``started`` within the plan's
 ``start_timeout_s`` of its ssh starting has its ssh killed and counts as
 failed (stopped, when a stop was under way), so a host that accepts ssh and
 never answers cannot keep the run waiting. A node that ends with a non-zero
-status while no stop was asked fails the run: it is named in ``nodes.json``'s ``reason``, the other nodes are stopped,
-and this process exits 1. It exits 0 when every node succeeded and 130 when
-the run was stopped.
+status while no stop was asked fails the run: it is named in ``nodes.json``'s
+``reason``, the other nodes are stopped, and this process exits 1. It exits
+0 when every node succeeded and 130 when the run was stopped.
 """
 
 from __future__ import annotations

@@ -28,9 +28,10 @@ node's lines prefixed ``[host]``, and ``metrics.jsonl`` rank 0's metrics.
 A node that fails ends the run as failed, naming the node (``node box2
 exited 1``); the other nodes are stopped. So does a node whose agent has
 not started torchrun within ``--node-start-timeout`` (60 s) of its ssh
-starting: a host that accepts ssh and never answers ends the run, not hangs it. A node's energy comes from its own
-GPUs read on the node; a node whose GPUs cannot be read has its energy marked
-unknown, and so does the run's total.
+starting: a host that accepts ssh and never answers ends the run, not
+hangs it. A node's energy comes from its own GPUs read on the node; a node
+whose GPUs cannot be read has its energy marked unknown, and so does the
+run's total.
 
 The working directory on each node: ``--node-dir DIR`` (a node without it
 fails before torchrun starts, naming the directory), else the directory

@@ -205,7 +205,7 @@ def _lines(raw: bytes, where: str = "", problems: list[str] | None = None) -> li
         if isinstance(time, (int, float)) and not isinstance(time, bool):
             docs.append(doc)
         else:
-            skipped.append("no finite \"time\"")
+            skipped.append('no finite "time"')
     if skipped and problems is not None:
         more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
         problem = f"{where}: a line skipped ({skipped[0]}){more}"

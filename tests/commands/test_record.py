@@ -252,7 +252,7 @@ def test_replay_skips_deep_and_non_finite_lines_with_a_message(
     path = tmp_path / "bad.jsonl.zst"
     deep = b"[" * 100_000
     schema = b'"schema": "gpustation.snapshot/1"'
-    infinite = b'{' + schema + b', "time": 1e400, "hostname": "box", "gpus": []}'
+    infinite = b"{" + schema + b', "time": 1e400, "hostname": "box", "gpus": []}'
     _zstd_recording(path, [doc(START), deep, infinite, doc(START + 1)])
     assert main(["replay", str(path), "--json"]) == 0
     out = capsys.readouterr()

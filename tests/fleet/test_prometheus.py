@@ -299,9 +299,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     binary = tool("prometheus", "Debian: prometheus")
     work = tmp_path_factory.mktemp("prom")
     exporters: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
-    recorded = RecordedExporter(
-        {"/metrics": DCGM_FIXTURE.read_bytes(), "/nan": NAN_PAGE}
-    ).start()
+    recorded = RecordedExporter({"/metrics": DCGM_FIXTURE.read_bytes(), "/nan": NAN_PAGE}).start()
     prom = LoopbackPrometheus(binary, work)
     try:
         for name in ("a", "b", "doomed"):
