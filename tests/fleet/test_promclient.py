@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
@@ -20,6 +22,7 @@ import pytest
 from gpustation.fleet.promapi import PrometheusClient, PrometheusError
 from gpustation.fleet.prometheus import PrometheusFleet
 from gpustation.fleet.ssh import DOWN
+from tests.conftest import child_env, gpustation_cmd
 from tests.fleet.promserver import ScriptedApi, empty_vector, send_json
 
 pytestmark = pytest.mark.timeout(120)
@@ -230,3 +233,29 @@ async def _quit_while_trickling(api: ScriptedApi) -> None:
     took = time.monotonic() - began
     assert fleet._thread is not None and not fleet._thread.is_alive()
     assert took < 3.0, f"quitting took {took:.1f} s while a host trickled"
+
+
+def test_a_watch_ends_promptly_on_sigterm_while_a_host_trickles(api: ScriptedApi) -> None:
+    api.server.scripted = api  # type: ignore[attr-defined]
+    api.answer = _trickle(False)
+    proc = subprocess.Popen(
+        gpustation_cmd("snapshot", "--prometheus", api.url, "--watch", "1", "--json"),
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not api.seen and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert api.seen, "no request reached the server"
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        took = time.monotonic() - began
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    assert took < 3.0, f"the watch took {took:.1f} s to end while a host trickled"
