@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import subprocess
@@ -183,3 +184,26 @@ def test_a_non_finite_value_reads_as_missing() -> None:
     snap, problem = _parse_line(line)
     assert snap is not None, problem
     assert snap.gpus[0].temperature_c is None
+
+
+def test_the_fleet_screen_quits_promptly_while_a_host_trickles(ssh_env: LoopbackSshd) -> None:
+    ssh_env.set_mode("box8", "trickle")
+    asyncio.run(_quit_while_trickling(ssh_env))
+
+
+async def _quit_while_trickling(ssh_env: LoopbackSshd) -> None:
+    from gpustation.tui.fleet import FleetApp
+
+    fleet = _fleet(["box8", "box1"])
+    app = FleetApp([], fleet=fleet)
+    async with app.run_test(size=(120, 30)) as pilot:
+        deadline = time.monotonic() + TIMEOUT
+        # box1 answering shows the screen is live; box8 has started its trickle by then
+        while fleet.state("box1").state != UP and time.monotonic() < deadline:
+            await pilot.pause(0.1)
+        assert fleet.state("box1").state == UP and fleet.state("box8").snapshot is None
+        began = time.monotonic()
+        await pilot.press("q")
+    took = time.monotonic() - began
+    assert took < 5.0, f"quitting took {took:.1f} s while a host trickled"
+    assert all(not s._thread or not s._thread.is_alive() for s in fleet.streams.values())
