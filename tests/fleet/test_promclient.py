@@ -96,9 +96,12 @@ def test_a_wrong_shape_shows_in_the_fleet_not_as_a_traceback(
     assert "Traceback" not in capsys.readouterr().err
 
 
-def _trickle(headers_too: bool) -> Callable[[BaseHTTPRequestHandler], None]:
+def _trickle(
+    api: ScriptedApi, headers_too: bool = False
+) -> Callable[[BaseHTTPRequestHandler], None]:
+    """An answer sent a byte a second (its headers too, with ``headers_too``)."""
+
     def answer(h: BaseHTTPRequestHandler) -> None:
-        server = h.server.scripted  # type: ignore[attr-defined]
         if headers_too:
             data = b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n"
         else:
@@ -108,7 +111,7 @@ def _trickle(headers_too: bool) -> Callable[[BaseHTTPRequestHandler], None]:
             h.wfile.flush()
             data = b'{"status":"success"' + b" " * 1_000_000
         for byte in data:
-            if server.stopped.wait(1.0):  # a byte a second
+            if api.stopped.wait(1.0):
                 return
             h.wfile.write(bytes([byte]))
             h.wfile.flush()
@@ -118,8 +121,7 @@ def _trickle(headers_too: bool) -> Callable[[BaseHTTPRequestHandler], None]:
 
 @pytest.mark.parametrize("headers_too", [False, True], ids=["body", "headers"])
 def test_a_trickling_server_meets_the_total_deadline(api: ScriptedApi, headers_too: bool) -> None:
-    api.server.scripted = api  # type: ignore[attr-defined]
-    api.answer = _trickle(headers_too)
+    api.answer = _trickle(api, headers_too)
     client = PrometheusClient(api.url, timeout_s=2.5, connect_timeout_s=5)
     began = time.monotonic()
     with pytest.raises(PrometheusError) as err:
@@ -212,8 +214,7 @@ def test_a_redirect_loop_ends_with_a_message(api: ScriptedApi) -> None:
 
 
 def test_the_fleet_screen_quits_promptly_while_a_host_trickles(api: ScriptedApi) -> None:
-    api.server.scripted = api  # type: ignore[attr-defined]
-    api.answer = _trickle(False)
+    api.answer = _trickle(api)
     asyncio.run(_quit_while_trickling(api))
 
 
@@ -236,8 +237,7 @@ async def _quit_while_trickling(api: ScriptedApi) -> None:
 
 
 def test_a_watch_ends_promptly_on_sigterm_while_a_host_trickles(api: ScriptedApi) -> None:
-    api.server.scripted = api  # type: ignore[attr-defined]
-    api.answer = _trickle(False)
+    api.answer = _trickle(api)
     proc = subprocess.Popen(
         gpustation_cmd("snapshot", "--prometheus", api.url, "--watch", "1", "--json"),
         env=child_env(),
