@@ -16,9 +16,13 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 
 import pytest
 
+from gpustation import cli
+from gpustation.errors import EXIT_UNREACHABLE, UsageError
+from gpustation.fleet.fleet import load_fleet_config
 from gpustation.fleet.promapi import PrometheusClient, PrometheusError
 from gpustation.fleet.prometheus import PrometheusFleet
 from gpustation.fleet.ssh import DOWN
@@ -259,3 +263,23 @@ def test_a_watch_ends_promptly_on_sigterm_while_a_host_trickles(api: ScriptedApi
             proc.wait()
     assert proc.returncode == 0
     assert took < 3.0, f"the watch took {took:.1f} s to end while a host trickled"
+
+
+def test_the_deadline_is_set_in_config_and_named_in_the_message(
+    api: ScriptedApi, gpustation_dirs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    api.answer = _trickle(api)
+    config = gpustation_dirs["config"] / "config.toml"
+    config.write_text(f'[fleet]\nprometheus = "{api.url}"\nprometheus_timeout = 2\n')
+    began = time.monotonic()
+    assert cli.main(["snapshot", "--prometheus", api.url, "--json"]) == EXIT_UNREACHABLE
+    took = time.monotonic() - began
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["hosts"][0]["error"] == f"Prometheus at {api.url}: no answer within 2 s"
+    assert took < 8, took
+    config.write_text('[fleet]\nprometheus_timeout = "soon"\n')
+    with pytest.raises(UsageError, match="prometheus_timeout must be a number of seconds"):
+        load_fleet_config()
+    config.write_text("[fleet]\nprometheus_timeout = 0\n")
+    with pytest.raises(UsageError, match=r"prometheus_timeout must be 0\.1 to 600 seconds"):
+        load_fleet_config()
