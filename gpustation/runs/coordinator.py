@@ -4,7 +4,8 @@ The run's supervisor starts it as the run's child, so the run is supervised,
 stopped and recorded like any other. It starts one ssh per node (the argv
 ``multinode.py`` put in ``run.json``) running ``node_agent.py``, sends each
 node its description on the connection's stdin, and reads the messages the
-nodes send back (one select loop, no threads):
+nodes send back (one select loop, no threads; each line parsed by
+``jsondoc.loads``, within a size cap):
 
 - a node's log lines go to ``nodes/<host>/output.log`` and, prefixed
   ``[host]``, to stdout (the run's ``output.log``); what ssh or the remote
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from gpustation import jsondoc
 from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import write_sample
@@ -50,6 +52,8 @@ from gpustation.runs.nodes import DEFAULT_START_TIMEOUT_S, NODE_TELEMETRY, NODES
 from gpustation.runs.stop import signal_name
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: a node's line longer than this is not a message (the agent cuts its log lines far shorter)
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 def _ignore_stop_signals() -> None:
@@ -212,8 +216,8 @@ class Coordinator:
     def _message(self, node: Node, raw: bytes) -> None:
         text = raw.decode("utf-8", errors="replace").rstrip("\r")
         try:
-            msg = json.loads(text)
-        except ValueError:
+            msg = jsondoc.loads(raw, MAX_MESSAGE_BYTES)
+        except jsondoc.DocumentError:
             msg = None
         if not isinstance(msg, dict) or not isinstance(msg.get("kind"), str):
             if text.strip():
@@ -271,6 +275,9 @@ class Coordinator:
             return
         node.buffers[which] += chunk
         *lines, node.buffers[which] = node.buffers[which].split(b"\n")
+        if len(node.buffers[which]) > MAX_MESSAGE_BYTES:  # no message is this long: text
+            lines.append(node.buffers[which])
+            node.buffers[which] = b""
         for raw in lines:
             self._line(node, which, raw)
 

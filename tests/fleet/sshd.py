@@ -71,7 +71,8 @@ _REMOTE_PYTHON = """#!/bin/sh
 # The nodes' Python for multi-node runs: this checkout's gpustation, the fake
 # host's own directories, then what hosts/<name>/env adds (sourced). Mode
 # ``fail`` makes the node fail before its Python starts, ``hang`` makes it
-# accept the connection and never answer.
+# accept the connection and never answer, ``deep`` sends a line of 100,000 ``[``
+# and fails.
 name="${{GPUSTATION_FAKE_HOST:-default}}"
 dir="{root}/hosts/$name"
 mkdir -p "$dir/state" "$dir/config" "$dir/data"
@@ -85,6 +86,9 @@ if [ "$mode" = fail ]; then
 fi
 if [ "$mode" = hang ]; then
   exec sleep 3600
+fi
+if [ "$mode" = deep ]; then
+  head -c 100000 /dev/zero | tr '\\0' '['; echo; exit 3
 fi
 exec "{python}" "$@"
 """

@@ -252,6 +252,26 @@ def test_a_failing_node_fails_the_run_and_is_named(nodes: LoopbackSshd) -> None:
 @pytest.mark.ssh
 @pytest.mark.slow
 @pytest.mark.timeout(420)
+def test_a_nested_line_from_a_node_is_its_text_not_a_crash(nodes: LoopbackSshd) -> None:
+    nodes.set_mode(HOST_B, "deep")  # a line of 100,000 "[", then exit 3
+    result = gs(
+        "run", "long-ddp", "--hosts", _hosts(), "--rdzv-port", str(free_port()),
+        "--grace", "5",
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "RecursionError" not in result.stderr
+    directory = _only_run()
+    state = rundir.read_state(directory)
+    assert state is not None and state.reason == f"node {HOST_B} exited 3", state
+    assert "[" * 1000 in (directory / "nodes" / HOST_B / "output.log").read_text()
+    doc = read_nodes(directory) or {}
+    assert {n["host"]: n["status"] for n in doc["nodes"]} == {HOST_A: "stopped", HOST_B: "failed"}
+    wait_until(lambda: not node_processes(HOST_A), 60, f"{HOST_A}'s processes to end")
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+@pytest.mark.timeout(420)
 def test_a_node_that_never_answers_fails_the_run_after_the_start_deadline(
     nodes: LoopbackSshd,
 ) -> None:
