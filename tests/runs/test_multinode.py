@@ -112,12 +112,16 @@ def _read(path: Path) -> bytes:
 
 
 def node_processes(host: str) -> list[int]:
-    """The processes a fake host runs (found by the variable its ssh session carries)."""
+    """The processes a fake host of this session's sshd runs (found by the variables its
+    ssh session carries: other checkouts' tests may play hosts of the same names)."""
     mark = f"GPUSTATION_FAKE_HOST={host}".encode()
+    root = Path(os.environ["GPUSTATION_SSH_CONFIG"]).parent
+    own = f"GPUSTATION_STATE_DIR={root / 'hosts' / host / 'state'}".encode()
     pids = []
     for proc in psutil.process_iter():
         try:
-            if mark in Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0"):
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+            if mark in environ and own in environ:
                 pids.append(proc.pid)
         except OSError:
             continue
