@@ -12,6 +12,7 @@ With ``--hosts`` the preset runs on those hosts through torchrun
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -136,6 +137,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "has it, else the remote home)",
     )
     nodes.add_argument(
+        "--node-start-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="fail the run when a node's agent has not started torchrun this long after "
+        "ssh was started (default 60)",
+    )
+    nodes.add_argument(
         "--ssh-config",
         metavar="FILE",
         default=argparse.SUPPRESS,
@@ -250,6 +258,7 @@ def _node_options(args: argparse.Namespace) -> Any:
             ("--rdzv-port", args.rdzv_port),
             ("--remote-python", args.remote_python),
             ("--node-dir", args.node_dir),
+            ("--node-start-timeout", args.node_start_timeout),
         )
         if value is not None
     ]
@@ -288,7 +297,18 @@ def _node_options(args: argparse.Namespace) -> Any:
         ssh_config=getattr(args, "ssh_config", None) or config.ssh_config,
         stop_grace_s=args.grace,
         node_dir=_node_dir(args.node_dir),
+        start_timeout_s=_start_timeout(args.node_start_timeout),
     )
+
+
+def _start_timeout(value: float | None) -> float:
+    from gpustation.runs.nodes import DEFAULT_START_TIMEOUT_S
+
+    if value is None:
+        return DEFAULT_START_TIMEOUT_S
+    if not (math.isfinite(value) and 1 <= value <= 3600):
+        raise UsageError(f"--node-start-timeout: between 1 and 3600 seconds, got {value:g}")
+    return value
 
 
 def _node_dir(text: str | None) -> str | None:

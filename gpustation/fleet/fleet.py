@@ -19,6 +19,7 @@ Configuration, in ``config.toml`` in the config directory::
     prometheus_password_file = "~/.config/prom-pw"   # a file only you can read
     prometheus_token_file = "~/.config/prom-token"   # or a bearer token
     prometheus_match = 'job="gpu"'                   # optional: only these targets
+    prometheus_timeout = 15                          # seconds a request may take in all
 
 ``gpustation --fleet`` (and ``gpustation snapshot --fleet``) reads the hosts
 listed there, as if each were given with ``--host``, or the Prometheus server
@@ -69,6 +70,8 @@ class FleetConfig:
     prometheus_password_file: str | None = None
     prometheus_token_file: str | None = None
     prometheus_match: str = ""
+    #: the deadline of each request to Prometheus, in seconds (None: the client's)
+    prometheus_timeout: float | None = None
     #: the Python that runs a multi-node run's node side (``gpustation run --hosts``)
     remote_python: str | None = None
 
@@ -83,6 +86,7 @@ _KEYS = {
     "prometheus_password_file",
     "prometheus_token_file",
     "prometheus_match",
+    "prometheus_timeout",
     "remote_python",
 }
 
@@ -116,6 +120,14 @@ def _prometheus_keys(table: dict[str, Any], problems: list[str]) -> dict[str, An
             problems.append("prometheus_match must be label matchers such as 'job=\"gpu\"'")
         else:
             out["prometheus_match"] = match.strip()
+    timeout = table.get("prometheus_timeout")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            problems.append("prometheus_timeout must be a number of seconds")
+        elif not 0.1 <= timeout <= 600:
+            problems.append(f"prometheus_timeout must be 0.1 to 600 seconds, got {timeout}")
+        else:
+            out["prometheus_timeout"] = float(timeout)
     return out
 
 

@@ -1,26 +1,36 @@
 """Prometheus's HTTP API: the URL check, credentials and a client for instant and range queries.
 
-urllib from the standard library, a time-out on every request, and every
-failure (refused, timed out, an HTTP error, an answer that is not the API's
-JSON) raised as :class:`PrometheusError` with a message for the user (exit 6).
+http.client from the standard library, with a connect and idle time-out, a
+total deadline and a size cap on every request, and every failure (refused,
+timed out, an HTTP error, an answer that is not the API's JSON or not its
+shape) raised as :class:`PrometheusError` naming the server (exit 6).
+Credentials go only to the configured origin.
 """
 
 from __future__ import annotations
 
 import base64
-import json
-import urllib.error
+import contextlib
+import http.client
+import socket
+import threading
+import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from gpustation import jsondoc
 from gpustation.errors import EXIT_UNREACHABLE, GpustationError, UsageError
 from gpustation.files import read_text
 from gpustation.textsafe import safe
 
+#: the connect and idle time-out of every request
 REQUEST_TIMEOUT_S = 5.0
+#: the deadline of a whole request (redirects, a slow answer and all)
+TOTAL_TIMEOUT_S = 15.0
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+MAX_REDIRECTS = 5
+_REDIRECTS = (301, 302, 303, 307, 308)
 
 
 class PrometheusError(GpustationError):
@@ -79,16 +89,34 @@ def auth_header(
 
 
 class PrometheusClient:
-    """Instant and range queries against one Prometheus server (or anything with its API)."""
+    """Instant and range queries against one Prometheus server (or anything with its API).
+
+    Each request has a connect and idle time-out (``connect_timeout_s``) and a
+    total deadline (``timeout_s``: a server that sends a byte now and then is
+    cut off there), reads at most ``max_bytes`` and checks the answer's shape.
+    The Authorization header goes only to the origin of ``url``: a redirect to
+    another scheme, host or port is followed without it. :meth:`abort` ends
+    every request in flight at once (quitting never waits on the network).
+    """
 
     def __init__(
-        self, url: str, authorization: str | None = None, timeout_s: float = REQUEST_TIMEOUT_S
+        self,
+        url: str,
+        authorization: str | None = None,
+        timeout_s: float = TOTAL_TIMEOUT_S,
+        connect_timeout_s: float = REQUEST_TIMEOUT_S,
+        max_bytes: int = MAX_RESPONSE_BYTES,
     ) -> None:
         self.url = check_url(url)
         self.timeout_s = timeout_s
+        self.connect_timeout_s = min(connect_timeout_s, timeout_s)
+        self.max_bytes = max_bytes
+        self._origin = _origin(urllib.parse.urlsplit(self.url))
         self._headers = {"Accept": "application/json", "User-Agent": "gpustation"}
-        if authorization:
-            self._headers["Authorization"] = authorization
+        self._authorization = authorization
+        self._lock = threading.Lock()
+        self._open: set[http.client.HTTPConnection] = set()
+        self._aborted = False
 
     def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
         params = {"query": expr}
@@ -107,46 +135,196 @@ class PrometheusClient:
         }
         return self._call("/api/v1/query_range", params, "matrix")
 
+    def abort(self) -> None:
+        """End the requests in flight and refuse new ones (from any thread)."""
+        with self._lock:
+            self._aborted = True
+            conns = list(self._open)
+        for conn in conns:
+            _cut(conn)
+
     def _call(self, path: str, params: dict[str, str], kind: str) -> list[dict[str, Any]]:
-        body = urllib.parse.urlencode(params).encode()
-        request = urllib.request.Request(
-            self.url + path,
-            data=body,
-            headers={**self._headers, "Content-Type": "application/x-www-form-urlencoded"},
-            method="POST",
-        )
         where = f"Prometheus at {self.url}"
+        status, raw = self._fetch(self.url + path, urllib.parse.urlencode(params), where)
+        if status >= 400:
+            detail = _api_error(raw, self.max_bytes) or http.client.responses.get(status, "")
+            raise PrometheusError(f"{where}: HTTP {status}: {safe(str(detail))}")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                raw = response.read(MAX_RESPONSE_BYTES + 1)
-        except urllib.error.HTTPError as err:
-            detail = _api_error(err.read(65536)) or err.reason
-            raise PrometheusError(f"{where}: HTTP {err.code}: {safe(str(detail))}") from None
-        except urllib.error.URLError as err:
-            reason = getattr(err.reason, "strerror", None) or err.reason
-            raise PrometheusError(f"{where}: cannot connect ({safe(str(reason))})") from None
-        except (OSError, ValueError) as err:  # time-outs, resets, a malformed reply
-            raise PrometheusError(f"{where}: {safe(str(err) or type(err).__name__)}") from None
-        if len(raw) > MAX_RESPONSE_BYTES:
-            raise PrometheusError(f"{where}: answer larger than {MAX_RESPONSE_BYTES >> 20} MiB")
-        try:
-            doc = json.loads(raw)
-        except ValueError:
-            raise PrometheusError(f"{where}: the answer is not JSON (is it Prometheus?)") from None
+            doc = jsondoc.loads(raw, self.max_bytes)
+        except jsondoc.DocumentError as err:
+            raise PrometheusError(f"{where}: the answer is {err} (is it Prometheus?)") from None
         if not isinstance(doc, dict) or doc.get("status") != "success":
-            why = doc.get("error") if isinstance(doc, dict) else None
+            why = doc.get("error") if isinstance(doc, dict) else "not a JSON object"
             raise PrometheusError(f"{where}: query failed: {safe(str(why))}")
         data = doc.get("data")
         if not isinstance(data, dict) or data.get("resultType") != kind:
             raise PrometheusError(f"{where}: expected a {kind} result")
         result = data.get("result")
-        return [r for r in result if isinstance(r, dict)] if isinstance(result, list) else []
+        problem = _shape_problem(result, kind)
+        if problem is not None:
+            raise PrometheusError(f"{where}: the answer has the wrong shape: {problem}")
+        return cast("list[dict[str, Any]]", result)
+
+    def _fetch(self, url: str, form: str, where: str) -> tuple[int, bytes]:
+        """(status, body) of the POST of ``form`` to ``url``, redirects followed."""
+        deadline = time.monotonic() + self.timeout_s
+        method, body = "POST", form.encode()
+        for _ in range(MAX_REDIRECTS + 1):
+            parts = urllib.parse.urlsplit(url)
+            headers = {**self._headers}
+            if method == "POST":
+                headers["Content-Type"] = "application/x-www-form-urlencoded"
+            if self._authorization and _origin(parts) == self._origin:
+                headers["Authorization"] = self._authorization
+            status, location, raw = self._exchange(parts, method, body, headers, deadline, where)
+            if status not in _REDIRECTS or location is None:
+                return status, raw
+            url = urllib.parse.urljoin(url, location)
+            if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+                raise PrometheusError(f"{where}: redirected to {safe(url)!r}, not an http URL")
+            if status in (301, 302, 303) and method == "POST":  # GET, the form as the query
+                method, body = "GET", b""
+                url = url.split("#", 1)[0] + ("&" if "?" in url else "?") + form
+        raise PrometheusError(f"{where}: more than {MAX_REDIRECTS} redirects")
+
+    def _exchange(
+        self,
+        parts: urllib.parse.SplitResult,
+        method: str,
+        body: bytes,
+        headers: dict[str, str],
+        deadline: float,
+        where: str,
+    ) -> tuple[int, str | None, bytes]:
+        """One request: (status, Location, body), within the deadline and the size cap."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise PrometheusError(f"{where}: no answer within {self.timeout_s:g} s")
+        timeout = min(self.connect_timeout_s, left)
+        conn: http.client.HTTPConnection
+        host, port = parts.hostname or "", parts.port
+        try:
+            if parts.scheme == "https":
+                conn = http.client.HTTPSConnection(host, port, timeout=timeout)
+            else:
+                conn = http.client.HTTPConnection(host, port, timeout=timeout)
+        except ValueError as err:
+            raise PrometheusError(f"{where}: {safe(str(err))}") from None
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            _cut(conn)
+
+        # The socket time-out bounds each wait; the watchdog bounds the whole exchange.
+        watchdog = threading.Timer(left, expire)
+        watchdog.daemon = True
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        with self._lock:
+            self._open.add(conn)
+        try:
+            watchdog.start()
+            conn.connect()
+            with self._lock:  # an abort during the connect found no socket to cut
+                if self._aborted:
+                    raise PrometheusError(f"{where}: stopped")
+            conn.request(method, target, body=body or None, headers=headers)
+            response = conn.getresponse()
+            location = response.getheader("Location")
+            raw = b""
+            if response.status not in _REDIRECTS or location is None:
+                length = response.getheader("Content-Length")
+                if length and length.strip().isdigit() and int(length) > self.max_bytes:
+                    raise PrometheusError(f"{where}: answer larger than {_mib(self.max_bytes)}")
+                raw = response.read(self.max_bytes + 1)
+        except (OSError, http.client.HTTPException, ValueError) as err:
+            raise self._failure(err, where, expired.is_set(), timeout) from None
+        finally:
+            watchdog.cancel()
+            with self._lock:
+                self._open.discard(conn)
+            conn.close()
+        if expired.is_set():  # a body read to its cut-off end is not the answer
+            raise PrometheusError(f"{where}: no answer within {self.timeout_s:g} s")
+        if self._aborted:
+            raise PrometheusError(f"{where}: stopped")
+        if len(raw) > self.max_bytes:
+            raise PrometheusError(f"{where}: answer larger than {_mib(self.max_bytes)}")
+        return response.status, location, raw
+
+    def _failure(
+        self, err: Exception, where: str, expired: bool, timeout: float
+    ) -> PrometheusError:
+        if expired:
+            return PrometheusError(f"{where}: no answer within {self.timeout_s:g} s")
+        if self._aborted:
+            return PrometheusError(f"{where}: stopped")
+        if isinstance(err, (ConnectionRefusedError, socket.gaierror)):
+            return PrometheusError(f"{where}: cannot connect ({safe(err.strerror or str(err))})")
+        if isinstance(err, TimeoutError):
+            return PrometheusError(f"{where}: nothing received for {timeout:g} s (timed out)")
+        return PrometheusError(f"{where}: {safe(str(err) or type(err).__name__)}")
 
 
-def _api_error(raw: bytes) -> str | None:
+def _cut(conn: http.client.HTTPConnection) -> None:
+    """End a connection another thread may be blocked on (its recv returns at once)."""
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _origin(parts: urllib.parse.SplitResult) -> tuple[str, str, int]:
+    default = 443 if parts.scheme == "https" else 80
+    return (parts.scheme, (parts.hostname or "").lower(), parts.port or default)
+
+
+def _mib(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
+def _shape_problem(result: Any, kind: str) -> str | None:
+    """What in a vector or matrix result is not as the API documents it (None: all is)."""
+    if not isinstance(result, list):
+        return f"data.result is {_kind(result)}, expected a list"
+    for i, item in enumerate(result):
+        where = f"data.result[{i}]"
+        if not isinstance(item, dict):
+            return f"{where} is {_kind(item)}, expected an object"
+        metric = item.get("metric")
+        if not isinstance(metric, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metric.items()
+        ):
+            return f"{where}.metric is not an object of label strings"
+        if kind == "vector":
+            if not _is_sample(item.get("value")):
+                return f'{where}.value is not [time, "value"]'
+        else:
+            values = item.get("values")
+            if not isinstance(values, list) or not all(_is_sample(v) for v in values):
+                return f'{where}.values is not a list of [time, "value"]'
+    return None
+
+
+def _is_sample(pair: Any) -> bool:
+    return (
+        isinstance(pair, list)
+        and len(pair) == 2
+        and isinstance(pair[0], (int, float))
+        and not isinstance(pair[0], bool)
+        and isinstance(pair[1], str)
+    )
+
+
+def _kind(value: Any) -> str:
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    return "null" if value is None else kinds.get(type(value), "a number")
+
+
+def _api_error(raw: bytes, max_bytes: int) -> str | None:
     try:
-        doc = json.loads(raw)
-    except ValueError:
+        doc = jsondoc.loads(raw, max_bytes)
+    except jsondoc.DocumentError:
         return None
     return str(doc.get("error")) if isinstance(doc, dict) and doc.get("error") else None
 

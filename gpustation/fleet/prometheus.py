@@ -33,8 +33,11 @@ and when was its last sample?).
 :func:`host_history` reads the last minutes of temperature, power,
 utilisation, SM clock and VRAM of one host with ``/api/v1/query_range``.
 
-Requests use urllib with a time-out each; credentials (basic auth or a bearer
-token) come from files named in config.toml, never from the command line.
+Requests (``promapi.py``) have a connect time-out, a total deadline
+(``[fleet] prometheus_timeout``), a size cap and a shape check; closing cuts
+off the request in flight. Credentials (basic auth or a bearer token) come
+from files named in config.toml, never from the command line, and go only to
+the configured origin.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from typing import Any
 
 from gpustation.fleet.fleet import FleetConfig, FleetRow, rows_from_states
 from gpustation.fleet.promapi import (
-    REQUEST_TIMEOUT_S,
+    TOTAL_TIMEOUT_S,
     PrometheusClient,
     PrometheusError,
     auth_header,
@@ -93,6 +96,8 @@ DEFAULT_SCRAPE_INTERVAL_S = 60.0
 STALE_INTERVALS = 3
 #: targets already down when first seen, asked about per pass
 PROBES_PER_PASS = 64
+#: how long closing waits for the poll thread once its request is cut off
+CLOSE_WAIT_S = 1.0
 
 
 def _clock(t: float) -> str:
@@ -159,9 +164,11 @@ class PrometheusFleet:
         return self
 
     def close(self) -> None:
+        """Stop polling; a request in flight is cut off, so this never waits on the network."""
         self._stop.set()
+        self.client.abort()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(REQUEST_TIMEOUT_S * 4)
+            self._thread.join(CLOSE_WAIT_S)
         with self._changed:
             self._states = {
                 k: HostState(**{**vars_of(s), "state": STOPPED}) for k, s in self._states.items()
@@ -283,6 +290,11 @@ class PrometheusFleet:
             self._update(values, newest, up, self._identity, {clean(i) for i in seen - fetched})
         except PrometheusError as err:
             self._publish_error(str(err))
+        except Exception as err:  # a bug must not end the poll thread and freeze the table
+            self._publish_error(
+                f"Prometheus at {self.url}: cannot read the answer "
+                f"({type(err).__name__}: {safe(str(err))})"
+            )
         self.last_pass_s = time.monotonic() - began
 
     def _discover(self, up: list[dict[str, Any]]) -> None:
@@ -422,4 +434,6 @@ def prometheus_fleet(url: str, config: FleetConfig, interval: float = 1.0) -> Pr
         authorization = auth_header(
             config.prometheus_user, config.prometheus_password_file, config.prometheus_token_file
         )
-    return PrometheusFleet(PrometheusClient(url, authorization), interval, config.prometheus_match)
+    timeout = config.prometheus_timeout or TOTAL_TIMEOUT_S
+    client = PrometheusClient(url, authorization, timeout_s=timeout)
+    return PrometheusFleet(client, interval, config.prometheus_match)

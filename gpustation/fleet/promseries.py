@@ -183,16 +183,17 @@ def snapshots_from_series(
             continue
         instance = labels.get("instance")
         name = labels.get("__name__", "")
+        # NaN is a value not read: the host and its card are listed, the field is n/a
         number = to_number(value[1])
-        if not isinstance(instance, str) or not instance or number is None:
+        if not isinstance(instance, str) or not instance:
             continue
         info = meta.get(instance)
         if info is None:
             info = meta[instance] = {"simulated": False, "job": labels.get("job")}
         if name in HOST_SERIES:
-            if name == "gpustation_simulated" and number >= 1:
+            if name == "gpustation_simulated" and number is not None and number >= 1:
                 info["simulated"] = True
-            elif name == "gpustation_snapshot_timestamp_seconds":
+            elif name == "gpustation_snapshot_timestamp_seconds" and number is not None:
                 info["time"] = number
             gpus.setdefault(instance, {})
             continue
@@ -210,6 +211,8 @@ def snapshots_from_series(
         if gpu is None:
             card = {**labels, **cards.get((instance, str(gpu_label)), {})}
             gpu = host[index] = _new_gpu(index, card, info)
+        if number is None:
+            continue
         if name in _HELPER_SERIES:
             fb_extra[(instance, index)] = fb_extra.get((instance, index), 0.0) + number
             continue

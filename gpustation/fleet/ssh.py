@@ -4,7 +4,10 @@ A remote host is read with the system ``ssh`` client running
 ``gpustation snapshot --json --watch INTERVAL`` there: one
 ``gpustation.snapshot/1`` document per line. The user's ssh config, keys and
 agent apply; gpustation adds only BatchMode (never prompt), a connect timeout
-and keepalives, so a dead host is noticed within seconds.
+and keepalives, so a dead host is noticed within seconds. A host that sends
+no complete line for :data:`SILENCE_RESTART_S` (or ten intervals) is
+restarted, a line is capped at :data:`MAX_LINE_BYTES`, and each line is
+parsed by :func:`gpustation.jsondoc.loads` and checked as a snapshot.
 
 Safety: a host string is validated before ssh ever sees it (no leading ``-``,
 no whitespace, no shell metacharacters), ``--`` ends ssh's options before the
@@ -23,7 +26,6 @@ Settings a test or a user may change without touching code:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import selectors
@@ -37,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpustation import jsondoc
 from gpustation.errors import UsageError
 from gpustation.telemetry.model import Snapshot
 from gpustation.textsafe import safe
@@ -211,8 +214,11 @@ class HostStream:
         retry: bool = True,
         on_update: Callable[[HostStream, HostState], None] | None = None,
         env: dict[str, str] | None = None,
+        silence_s: float | None = None,
     ) -> None:
         self.name = name
+        #: no complete line for this long restarts the stream (None: see SILENCE_RESTART_S)
+        self.silence_s = silence_s
         self.argv = list(argv)
         self.interval = interval
         self.backoff_initial_s = backoff_initial_s
@@ -325,14 +331,16 @@ class HostStream:
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ, "out")
         sel.register(proc.stderr, selectors.EVENT_READ, "err")
-        last_output = time.monotonic()
-        silence_limit = max(SILENCE_RESTART_S, 10 * self.interval)
+        # Only a whole line counts as output: a host that trickles a byte now and then
+        # never completes one, and is restarted like a silent one.
+        last_line = time.monotonic()
+        silence_limit = self.silence_s or max(SILENCE_RESTART_S, 10 * self.interval)
         open_streams = 2
         try:
             while open_streams and not self._stop.is_set():
-                events = sel.select(timeout=0.5)
-                if not events and time.monotonic() - last_output > silence_limit:
-                    return got_any, f"no data for {silence_limit:.0f} s; reconnecting"
+                events = sel.select(timeout=min(0.5, silence_limit / 4))
+                if time.monotonic() - last_line > silence_limit:
+                    return got_any, f"no complete snapshot for {silence_limit:g} s; reconnecting"
                 for key, _ in events:
                     chunk = os.read(key.fd, 65536)
                     if not chunk:
@@ -348,7 +356,8 @@ class HostStream:
                         )
                         buffers["err"] = buffers["err"][-4096:]
                         continue
-                    last_output = time.monotonic()
+                    if lines:
+                        last_line = time.monotonic()
                     for raw in lines:
                         if not raw.strip():
                             continue
@@ -396,11 +405,11 @@ def _parse_line(raw: bytes) -> tuple[Snapshot | None, str]:
     one absurd line never ends the host's stream.
     """
     text = raw.decode(errors="replace").strip()
-    shown = text if len(text) <= 60 else text[:57] + "..."
+    shown = safe(text if len(text) <= 60 else text[:57] + "...")
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        return None, f"garbage: not JSON: {shown!r}"
+        data = jsondoc.loads(raw, MAX_LINE_BYTES)
+    except jsondoc.DocumentError as err:
+        return None, f"garbage: {err}: {shown!r}"
     if not isinstance(data, dict):
         return None, f"garbage: not a snapshot: {shown!r}"
     try:

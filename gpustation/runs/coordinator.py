@@ -4,7 +4,8 @@ The run's supervisor starts it as the run's child, so the run is supervised,
 stopped and recorded like any other. It starts one ssh per node (the argv
 ``multinode.py`` put in ``run.json``) running ``node_agent.py``, sends each
 node its description on the connection's stdin, and reads the messages the
-nodes send back (one select loop, no threads):
+nodes send back (one select loop, no threads; each line parsed by
+``jsondoc.loads``, within a size cap):
 
 - a node's log lines go to ``nodes/<host>/output.log`` and, prefixed
   ``[host]``, to stdout (the run's ``output.log``); what ssh or the remote
@@ -20,10 +21,13 @@ are started with those signals ignored, so the connections stay up to carry
 the last lines and exit statuses. Should the ssh clients be killed anyway,
 each agent sees its stdin end and stops its node at once.
 
-A node that ends with a non-zero status while no stop was asked fails the
-run: it is named in ``nodes.json``'s ``reason``, the other nodes are stopped,
-and this process exits 1. It exits 0 when every node succeeded and 130 when
-the run was stopped.
+A node whose agent has not said ``started`` within the plan's
+``start_timeout_s`` of its ssh starting has its ssh killed and counts as
+failed (stopped, when a stop was under way), so a host that accepts ssh and
+never answers cannot keep the run waiting. A node that ends with a non-zero
+status while no stop was asked fails the run: it is named in ``nodes.json``'s
+``reason``, the other nodes are stopped, and this process exits 1. It exits
+0 when every node succeeded and 130 when the run was stopped.
 """
 
 from __future__ import annotations
@@ -40,13 +44,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from gpustation import jsondoc
 from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import write_sample
-from gpustation.runs.nodes import NODE_TELEMETRY, NODES_JSON, node_dir
+from gpustation.runs.nodes import DEFAULT_START_TIMEOUT_S, NODE_TELEMETRY, NODES_JSON, node_dir
 from gpustation.runs.stop import signal_name
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: a node's line longer than this is not a message (the agent cuts its log lines far shorter)
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 def _ignore_stop_signals() -> None:
@@ -76,6 +83,7 @@ class Node:
     simulated: bool = False
     kept: str | None = None
     cwd: str | None = None
+    started_at: float | None = None  # time.monotonic() when its ssh started
     reported: bool = False  # the agent sent its exit message
     stop_sent: bool = False
     last_stderr: str | None = None
@@ -106,6 +114,7 @@ class Coordinator:
         self.directory = directory
         plan = run["multinode"]
         self.hosts = list(plan["hosts"])
+        self.start_timeout_s = float(plan.get("start_timeout_s") or DEFAULT_START_TIMEOUT_S)
         self.nodes: list[Node] = []
         for entry in plan["nodes"]:
             folder = node_dir(directory, entry["host"])
@@ -163,6 +172,7 @@ class Coordinator:
                 self._say(node, f"gpustation: {node.error}")
                 self._end(node, 127)
                 continue
+            node.started_at = time.monotonic()
             assert node.proc.stdin and node.proc.stdout and node.proc.stderr
             self.sel.register(node.proc.stdout, selectors.EVENT_READ, (node, "out"))
             self.sel.register(node.proc.stderr, selectors.EVENT_READ, (node, "err"))
@@ -177,6 +187,26 @@ class Coordinator:
             node.proc.stdin.write(line.encode() + b"\n")
             node.proc.stdin.flush()
 
+    def check_starts(self, now: float) -> None:
+        """A node whose agent has not started torchrun in time fails (or, while
+        stopping, is stopped): its ssh is killed, which ends its streams."""
+        for node in self.nodes:
+            if (
+                node.status != "starting"
+                or node.proc is None
+                or node.started_at is None
+                or node.error is not None
+                or now - node.started_at < self.start_timeout_s
+            ):
+                continue
+            node.error = (
+                f"no answer within {self.start_timeout_s:g} s of starting ssh (the node "
+                "agent did not start torchrun; is the host up and --remote-python right?)"
+            )
+            self._say(node, f"gpustation: {node.error}")
+            with contextlib.suppress(OSError):
+                node.proc.kill()  # it ignores the stop signals; its EOF ends the node
+
     def stop_all(self) -> None:
         for node in self.nodes:
             if not node.done and not node.stop_sent:
@@ -186,8 +216,8 @@ class Coordinator:
     def _message(self, node: Node, raw: bytes) -> None:
         text = raw.decode("utf-8", errors="replace").rstrip("\r")
         try:
-            msg = json.loads(text)
-        except ValueError:
+            msg = jsondoc.loads(raw, MAX_MESSAGE_BYTES)
+        except jsondoc.DocumentError:
             msg = None
         if not isinstance(msg, dict) or not isinstance(msg.get("kind"), str):
             if text.strip():
@@ -245,6 +275,9 @@ class Coordinator:
             return
         node.buffers[which] += chunk
         *lines, node.buffers[which] = node.buffers[which].split(b"\n")
+        if len(node.buffers[which]) > MAX_MESSAGE_BYTES:  # no message is this long: text
+            lines.append(node.buffers[which])
+            node.buffers[which] = b""
         for raw in lines:
             self._line(node, which, raw)
 
@@ -264,7 +297,9 @@ class Coordinator:
         if not node.reported:
             # The agent never said how torchrun ended: ssh's status is all there is.
             node.exit_code = ssh_code
-            if ssh_code == 255:
+            if node.error is not None:
+                pass  # said already (it could not start, or not in time)
+            elif ssh_code == 255:
                 node.error = f"ssh failed: {node.last_stderr or 'connection lost'}"
             elif ssh_code < 0:
                 node.error = f"the connection was cut (ssh killed by {signal_name(-ssh_code)})"
@@ -298,6 +333,7 @@ class Coordinator:
                     self.stopping = True
             if self.stopping:
                 self.stop_all()
+            self.check_starts(now)
             for key, _ in self.sel.select(timeout=0.2):
                 node, which = key.data
                 self._read(node, which, key.fd)

@@ -26,9 +26,12 @@ The run directory gains ``nodes/<host>/output.log`` (the node's own log),
 status, exit, remote pid and process group); ``output.log`` holds every
 node's lines prefixed ``[host]``, and ``metrics.jsonl`` rank 0's metrics.
 A node that fails ends the run as failed, naming the node (``node box2
-exited 1``); the other nodes are stopped. A node's energy comes from its own
-GPUs read on the node; a node whose GPUs cannot be read has its energy marked
-unknown, and so does the run's total.
+exited 1``); the other nodes are stopped. So does a node whose agent has
+not started torchrun within ``--node-start-timeout`` (60 s) of its ssh
+starting: a host that accepts ssh and never answers ends the run, not
+hangs it. A node's energy comes from its own GPUs read on the node; a node
+whose GPUs cannot be read has its energy marked unknown, and so does the
+run's total.
 
 The working directory on each node: ``--node-dir DIR`` (a node without it
 fails before torchrun starts, naming the directory), else the directory
@@ -59,7 +62,7 @@ from gpustation.fleet.ssh import HostSpec, parse_host, ssh_options
 from gpustation.runs.argv import format_args
 from gpustation.runs.launch import RunHandle, new_run_directory, start_run
 from gpustation.runs.metrics import RUN_ID_ENV
-from gpustation.runs.nodes import node_dir
+from gpustation.runs.nodes import DEFAULT_START_TIMEOUT_S, node_dir
 from gpustation.runs.presets import RUNNER_PACKAGE, RunPreset, apply_overrides
 from gpustation.runs.reconcile import record_lost_runs
 from gpustation.runs.stop import DEFAULT_GRACE_S
@@ -189,6 +192,8 @@ class NodeOptions:
     stop_grace_s: float = DEFAULT_GRACE_S
     #: the nodes' working directory (None: this one where a node has it, else home)
     node_dir: str | None = None
+    #: a node whose agent has not started torchrun this long after ssh fails the run
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
 
 
 def launch_multinode(
@@ -269,6 +274,7 @@ def launch_multinode(
             "rdzv_id": run_id,
             "remote_python": options.remote_python,
             "node_dir": options.node_dir,
+            "start_timeout_s": options.start_timeout_s,
             "nodes": nodes,
         },
     }

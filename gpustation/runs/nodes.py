@@ -1,6 +1,7 @@
 """The files a multi-node run adds to its run directory, and reading them.
 
-``nodes.json`` (written by the coordinator as the nodes start and end):
+``nodes.json`` (written by the coordinator as the nodes start and end; a
+node still ``starting`` after the start deadline is marked failed):
 ``hosts``, ``reason`` (why the run failed, naming the node that failed
 first: ``node box2 exited 1``) and ``nodes``, one object per node with
 ``host``, ``status`` (starting, running, succeeded, failed, stopped),
@@ -24,6 +25,8 @@ from gpustation.runs.gputrace import TelemetrySummary, summarize_telemetry
 NODES_DIR = "nodes"
 NODES_JSON = "nodes.json"
 NODE_TELEMETRY = "telemetry.jsonl"
+#: how long a node's agent may take to start torchrun after its ssh is started
+DEFAULT_START_TIMEOUT_S = 60.0
 
 
 def node_dir(directory: Path, host: str) -> Path:

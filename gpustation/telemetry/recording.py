@@ -20,7 +20,6 @@ oldest first.
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import mmap
 import os
@@ -36,6 +35,7 @@ from typing import Any
 
 import zstandard
 
+from gpustation import jsondoc
 from gpustation.errors import UsageError
 from gpustation.telemetry.model import Snapshot
 
@@ -45,6 +45,8 @@ SKIP_MAGIC = 0x184D2A5E  # one of zstd's skippable-frame magics (0x184D2A50..5F)
 SKIP_FIRST, SKIP_LAST = 0x184D2A50, 0x184D2A5F
 #: the playback speeds ``gpustation replay`` steps through
 SPEEDS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+#: a recorded line longer than this is not a snapshot
+MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
 def parse_time(text: str) -> float:
@@ -183,7 +185,7 @@ def _scan(path: Path, data: bytes | mmap.mmap) -> _Scan:
             payload = data[pos + 8 : pos + 8 + size]
             pos += 8 + size
             try:
-                meta = json.loads(payload)
+                meta = jsondoc.loads(bytes(payload), MAX_LINE_BYTES)
                 t0 = float(meta["t"]) if isinstance(meta, dict) and "t" in meta else None
             except (ValueError, TypeError, KeyError):
                 t0 = None
@@ -212,17 +214,29 @@ def intact(path: Path) -> bool:
     return not scan.problems and all(f.whole for f in scan.frames)
 
 
-def _lines(raw: bytes) -> list[dict[str, Any]]:
+def _lines(raw: bytes, where: str = "", problems: list[str] | None = None) -> list[dict[str, Any]]:
+    """The snapshot documents of a frame's text; a line that is not one is skipped
+    (and, with ``problems``, said once per frame: the first, and how many)."""
     docs = []
+    skipped: list[str] = []
     for line in raw.split(b"\n"):
         if not line.strip():
             continue
         try:
-            doc = json.loads(line)
-        except ValueError:
-            continue  # a torn line: the writer died in the middle of it
-        if isinstance(doc, dict) and isinstance(doc.get("time"), (int, float)):
+            doc = jsondoc.loads(line, MAX_LINE_BYTES)
+        except jsondoc.DocumentError as err:
+            skipped.append(str(err))  # or a torn line: the writer died in the middle of it
+            continue
+        time = doc.get("time") if isinstance(doc, dict) else None
+        if isinstance(time, (int, float)) and not isinstance(time, bool):
             docs.append(doc)
+        else:
+            skipped.append('no finite "time"')
+    if skipped and problems is not None:
+        more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+        problem = f"{where}: a line skipped ({skipped[0]}){more}"
+        if problem not in problems:  # a frame decoded again says it once
+            problems.append(problem)
     return docs
 
 
@@ -297,7 +311,7 @@ class Recording:
             text = b""
         if not ref.whole:
             text = text[: text.rfind(b"\n") + 1]  # up to the last whole line
-        docs = _lines(text)
+        docs = _lines(text, f"{ref.path}: frame at byte {ref.offset}", self.problems)
         self._cache[index] = docs
         if len(self._cache) > self.CACHE:
             self._cache.popitem(last=False)

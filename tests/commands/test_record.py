@@ -251,3 +251,37 @@ def test_record_notifies_the_gpu_events_notify_chooses(
     assert message["title"].startswith("gpustation: GPU1 LOST on ")
     assert "GPU 1 is lost" in message["message"]
     assert len(list(Recording(path).iter_docs())) >= 3  # the recording is whole
+
+
+def _zstd_recording(path: Path, lines: list[bytes]) -> None:
+    """A recording as ``zstd`` would make it from JSON Lines (no time frames)."""
+    import zstandard
+
+    path.write_bytes(zstandard.ZstdCompressor().compress(b"\n".join(lines) + b"\n"))
+
+
+def test_replay_skips_deep_and_non_finite_lines_with_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def doc(t: float) -> bytes:
+        return json.dumps(Snapshot(hostname="box", time=t, gpus=[]).to_dict()).encode()
+
+    path = tmp_path / "bad.jsonl.zst"
+    deep = b"[" * 100_000
+    schema = b'"schema": "gpustation.snapshot/1"'
+    infinite = b"{" + schema + b', "time": 1e400, "hostname": "box", "gpus": []}'
+    _zstd_recording(path, [doc(START), deep, infinite, doc(START + 1)])
+    assert main(["replay", str(path), "--json"]) == 0
+    out = capsys.readouterr()
+    assert [json.loads(line)["time"] for line in out.out.splitlines()] == [START, START + 1]
+    assert "Infinity" not in out.out and "Traceback" not in out.err
+    assert "a line skipped (nested deeper than 64 levels) and 1 more" in out.err
+    # nothing but such lines: no snapshots, exit 2 saying why
+    _zstd_recording(path, [deep])
+    assert main(["replay", str(path), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "no snapshots in the recording" in err and "nested deeper than 64 levels" in err
+    _zstd_recording(path, [infinite])
+    assert main(["replay", str(path), "--at", repr(START), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "no snapshots in the recording" in err and 'no finite "time"' in err

@@ -194,3 +194,69 @@ class RecordedExporter:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class ScriptedApi:
+    """A Prometheus API look-alike on loopback whose answer a test sets (``answer``).
+
+    ``answer(handler)`` writes the whole response itself: a good answer, a
+    wrong one, a trickle, a redirect. Every request's path and headers are
+    kept in ``seen`` (the Authorization header among them).
+    """
+
+    def __init__(self, answer: Callable[[BaseHTTPRequestHandler], None] | None = None) -> None:
+        self.answer = answer or (lambda h: send_json(h, empty_vector()))
+        self.seen: list[tuple[str, dict[str, str]]] = []
+        #: set by stop(): an answer that trickles ends on it
+        self.stopped = threading.Event()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _any(self) -> None:
+                outer.seen.append((self.path, dict(self.headers.items())))
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                with contextlib.suppress(OSError):
+                    outer.answer(self)
+                self.close_connection = True
+
+            do_GET = do_POST = _any
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self) -> ScriptedApi:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> ScriptedApi:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def empty_vector() -> bytes:
+    return b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+
+
+def send_json(handler: BaseHTTPRequestHandler, body: bytes, status: int = 200) -> None:
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)

@@ -10,7 +10,8 @@ Every host alias (``box1``...) is 127.0.0.1 with ``SetEnv GPUSTATION_FAKE_HOST``
 sshd accepts that one variable, so the remote script knows which fake host it
 plays and gives each its own state directory. A host's behaviour is set by the
 file ``hosts/<name>/mode``: ``ok`` (default), ``garbage`` (prints non-JSON
-lines) or ``fail`` (exits with an error). The remote gpustation writes its PID
+lines), ``trickle`` (a byte a second, never a whole line) or ``fail`` (exits
+with an error). The remote gpustation writes its PID
 to ``hosts/<name>/pid`` so a test can kill it mid-stream.
 """
 
@@ -54,6 +55,8 @@ echo $$ > "$dir/pid"
 case "$mode" in
   garbage)
     while :; do echo "<html>this is not a snapshot</html>"; sleep 0.3; done ;;
+  trickle)
+    while :; do printf '{{'; sleep 1; done ;;
   fail)
     echo "gpustation: cannot start on $name (test failure)" >&2; exit 3 ;;
 esac
@@ -67,7 +70,9 @@ exec "{python}" -m gpustation "$@"
 _REMOTE_PYTHON = """#!/bin/sh
 # The nodes' Python for multi-node runs: this checkout's gpustation, the fake
 # host's own directories, then what hosts/<name>/env adds (sourced). Mode
-# ``fail`` makes the node fail before its Python starts.
+# ``fail`` makes the node fail before its Python starts, ``hang`` makes it
+# accept the connection and never answer, ``deep`` sends a line of 100,000 ``[``
+# and fails.
 name="${{GPUSTATION_FAKE_HOST:-default}}"
 dir="{root}/hosts/$name"
 mkdir -p "$dir/state" "$dir/config" "$dir/data"
@@ -78,6 +83,12 @@ if [ -f "$dir/env" ]; then . "$dir/env"; fi
 mode=$(cat "$dir/mode" 2>/dev/null || echo ok)
 if [ "$mode" = fail ]; then
   echo "cannot start on $name (test failure)" >&2; exit 3
+fi
+if [ "$mode" = hang ]; then
+  exec sleep 3600
+fi
+if [ "$mode" = deep ]; then
+  head -c 100000 /dev/zero | tr '\\0' '['; echo; exit 3
 fi
 exec "{python}" "$@"
 """

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import subprocess
 import time
@@ -10,8 +12,8 @@ import psutil
 import pytest
 
 from gpustation.errors import EXIT_UNREACHABLE
-from gpustation.fleet.fleet import FLEET_SCHEMA, Fleet
-from gpustation.fleet.ssh import DOWN, GARBAGE, UP
+from gpustation.fleet.fleet import FLEET_SCHEMA, Fleet, rows_from_states
+from gpustation.fleet.ssh import DOWN, GARBAGE, UP, HostStream, _parse_line, ssh_argv
 from gpustation.telemetry.model import Snapshot
 from tests.conftest import child_env, gpustation_cmd
 from tests.fleet.sshd import LoopbackSshd, free_port
@@ -145,3 +147,63 @@ def test_snapshot_host_watch_streams_fleet_documents(ssh_env: LoopbackSshd) -> N
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
+
+
+def test_a_host_that_trickles_is_restarted_with_a_message(ssh_env: LoopbackSshd) -> None:
+    ssh_env.set_mode("box8", "trickle")  # a byte a second, never a whole line
+    stream = HostStream("box8", ssh_argv("box8", 0.5), interval=0.5, retry=False, silence_s=4)
+    began = time.monotonic()
+    with contextlib.closing(stream.start()):
+        st = stream.wait(lambda s: s.state == DOWN, TIMEOUT)
+    assert st.state == DOWN, st
+    assert st.error == "no complete snapshot for 4 s; reconnecting"
+    assert 4 <= time.monotonic() - began < TIMEOUT
+    row = rows_from_states([st])[0]
+    assert row.host == "box8" and "no complete snapshot" in (row.error or "")
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        (b"[" * 100_000, "garbage: nested deeper than 64 levels: '[[["),
+        (b'{"schema": "gpustation.snapshot/1", "time": 1e400, "gpus": []}', "garbage: "),
+        (b'{"schema": "gpustation.snapshot/1", "gpus": {"a": 1}}', "garbage: "),
+        (b"\x1b]52;c;aGk=\x07 not json", "garbage: not JSON"),
+    ],
+)
+def test_a_bad_line_is_a_message_not_an_exception(line: bytes, says: str) -> None:
+    snap, problem = _parse_line(line)
+    assert snap is None and problem.startswith(says), problem
+    assert "\x1b" not in problem
+
+
+def test_a_non_finite_value_reads_as_missing() -> None:
+    doc = Snapshot(hostname="box", time=1.0, gpus=[]).to_dict()
+    doc["gpus"] = [{"index": 0, "temperature_c": 1}]
+    line = json.dumps(doc).replace('"temperature_c": 1', '"temperature_c": 1e999').encode()
+    snap, problem = _parse_line(line)
+    assert snap is not None, problem
+    assert snap.gpus[0].temperature_c is None
+
+
+def test_the_fleet_screen_quits_promptly_while_a_host_trickles(ssh_env: LoopbackSshd) -> None:
+    ssh_env.set_mode("box8", "trickle")
+    asyncio.run(_quit_while_trickling(ssh_env))
+
+
+async def _quit_while_trickling(ssh_env: LoopbackSshd) -> None:
+    from gpustation.tui.fleet import FleetApp
+
+    fleet = _fleet(["box8", "box1"])
+    app = FleetApp([], fleet=fleet)
+    async with app.run_test(size=(120, 30)) as pilot:
+        deadline = time.monotonic() + TIMEOUT
+        # box1 answering shows the screen is live; box8 has started its trickle by then
+        while fleet.state("box1").state != UP and time.monotonic() < deadline:
+            await pilot.pause(0.1)
+        assert fleet.state("box1").state == UP and fleet.state("box8").snapshot is None
+        began = time.monotonic()
+        await pilot.press("q")
+    took = time.monotonic() - began
+    assert took < 5.0, f"quitting took {took:.1f} s while a host trickled"
+    assert all(not s._thread or not s._thread.is_alive() for s in fleet.streams.values())

@@ -26,7 +26,7 @@ import pytest
 
 from gpustation import cli
 from gpustation.errors import EXIT_UNREACHABLE, EXIT_USAGE, UsageError
-from gpustation.fleet.fleet import FleetConfig, fleet_document, load_fleet_config
+from gpustation.fleet.fleet import FleetConfig, fleet_document, load_fleet_config, row_cells
 from gpustation.fleet.prometheus import (
     PrometheusClient,
     PrometheusError,
@@ -268,6 +268,16 @@ class Lab:
     dcgm_instance: str
 
 
+#: a dcgm-exporter host whose every value is NaN (cards that answer nothing)
+NAN_INSTANCE = "nanbox:9400"
+NAN_PAGE = "".join(
+    f'{name}{{gpu="{gpu}",UUID="GPU-nan-{gpu}",modelName="NVIDIA H100 80GB HBM3",'
+    f'Hostname="nanbox"}} NaN\n'
+    for gpu in (0, 1)
+    for name in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_UTIL")
+).encode()
+
+
 def _pin_loads(state_dir: Path, loads: tuple[float, ...]) -> None:
     """A steady load on each simulated card of an exporter's machine.
 
@@ -289,7 +299,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     binary = tool("prometheus", "Debian: prometheus")
     work = tmp_path_factory.mktemp("prom")
     exporters: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
-    recorded = RecordedExporter({"/metrics": DCGM_FIXTURE.read_bytes()}).start()
+    recorded = RecordedExporter({"/metrics": DCGM_FIXTURE.read_bytes(), "/nan": NAN_PAGE}).start()
     prom = LoopbackPrometheus(binary, work)
     try:
         for name in ("a", "b", "doomed"):
@@ -297,8 +307,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             _pin_loads(work / f"host-{name}", (0.3, 0.6))
             exporters[f"127.0.0.1:{port}"] = (proc, work / f"host-{name}")
         dcgm = f"127.0.0.1:{recorded.port}"
-        prom.start({"gpu": [*exporters, dcgm]})
-        prom.wait_targets(len(exporters) + 1)
+        prom.start({"gpu": [*exporters, dcgm, f"{dcgm}/nan@{NAN_INSTANCE}"]})
+        prom.wait_targets(len(exporters) + 2)
         yield Lab(prom, exporters, dcgm)
     finally:
         prom.stop()
@@ -433,6 +443,23 @@ def test_a_killed_exporter_goes_down_with_its_last_sample_time(lab: Lab) -> None
         st = later.state(name)
         assert st.state == DOWN and st.received_at is not None
         assert abs(st.received_at - killed_at) < 10
+
+
+def test_a_host_whose_every_value_is_nan_is_listed_with_values_na(lab: Lab) -> None:
+    with _fleet(lab) as fleet:
+        wait_for(
+            "the NaN host listed",
+            lambda: fleet.state(NAN_INSTANCE).snapshot is not None,
+            timeout=30,
+        )
+        st = fleet.state(NAN_INSTANCE)
+        rows = [r for r in fleet.rows() if r.host == NAN_INSTANCE]
+    assert st.state == UP and st.snapshot is not None
+    assert [g.uuid for g in st.snapshot.gpus] == ["GPU-nan-0", "GPU-nan-1"]
+    assert all(g.temperature_c is None and g.power_w is None for g in st.snapshot.gpus)
+    assert len(rows) == 2
+    cells = row_cells(rows[0])
+    assert cells["temp"] == "n/a" and cells["util"] == "n/a" and cells["status"] == "up"
 
 
 def test_prometheus_errors_are_messages(lab: Lab) -> None:

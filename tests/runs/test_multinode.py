@@ -9,8 +9,11 @@ known), the second a driver that is not loaded (its energy is unknown).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -109,12 +112,16 @@ def _read(path: Path) -> bytes:
 
 
 def node_processes(host: str) -> list[int]:
-    """The processes a fake host runs (found by the variable its ssh session carries)."""
+    """The processes a fake host of this session's sshd runs (found by the variables its
+    ssh session carries: other checkouts' tests may play hosts of the same names)."""
     mark = f"GPUSTATION_FAKE_HOST={host}".encode()
+    root = Path(os.environ["GPUSTATION_SSH_CONFIG"]).parent
+    own = f"GPUSTATION_STATE_DIR={root / 'hosts' / host / 'state'}".encode()
     pids = []
     for proc in psutil.process_iter():
         try:
-            if mark in Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0"):
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+            if mark in environ and own in environ:
                 pids.append(proc.pid)
         except OSError:
             continue
@@ -249,6 +256,58 @@ def test_a_failing_node_fails_the_run_and_is_named(nodes: LoopbackSshd) -> None:
 @pytest.mark.ssh
 @pytest.mark.slow
 @pytest.mark.timeout(420)
+def test_a_nested_line_from_a_node_is_its_text_not_a_crash(nodes: LoopbackSshd) -> None:
+    nodes.set_mode(HOST_B, "deep")  # a line of 100,000 "[", then exit 3
+    result = gs(
+        "run", "long-ddp", "--hosts", _hosts(), "--rdzv-port", str(free_port()),
+        "--grace", "5",
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "RecursionError" not in result.stderr
+    directory = _only_run()
+    state = rundir.read_state(directory)
+    assert state is not None and state.reason == f"node {HOST_B} exited 3", state
+    assert "[" * 1000 in (directory / "nodes" / HOST_B / "output.log").read_text()
+    doc = read_nodes(directory) or {}
+    assert {n["host"]: n["status"] for n in doc["nodes"]} == {HOST_A: "stopped", HOST_B: "failed"}
+    wait_until(lambda: not node_processes(HOST_A), 60, f"{HOST_A}'s processes to end")
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_node_that_never_answers_fails_the_run_after_the_start_deadline(
+    nodes: LoopbackSshd,
+) -> None:
+    nodes.set_mode(HOST_B, "hang")  # ssh is accepted; the agent's place is taken by sleep
+    try:
+        result = gs(
+            "run", "long-ddp", "--hosts", _hosts(), "--rdzv-port", str(free_port()),
+            "--grace", "5", "--node-start-timeout", "20",
+        )  # fmt: skip
+        assert result.returncode == 1, result.stderr
+        reason = f"node {HOST_B}: no answer within 20 s of starting ssh"
+        assert reason in result.stderr
+        directory = _only_run()
+        state = rundir.read_state(directory)
+        assert state is not None and state.status == "failed"
+        assert (state.reason or "").startswith(reason), state.reason
+        doc = read_nodes(directory) or {}
+        by_host = {n["host"]: n for n in doc["nodes"]}
+        assert by_host[HOST_B]["status"] == "failed" and doc["failed"] == HOST_B
+        assert "no answer within 20 s" in by_host[HOST_B]["error"]
+        assert by_host[HOST_A]["status"] == "stopped"
+        assert "no answer within 20 s" in (directory / "nodes" / HOST_B / "output.log").read_text()
+        wait_until(lambda: not node_processes(HOST_A), 60, f"{HOST_A}'s processes to end")
+    finally:
+        for pid in node_processes(HOST_B):  # the sleep that took the agent's place
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+@pytest.mark.timeout(420)
 def test_a_cut_connection_stops_that_node_and_fails_the_run(nodes: LoopbackSshd) -> None:
     result = gs(
         "run", "long-ddp", "--hosts", _hosts(), "--rdzv-port", str(free_port()),
@@ -317,6 +376,9 @@ def test_a_node_dir_no_node_has_fails_the_run_before_torchrun(
         (["--hosts", "box1", "--profile"], "--profile does not go with --hosts"),
         (["--nproc-per-node", "2"], "--nproc-per-node go with --hosts"),
         (["--node-dir", "/srv/x"], "--node-dir go with --hosts"),
+        (["--node-start-timeout", "5"], "--node-start-timeout go with --hosts"),
+        (["--hosts", "box1", "--node-start-timeout", "0"], "--node-start-timeout: between 1"),
+        (["--hosts", "box1", "--node-start-timeout", "nan"], "--node-start-timeout: between 1"),
         (["--hosts", "box1", "--node-dir", "data/run"], "--node-dir 'data/run': an absolute path"),
     ],
 )
