@@ -99,8 +99,8 @@ def _ranges(spec: CardSpec) -> dict[str, tuple[float, float]]:
         "power_limit_w": (spec.power_min_w, spec.power_max_w),
         "fan_manual_pct": pct,
         "fans_pct": pct,
-        "temperature_c": (-40.0, 150.0),
-        "ambient_c": (-40.0, 80.0),
+        "temperature_c": (-40.0, 300.0),
+        "ambient_c": (-40.0, 150.0),
         "energy_j": (0.0, math.inf),
         "load": (0.0, 1.0),
         "load_now": (0.0, 1.0),
@@ -687,6 +687,11 @@ class SimBackend(Backend):
             now = self.clock()
             self._advance(state, now)
             g = self._gpu_state(state, index)
+            before = dict(g)
             g.update(values)
+            if not _gpu_state_ok(g, self.spec):
+                g.clear()
+                g.update(before)
+                raise ValueError(f"simulation knob(s) out of range: {values!r}")
             if xid is not None:
                 g["xid"] = [*g["xid"], [now, int(xid)]][-16:]

@@ -313,3 +313,14 @@ def test_a_saved_state_in_range_is_kept(tmp_path) -> None:  # type: ignore[no-un
     SimBackend(count=1, card="rtx4090", clock=clock, state_path=path).set_power_limit(0, 300)
     again = SimBackend(count=1, card="rtx4090", clock=clock, state_path=path)
     assert again.read_gpus([0], slow=False)[0].power_limit_w == 300
+
+
+def test_a_knob_out_of_range_is_refused_and_changes_nothing() -> None:
+    sim = SimBackend(count=1, card="rtx4090", clock=Clock())
+    sim.poke(0, ambient_c=85.0, load=1.0)  # a hot room is a real one
+    with pytest.raises(ValueError, match="out of range"):
+        sim.poke(0, load=50)
+    with pytest.raises(ValueError, match="out of range"):
+        sim.poke(0, ambient_c=float("inf"))
+    g = sim.read_gpus([0], slow=False)[0]
+    assert g.utilization_gpu_pct == 100
