@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from gpustation.pyargv import python_argv
 from gpustation.runners import EXIT_OOM, common, llm
 from gpustation.runs.metrics import METRICS_ENV, RUN_DIR_ENV, MetricsWriter
 from gpustation.runs.tail import parse_metric_line
@@ -149,8 +149,8 @@ def run_trial(
                if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}  # fmt: skip
         env[METRICS_ENV] = str(metrics)
         env[RUN_DIR_ENV] = tmp
-        cmd = [
-            sys.executable, "-m", "gpustation.runners.fsdp", "--device", "cuda",
+        cmd = python_argv(
+            "-m", "gpustation.runners.fsdp", "--device", "cuda",
             "--mode", args.mode, "--model-preset", args.model_preset,
             "--num-layers", str(layers), "--hidden-size", str(hidden),
             "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len),
@@ -159,7 +159,7 @@ def run_trial(
             "--activation-checkpointing" if args.activation_checkpointing
             else "--no-activation-checkpointing",
             "--steps", "4", "--warmup-steps", "2", "--log-every", "2", "--output-dir", tmp,
-        ]  # fmt: skip
+        )  # fmt: skip
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:

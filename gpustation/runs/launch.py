@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpustation import paths
+from gpustation import paths, privs
 from gpustation.errors import GpustationError, NoDriverError
+from gpustation.pyargv import python_argv
 from gpustation.runs import rundir
 from gpustation.runs.argv import build_argv, build_env, resolve_gpus
 from gpustation.runs.presets import RunPreset, apply_overrides
@@ -177,6 +178,7 @@ def launch(
         "backend": backend_info,
         "stop_grace_s": stop_grace_s,
         "python": sys.executable,
+        "user": privs.run_user(),
         "warnings": warnings,
     }
     if resumed_from:
@@ -241,8 +243,9 @@ def start_run(
         )
 
     with open(directory / rundir.SUPERVISOR_LOG, "ab") as log:
+        # The supervisor, and the run under it, are the invoking user's under sudo.
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpustation.runs.supervisor", str(directory)],
+            python_argv("-m", "gpustation.runs.supervisor", str(directory)),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -250,6 +253,7 @@ def start_run(
             close_fds=True,
             env=sup_env,
             cwd=str(directory),
+            **privs.child_kwargs(),
         )
     # Reap the supervisor when it ends, so a long-lived UI keeps no zombies.
     threading.Thread(target=proc.wait, name=f"reap-{run_id}", daemon=True).start()

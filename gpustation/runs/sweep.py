@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpustation import paths
+from gpustation import paths, privs
 from gpustation.control.power import apply_power, plan_power
 from gpustation.control.profiles import PowerValue, parse_power_value
 from gpustation.errors import GpustationError, NeedsRootError, UsageError
@@ -397,7 +397,7 @@ def restore_leftovers(leftovers: Sequence[Sweep], backend: Backend, say: Event) 
     if not leftovers:
         return
     what = leftovers_text(leftovers, backend)
-    if not backend.simulated and os.geteuid() != 0:
+    if not backend.simulated and not privs.can_be_root():
         raise _refusal(leftovers, what)
     say(f"a killed sweep left power limits changed; restoring them first: {what}")
     for old in sorted(leftovers, key=lambda s: (s.created_at, s.id), reverse=True):
@@ -418,7 +418,7 @@ def _alive(pid: int) -> bool:
 
 
 def require_root_for(sweep: Sweep, simulated: bool) -> None:
-    if sweep.power_limits and not simulated and os.geteuid() != 0:
+    if sweep.power_limits and not simulated and not privs.can_be_root():
         raise NeedsRootError(
             "a sweep with a power-limit axis changes the cards' limits, which needs root: "
             "run it as sudo gpustation sweep ... (or leave out --power-limit; "
