@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpustation import paths, privs
+from gpustation import paths
 from gpustation.control.journal import read_journal
 from gpustation.errors import EXIT_USAGE
 from tests.conftest import FAKE_NVML_DIR, REPO
@@ -256,7 +256,7 @@ def test_under_sudo_the_users_directories_come_from_their_account_when_home_is_r
 def test_a_sudo_uid_that_is_not_a_number_is_a_usage_error(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gpustation import cli
+    from gpustation import cli, privs
 
     monkeypatch.setenv("SUDO_UID", "alice")
     assert cli.main(["snapshot", "--simulate", "1"]) == EXIT_USAGE
