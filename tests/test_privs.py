@@ -83,7 +83,7 @@ def nobody_home() -> Iterator[dict]:
         (home / "whoami.py").write_text(WHOAMI)
         (presets / "whoami.toml").write_text(
             f'title = "who am I"\ncommand = [{json.dumps(python)}, '
-            f'{json.dumps(str(home / "whoami.py"))}]\ngpus = 1\n'
+            f"{json.dumps(str(home / 'whoami.py'))}]\ngpus = 1\n"
         )
         for path in [base, *base.rglob("*")]:
             os.chown(path, NOBODY, NOBODY)
@@ -206,7 +206,7 @@ def test_plain_root_runs_stay_root_and_say_so(tmp_path: Path) -> None:
     script = tmp_path / "whoami.py"
     script.write_text(WHOAMI)
     (preset_dir / "whoami.toml").write_text(
-        f'command = [{json.dumps(sys.executable)}, {json.dumps(str(script))}]\ngpus = 1\n'
+        f"command = [{json.dumps(sys.executable)}, {json.dumps(str(script))}]\ngpus = 1\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SUDO_")}
     done = subprocess.run(

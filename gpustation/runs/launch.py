@@ -217,6 +217,11 @@ def new_run_directory(name: str, created: float) -> tuple[str, Path]:
             continue
 
 
+def supervisor_argv(directory: Path) -> list[str]:
+    """``python -P -m gpustation.runs.supervisor DIR``."""
+    return python_argv("-m", "gpustation.runs.supervisor", str(directory))
+
+
 def start_run(
     handle: RunHandle, run: dict[str, Any], sup_env: dict[str, str], wait_started_s: float
 ) -> RunHandle:
@@ -245,7 +250,7 @@ def start_run(
     with open(directory / rundir.SUPERVISOR_LOG, "ab") as log:
         # The supervisor, and the run under it, are the invoking user's under sudo.
         proc = subprocess.Popen(
-            python_argv("-m", "gpustation.runs.supervisor", str(directory)),
+            supervisor_argv(directory),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

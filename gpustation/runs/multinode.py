@@ -161,6 +161,13 @@ def node_argv(
     return [*argv, "-m", f"{RUNNER_PACKAGE}.{preset.runner}", *args]
 
 
+def agent_command(remote_python: str) -> str:
+    """The node agent's command line, run by the remote user's shell: the user's
+    Python, then fixed words; its home directory is not on its path (the node's
+    Python may predate -P: the bootstrap works on every version)."""
+    return f"{remote_python} " + shlex.join(bootstrap_args(["-m", AGENT_MODULE]))
+
+
 def node_gpus(preset: RunPreset, gpus: Sequence[int] | None) -> list[int] | None:
     """The GPUs each node gives the run (None: all of the node's)."""
     if gpus is not None:
@@ -240,9 +247,7 @@ def launch_multinode(
             *ssh_options(spec, options.ssh_config),
             "--",
             spec.destination,
-            # run by the remote user's shell: the user's command line, then fixed words
-            # (the node's Python may predate -P: the bootstrap works on every version)
-            f"{options.remote_python} " + shlex.join(bootstrap_args(["-m", AGENT_MODULE])),
+            agent_command(options.remote_python),
         ]
         nodes.append(
             {
