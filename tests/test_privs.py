@@ -263,3 +263,31 @@ def test_a_sudo_uid_that_is_not_a_number_is_a_usage_error(
     err = capsys.readouterr().err
     assert "SUDO_UID='alice'" in err and "Unset SUDO_UID" in err
     assert privs.dropped() is None
+
+
+def test_a_python_the_user_cannot_run_is_named_and_the_run_recorded_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpustation.errors import GpustationError
+    from gpustation.runs import rundir
+    from gpustation.runs.launch import launch
+    from gpustation.runs.presets import RunPreset
+
+    private = tmp_path / "private"  # root's own, as a Python installed in /root is
+    private.mkdir(mode=0o700)
+    (private / "python").symlink_to(sys.executable)
+    monkeypatch.setattr(sys, "executable", str(private / "python"))
+    monkeypatch.setenv("SUDO_UID", str(NOBODY))
+    monkeypatch.setenv("SUDO_GID", str(NOBODY))
+    with pytest.raises(GpustationError) as err:
+        launch(
+            RunPreset(name="never", command=["true"]),
+            device_count=None,
+            backend_info={"kind": "none", "simulated": False},
+        )
+    message = str(err.value)
+    assert f"cannot start the run's supervisor as nobody (uid {NOBODY})" in message
+    assert "Permission denied" in message and "must be able to run this Python" in message
+    (run_dir,) = paths.runs_dir().iterdir()
+    state = rundir.read_state(run_dir)
+    assert state is not None and state.status == "failed" and state.reason == message

@@ -217,6 +217,23 @@ def new_run_directory(name: str, created: float) -> tuple[str, Path]:
             continue
 
 
+def _not_started(directory: Path, run_id: str, err: OSError) -> GpustationError:
+    """The run recorded failed, and the error saying why its supervisor could not start."""
+    from gpustation.runs.reconcile import mark_ended
+
+    user = privs.invoking_user()
+    who = f" as {user.name} (uid {user.uid})" if user is not None else ""
+    message = f"cannot start the run's supervisor{who}: {sys.executable}: {err.strerror or err}"
+    if user is not None and isinstance(err, PermissionError):
+        # under sudo the run is the user's: so must the interpreter be
+        message += (
+            f"; {user.name} must be able to run this Python: install gpustation where "
+            "they can (their own virtual environment, or a system-wide one)"
+        )
+    mark_ended(directory, RunState(id=run_id, status="starting"), "failed", message)
+    return GpustationError(message)
+
+
 def supervisor_argv(directory: Path) -> list[str]:
     """``python -P -m gpustation.runs.supervisor DIR``."""
     return python_argv("-m", "gpustation.runs.supervisor", str(directory))
@@ -247,19 +264,22 @@ def start_run(
             "the run is recorded once it can be"
         )
 
-    with open(directory / rundir.SUPERVISOR_LOG, "ab") as log:
-        # The supervisor, and the run under it, are the invoking user's under sudo.
-        proc = subprocess.Popen(
-            supervisor_argv(directory),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-            env=sup_env,
-            cwd=str(directory),
-            **privs.child_kwargs(),
-        )
+    try:
+        with open(directory / rundir.SUPERVISOR_LOG, "ab") as log:
+            # The supervisor, and the run under it, are the invoking user's under sudo.
+            proc = subprocess.Popen(
+                supervisor_argv(directory),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                env=sup_env,
+                cwd=str(directory),
+                **privs.child_kwargs(),
+            )
+    except OSError as err:
+        raise _not_started(directory, run_id, err) from None
     # Reap the supervisor when it ends, so a long-lived UI keeps no zombies.
     threading.Thread(target=proc.wait, name=f"reap-{run_id}", daemon=True).start()
 
