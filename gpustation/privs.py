@@ -6,8 +6,9 @@ process's effective identity (groups, gid, uid) and keeps root only as its
 real uid: every file it writes in the user's directories (``runs.db``, run
 directories, the control journal, sweeps) is the user's, and every file it
 reads (presets, profiles, config) it reads with the user's rights.
-:func:`as_root` takes root back for the length of one driver call (NVML's
-start and its setters). A child starts as the user for good
+:func:`as_root` takes root back for the length of one driver call (an NVML
+setter: the driver checks the caller's effective uid at each call, and
+starts for any user). A child starts as the user for good
 (:func:`child_kwargs`): a run's supervisor and everything under it never hold
 root. Plain root, with no invoking user, stays root (and its runs say so).
 """

@@ -95,12 +95,8 @@ def start_nvml(nvml: Any = None) -> Any:
                 "Install nvidia-ml-py. To try gpustation without a GPU, use --simulate."
             ) from None
         nvml = pynvml
-    from gpustation.privs import as_root
-
     try:
-        # as root under sudo: the driver may decide what a session may change when it opens
-        with as_root():
-            nvml.nvmlInit()
+        nvml.nvmlInit()
     except getattr(nvml, "NVMLError", Exception) as err:
         raise NoDriverError(no_driver_message(err)) from None
     except (OSError, AttributeError) as err:
