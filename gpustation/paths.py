@@ -80,6 +80,24 @@ def package_dir() -> Path:
 _EFFECTIVE = os.access in os.supports_effective_ids
 
 
+def _owner_hint(path: Path) -> str:
+    """How to take back a directory another user owns (root's, left by an older ``sudo``)."""
+    try:
+        owner = path.stat().st_uid
+    except OSError:
+        return ""
+    me = os.geteuid()
+    if owner == me:
+        return ""
+    import pwd
+
+    try:
+        name = pwd.getpwuid(me).pw_name
+    except KeyError:
+        name = str(me)
+    return f" (it belongs to uid {owner}; `sudo chown -R {name} {path}` gives it back)"
+
+
 def check_writable_dirs() -> None:
     """The data and state directories are directories gpustation can write.
 
@@ -99,4 +117,4 @@ def check_writable_dirs() -> None:
             raise UsageError(f"{where}: cannot be created ({err.strerror or err})") from None
         # the effective ids: under sudo the process writes as the invoking user
         if not os.access(path, os.W_OK | os.X_OK, effective_ids=_EFFECTIVE):
-            raise UsageError(f"{where}: not writable")
+            raise UsageError(f"{where}: not writable{_owner_hint(path)}")

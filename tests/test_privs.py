@@ -291,3 +291,17 @@ def test_a_python_the_user_cannot_run_is_named_and_the_run_recorded_failed(
     (run_dir,) = paths.runs_dir().iterdir()
     state = rundir.read_state(run_dir)
     assert state is not None and state.status == "failed" and state.reason == message
+
+
+def test_under_sudo_a_directory_root_left_in_the_users_home_is_named_not_written(
+    nobody_home: dict,
+) -> None:
+    ctx = nobody_home
+    left = ctx["home"] / ".local" / "share" / "gpustation"
+    left.mkdir(parents=True)  # root's, as an older `sudo gpustation` left it
+    os.chown(left.parent.parent, NOBODY, NOBODY)
+    os.chown(left.parent, NOBODY, NOBODY)
+    done = _gpustation(ctx, "snapshot", "--simulate", "1", env=_sudo(ctx["env"]))
+    assert done.returncode == EXIT_USAGE, done.stdout + done.stderr
+    assert f"{left} (set GPUSTATION_DATA_DIR to move it): not writable" in done.stderr
+    assert f"it belongs to uid 0; `sudo chown -R nobody {left}`" in done.stderr
