@@ -2,7 +2,8 @@
 
 :func:`launch` turns a preset into a run directory (``runs/<id>/`` in the data
 dir), writes ``run.json``, the first ``state.json`` and the run's history row,
-and starts ``python -m gpustation.runs.supervisor <run dir>`` fully detached.
+and starts ``python -P -m gpustation.runs.supervisor <run dir>`` fully
+detached (under sudo, as the invoking user: see :mod:`gpustation.privs`).
 The supervisor starts the child in its own process group, records its GPUs'
 telemetry and writes how it ended, so a run outlives whoever launched it and
 its exit status is never lost.
