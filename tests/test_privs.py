@@ -305,3 +305,17 @@ def test_under_sudo_a_directory_root_left_in_the_users_home_is_named_not_written
     assert done.returncode == EXIT_USAGE, done.stdout + done.stderr
     assert f"{left} (set GPUSTATION_DATA_DIR to move it): not writable" in done.stderr
     assert f"it belongs to uid 0; `sudo chown -R nobody {left}`" in done.stderr
+
+
+def test_under_sudo_the_fleets_ssh_runs_as_the_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpustation.fleet.ssh import DOWN, HostStream
+
+    monkeypatch.setenv("SUDO_UID", str(NOBODY))
+    monkeypatch.setenv("SUDO_GID", str(NOBODY))
+    # in ssh's place, a command that says who it runs as (its keys and known hosts follow)
+    stream = HostStream("h", ["/bin/sh", "-c", "id -u >&2; exit 3"], retry=False).start()
+    try:
+        state = stream.wait(lambda s: s.state == DOWN, 30)
+    finally:
+        stream.close()
+    assert state.state == DOWN and state.error == str(NOBODY)
