@@ -319,3 +319,28 @@ def test_under_sudo_the_fleets_ssh_runs_as_the_user(monkeypatch: pytest.MonkeyPa
     finally:
         stream.close()
     assert state.state == DOWN and state.error == str(NOBODY)
+
+
+def test_under_sudo_the_launch_forms_parser_reader_runs_as_the_user(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpustation.runs.runner_args import read_parser
+
+    python, extra = _user_python()
+    where = Path(tempfile.mkdtemp(prefix="gpustation-parser-"))
+    try:
+        where.chmod(0o755)
+        (where / "uid_parser.py").write_text(
+            "import argparse, os\n\ndef build_parser():\n"
+            "    parser = argparse.ArgumentParser()\n"
+            "    parser.add_argument('--uid', type=int, default=os.getuid())\n"
+            "    return parser\n"
+        )
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(where), str(REPO), *extra]))
+        monkeypatch.setenv("SUDO_UID", str(NOBODY))
+        monkeypatch.setenv("SUDO_GID", str(NOBODY))
+        monkeypatch.chdir(where)
+        (option,) = [o for o in read_parser("uid_parser", python=python) if o.dest == "uid"]
+        assert option.default == NOBODY
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
