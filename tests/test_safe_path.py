@@ -157,3 +157,18 @@ def test_a_runs_runner_started_in_a_planted_directory_is_gpustations(
     log = wait_until(lambda: (run_dir / "output.log").read_text(), what="the run's log")
     assert "usage: python -m gpustation.runners.healthcheck" in str(log)
     assert _mark(planted) == ""
+
+
+@pytest.mark.slow
+def test_the_children_runners_start_themselves_import_the_real_runner(
+    planted: Path, tmp_path: Path
+) -> None:
+    from gpustation.runners import contention, fsdp, fsdp_search
+
+    role = contention._child_argv(contention.build_parser().parse_args([]), "train")
+    trial = fsdp_search.trial_argv(fsdp.build_parser().parse_args([]), 2, 64, False, str(tmp_path))
+    for argv, runner in ((role, "contention"), (trial, "fsdp")):
+        done = _run([*argv, "--help"], planted)
+        assert done.returncode == 0, done.stderr
+        assert f"usage: python -m gpustation.runners.{runner}" in done.stdout
+    assert _mark(planted) == ""
