@@ -21,14 +21,14 @@ import pwd
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpustation.errors import GpustationError, UsageError
 
 
-@dataclass(frozen=True)
-class User:
+# A NamedTuple, not a dataclass: every command imports this module, and a
+# snapshot on real GPUs does without dataclasses' import.
+class User(NamedTuple):
     """The user gpustation acts for under sudo."""
 
     uid: int
