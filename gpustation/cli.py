@@ -16,7 +16,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from gpustation import __version__, paths
+from gpustation import __version__, paths, privs
 from gpustation.errors import EXIT_INTERRUPTED, EXIT_USAGE, GpustationError, UsageError
 
 # subcommand -> module that implements it
@@ -122,10 +122,12 @@ def _refuse_negative_values(argv: Sequence[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        # Under sudo: the invoking user's from here on, root only for driver calls.
+        privs.drop()
         _refuse_negative_values(argv)
         if not ({"-h", "--help", "--version"} & set(argv)):
             paths.check_writable_dirs()
-    except UsageError as err:
+    except GpustationError as err:
         print(f"gpustation: error: {err}", file=sys.stderr)
         return err.exit_code
     command = _command_in(argv)

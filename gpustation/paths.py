@@ -7,7 +7,8 @@ elsewhere platformdirs decides. Importing platformdirs on Linux pulls in
 tempfile and random, a measurable share of a one-shot ``gpustation
 snapshot`` (bench/RESULTS.md). Each directory can also be set directly with
 ``GPUSTATION_CONFIG_DIR``, ``GPUSTATION_DATA_DIR`` and
-``GPUSTATION_STATE_DIR``.
+``GPUSTATION_STATE_DIR``. Under sudo, ``~`` is the invoking user's home when
+``HOME`` is root's (:func:`gpustation.privs.home`): the user's files stay theirs.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def _user_dir(kind: str) -> Path:
         base = os.environ.get(var, "").strip()
         # a relative XDG path is invalid by the specification, and ignored
         if not os.path.isabs(base):
-            base = os.path.expanduser(default)
+            from gpustation.privs import home
+
+            base = os.path.join(home(), default.removeprefix("~/"))
         return Path(base) / APP
     import platformdirs
 
@@ -74,6 +77,27 @@ def package_dir() -> Path:
     return Path(__file__).resolve().parent
 
 
+_EFFECTIVE = os.access in os.supports_effective_ids
+
+
+def _owner_hint(path: Path) -> str:
+    """How to take back a directory another user owns (root's, left by an older ``sudo``)."""
+    try:
+        owner = path.stat().st_uid
+    except OSError:
+        return ""
+    me = os.geteuid()
+    if owner == me:
+        return ""
+    import pwd
+
+    try:
+        name = pwd.getpwuid(me).pw_name
+    except KeyError:
+        name = str(me)
+    return f" (it belongs to uid {owner}; `sudo chown -R {name} {path}` gives it back)"
+
+
 def check_writable_dirs() -> None:
     """The data and state directories are directories gpustation can write.
 
@@ -91,5 +115,6 @@ def check_writable_dirs() -> None:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise UsageError(f"{where}: cannot be created ({err.strerror or err})") from None
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise UsageError(f"{where}: not writable")
+        # the effective ids: under sudo the process writes as the invoking user
+        if not os.access(path, os.W_OK | os.X_OK, effective_ids=_EFFECTIVE):
+            raise UsageError(f"{where}: not writable{_owner_hint(path)}")

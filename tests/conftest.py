@@ -28,7 +28,8 @@ def gpustation_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str
         d.mkdir()
         monkeypatch.setenv(f"GPUSTATION_{kind.upper()}_DIR", str(d))
         dirs[kind] = d
-    for var in ("GPUSTATION_SIMULATE", "GPUSTATION_SIM_CARD", "GPUSTATION_SIM_SEED"):
+    # A suite started through sudo must not make an in-process command act as its user.
+    for var in ("GPUSTATION_SIMULATE", "GPUSTATION_SIM_CARD", "GPUSTATION_SIM_SEED", "SUDO_UID"):
         monkeypatch.delenv(var, raising=False)
     # Every process a test starts (a run's supervisor and its child included)
     # imports this checkout's code, never an installed copy of an older one.

@@ -301,6 +301,7 @@ def _print_show(r: RunSummary) -> None:
         ("note", r.note),
         ("resumed from", _resumed_text(r)),
         ("command", " ".join(r.argv)),
+        ("ran as", r.ran_as),
         *_node_rows(r),
         (
             "steps",

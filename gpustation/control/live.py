@@ -25,12 +25,21 @@ from gpustation.control.fans import fan_gpus, set_fans_auto
 from gpustation.control.power import PowerChange, apply_power, plan_power
 from gpustation.control.profiles import PowerValue, Profile
 from gpustation.errors import GpustationError
+from gpustation.pyargv import python_argv
 from gpustation.telemetry.backend import Backend
 
 #: (GPU index -> (temperature C or None, fan % or None)) after each controller poll
 PollReport = dict[int, tuple[float | None, int | None]]
 
 __all__ = ["Change", "LiveControl", "Outcome", "PollReport"]
+
+
+def fan_controller_argv(profile: str, indices: str) -> list[str]:
+    """``gpustation fan run PROFILE --gpus I,J``: the controller left running on its own.
+
+    Under sudo it keeps root for its fan calls alone, as every gpustation command does.
+    """
+    return python_argv("-m", "gpustation", "fan", "run", profile, "--gpus", indices)
 
 
 class LiveControl:
@@ -140,7 +149,6 @@ class LiveControl:
         handed the fans back, so the two never drive them at once.
         """
         import subprocess
-        import sys
 
         from gpustation.paths import state_dir
 
@@ -148,7 +156,7 @@ class LiveControl:
         if controller is None or profile is None:
             raise GpustationError("no fan curve is running to leave behind")
         indices = ",".join(map(str, controller.indices))
-        argv = [sys.executable, "-m", "gpustation", "fan", "run", profile.name, "--gpus", indices]
+        argv = fan_controller_argv(profile.name, indices)
         sim = self.backend
         if sim.simulated:
             argv += ["--simulate", str(getattr(sim, "count", 2))]

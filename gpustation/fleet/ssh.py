@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpustation import jsondoc
+from gpustation import jsondoc, privs
 from gpustation.errors import UsageError
 from gpustation.telemetry.model import Snapshot
 from gpustation.textsafe import safe
@@ -317,6 +317,7 @@ class HostStream:
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 env=self.env,
+                **privs.child_kwargs(),  # the user's keys and known hosts, under sudo too
             )
         except OSError as err:
             return False, f"cannot run {self.argv[0]}: {err.strerror or err}"

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from gpustation.pyargv import python_argv
 from gpustation.runners import common, llm
 from gpustation.runs.metrics import METRICS_ENV, MetricsWriter
 
@@ -144,14 +145,14 @@ def _child(args: argparse.Namespace) -> int:
 
 
 def _child_argv(args: argparse.Namespace, role: str) -> list[str]:
-    argv = [
-        sys.executable, "-m", "gpustation.runners.contention", "--role", role,
+    argv = python_argv(
+        "-m", "gpustation.runners.contention", "--role", role,
         "--model-preset", args.model_preset, "--seq-len", str(args.seq_len),
         "--batch-size", str(args.batch_size), "--precision", args.precision,
         "--phase-seconds", str(args.phase_seconds), "--infer-batch", str(args.infer_batch),
         "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
         "--seed", str(args.seed),
-    ]  # fmt: skip
+    )  # fmt: skip
     if args.device:
         argv += ["--device", args.device]
     return argv

@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from gpustation.pyargv import python_argv
 from gpustation.runners import EXIT_OOM, common, llm
 from gpustation.runs.metrics import METRICS_ENV, RUN_DIR_ENV, MetricsWriter
 from gpustation.runs.tail import parse_metric_line
@@ -139,6 +139,23 @@ def available_ram_bytes() -> float | None:
     return None
 
 
+def trial_argv(
+    args: argparse.Namespace, layers: int, hidden: int, offload: bool, output_dir: str
+) -> list[str]:
+    """The fsdp runner's argv for one trial."""
+    return python_argv(
+        "-m", "gpustation.runners.fsdp", "--device", "cuda",
+        "--mode", args.mode, "--model-preset", args.model_preset,
+        "--num-layers", str(layers), "--hidden-size", str(hidden),
+        "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len),
+        "--precision", args.precision, "--sharding", args.sharding,
+        "--offload" if offload else "--no-offload",
+        "--activation-checkpointing" if args.activation_checkpointing
+        else "--no-activation-checkpointing",
+        "--steps", "4", "--warmup-steps", "2", "--log-every", "2", "--output-dir", output_dir,
+    )  # fmt: skip
+
+
 def run_trial(
     args: argparse.Namespace, layers: int, hidden: int, offload: bool, timeout: float
 ) -> dict[str, Any]:
@@ -149,17 +166,7 @@ def run_trial(
                if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}  # fmt: skip
         env[METRICS_ENV] = str(metrics)
         env[RUN_DIR_ENV] = tmp
-        cmd = [
-            sys.executable, "-m", "gpustation.runners.fsdp", "--device", "cuda",
-            "--mode", args.mode, "--model-preset", args.model_preset,
-            "--num-layers", str(layers), "--hidden-size", str(hidden),
-            "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len),
-            "--precision", args.precision, "--sharding", args.sharding,
-            "--offload" if offload else "--no-offload",
-            "--activation-checkpointing" if args.activation_checkpointing
-            else "--no-activation-checkpointing",
-            "--steps", "4", "--warmup-steps", "2", "--log-every", "2", "--output-dir", tmp,
-        ]  # fmt: skip
+        cmd = trial_argv(args, layers, hidden, offload, tmp)
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:

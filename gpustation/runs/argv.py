@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpustation.errors import UsageError
+from gpustation.pyargv import python_argv, safe_path_env
 from gpustation.runs import rundir
 from gpustation.runs.metrics import METRICS_ENV, RUN_DIR_ENV, RUN_ID_ENV
 from gpustation.runs.presets import RUNNER_PACKAGE, ArgValue, RunPreset
@@ -75,6 +76,7 @@ def build_argv(preset: RunPreset, gpus: Sequence[int], python: str | None = None
     """The child's argv (no shell ever sees it)."""
     python = python or sys.executable
     args = format_args(preset.args)
+    # Every Python gpustation starts itself leaves the working directory off sys.path.
     if preset.command is not None:
         target = [*preset.command, *args]
         module = False
@@ -82,10 +84,10 @@ def build_argv(preset: RunPreset, gpus: Sequence[int], python: str | None = None
         target = [f"{RUNNER_PACKAGE}.{preset.runner}", *args]
         module = True
     if preset.launcher == "python":
-        return [python, "-m", *target] if module else target
+        return python_argv("-m", *target, python=python) if module else target
     nproc = str(nproc_for(preset, gpus))
     if preset.launcher == "torchrun":
-        argv = [python, "-m", "torch.distributed.run", "--nproc_per_node", nproc]
+        argv = python_argv("-m", "torch.distributed.run", "--nproc_per_node", nproc, python=python)
         multi_node = preset.nnodes not in (None, 1) or any(
             getattr(preset, key) is not None for key, _ in _TORCHRUN_PASSTHROUGH[2:]
         )
@@ -97,7 +99,9 @@ def build_argv(preset: RunPreset, gpus: Sequence[int], python: str | None = None
             if value is not None:
                 argv += [flag, str(value)]
     elif preset.launcher == "accelerate":
-        argv = [python, "-m", "accelerate.commands.launch", "--num_processes", nproc]
+        argv = python_argv(
+            "-m", "accelerate.commands.launch", "--num_processes", nproc, python=python
+        )
         total = int(nproc) * (preset.nnodes or 1)
         if total > 1:
             argv.append("--multi_gpu")
@@ -173,6 +177,9 @@ def build_env(
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if preset.command is None:
+        # gpustation's runner, and the workers torchrun or accelerate start for it
+        safe_path_env(env)
     if has_driver:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
         # NVML numbers GPUs by PCI bus; CUDA's default order may differ.

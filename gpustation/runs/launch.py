@@ -2,7 +2,8 @@
 
 :func:`launch` turns a preset into a run directory (``runs/<id>/`` in the data
 dir), writes ``run.json``, the first ``state.json`` and the run's history row,
-and starts ``python -m gpustation.runs.supervisor <run dir>`` fully detached.
+and starts ``python -P -m gpustation.runs.supervisor <run dir>`` fully
+detached (under sudo, as the invoking user: see :mod:`gpustation.privs`).
 The supervisor starts the child in its own process group, records its GPUs'
 telemetry and writes how it ended, so a run outlives whoever launched it and
 its exit status is never lost.
@@ -22,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpustation import paths
+from gpustation import paths, privs
 from gpustation.errors import GpustationError, NoDriverError
+from gpustation.pyargv import python_argv
 from gpustation.runs import rundir
 from gpustation.runs.argv import build_argv, build_env, resolve_gpus
 from gpustation.runs.presets import RunPreset, apply_overrides
@@ -177,6 +179,7 @@ def launch(
         "backend": backend_info,
         "stop_grace_s": stop_grace_s,
         "python": sys.executable,
+        "user": privs.run_user(),
         "warnings": warnings,
     }
     if resumed_from:
@@ -215,6 +218,28 @@ def new_run_directory(name: str, created: float) -> tuple[str, Path]:
             continue
 
 
+def _not_started(directory: Path, run_id: str, err: OSError) -> GpustationError:
+    """The run recorded failed, and the error saying why its supervisor could not start."""
+    from gpustation.runs.reconcile import mark_ended
+
+    user = privs.invoking_user()
+    who = f" as {user.name} (uid {user.uid})" if user is not None else ""
+    message = f"cannot start the run's supervisor{who}: {sys.executable}: {err.strerror or err}"
+    if user is not None and isinstance(err, PermissionError):
+        # under sudo the run is the user's: so must the interpreter be
+        message += (
+            f"; {user.name} must be able to run this Python: install gpustation where "
+            "they can (their own virtual environment, or a system-wide one)"
+        )
+    mark_ended(directory, RunState(id=run_id, status="starting"), "failed", message)
+    return GpustationError(message)
+
+
+def supervisor_argv(directory: Path) -> list[str]:
+    """``python -P -m gpustation.runs.supervisor DIR``."""
+    return python_argv("-m", "gpustation.runs.supervisor", str(directory))
+
+
 def start_run(
     handle: RunHandle, run: dict[str, Any], sup_env: dict[str, str], wait_started_s: float
 ) -> RunHandle:
@@ -240,17 +265,22 @@ def start_run(
             "the run is recorded once it can be"
         )
 
-    with open(directory / rundir.SUPERVISOR_LOG, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gpustation.runs.supervisor", str(directory)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-            env=sup_env,
-            cwd=str(directory),
-        )
+    try:
+        with open(directory / rundir.SUPERVISOR_LOG, "ab") as log:
+            # The supervisor, and the run under it, are the invoking user's under sudo.
+            proc = subprocess.Popen(
+                supervisor_argv(directory),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                env=sup_env,
+                cwd=str(directory),
+                **privs.child_kwargs(),
+            )
+    except OSError as err:
+        raise _not_started(directory, run_id, err) from None
     # Reap the supervisor when it ends, so a long-lived UI keeps no zombies.
     threading.Thread(target=proc.wait, name=f"reap-{run_id}", daemon=True).start()
 

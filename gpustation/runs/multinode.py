@@ -57,8 +57,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpustation import privs
 from gpustation.errors import UsageError
 from gpustation.fleet.ssh import HostSpec, parse_host, ssh_options
+from gpustation.pyargv import bootstrap_args, python_argv, safe_path_env
 from gpustation.runs.argv import format_args
 from gpustation.runs.launch import RunHandle, new_run_directory, start_run
 from gpustation.runs.metrics import RUN_ID_ENV
@@ -123,7 +125,12 @@ def endpoint_host(spec: HostSpec, ssh_config: str | None = None) -> str:
     argv = ["ssh", *(["-F", ssh_config] if ssh_config else []), "-G", "--", spec.destination]
     try:
         out = subprocess.run(
-            argv, capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            stdin=subprocess.DEVNULL,
+            **privs.child_kwargs(),  # the user's ssh config, not root's
         )
     except (OSError, subprocess.TimeoutExpired):
         return spec.host
@@ -157,6 +164,13 @@ def node_argv(
     return [*argv, "-m", f"{RUNNER_PACKAGE}.{preset.runner}", *args]
 
 
+def agent_command(remote_python: str) -> str:
+    """The node agent's command line, run by the remote user's shell: the user's
+    Python, then fixed words; its home directory is not on its path (the node's
+    Python may predate -P: the bootstrap works on every version)."""
+    return f"{remote_python} " + shlex.join(bootstrap_args(["-m", AGENT_MODULE]))
+
+
 def node_gpus(preset: RunPreset, gpus: Sequence[int] | None) -> list[int] | None:
     """The GPUs each node gives the run (None: all of the node's)."""
     if gpus is not None:
@@ -173,6 +187,8 @@ def node_env(preset: RunPreset, run_id: str, gpus: list[int] | None) -> dict[str
     env = dict(preset.env)
     env[RUN_ID_ENV] = run_id
     env["PYTHONUNBUFFERED"] = "1"
+    if preset.command is None:
+        safe_path_env(env)  # torchrun's workers import gpustation's runner
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
@@ -236,8 +252,7 @@ def launch_multinode(
             *ssh_options(spec, options.ssh_config),
             "--",
             spec.destination,
-            # run by the remote user's shell: the user's command line, then fixed words
-            f"{options.remote_python} -m {AGENT_MODULE}",
+            agent_command(options.remote_python),
         ]
         nodes.append(
             {
@@ -252,7 +267,7 @@ def launch_multinode(
                 },
             }
         )
-    argv = [sys.executable, "-m", "gpustation.runs.coordinator", str(directory)]
+    argv = python_argv("-m", "gpustation.runs.coordinator", str(directory))
     run: dict[str, Any] = {
         "id": run_id,
         "created_at": created,
@@ -265,6 +280,7 @@ def launch_multinode(
         "backend": {"kind": "nodes", "simulated": False},
         "stop_grace_s": options.stop_grace_s,
         "python": sys.executable,
+        "user": privs.run_user(),
         "warnings": warnings,
         "multinode": {
             "hosts": [spec.text for spec in options.hosts],

@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpustation.pyargv import python_argv
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import SAMPLE_INTERVAL_S, TraceSampler
 from gpustation.runs.metrics import METRICS_ENV, RUN_DIR_ENV
@@ -112,6 +113,12 @@ class _Telemetry:
         if self.trace is not None:
             self.trace.close()
             self.trace = None
+
+
+def torchrun_argv(args: list[str]) -> list[str]:
+    """torchrun on this node, the working directory off its path (its workers'
+    too, through the spec's environment, when they run gpustation's runner)."""
+    return python_argv("-m", "torch.distributed.run", *args)
 
 
 def _read_spec() -> tuple[dict[str, Any], bytes]:
@@ -204,7 +211,7 @@ def run_node() -> int:
         out.send("exit", code=2, signal=None, kept=None)
         shutil.rmtree(workdir, ignore_errors=True)
         return 2
-    argv = [sys.executable, "-m", "torch.distributed.run", *spec["argv"]]
+    argv = torchrun_argv(spec["argv"])
     try:
         child = subprocess.Popen(
             argv,

@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
 
+from gpustation import privs
 from gpustation.errors import GpustationError
+from gpustation.pyargv import python_argv
 from gpustation.runs.presets import RUNNER_PACKAGE, ArgValue, parse_bool
 
 #: the child: import the module, call build_parser(), print each option as JSON
@@ -114,11 +115,12 @@ def read_parser(module: str, python: str | None = None, timeout_s: float = 60.0)
     """Run ``module.build_parser()`` in a child interpreter and return its options."""
     try:
         done = subprocess.run(
-            [python or sys.executable, "-c", _DUMP, module],
+            python_argv("-c", _DUMP, module, python=python),
             capture_output=True,
             text=True,
             timeout=timeout_s,
             check=False,
+            **privs.child_kwargs(),  # the runner's code is read as the user, never as root
         )
     except (OSError, subprocess.TimeoutExpired) as err:
         raise RunnerArgsError(f"reading the options of {module}: {err}") from err

@@ -69,6 +69,7 @@ def _sql_type(name: str) -> str:
         "reason",
         "throughput_unit",
         "work_unit",
+        "ran_as",
     }:
         return "TEXT"
     if name in _BOOL_FIELDS or name in {"exit_code", "steps", "total_steps", "malformed_metrics"}:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpustation.privs import user_text
 from gpustation.runs import rundir
 from gpustation.runs.rundir import RunState
 
@@ -79,6 +80,8 @@ class RunSummary:
     note: str | None = None
     #: the run and checkpoint step a resumed run continues (``run``, ``step``, ``checkpoint``)
     resumed_from: dict[str, Any] = field(default_factory=dict)
+    #: who the run's processes ran as: ``alice (uid 1000, through sudo)``
+    ran_as: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,6 +104,7 @@ class RunSummary:
             started_at=run.get("created_at"),
             tags=[str(t) for t in preset.get("tags") or []],
             resumed_from=dict(run.get("resumed_from") or {}),
+            ran_as=user_text(run.get("user")),
         )
 
     def apply_state(self, state: RunState, now: float | None = None) -> RunSummary:

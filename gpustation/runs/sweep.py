@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpustation import paths
+from gpustation import paths, privs
 from gpustation.control import lease
 from gpustation.control.power import apply_power, plan_power
 from gpustation.control.profiles import parse_power_value
@@ -493,7 +493,7 @@ class SweepRunner:
 
 
 def require_root_for(sweep: Sweep, simulated: bool) -> None:
-    if sweep.power_limits and not simulated and os.geteuid() != 0:
+    if sweep.power_limits and not simulated and not privs.can_be_root():
         raise NeedsRootError(
             "a sweep with a power-limit axis changes the cards' limits, which needs root: "
             "run it as sudo gpustation sweep ... (or leave out --power-limit; "

@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
+from gpustation import privs
 from gpustation.control import lease
 from gpustation.control.power import apply_power, plan_power
 from gpustation.control.profiles import PowerValue
@@ -153,7 +154,7 @@ def restore_leftovers(leftovers: Sequence[Sweep], backend: Backend, say: Event) 
     if not leftovers:
         return
     what = leftovers_text(leftovers, backend)
-    if not backend.simulated and os.geteuid() != 0:
+    if not backend.simulated and not privs.can_be_root():
         raise _refusal(leftovers, what)
     say(f"a killed sweep left power limits changed; restoring them first: {what}")
     for old in restore_order(leftovers):

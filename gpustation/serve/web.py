@@ -52,6 +52,7 @@ from gpustation.serve.webguard import (
     same_origin,
 )
 from gpustation.textsafe import safe
+from gpustation.pyargv import python_argv
 
 #: the shortest token a --token-file may hold (token_urlsafe(32) makes 43 characters)
 MIN_TOKEN_CHARS = 16
@@ -75,7 +76,9 @@ def read_token_file(path: Path) -> str:
 
 def dashboard_command(options: Sequence[str], read_only: bool, python: str = sys.executable) -> str:
     """The shell command textual-serve runs per connection: this dashboard, these options."""
-    argv = [python, "-m", "gpustation", *(["--read-only"] if read_only else []), *options]
+    argv = python_argv(
+        "-m", "gpustation", *(["--read-only"] if read_only else []), *options, python=python
+    )
     return shlex.join(argv)
 
 

@@ -600,7 +600,12 @@ class SimBackend(Backend):
 
     # ---- Backend: control --------------------------------------------------
     def _check_root(self, what: str) -> None:
-        if os.environ.get("GPUSTATION_SIM_REQUIRE_ROOT") == "1" and os.geteuid() != 0:
+        from gpustation.privs import as_root
+
+        # the simulated driver call: as root under sudo, as a real setter is
+        with as_root():
+            euid = os.geteuid()
+        if os.environ.get("GPUSTATION_SIM_REQUIRE_ROOT") == "1" and euid != 0:
             raise NeedsRootError(
                 f"{what} needs root privileges: run it as sudo gpustation ... (simulated check)"
             )

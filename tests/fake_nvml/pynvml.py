@@ -340,7 +340,8 @@ class _Driver:
     def __init__(self) -> None:
         self.devices: list[dict[str, Any]] = []
         self.no_driver: int | None = None
-        self.require_root = False
+        #: True: every setter is refused; "euid": refused unless made as root (a driver's check)
+        self.require_root: bool | str = False
         self.initialized = 0
         # (device index or None for every device, function name) -> error code
         self.failures: dict[tuple[int | None, str], int] = {}
@@ -368,7 +369,7 @@ _removed: dict[str, Any] = {}
 def reset(
     devices: list[dict[str, Any]] | None = None,
     no_driver: bool | int = False,
-    require_root: bool = False,
+    require_root: bool | str = False,
 ) -> None:
     """Start over: the given devices (default: an RTX 4090 and an H200)."""
     module = sys.modules[__name__]
@@ -476,7 +477,7 @@ def load_scenario(data: dict[str, Any]) -> None:
     reset(
         devices=data.get("devices"),
         no_driver=data.get("no_driver", False),
-        require_root=bool(data.get("require_root", False)),
+        require_root=data.get("require_root", False),
     )
     for index, name, code in data.get("fail", []):
         fail(index, name, code)
@@ -1173,11 +1174,17 @@ def nvmlDeviceGetComputeInstanceId(handle: Handle) -> int:
 # ---- setters ------------------------------------------------------------------------
 
 
+def _check_privilege() -> None:
+    if DRIVER.require_root == "euid" and os.geteuid() == 0:
+        return
+    if DRIVER.require_root:
+        raise NVMLError(NVML_ERROR_NO_PERMISSION)
+
+
 def nvmlDeviceSetPowerManagementLimit(handle: Handle, limit_mw: int) -> None:
     _enter("nvmlDeviceSetPowerManagementLimit", handle, limit_mw)
     dev = _dev(handle)
-    if DRIVER.require_root:
-        raise NVMLError(NVML_ERROR_NO_PERMISSION)
+    _check_privilege()
     if not dev["power_min_mw"] <= limit_mw <= dev["power_max_mw"]:
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
     dev["power_limit_mw"] = limit_mw
@@ -1188,8 +1195,7 @@ def nvmlDeviceSetFanSpeed_v2(handle: Handle, fan: int, speed: int) -> None:
     _enter("nvmlDeviceSetFanSpeed_v2", handle, fan, speed)
     _check_fan(handle, fan)
     dev = _dev(handle)
-    if DRIVER.require_root:
-        raise NVMLError(NVML_ERROR_NO_PERMISSION)
+    _check_privilege()
     if not dev["fan_min"] <= speed <= dev["fan_max"]:
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
     dev["fans"][fan] = speed
@@ -1200,8 +1206,7 @@ def nvmlDeviceSetFanSpeed_v2(handle: Handle, fan: int, speed: int) -> None:
 def nvmlDeviceSetDefaultFanSpeed_v2(handle: Handle, fan: int) -> None:
     _enter("nvmlDeviceSetDefaultFanSpeed_v2", handle, fan)
     _check_fan(handle, fan)
-    if DRIVER.require_root:
-        raise NVMLError(NVML_ERROR_NO_PERMISSION)
+    _check_privilege()
     _dev(handle)["fan_policy"][fan] = NVML_FAN_POLICY_TEMPERATURE_CONTINOUS_SW
     set_calls.append(("nvmlDeviceSetDefaultFanSpeed_v2", (handle.index, fan)))
 

@@ -189,13 +189,14 @@ def test_argv_for_each_launcher() -> None:
     base = dict(name="p", runner="resnet", args={"steps": 3})
     assert build_argv(RunPreset(**base), [0], python=py) == [
         py,
+        "-P",
         "-m",
         "gpustation.runners.resnet",
         "--steps",
         "3",
     ]
     torchrun = build_argv(RunPreset(**base, launcher="torchrun"), [0, 1], python=py)
-    assert torchrun[:5] == [py, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    assert torchrun[:6] == [py, "-P", "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     assert "--standalone" in torchrun
     assert torchrun[-4:] == ["-m", "gpustation.runners.resnet", "--steps", "3"]
     multi = build_argv(
@@ -224,7 +225,7 @@ def test_argv_for_each_launcher() -> None:
         i = multi.index(pair[0])
         assert multi[i : i + 2] == pair
     acc = build_argv(RunPreset(**base, launcher="accelerate"), [0, 1, 2], python=py)
-    assert acc[:5] == [py, "-m", "accelerate.commands.launch", "--num_processes", "3"]
+    assert acc[:6] == [py, "-P", "-m", "accelerate.commands.launch", "--num_processes", "3"]
     assert "--multi_gpu" in acc
     assert acc[acc.index("-m", 3) :] == ["-m", "gpustation.runners.resnet", "--steps", "3"]
     cmd = build_argv(RunPreset(name="c", command=["train.sh", "x"], args={"n": 1}), [0])

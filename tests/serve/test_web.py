@@ -98,10 +98,10 @@ def test_the_served_command_is_this_dashboard_read_only_unless_control_is_allowe
     options = ["--simulate", "2", "--gpus", "0,1"]
     python = "/opt/my python/bin/python3"  # a space must survive the shell
     served = shlex.split(dashboard_command(options, read_only=True, python=python))
-    assert served == [python, "-m", "gpustation", "--read-only", *options]
+    assert served == [python, "-P", "-m", "gpustation", "--read-only", *options]
     allowed = shlex.split(dashboard_command(options, read_only=False, python=python))
-    assert allowed == [python, "-m", "gpustation", *options]
-    assert cli.build_parser().parse_args(served[3:]).read_only
+    assert allowed == [python, "-P", "-m", "gpustation", *options]
+    assert cli.build_parser().parse_args(served[4:]).read_only
 
 
 # ---- the real command, over loopback ----------------------------------------------------

@@ -14,6 +14,7 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
+from gpustation import privs
 from gpustation.errors import GpustationError, NeedsRootError, NotSupportedError, UsageError
 from gpustation.telemetry.nvml.query import GpuLost
 
@@ -66,7 +67,8 @@ class NvmlControl:
             )
         nvml = self.nvml
         try:
-            with self._lock:
+            # the one place a setter runs: root for it alone (under sudo)
+            with self._lock, privs.as_root():
                 fn(gpu.handle, *args)
         except self.q.error_type as err:
             code = getattr(err, "value", None)

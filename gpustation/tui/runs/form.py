@@ -165,8 +165,11 @@ class GpuChoice(Horizontal):
 
 def shown_argv(argv: list[str]) -> str:
     """``argv`` as a shell would read it, safe for the screen."""
-    # The interpreter's full path says nothing the reader needs.
+    # The interpreter's full path says nothing the reader needs, nor its -P
+    # (every Python child starts with the working directory off its path).
     shown = ["python" if a == sys.executable else a for a in argv]
+    if shown[:2] == ["python", "-P"]:
+        del shown[1]
     return _CONTROL.sub("\ufffd", shlex.join(shown))
 
 
