@@ -12,7 +12,6 @@ card ends at the limit it had before the oldest.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 

@@ -41,6 +41,7 @@ from textual_serve.server import Server, to_int
 
 from gpustation.errors import UsageError
 from gpustation.files import read_text
+from gpustation.pyargv import python_argv
 from gpustation.serve.listener import CappedListener, connection_cap, listen_sockets
 from gpustation.serve.webguard import (
     IDLE_TIMEOUT_S,
@@ -52,7 +53,6 @@ from gpustation.serve.webguard import (
     same_origin,
 )
 from gpustation.textsafe import safe
-from gpustation.pyargv import python_argv
 
 #: the shortest token a --token-file may hold (token_urlsafe(32) makes 43 characters)
 MIN_TOKEN_CHARS = 16
