@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from gpustation import private
 from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import write_sample
@@ -115,11 +116,15 @@ class Coordinator:
                     host=entry["host"],
                     ssh=list(entry["ssh"]),
                     spec=dict(entry["spec"]),
-                    log=open(folder / rundir.OUTPUT_LOG, "ab", buffering=0),  # noqa: SIM115
+                    log=open(  # noqa: SIM115
+                        folder / rundir.OUTPUT_LOG, "ab", buffering=0, opener=private.opener
+                    ),
                     telemetry=folder / NODE_TELEMETRY,
                 )
             )
-        self.metrics = open(directory / rundir.METRICS_FILE, "ab", buffering=0)  # noqa: SIM115
+        self.metrics = open(  # noqa: SIM115
+            directory / rundir.METRICS_FILE, "ab", buffering=0, opener=private.opener
+        )
         self.sel = selectors.DefaultSelector()
         self.signals: list[int] = []
         self.stopping = False

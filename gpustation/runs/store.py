@@ -42,7 +42,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from gpustation import paths
+from gpustation import paths, private
 from gpustation.errors import UsageError
 from gpustation.runs import rundir
 from gpustation.runs.fold import MetricsFold
@@ -191,6 +191,7 @@ class RunStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not self._ready:
             self._prepare(except_id)
+        private.create(path)
         conn = sqlite3.connect(path, timeout=min(10.0, self.write_wait_s))
         try:
             yield conn
@@ -221,7 +222,7 @@ class RunStore:
         Under a lock across processes, so writers starting together rebuild once.
         """
         path = self.db
-        with open(path.with_name(path.name + ".lock"), "a") as lock:
+        with open(path.with_name(path.name + ".lock"), "a", opener=private.opener) as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             missing = not path.exists()
             problem = None if missing else self._problem()
@@ -233,6 +234,7 @@ class RunStore:
                         os.unlink(f"{path}{extra}")
                     except FileNotFoundError:
                         pass
+            private.create(path)  # SQLite gives its -wal and -shm files the same mode
             conn = sqlite3.connect(path, timeout=min(10.0, self.write_wait_s))
             try:
                 self._setup(conn)

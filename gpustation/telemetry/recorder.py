@@ -26,7 +26,7 @@ from typing import Any
 
 import zstandard
 
-from gpustation import paths
+from gpustation import paths, private
 from gpustation.errors import GpustationError, UsageError
 from gpustation.telemetry.model import Snapshot
 from gpustation.telemetry.recording import FORMAT, SKIP_MAGIC, chain, format_time, intact
@@ -137,7 +137,9 @@ class Recorder:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             lock = os.open(
-                self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644
+                self.path.with_name(self.path.name + ".lock"),
+                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
+                private.FILE_MODE,
             )
         except OSError as err:
             raise RecordError(f"cannot write {self.path}: {err.strerror or err}") from None

@@ -16,6 +16,8 @@ import marshal
 import os
 from typing import Any
 
+from gpustation import private
+
 #: The file, in the state directory, that keeps static values between one-shot runs.
 STATIC_CACHE_FILE = "nvml-static.marshal"
 
@@ -84,7 +86,7 @@ class StaticCache:
         tmp = f"{self.path}.{os.getpid()}.tmp"
         try:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            with open(tmp, "wb") as f:
+            with open(tmp, "wb", opener=private.opener) as f:
                 marshal.dump({"key": self.key, "gpus": self._entries}, f)
             os.replace(tmp, self.path)
             self._changed = False
