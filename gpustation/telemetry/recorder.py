@@ -134,14 +134,17 @@ class Recorder:
 
     # ---- files -------------------------------------------------------------
     def _open(self) -> None:
+        lock_path = self.path.with_name(self.path.name + ".lock")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            lock = os.open(
-                self.path.with_name(self.path.name + ".lock"),
-                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
-                private.FILE_MODE,
-            )
+            # never followed: a link planted there would have us create or lock its target
+            lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, private.FILE_MODE)
         except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise RecordError(
+                    f"cannot write {self.path}: its lock {lock_path} is a symbolic link; "
+                    "remove it"
+                ) from None
             raise RecordError(f"cannot write {self.path}: {err.strerror or err}") from None
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
