@@ -142,8 +142,7 @@ class Recorder:
         except OSError as err:
             if err.errno == errno.ELOOP:
                 raise RecordError(
-                    f"cannot write {self.path}: its lock {lock_path} is a symbolic link; "
-                    "remove it"
+                    f"cannot write {self.path}: its lock {lock_path} is a symbolic link; remove it"
                 ) from None
             raise RecordError(f"cannot write {self.path}: {err.strerror or err}") from None
         try:
