@@ -70,7 +70,7 @@ def delete_runs(store: RunStore, run_ids: Sequence[str]) -> list[str]:
             raise UsageError(f"run {run_id} is {record.status}; stop it first (`runs stop`)")
         _check_deletable(run_id, record.run_dir)
         records.append(record)
-    deleted = []
+    deleted: list[str] = []
     for record in records:
         if record.run_dir and Path(record.run_dir).exists():
             try:
