@@ -42,6 +42,7 @@ from typing import IO, Any
 
 from gpustation import private
 from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
+from gpustation.redact import REDACTED
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import write_sample
 from gpustation.runs.nodes import NODE_TELEMETRY, NODES_JSON, node_dir
@@ -54,6 +55,19 @@ def _ignore_stop_signals() -> None:
     # In the ssh client (before exec): OpenSSH keeps an ignored signal ignored.
     for sig in _STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+def node_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """A node's spec as it is sent: the values ``run.json`` keeps as ``***`` taken
+    from this process's environment, where the supervisor put them (a variable
+    without one is left out, never sent as ``***``)."""
+    env = {}
+    for key, value in (spec.get("env") or {}).items():
+        if value != REDACTED:
+            env[key] = value
+        elif key in os.environ:
+            env[key] = os.environ[key]
+    return {**spec, "env": env}
 
 
 @dataclass
@@ -115,7 +129,7 @@ class Coordinator:
                 Node(
                     host=entry["host"],
                     ssh=list(entry["ssh"]),
-                    spec=dict(entry["spec"]),
+                    spec=node_spec(entry["spec"]),
                     log=open(  # noqa: SIM115
                         folder / rundir.OUTPUT_LOG, "ab", buffering=0, opener=private.opener
                     ),
