@@ -216,7 +216,7 @@ def notify_problems(config: NotifyConfig, path: Path | None = None) -> list[str]
         logger.setLevel(level)
     if not bad:
         return []
-    return [f"{where}: {_cannot_use(bad)}; nothing is sent to it"]
+    return [f"{where}: {_cannot_use(bad)}; nothing is sent there"]
 
 
 def notify_warnings(path: Path | None = None) -> list[str]:
