@@ -75,6 +75,8 @@ def secret_settings(doc: dict[str, Any], prefix: str = "") -> list[str]:
             found += secret_settings(value, f"{name}.")
             continue
         values = value if isinstance(value, list) else [value]
+        for i, table in enumerate(v for v in values if isinstance(v, dict)):  # [[arrays]]
+            found += secret_settings(table, f"{name}[{i}].")
         texts = [v for v in values if isinstance(v, str)]
         if (texts and secret_name(str(key))) or any(has_secret(t) for t in texts if "://" in t):
             found.append(name)
