@@ -5,7 +5,8 @@ A run's directory holds what it was launched with and everything it said
 the run history, the control journal, locks and the simulated machines. None
 of it is for the other users of a shared machine, so gpustation creates its
 directories ``0700`` and its files ``0600``, whatever the umask. Files that
-already exist keep the mode they have.
+already exist keep the mode they have; the runs directory, which holds every
+run, is made private when an older version left it open.
 """
 
 from __future__ import annotations
@@ -31,6 +32,17 @@ def make_dir(path: Path, parents: bool = True) -> None:
     """Create ``path`` when missing; the directory created for it is ``0700``
     (parents made on the way get the umask's mode, like ``mkdir -p -m``)."""
     path.mkdir(parents=parents, exist_ok=True, mode=DIR_MODE)
+
+
+def tighten(path: Path) -> None:
+    """Take the group's and others' access off a directory of ours that an older
+    version made with the umask's mode (errors ignored: the directory still works)."""
+    try:
+        info = path.stat()
+        if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+            path.chmod(info.st_mode & DIR_MODE)
+    except OSError:
+        pass
 
 
 def create(path: str | os.PathLike[str]) -> None:

@@ -226,3 +226,23 @@ def test_the_child_never_gets_a_redacted_value() -> None:
     base = {"PATH": "/bin", PRIVATE_ENV: json.dumps({"A": "real"})}
     env = child_env(base, {"A": REDACTED, "B": REDACTED, "GPUSTATION_RUN_ID": "x"})
     assert env == {"PATH": "/bin", "A": "real", "GPUSTATION_RUN_ID": "x"}
+
+
+def test_a_runs_directory_an_older_version_left_open_is_made_private(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    runs = gpustation_dirs["data"] / "runs"
+    old = runs / "20250101-000000-old-0000"
+    old.mkdir(parents=True)
+    runs.chmod(0o755)
+    old.chmod(0o755)
+    result = subprocess.run(
+        gpustation_cmd("run", "--", sys.executable, "-c", "pass"),
+        env=child_env(GPUSTATION_SIMULATE="1"),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert _mode(runs) == 0o700  # nobody else reaches the old run's files through it
+    assert _mode(old) == 0o755  # what is inside is left as it was

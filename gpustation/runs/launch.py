@@ -207,6 +207,7 @@ def new_run_directory(name: str, created: float) -> tuple[str, Path]:
     """A fresh id and its (new, empty) run directory under the data dir."""
     runs_root = paths.runs_dir()
     private.make_dir(runs_root)
+    private.tighten(runs_root)  # the runs an older version left open go private with it
     while True:
         run_id = new_run_id(name, created)
         directory = runs_root / run_id
