@@ -71,8 +71,8 @@ def test_a_real_run_keeps_its_env_values_and_the_notify_password_out_of_its_file
     # the child proves it got the value without the value being on its command line
     code = (
         "import os, sys\n"
-        "sys.exit(0 if os.environ.get('API_TOKEN', '')[::-1] == sys.argv[1] else 5)\n"
-        "\n"
+        "got = os.environ.get('API_TOKEN', '')[::-1] == sys.argv[1]\n"
+        "sys.exit(0 if got and 'GPUSTATION_RUN_PRIVATE_ENV' not in os.environ else 5)\n"
     )
     result = subprocess.run(
         gpustation_cmd(
