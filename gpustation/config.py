@@ -4,11 +4,14 @@ Each consumer (``[fleet]``, ``[keys]``, ``[notify]``, ``[energy]``,
 ``[alerts]``) asks for its own table with :func:`section` and validates its
 keys itself; a missing file is an empty config. A file that is not TOML, not
 a regular file or not readable is a :class:`~gpustation.errors.UsageError`
-naming the file, so every command reports it the same way (exit 2).
+naming the file, so every command reports it the same way (exit 2). A file
+holding a secret (a notification URL with a password or token, a password)
+that other users can read is said once, with the ``chmod`` that fixes it.
 """
 
 from __future__ import annotations
 
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ from typing import Any
 from gpustation import paths
 from gpustation.errors import UsageError
 from gpustation.files import read_text
+from gpustation.redact import has_secret, secret_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,9 +38,49 @@ def read_config(path: Path | None = None) -> dict[str, Any]:
         return {}
     text = read_text(path, "the config file")
     try:
-        return tomllib.loads(text)
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise UsageError(f"{path}: not valid TOML ({err})") from None
+    _warn_if_shared(path, doc)
+    return doc
+
+
+_warned: set[str] = set()
+
+
+def _warn_if_shared(path: Path, doc: dict[str, Any]) -> None:
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if not mode & (stat.S_IRGRP | stat.S_IROTH) or str(path) in _warned:
+        return
+    found = secret_settings(doc)
+    if found:
+        _warned.add(str(path))
+        print(
+            f"gpustation: warning: {path} holds secrets ({', '.join(found)}) and other users "
+            f"can read it; make it private with `chmod 600 {path}`",
+            file=sys.stderr,
+        )
+
+
+def secret_settings(doc: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted names of the settings in ``doc`` that hold a secret: a URL with
+    a password or token in it, or a value whose name says it is one."""
+    found = []
+    for key, value in doc.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            found += secret_settings(value, f"{name}.")
+            continue
+        values = value if isinstance(value, list) else [value]
+        for i, table in enumerate(v for v in values if isinstance(v, dict)):  # [[arrays]]
+            found += secret_settings(table, f"{name}[{i}].")
+        texts = [v for v in values if isinstance(v, str)]
+        if (texts and secret_name(str(key))) or any(has_secret(t) for t in texts if "://" in t):
+            found.append(name)
+    return found
 
 
 def section(name: str, path: Path | None = None) -> dict[str, Any]:

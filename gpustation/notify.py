@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpustation.config import config_path, section
 from gpustation.errors import UsageError
+from gpustation.redact import redact_text, redact_url
 
 if TYPE_CHECKING:
     from gpustation.telemetry.alerts import Alert
@@ -127,7 +128,7 @@ class Notifier:
         try:
             ok = self._send_with_timeout(title, body)
         except Exception as err:  # apprise missing, a URL it cannot parse, a network error
-            self.last_error = f"{type(err).__name__}: {err}"
+            self.last_error = redact_text(f"{type(err).__name__}: {err}")
             log.warning("notification %r not sent: %s", event, self.last_error)
             return False
         if not ok:
@@ -163,12 +164,70 @@ class Notifier:
                 raise RuntimeError(
                     "apprise is not installed: pip install 'gpustation[notify]'"
                 ) from None
+            _redact_apprise_log()
             service = apprise.Apprise()
-            for url in self.config.urls:
-                if not service.add(url):
-                    raise ValueError(f"apprise cannot use the URL {url!r}")
+            bad = [url for url in self.config.urls if not service.add(url)]
+            if len(bad) == len(self.config.urls):
+                raise ValueError(_cannot_use(bad))
+            if bad:  # the others still get the message
+                log.warning("%s", _cannot_use(bad))
             self._apprise = service
         return self._apprise
+
+
+def _cannot_use(urls: list[str]) -> str:
+    shown = ", ".join(repr(redact_url(u)) for u in urls)
+    return f"apprise cannot use the URL{'s' if len(urls) > 1 else ''} {shown}"
+
+
+class _RedactFilter(logging.Filter):
+    """Apprise logs the URLs it is given, shortening a password only partly."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = redact_text(record.getMessage()), None
+        return True
+
+
+def _redact_apprise_log() -> None:
+    logger = logging.getLogger("apprise")
+    if not any(isinstance(f, _RedactFilter) for f in logger.filters):
+        logger.addFilter(_RedactFilter())
+
+
+def notify_problems(config: NotifyConfig, path: Path | None = None) -> list[str]:
+    """Why some of ``config``'s URLs cannot be notified (apprise missing, a URL
+    apprise rejects), each URL redacted; ``[]`` when all can."""
+    if not config.urls:
+        return []
+    where = f"{path or config_path()} [notify]"
+    try:
+        import apprise
+    except ImportError:
+        return [
+            f"{where}: urls are set but apprise is not installed: pip install 'gpustation[notify]'"
+        ]
+    _redact_apprise_log()
+    logger = logging.getLogger("apprise")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)  # the one line below says it better
+    try:
+        bad = [url for url in config.urls if not apprise.Apprise().add(url)]
+    finally:
+        logger.setLevel(level)
+    if not bad:
+        return []
+    return [f"{where}: {_cannot_use(bad)}; nothing is sent there"]
+
+
+def notify_warnings(path: Path | None = None) -> list[str]:
+    """What a command that notifies says as it starts: a bad ``[notify]`` table
+    or URLs that apprise cannot use (redacted). Never raises."""
+    try:
+        return notify_problems(load_notify_config(path), path)
+    except UsageError as err:
+        return [redact_text(str(err)) + "; nothing is notified"]
+    except Exception as err:  # a broken apprise must not stop the command
+        return [redact_text(f"[notify] cannot be checked: {err}")]
 
 
 def _terminal_bell() -> None:
@@ -184,7 +243,7 @@ def notifier_from_config() -> Notifier | None:
     try:
         config = load_notify_config()
     except UsageError as err:
-        log.warning("%s", err)
+        log.warning("%s", redact_text(str(err)))
         return None
     return Notifier(config) if config.urls else None
 

@@ -112,7 +112,8 @@ def check_writable_dirs() -> None:
         if path.exists() and not path.is_dir():
             raise UsageError(f"{where}: not a directory")
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            # private: the run history, the journal and the runs' files are the user's alone
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as err:
             raise UsageError(f"{where}: cannot be created ({err.strerror or err})") from None
         # the effective ids: under sudo the process writes as the invoking user

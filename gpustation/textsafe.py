@@ -37,3 +37,21 @@ def safe(text: object, newlines: bool = False) -> str:
     s = _SEQUENCES.sub("", s).replace("\t", " ")
     pattern = _CONTROLS if newlines else _CONTROLS_NO_NEWLINE
     return pattern.sub("\ufffd", s)
+
+
+_SURROGATES = re.compile(r"[\ud800-\udfff]")
+
+
+def valid_unicode(text: str) -> str:
+    """``text`` as UTF-8 can hold it: bytes that were not UTF-8 (an argument
+    Python decoded with ``surrogateescape``) and lone surrogates become U+FFFD,
+    so SQLite, JSON readers and terminals take it."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # surrogates no undecodable byte explains
+        return _SURROGATES.sub("\ufffd", text)

@@ -173,3 +173,14 @@ def test_no_alert_notifier_without_urls(gpustation_dirs: dict[str, Path]) -> Non
     (gpustation_dirs["config"] / "config.toml").write_text('[notify]\nurls = ["json://x"]\n')
     made = alert_notifier_from_config()
     assert made is not None and made.notifier.config.urls == ["json://x"]
+
+
+def test_a_url_apprise_cannot_use_leaves_the_others_working_and_is_logged_redacted(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    bad = "mailto://alice:hunter2-horse@"
+    notifier = Notifier(NotifyConfig(urls=[bad, receiver.url]), bell=lambda: None)
+    with caplog.at_level("WARNING"):
+        assert notifier.send("run_failed", "run 3f2a failed", "b")
+    assert receiver.got.wait(30) and len(receiver.messages) == 1
+    assert "mailto://alice:***@" in caplog.text and "hunter2" not in caplog.text

@@ -193,7 +193,9 @@ class _AlertsNotified:
 
 
 def _alert_notifying() -> _AlertsNotified | None:
-    from gpustation.notify import alert_notifier_from_config
+    from gpustation.notify import alert_notifier_from_config, notify_warnings
 
     notifier = alert_notifier_from_config()
+    for warning in notify_warnings():
+        print(f"gpustation: warning: {warning}", file=sys.stderr, flush=True)
     return _AlertsNotified(notifier) if notifier is not None else None

@@ -221,7 +221,10 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         signal.signal(signal.SIGINT, previous)
         raise
-    for warning in (*resume_warnings, *handle.warnings):
+    from gpustation.notify import notify_warnings
+
+    # the run's end is notified by its supervisor, which can only log a bad URL
+    for warning in (*resume_warnings, *handle.warnings, *notify_warnings()):
         print(f"gpustation: warning: {warning}", file=sys.stderr)
     if args.detach:
         signal.signal(signal.SIGINT, previous)

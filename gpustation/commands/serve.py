@@ -102,10 +102,12 @@ def run(args: argparse.Namespace) -> int:
     except RecordError as err:
         print(f"gpustation: not recording: {err}", file=sys.stderr, flush=True)
         recorder = None
-    from gpustation.notify import alert_notifier_from_config
+    from gpustation.notify import alert_notifier_from_config, notify_warnings
 
     # [notify]: the GPU events (lost, too hot, held idle) the alert rules raise
     alert_notifier = alert_notifier_from_config()
+    for warning in notify_warnings():
+        print(f"gpustation: warning: {warning}", file=sys.stderr, flush=True)
     backend = backend_from_args(args)
     backend.read_gpm = True  # DCGM_FI_PROF_*: the profiling metrics on every sample
     stop = threading.Event()

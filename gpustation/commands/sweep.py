@@ -231,9 +231,12 @@ def _wait(directory: Path) -> None:
 
 
 def _run(sweep: Sweep, preset: object, backend: object, args: argparse.Namespace) -> int:
+    from gpustation.notify import notify_warnings
     from gpustation.runs.launch import launch
     from gpustation.runs.stop import stop_run
 
+    for warning in notify_warnings():  # each run's end is notified by its supervisor
+        print(f"gpustation: warning: {warning}", file=sys.stderr)
     runner = SweepRunner(
         sweep,
         preset,  # type: ignore[arg-type]

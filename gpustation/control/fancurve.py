@@ -27,6 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from gpustation import private
 from gpustation.control import journal
 from gpustation.control.profiles import FanCurve
 from gpustation.errors import (
@@ -225,7 +226,7 @@ def _hold_locks(indices: Sequence[int], simulated: bool) -> Iterator[None]:
         for index in indices:
             path = _lock_path(index, simulated)
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, private.FILE_MODE)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

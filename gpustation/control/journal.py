@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gpustation import private
 from gpustation.errors import GpustationError
 from gpustation.paths import state_dir
 
@@ -75,7 +76,7 @@ def control_lock(path: Path | None = None, timeout_s: float = 30.0) -> Iterator[
             lock_path = path or journal_path().with_name(LOCK_NAME)
             try:
                 lock_path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, private.FILE_MODE)
             except OSError as err:
                 raise GpustationError(
                     f"cannot open the control lock {lock_path}: {err.strerror or err}; "
@@ -182,7 +183,7 @@ def _append(path: Path, doc: dict[str, Any]) -> None:
     line = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode() + b"\n"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, private.FILE_MODE)
     except OSError as err:
         raise _unwritable(path, err) from None
     try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
+from gpustation import private
 from gpustation.control.confirm import CONFIRM_TIMEOUT_S, Change, Confirmer, Outcome
 from gpustation.control.fancurve import FanController, stop_controllers
 from gpustation.control.fans import fan_gpus, set_fans_auto
@@ -166,7 +167,7 @@ class LiveControl:
         self.stop_curve()
         log = state_dir() / "fan-controller.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as out:
+        with open(log, "ab", opener=private.opener) as out:
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,

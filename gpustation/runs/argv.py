@@ -8,6 +8,7 @@ process is started and no file is written here.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from typing import Any
 
 from gpustation.errors import UsageError
 from gpustation.pyargv import python_argv, safe_path_env
+from gpustation.redact import REDACTED, redact_env
 from gpustation.runs import rundir
 from gpustation.runs.metrics import METRICS_ENV, RUN_DIR_ENV, RUN_ID_ENV
 from gpustation.runs.presets import RUNNER_PACKAGE, ArgValue, RunPreset
@@ -185,4 +187,40 @@ def build_env(
         # NVML numbers GPUs by PCI bus; CUDA's default order may differ.
         if "CUDA_DEVICE_ORDER" not in base and "CUDA_DEVICE_ORDER" not in preset.env:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return env
+
+
+#: the values of a run's own variables (its preset's ``[env]``, ``--env``), handed
+#: to its supervisor in its environment, which only the user can read, so that
+#: ``run.json`` keeps their names and never their values
+PRIVATE_ENV = "GPUSTATION_RUN_PRIVATE_ENV"
+
+
+def recorded_env(preset: RunPreset, env: dict[str, str]) -> dict[str, str]:
+    """``env`` as ``run.json`` keeps it: the preset's variables' values redacted."""
+    own = [k for k, v in env.items() if preset.env.get(k) != v]
+    return redact_env(env, keep=own)
+
+
+def private_env(preset: RunPreset, env: dict[str, str]) -> dict[str, str]:
+    """The variable that carries the values :func:`recorded_env` leaves out."""
+    return {PRIVATE_ENV: json.dumps({k: v for k, v in env.items() if preset.env.get(k) == v})}
+
+
+def child_env(base: dict[str, str], recorded: dict[str, str]) -> dict[str, str]:
+    """The child's environment: ``base`` (the supervisor's, which holds
+    :data:`PRIVATE_ENV`) with ``run.json``'s variables and the private values;
+    a redacted variable whose value did not come is left out, never ``***``."""
+    env = dict(base)
+    try:
+        values = json.loads(env.pop(PRIVATE_ENV, "") or "{}")
+    except ValueError:
+        values = {}
+    if not isinstance(values, dict):
+        values = {}
+    for key, value in recorded.items():
+        if key in values and isinstance(values[key], str):
+            env[key] = values[key]
+        elif value != REDACTED:
+            env[key] = value
     return env

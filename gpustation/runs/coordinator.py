@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from gpustation import jsondoc
+from gpustation import jsondoc, private
 from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
+from gpustation.redact import REDACTED
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import write_sample
 from gpustation.runs.nodes import DEFAULT_START_TIMEOUT_S, NODE_TELEMETRY, NODES_JSON, node_dir
@@ -60,6 +61,19 @@ def _ignore_stop_signals() -> None:
     # In the ssh client (before exec): OpenSSH keeps an ignored signal ignored.
     for sig in _STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+def node_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """A node's spec as it is sent: the values ``run.json`` keeps as ``***`` taken
+    from this process's environment, where the supervisor put them (a variable
+    without one is left out, never sent as ``***``)."""
+    env = {}
+    for key, value in (spec.get("env") or {}).items():
+        if value != REDACTED:
+            env[key] = value
+        elif key in os.environ:
+            env[key] = os.environ[key]
+    return {**spec, "env": env}
 
 
 @dataclass
@@ -123,12 +137,16 @@ class Coordinator:
                 Node(
                     host=entry["host"],
                     ssh=list(entry["ssh"]),
-                    spec=dict(entry["spec"]),
-                    log=open(folder / rundir.OUTPUT_LOG, "ab", buffering=0),  # noqa: SIM115
+                    spec=node_spec(entry["spec"]),
+                    log=open(  # noqa: SIM115
+                        folder / rundir.OUTPUT_LOG, "ab", buffering=0, opener=private.opener
+                    ),
                     telemetry=folder / NODE_TELEMETRY,
                 )
             )
-        self.metrics = open(directory / rundir.METRICS_FILE, "ab", buffering=0)  # noqa: SIM115
+        self.metrics = open(  # noqa: SIM115
+            directory / rundir.METRICS_FILE, "ab", buffering=0, opener=private.opener
+        )
         self.sel = selectors.DefaultSelector()
         self.signals: list[int] = []
         self.stopping = False

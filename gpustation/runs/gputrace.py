@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpustation import private
 from gpustation.runs.tail import bounded_lines, parse_metric_line
 from gpustation.telemetry.model import LIMITING_REASONS, Snapshot
 
@@ -129,7 +130,7 @@ class TraceSampler:
 
 
 def write_sample(path: Path, sample: dict[str, Any]) -> None:
-    with open(path, "a", encoding="utf-8") as fh:
+    with open(path, "a", encoding="utf-8", opener=private.opener) as fh:
         fh.write(json.dumps(sample, separators=(",", ":")) + "\n")
 
 

@@ -8,6 +8,7 @@ deleted; stop it first.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import time
@@ -18,6 +19,7 @@ from gpustation.errors import UsageError
 from gpustation.runs import rundir
 from gpustation.runs.store import RunStore, sync_run
 from gpustation.runs.summary import RunSummary
+from gpustation.textsafe import valid_unicode
 
 _TAG_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-+/")
 
@@ -40,6 +42,8 @@ def annotate(
     for tag in (*add, *remove):
         if not tag or len(tag) > 64 or not set(tag) <= _TAG_CHARS:
             raise UsageError(f"tag {tag!r}: letters, digits and . _ : - + /, at most 64 characters")
+    if note is not None:
+        note = valid_unicode(note)  # a shell hands non-UTF-8 bytes on as surrogates
     if note is not None and len(note) > 4096:
         raise UsageError("a note is at most 4,096 characters")
     directory = _directory(store, run_id)
@@ -64,14 +68,36 @@ def delete_runs(store: RunStore, run_ids: Sequence[str]) -> list[str]:
             raise UsageError(f"no run {run_id!r}")
         if record.active:
             raise UsageError(f"run {run_id} is {record.status}; stop it first (`runs stop`)")
+        _check_deletable(run_id, record.run_dir)
         records.append(record)
-    deleted = []
+    deleted: list[str] = []
     for record in records:
         if record.run_dir and Path(record.run_dir).exists():
-            shutil.rmtree(record.run_dir)
+            try:
+                shutil.rmtree(record.run_dir)
+            except OSError as err:
+                raise UsageError(
+                    f"run {record.id}: cannot delete {record.run_dir} "
+                    f"({err.strerror or err}); runs deleted before it: {len(deleted)}"
+                ) from None
         store.delete(record.id)
         deleted.append(record.id)
     return deleted
+
+
+def _check_deletable(run_id: str, run_dir: str | None) -> None:
+    """Only a real directory is deleted: what a link points to is someone else's."""
+    if not run_dir:
+        return
+    path = Path(run_dir)
+    if path.is_symlink():
+        raise UsageError(
+            f"run {run_id}: its directory {path} is a symbolic link (to {os.readlink(path)}); "
+            f"nothing was deleted. Remove the link (rm {path}), and the target if you mean "
+            f"to, then `gpustation runs delete {run_id}` forgets the run"
+        )
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"run {run_id}: {path} is not a directory; nothing was deleted")
 
 
 _SPAN = re.compile(r"(\d+(?:\.\d+)?)\s*([hdw])")

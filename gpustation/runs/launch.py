@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpustation import paths, privs
+from gpustation import paths, private, privs
 from gpustation.errors import GpustationError, NoDriverError
 from gpustation.pyargv import python_argv
+from gpustation.redact import redact_env
 from gpustation.runs import rundir
-from gpustation.runs.argv import build_argv, build_env, resolve_gpus
+from gpustation.runs.argv import build_argv, build_env, private_env, recorded_env, resolve_gpus
 from gpustation.runs.presets import RunPreset, apply_overrides
 from gpustation.runs.reconcile import list_active_runs, record_lost_runs
 from gpustation.runs.rundir import RunState
@@ -170,11 +171,12 @@ def launch(
     run = {
         "id": run_id,
         "created_at": created,
-        "preset": preset.to_dict(),
+        # the run's own variables by name only: run.json is no place for a secret
+        "preset": {**preset.to_dict(), "env": redact_env(preset.env)},
         "overrides": parsed,
         "argv": argv,
         "gpus": chosen,
-        "env": env,
+        "env": recorded_env(preset, env),
         "cwd": str(Path(cwd) if cwd is not None else Path.cwd()),
         "backend": backend_info,
         "stop_grace_s": stop_grace_s,
@@ -184,7 +186,7 @@ def launch(
     }
     if resumed_from:
         run["resumed_from"] = dict(resumed_from)
-    sup_env = dict(os.environ)
+    sup_env = {**os.environ, **private_env(preset, env)}
     if backend_info.get("simulated"):
         sup_env["GPUSTATION_SIMULATE"] = str(backend_info.get("simulate", -1))
         if backend_info.get("sim_card"):
@@ -207,12 +209,13 @@ def launch(
 def new_run_directory(name: str, created: float) -> tuple[str, Path]:
     """A fresh id and its (new, empty) run directory under the data dir."""
     runs_root = paths.runs_dir()
-    runs_root.mkdir(parents=True, exist_ok=True)
+    private.make_dir(runs_root)
+    private.tighten(runs_root)  # the runs an older version left open go private with it
     while True:
         run_id = new_run_id(name, created)
         directory = runs_root / run_id
         try:
-            directory.mkdir()
+            directory.mkdir(mode=private.DIR_MODE)
             return run_id, directory
         except FileExistsError:
             continue
@@ -266,7 +269,7 @@ def start_run(
         )
 
     try:
-        with open(directory / rundir.SUPERVISOR_LOG, "ab") as log:
+        with open(directory / rundir.SUPERVISOR_LOG, "ab", opener=private.opener) as log:
             # The supervisor, and the run under it, are the invoking user's under sudo.
             proc = subprocess.Popen(
                 supervisor_argv(directory),

@@ -21,6 +21,8 @@ import os
 import time
 from typing import IO, Any
 
+from gpustation import private
+
 METRICS_ENV = "GPUSTATION_METRICS_FILE"
 RUN_DIR_ENV = "GPUSTATION_RUN_DIR"
 #: the run's id, set by the launcher for the run's processes
@@ -72,7 +74,9 @@ class MetricsWriter:
         self._fh: IO[str] | None = None
         if self.path:
             # Line-buffered and kept open for the run; closed by close().
-            self._fh = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+            self._fh = open(  # noqa: SIM115
+                self.path, "a", encoding="utf-8", buffering=1, opener=private.opener
+            )
 
     @classmethod
     def from_env(cls, rank: int | None = None, echo: bool = False) -> MetricsWriter:

@@ -61,7 +61,8 @@ from gpustation import privs
 from gpustation.errors import UsageError
 from gpustation.fleet.ssh import HostSpec, parse_host, ssh_options
 from gpustation.pyargv import bootstrap_args, python_argv, safe_path_env
-from gpustation.runs.argv import format_args
+from gpustation.redact import redact_env
+from gpustation.runs.argv import format_args, private_env, recorded_env
 from gpustation.runs.launch import RunHandle, new_run_directory, start_run
 from gpustation.runs.metrics import RUN_ID_ENV
 from gpustation.runs.nodes import DEFAULT_START_TIMEOUT_S, node_dir
@@ -260,7 +261,8 @@ def launch_multinode(
                 "ssh": ssh,
                 "spec": {
                     "argv": node_argv(preset, len(options.hosts), nproc, endpoint, run_id, i == 0),
-                    "env": env,
+                    # the preset's values reach the coordinator privately (child_env)
+                    "env": recorded_env(preset, env),
                     "grace_s": options.stop_grace_s,
                     "cwd": options.node_dir or os.getcwd(),
                     "cwd_required": options.node_dir is not None,
@@ -271,11 +273,12 @@ def launch_multinode(
     run: dict[str, Any] = {
         "id": run_id,
         "created_at": created,
-        "preset": preset.to_dict(),
+        "preset": {**preset.to_dict(), "env": redact_env(preset.env)},
         "overrides": parsed,
         "argv": argv,
         "gpus": [],
-        "env": {RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"},
+        # the preset's variables by name: the coordinator is given their values
+        "env": {**redact_env(preset.env), RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"},
         "cwd": str(directory),
         "backend": {"kind": "nodes", "simulated": False},
         "stop_grace_s": options.stop_grace_s,
@@ -306,6 +309,6 @@ def launch_multinode(
         created_at=created,
         warnings=warnings,
     )
-    sup_env = dict(os.environ)
+    sup_env = {**os.environ, **private_env(preset, preset.env)}
     sup_env.pop("GPUSTATION_SIMULATE", None)
     return start_run(handle, run, sup_env, wait_started_s)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpustation.errors import UsageError
+from gpustation.redact import REDACTED
 from gpustation.runs import rundir
 from gpustation.runs.checkpoints import CHECKPOINTS_DIR, Checkpoint, latest_checkpoint
 from gpustation.runs.presets import RunPreset, apply_overrides
@@ -63,6 +64,7 @@ def plan_resume(
     if run is None or not isinstance(run.get("preset"), dict):
         raise UsageError(f"--resume {text}: run {run_id} has no readable {rundir.RUN_JSON}")
     preset = RunPreset.from_dict(run["preset"])
+    preset, env_warnings = _restore_env(preset, run_id)
     if preset.runner not in RESUMABLE_RUNNERS:
         what = f"the {preset.runner} runner" if preset.runner else "a command"
         raise UsageError(
@@ -96,13 +98,36 @@ def plan_resume(
             f"and the new run would stop at step {steps}: nothing is left to train; ask for "
             f"more with --set steps={2 * ckpt.step}"
         )
-    warnings = []
+    warnings = list(env_warnings)
     if record is not None and record.active:
         warnings.append(
             f"run {run_id} is still {record.status}: resuming from its checkpoint at step "
             f"{ckpt.step} while it goes on"
         )
     return ResumePlan(run_id, directory, ckpt, resumed, tuple(warnings))
+
+
+def _restore_env(preset: RunPreset, run_id: str) -> tuple[RunPreset, list[str]]:
+    """The old run's ``[env]`` with the values run.json leaves out taken from
+    today's preset of the same name; those it has not are left out, and said."""
+    hidden = [k for k, v in preset.env.items() if v == REDACTED]
+    if not hidden:
+        return preset, []
+    from gpustation.runs.presets import load_presets
+
+    today = load_presets()[0].get(preset.name)
+    source = today.env if today is not None else {}
+    env = {k: v for k, v in preset.env.items() if v != REDACTED}
+    env.update({k: source[k] for k in hidden if k in source})
+    missing = [k for k in hidden if k not in source]
+    warnings = []
+    if missing:
+        warnings.append(
+            f"run {run_id} set {', '.join(missing)}, whose values are not kept in its "
+            f"{rundir.RUN_JSON} and which preset {preset.name!r} no longer sets: the "
+            "resumed run starts without them"
+        )
+    return replace(preset, env=env), warnings
 
 
 def _output_dir(run: dict[str, Any], preset: RunPreset, directory: Path) -> Path:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpustation import paths
+from gpustation import paths, private
 
 RUN_JSON = "run.json"
 #: the user's note and tags (``runs note``, ``runs tag``)
@@ -85,7 +85,7 @@ def run_dir(run_id: str) -> Path:
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write JSON atomically: a reader sees the old file or the new one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    private.write_text(tmp, json.dumps(data, indent=2, sort_keys=False) + "\n")
     os.replace(tmp, path)
 
 
@@ -115,7 +115,7 @@ def prepare_exit_status(directory: Path) -> None:
     Written with blanks (and allocated where the filesystem can), synced: later
     writes overwrite those bytes in place, which a full disk does not refuse.
     """
-    fd = os.open(directory / EXIT_STATUS, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(directory / EXIT_STATUS, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, private.FILE_MODE)
     try:
         try:
             os.posix_fallocate(fd, 0, EXIT_STATUS_BYTES)
@@ -203,7 +203,7 @@ def note_stop_signal(directory: Path, signal_name: str) -> None:
 def note_shared_gpus(directory: Path, other_id: str, gpus: list[int]) -> None:
     """Note in ``directory`` that run ``other_id`` used its GPUs ``gpus`` meanwhile."""
     line = json.dumps({"run": other_id, "gpus": gpus, "time": time.time()}) + "\n"
-    with open(directory / SHARED_GPUS, "a", encoding="utf-8") as fh:
+    with open(directory / SHARED_GPUS, "a", encoding="utf-8", opener=private.opener) as fh:
         fh.write(line)
 
 

@@ -42,7 +42,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from gpustation import paths
+from gpustation import paths, private
 from gpustation.errors import UsageError
 from gpustation.runs import rundir
 from gpustation.runs.fold import MetricsFold
@@ -51,6 +51,7 @@ from gpustation.runs.nodes import combined_telemetry, nodes_energy
 from gpustation.runs.output import strict_json
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary
+from gpustation.textsafe import valid_unicode
 
 _JSON_FIELDS = {"overrides", "gpus", "argv", "summary", "error_tail", "tags", "resumed_from"}
 _BOOL_FIELDS = {"simulated", "oom", "energy_shared"}
@@ -192,6 +193,7 @@ class RunStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not self._ready:
             self._prepare(except_id)
+        private.create(path)
         conn = sqlite3.connect(path, timeout=min(10.0, self.write_wait_s))
         try:
             yield conn
@@ -222,7 +224,7 @@ class RunStore:
         Under a lock across processes, so writers starting together rebuild once.
         """
         path = self.db
-        with open(path.with_name(path.name + ".lock"), "a") as lock:
+        with open(path.with_name(path.name + ".lock"), "a", opener=private.opener) as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             missing = not path.exists()
             problem = None if missing else self._problem()
@@ -234,6 +236,7 @@ class RunStore:
                         os.unlink(f"{path}{extra}")
                     except FileNotFoundError:
                         pass
+            private.create(path)  # SQLite gives its -wal and -shm files the same mode
             conn = sqlite3.connect(path, timeout=min(10.0, self.write_wait_s))
             try:
                 self._setup(conn)
@@ -321,6 +324,8 @@ class RunStore:
                 value = None
             elif isinstance(value, int) and not -(1 << 63) <= value < (1 << 63):
                 value = None  # SQLite holds 64 bits
+            elif isinstance(value, str):
+                value = valid_unicode(value)  # SQLite refuses lone surrogates
             values.append(value)
         values.append(key)
         names = [*COLUMNS, KEY_COLUMN]
@@ -505,10 +510,11 @@ def record_from_dir(directory: Path, state: RunState | None = None) -> RunSummar
     elif record.started_at is not None:
         record.duration_s = max(0.0, time.time() - record.started_at)
     notes = rundir.read_json(directory / rundir.ANNOTATIONS_JSON) or {}
-    user_tags = [str(t) for t in notes.get("tags") or [] if isinstance(t, str)]
+    # a file written by hand or by an older version may hold what SQLite refuses
+    user_tags = [valid_unicode(t) for t in notes.get("tags") or [] if isinstance(t, str)]
     record.tags = [*record.tags, *(t for t in user_tags if t not in record.tags)]
     note = notes.get("note")
-    record.note = note if isinstance(note, str) and note else None
+    record.note = valid_unicode(note) if isinstance(note, str) and note else None
     fold = MetricsFold()
     record.malformed_metrics = fold.read(directory / rundir.METRICS_FILE)
     fold.apply(record)

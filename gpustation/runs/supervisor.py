@@ -40,7 +40,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpustation import private
 from gpustation.runs import rundir
+from gpustation.runs.argv import child_env
 from gpustation.runs.gputrace import SAMPLE_INTERVAL_S, TraceSampler, write_sample
 from gpustation.runs.reconcile import record_end, stopped_reason
 from gpustation.runs.rundir import RunState
@@ -340,11 +342,10 @@ def supervise(directory: Path) -> int:
         _record_final(directory, state)
         return 0
 
-    env = dict(os.environ)
-    env.update(run.get("env") or {})
+    env = child_env(dict(os.environ), run.get("env") or {})
     oom_before = cgroup_oom_kills()
     # Unbuffered append: the child's bytes reach the file as they come.
-    log = open(output, "ab", buffering=0)  # noqa: SIM115
+    log = open(output, "ab", buffering=0, opener=private.opener)  # noqa: SIM115
     try:
         child = subprocess.Popen(
             run["argv"],

@@ -26,7 +26,7 @@ from typing import Any
 
 import zstandard
 
-from gpustation import paths
+from gpustation import paths, private
 from gpustation.errors import GpustationError, UsageError
 from gpustation.telemetry.model import Snapshot
 from gpustation.telemetry.recording import (
@@ -152,12 +152,16 @@ class Recorder:
         parent = self.path.parent
         if not parent.is_dir() and not self._make_dir:
             raise RecordError(f"cannot write {self.path}: the folder {parent} does not exist")
+        lock_path = self.path.with_name(self.path.name + ".lock")
         try:
             parent.mkdir(parents=True, exist_ok=True)
-            lock = os.open(
-                self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644
-            )
+            # never followed: a link planted there would have us create or lock its target
+            lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, private.FILE_MODE)
         except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise RecordError(
+                    f"cannot write {self.path}: its lock {lock_path} is a symbolic link; remove it"
+                ) from None
             raise RecordError(f"cannot write {self.path}: {err.strerror or err}") from None
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpustation import private
 from gpustation.errors import GpustationError, NeedsRootError, NotSupportedError, UsageError
 from gpustation.telemetry.backend import Backend
 from gpustation.telemetry.model import (
@@ -275,7 +276,7 @@ class SimBackend(Backend):
         if last.get("card") != card or last.get("count") != count:
             with contextlib.suppress(OSError):
                 tmp = last_path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps({"card": card, "count": count}))
+                private.write_text(tmp, json.dumps({"card": card, "count": count}))
                 os.replace(tmp, last_path)
         return backend
 
@@ -311,7 +312,7 @@ class SimBackend(Backend):
             return
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         lock_path = self.state_path.with_suffix(".lock")
-        with open(lock_path, "a") as lock:
+        with open(lock_path, "a", opener=private.opener) as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 try:
@@ -322,7 +323,7 @@ class SimBackend(Backend):
                     state = self._fresh_state()  # damaged or of another shape: start afresh
                 yield state
                 tmp = self.state_path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(state))
+                private.write_text(tmp, json.dumps(state))
                 os.replace(tmp, self.state_path)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)

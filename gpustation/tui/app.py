@@ -49,7 +49,7 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
 from gpustation.errors import GpustationError
-from gpustation.notify import alert_notifier_from_config
+from gpustation.notify import alert_notifier_from_config, notify_warnings
 from gpustation.telemetry.alerts import (
     AlertLog,
     fans_unattended,
@@ -99,6 +99,14 @@ class FrameReady(Message):
     def __init__(self, frame: Frame) -> None:
         super().__init__()
         self.frame = frame
+
+
+class NotifyProblems(Message):
+    """``[notify]`` URLs that cannot be notified, redacted (posted from a worker)."""
+
+    def __init__(self, warnings: list[str]) -> None:
+        super().__init__()
+        self.warnings = warnings
 
 
 class SampleFailed(Message):
@@ -225,6 +233,17 @@ class DashboardApp(ProcessActions):
         self.set_interval(STALE_CHECK_S, self._check_stale)
         if self._autostart:
             self.sample_now()
+        if self.alert_notifier is not None:
+            # apprise is imported to check the URLs: off the UI thread
+            self.run_worker(
+                lambda: self.post_message(NotifyProblems(notify_warnings())),
+                thread=True,
+                name="gpustation-notify-check",
+            )
+
+    def on_notify_problems(self, event: NotifyProblems) -> None:
+        for warning in event.warnings:
+            self.notify(warning, title="Notifications", severity="warning", timeout=12)
 
     def sample_now(self) -> None:
         """Start a sampling pass now (replaces a scheduled one)."""

@@ -176,3 +176,67 @@ def test_launcher_nsys_wraps_the_run_or_says_it_is_missing(runs_env: dict, tmp_p
     assert called.startswith("profile --trace cuda,nvtx,osrt")
     program = called.split()[called.split().index("--output") + 2 :]
     assert program[1].endswith("train_ok.py")  # the run's own program, then its args
+
+
+def test_a_note_with_bytes_that_are_not_utf8_leaves_the_run_and_its_history_sound(
+    runs_env: dict, tmp_path: Path
+) -> None:
+    from tests.runs.conftest import wait_until
+
+    release = tmp_path / "release"
+    runs_env["write_preset"]("wait", command_preset("wait", "wait_file", str(release)))
+    started = gs("run", "wait", "--detach")
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.strip()
+    wait_until(lambda: getattr(RunStore().get(run_id), "status", None) == "running", TIMEOUT)
+    # as a shell passes it: the bytes themselves; Python sees them surrogate-escaped
+    noted = subprocess.run(
+        [*gpustation_cmd("runs", "note", run_id), b"caf\xe9 \xff ok"],
+        capture_output=True,
+        env=child_env(),
+        timeout=TIMEOUT,
+    )
+    assert noted.returncode == 0, noted.stderr
+    assert "caf\ufffd \ufffd ok" in noted.stdout.decode()
+    tagged = gs("runs", "tag", run_id, "keep")
+    assert tagged.returncode == 0 and "keep" in tagged.stdout, tagged.stderr
+    release.touch()
+    # the supervisor's last word reaches the history: the run is not left running
+    wait_until(lambda: getattr(RunStore().get(run_id), "status", None) == "succeeded", TIMEOUT)
+    record = RunStore().get(run_id)
+    assert record is not None and record.note == "caf\ufffd \ufffd ok" and "keep" in record.tags
+    listed = gs("runs", "list", "--tag", "keep")
+    assert listed.returncode == 0 and run_id in listed.stdout, listed.stderr
+    shown = gs("runs", "show", run_id)
+    assert shown.returncode == 0 and "caf\ufffd \ufffd ok" in shown.stdout, shown.stderr
+    kept = json.loads((rundir.run_dir(run_id) / rundir.ANNOTATIONS_JSON).read_text())
+    assert kept["note"] == "caf\ufffd \ufffd ok"
+
+
+def test_a_note_left_with_a_lone_surrogate_no_longer_breaks_the_run(runs_env: dict) -> None:
+    run_id = _run("old-note")
+    # what an older version wrote for `runs note ID $'\xff'`
+    (rundir.run_dir(run_id) / rundir.ANNOTATIONS_JSON).write_text('{"note": "x\\udcff"}')
+    tagged = gs("runs", "tag", run_id, "keep")
+    assert tagged.returncode == 0, tagged.stderr
+    shown = gs("runs", "show", run_id)
+    assert shown.returncode == 0 and "x\ufffd" in shown.stdout, shown.stderr
+
+
+def test_deleting_a_run_whose_directory_is_a_link_says_so_and_touches_nothing(
+    runs_env: dict, tmp_path: Path
+) -> None:
+    run_id = _run("linked")
+    directory = rundir.run_dir(run_id)
+    target = tmp_path / "moved-away"
+    directory.rename(target)
+    directory.symlink_to(target)
+    before = sorted(p.name for p in target.iterdir())
+    result = gs("runs", "delete", run_id)
+    assert result.returncode == 2, result.stderr
+    assert "symbolic link" in result.stderr and "Traceback" not in result.stderr
+    assert directory.is_symlink() and sorted(p.name for p in target.iterdir()) == before
+    assert RunStore().get(run_id) is not None  # nothing was forgotten either
+    directory.unlink()
+    again = gs("runs", "delete", run_id)
+    assert again.returncode == 0 and RunStore().get(run_id) is None, again.stderr

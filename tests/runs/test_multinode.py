@@ -58,6 +58,7 @@ precision = "fp32"
 
 [env]
 OMP_NUM_THREADS = "1"
+HF_TOKEN = "hf_tiny_secret_0123"
 """
 
 
@@ -169,6 +170,9 @@ def test_two_nodes_run_one_ddp_job_recorded_as_one_run(nodes: LoopbackSshd, tmp_
     assert plan["rdzv_endpoint"] == f"127.0.0.1:{port}" and plan["rdzv_id"] == run["id"]
     conf = [n["spec"]["argv"] for n in plan["nodes"]]
     assert "--rdzv-conf=is_host=1" in conf[0] and "--rdzv-conf=is_host=0" in conf[1]
+    # the preset's variables are kept by name: their values went to the nodes privately
+    assert "hf_tiny_secret_0123" not in (directory / rundir.RUN_JSON).read_text()
+    assert {n["spec"]["env"]["HF_TOKEN"] for n in plan["nodes"]} == {"***"}
 
     # each node's state and energy: known where the GPUs could be read, unknown elsewhere
     doc = read_nodes(directory) or {}
@@ -444,3 +448,17 @@ def test_a_node_without_the_launchers_directory_runs_in_its_home(
     assert _working_directory({"cwd": str(there)}, said) == str(there)  # type: ignore[arg-type]
     assert _working_directory({}, said) == str(home)  # type: ignore[arg-type]
     assert len(said.logs) == 1
+
+
+def test_a_nodes_spec_carries_the_values_run_json_leaves_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpustation.runs.coordinator import node_spec
+
+    monkeypatch.setenv("HF_TOKEN", "hf_real")
+    monkeypatch.delenv("GONE", raising=False)
+    spec = {"argv": ["torchrun"], "env": {"HF_TOKEN": "***", "GONE": "***", "OMP_NUM_THREADS": "1"}}
+    assert node_spec(spec) == {
+        "argv": ["torchrun"],
+        "env": {"HF_TOKEN": "hf_real", "OMP_NUM_THREADS": "1"},
+    }

@@ -175,6 +175,26 @@ def test_one_writer_per_recording(tmp_path: Path) -> None:
         Recorder(path)
 
 
+def test_a_link_planted_at_the_lock_is_not_followed(tmp_path: Path) -> None:
+    path = tmp_path / "live.zst"
+    target = tmp_path / "precious"
+    target.write_text("keep me")
+    lock = path.with_name(path.name + ".lock")
+    lock.symlink_to(target)
+    absent = tmp_path / "absent"
+    with pytest.raises(RecordError, match="symbolic link; remove it"):
+        Recorder(path)
+    assert target.read_text() == "keep me"
+    lock.unlink()
+    lock.symlink_to(absent)  # a dangling link: nothing may be created through it
+    with pytest.raises(RecordError, match="symbolic link"):
+        Recorder(path)
+    assert not absent.exists() and not path.exists()
+    lock.unlink()
+    with Recorder(path):
+        assert lock.stat().st_mode & 0o777 == 0o600
+
+
 def test_sizes_times_and_settings_are_validated() -> None:
     assert parse_size("200MB") == 200_000_000
     assert parse_size("1.5GiB") == int(1.5 * 1024**3)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import marshal
+import random
+import resource
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -169,3 +173,50 @@ def test_the_file_keeps_the_fields_declared_static(fake_nvml: ModuleType, tmp_pa
     assert "power_max_w" in declared and "pcie.max_gen" in declared
     for entry in marshal.loads(path.read_bytes())["gpus"].values():
         assert set(entry) == {*declared, "num_fans", "pci_bus_id"}
+
+
+@contextlib.contextmanager
+def address_space_headroom(extra_bytes: int) -> Iterator[None]:
+    """Cap this process's address space a little above what it maps now, so that a
+    huge allocation fails as it would on a machine short of memory."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/status") as fh:
+        size_kib = next(int(line.split()[1]) for line in fh if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (size_kib * 1024 + extra_bytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"[\xff\xff\xff\x7f",  # a list of 2**31 - 1 items declared in five bytes
+        b"s\xff\xff\xff\x7f",  # bytes of 2 GiB declared the same way
+        bytes(random.Random(7).randrange(256) for _ in range(4096)),
+        marshal.dumps({"key": 1, "gpus": ["not", "entries"]}),
+    ],
+    ids=["huge-list", "huge-bytes", "random", "wrong-shape"],
+)
+def test_a_damaged_cache_is_ignored_and_rewritten(
+    fake_nvml: ModuleType, capsys: pytest.CaptureFixture[str], content: bytes
+) -> None:
+    path = state_dir() / STATIC_CACHE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    with address_space_headroom(1 << 30):
+        assert main(["snapshot"]) == 0
+    assert "H200" in capsys.readouterr().out
+    kept = marshal.loads(path.read_bytes())
+    assert len(kept["gpus"]) == 2  # rewritten with what the driver said
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_cache_too_large_to_be_one_is_not_read(fake_nvml: ModuleType, tmp_path: Path) -> None:
+    path = tmp_path / STATIC_CACHE_FILE
+    first = one_shot(fake_nvml, path)
+    path.write_bytes(path.read_bytes() + b"\0" * (2 << 20))
+    fake_nvml.calls.clear()
+    assert one_shot(fake_nvml, path) == first
+    assert static_calls(fake_nvml).count("nvmlDeviceGetMaxClockInfo") == 4  # asked again

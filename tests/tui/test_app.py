@@ -244,6 +244,20 @@ async def test_a_lost_gpu_is_notified_through_the_shared_alert_notifier(
     assert "GPU 1 is lost" in message["message"]
 
 
+async def test_a_notify_url_apprise_cannot_use_is_said_on_the_dashboard_redacted(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    (gpustation_dirs["config"] / "config.toml").write_text(
+        '[notify]\nurls = ["mailto://alice:hunter2-horse@"]\nbell = false\n'
+    )
+    app, _ = make_app(count=1)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await first_frame(pilot)
+        await wait_for(pilot, lambda: any("apprise cannot use" in n for n in notifications(app)))
+    (said,) = [n for n in notifications(app) if "apprise cannot use" in n]
+    assert "mailto://alice:***@" in said and "hunter2" not in said
+
+
 async def test_when_nvml_cannot_start_the_dashboard_runs_on_simulated_gpus_and_says_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

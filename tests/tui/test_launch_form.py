@@ -239,3 +239,18 @@ def test_a_saved_preset_keeps_odd_values_and_refuses_bad_names(
         with pytest.raises(UsageError):
             write_user_preset(bad, source, {}, None)
     assert sorted(p.name for p in path.parent.iterdir()) == ["odd.values_1.toml"]
+
+
+def test_a_past_run_opened_again_leaves_out_the_values_its_run_json_does_not_keep() -> None:
+    from gpustation.redact import REDACTED
+    from gpustation.tui.runs.form import preset_of
+
+    run = {
+        "preset": {
+            "name": "python",
+            "command": [sys.executable, "-c", "pass"],
+            "env": {"API_TOKEN": REDACTED, "OMP_NUM_THREADS": "1"},
+        }
+    }
+    preset = preset_of(run, {})
+    assert preset is not None and preset.env == {"OMP_NUM_THREADS": "1"}

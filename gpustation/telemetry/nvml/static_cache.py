@@ -16,8 +16,12 @@ import marshal
 import os
 from typing import Any
 
+from gpustation import private
+
 #: The file, in the state directory, that keeps static values between one-shot runs.
 STATIC_CACHE_FILE = "nvml-static.marshal"
+#: far more than the entries of a machine's GPUs take; a larger file is not read
+MAX_CACHE_BYTES = 1 << 20
 
 
 def _boot_id() -> str | None:
@@ -44,8 +48,13 @@ class StaticCache:
             return
         try:
             with open(path, "rb") as f:
-                doc = marshal.load(f)
-        except (OSError, ValueError, EOFError, TypeError):  # missing, damaged, other Python
+                data = f.read(MAX_CACHE_BYTES + 1)
+            if len(data) > MAX_CACHE_BYTES:
+                return
+            doc = marshal.loads(data)
+        # missing, damaged, another Python's, or crafted (a list of a billion items
+        # declared in five bytes is a MemoryError): read from the driver, rewritten
+        except Exception:
             return
         if isinstance(doc, dict) and doc.get("key") == self.key:
             gpus = doc.get("gpus")
@@ -84,7 +93,7 @@ class StaticCache:
         tmp = f"{self.path}.{os.getpid()}.tmp"
         try:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            with open(tmp, "wb") as f:
+            with open(tmp, "wb", opener=private.opener) as f:
                 marshal.dump({"key": self.key, "gpus": self._entries}, f)
             os.replace(tmp, self.path)
             self._changed = False

@@ -32,6 +32,7 @@ from textual.widget import Widget
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static, Switch
 
 from gpustation.errors import GpustationError, UsageError
+from gpustation.redact import REDACTED
 from gpustation.runs.presets import ArgValue, RunPreset, apply_overrides
 from gpustation.runs.runner_args import (
     RunnerArg,
@@ -553,12 +554,16 @@ def prefill_of(run: dict[str, Any]) -> Prefill:
 
 
 def preset_of(run: dict[str, Any], presets: dict[str, RunPreset]) -> RunPreset | None:
-    """The preset a past run came from: today's of that name, else the one it recorded."""
+    """The preset a past run came from: today's of that name, else the one it
+    recorded, less the variables whose values run.json does not keep."""
     data = run.get("preset") or {}
     name = data.get("name")
     if isinstance(name, str) and name in presets:
         return presets[name]
     try:
-        return RunPreset.from_dict(data) if data.get("name") else None
+        recorded = RunPreset.from_dict(data) if data.get("name") else None
     except TypeError:
         return None
+    if recorded is None:
+        return None
+    return replace(recorded, env={k: v for k, v in recorded.env.items() if v != REDACTED})
