@@ -110,7 +110,7 @@ def is_recording(path: Path) -> bool:
         return False
     size = struct.unpack_from("<I", head, 4)[0]
     try:
-        meta = json.loads(head[8 : 8 + size])
+        meta = jsondoc.loads(head[8 : 8 + size], max_bytes=4096)
     except ValueError:
         return False
     return isinstance(meta, dict) and meta.get("format") == FORMAT
