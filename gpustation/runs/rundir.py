@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpustation import paths
+from gpustation.textsafe import safe_doc
 
 RUN_JSON = "run.json"
 #: the user's note and tags (``runs note``, ``runs tag``)
@@ -75,7 +76,8 @@ class RunState:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunState:
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        # the reason and error tail quote the run's own output (rule 8)
+        return cls(**{k: safe_doc(v) for k, v in data.items() if k in known})
 
 
 def run_dir(run_id: str) -> Path:
@@ -173,8 +175,12 @@ def write_state(directory: Path, state: RunState) -> None:
     write_json(directory / STATE_JSON, state.to_dict())
 
 
-def read_run(directory: Path) -> dict[str, Any] | None:
-    return read_json(directory / RUN_JSON)
+def read_run(directory: Path, exact: bool = False) -> dict[str, Any] | None:
+    """``run.json``, its text made safe for any view (rule 8); ``exact`` for what
+    launches from it (the supervisor, a resume, run again), which must run the
+    argv and arguments as they were written."""
+    run = read_json(directory / RUN_JSON)
+    return run if exact or run is None else safe_doc(run)
 
 
 def stop_requested(directory: Path) -> bool:

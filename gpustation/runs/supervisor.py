@@ -310,7 +310,7 @@ def _note_stop_signal(directory: Path, name: str) -> None:
 
 
 def supervise(directory: Path) -> int:
-    run = rundir.read_run(directory)
+    run = rundir.read_run(directory, exact=True)
     if run is None:
         _log(f"no readable {rundir.RUN_JSON} in {directory}")
         return 2

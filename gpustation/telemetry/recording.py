@@ -37,6 +37,7 @@ import zstandard
 
 from gpustation.errors import UsageError
 from gpustation.telemetry.model import Snapshot
+from gpustation.textsafe import plain_json, safe_doc
 
 FORMAT = "gpustation.recording/1"
 ZSTD_MAGIC = 0xFD2FB528
@@ -196,7 +197,9 @@ def _lines(raw: bytes) -> list[dict[str, Any]]:
         except ValueError:
             continue  # a torn line: the writer died in the middle of it
         if isinstance(doc, dict) and isinstance(doc.get("time"), (int, float)):
-            docs.append(doc)
+            # Recordings are made to be shared: a host name or a process's argv
+            # in one is another party's text (rule 8).
+            docs.append(doc if plain_json(line) else safe_doc(doc))
     return docs
 
 
