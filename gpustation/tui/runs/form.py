@@ -13,7 +13,6 @@ command…" opens :mod:`.command_form` instead, for a command of the user's.
 
 from __future__ import annotations
 
-import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -40,6 +39,7 @@ from gpustation.runs.runner_args import (
     parse_text,
     value_text,
 )
+from gpustation.textsafe import safe
 from gpustation.tui.widgets import set_size_classes
 
 
@@ -136,10 +136,6 @@ class ArgsRead(Message):
         self.error = error
 
 
-#: what a terminal would act on (a value can come from a past run's run.json)
-_CONTROL = re.compile("[\x00-\x1f\x7f]")
-
-
 class GpuChoice(Horizontal):
     """A form's GPUs as checkboxes (``#gpu-N``), or a line saying there are none."""
 
@@ -164,10 +160,11 @@ class GpuChoice(Horizontal):
 
 
 def shown_argv(argv: list[str]) -> str:
-    """``argv`` as a shell would read it, safe for the screen."""
+    """``argv`` as a shell would read it, safe for the screen (a value can come from a
+    past run's run.json)."""
     # The interpreter's full path says nothing the reader needs.
     shown = ["python" if a == sys.executable else a for a in argv]
-    return _CONTROL.sub("\ufffd", shlex.join(shown))
+    return safe(shlex.join(shown))
 
 
 class LaunchDialog(ModalScreen[LaunchRequest | None]):

