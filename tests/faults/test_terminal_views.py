@@ -66,3 +66,37 @@ def test_replay_draws_a_shared_recording_s_host_and_gpu_names_harmless(
     replay.send(b"q")
     assert replay.wait_exit() == 0
     assert_harmless(replay.bytes())
+
+
+# A run that plants the text in its log line and its metrics' unit; its
+# command line (the run's title) carries it as an argument.
+CHILD = """
+import json, os, sys
+planted = sys.argv[1]
+print(f"loss line {planted} end", flush=True)
+with open(os.environ["GPUSTATION_METRICS_FILE"], "a") as metrics:
+    for step in (1, 2):
+        event = {"t": step / 10, "step": step, "total_steps": 2, "loss": 2.0 - step / 2,
+                 "throughput": 100.0 * step, "unit": f"img/s{planted}"}
+        metrics.write(json.dumps(event) + "\\n")
+"""
+
+
+def hostile_command(tmp_path: Path) -> list[str]:
+    (tmp_path / "child.py").write_text(CHILD, encoding="utf-8")
+    return ["run", "--", sys.executable, "child.py", HOSTILE]
+
+
+def test_run_and_runs_follow_print_the_run_s_log_title_and_unit_harmless(
+    runs_env: dict, tmp_path: Path, programs: list[PtyProgram]
+) -> None:
+    run = start(programs, *hostile_command(tmp_path), cwd=tmp_path)
+    assert run.wait_exit() == 0, run.screen()
+    raw = run.bytes()
+    assert b"loss line" in raw and b"img/s" in raw  # the log line and the unit were printed
+    assert_harmless(raw)
+    follow = start(programs, "runs", "follow", "last")
+    assert follow.wait_exit() == 0, follow.screen()
+    raw = follow.bytes()
+    assert b"loss line" in raw and b"img/s" in raw
+    assert_harmless(raw)
