@@ -11,6 +11,7 @@ out as ``\\u202e``.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,3 +101,54 @@ def test_run_and_runs_follow_print_the_run_s_log_title_and_unit_harmless(
     raw = follow.bytes()
     assert b"loss line" in raw and b"img/s" in raw
     assert_harmless(raw)
+
+
+def toml_string(text: str) -> str:
+    return json.dumps(text)  # JSON's escapes (\u001b ...) are TOML's too
+
+
+def test_the_runs_screen_draws_a_run_s_title_unit_and_log_and_a_preset_s_words_harmless(
+    runs_env: dict, tmp_path: Path, programs: list[PtyProgram]
+) -> None:
+    made = subprocess.run(
+        gpustation_cmd(*hostile_command(tmp_path)),
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    runs_env["write_preset"](
+        "aaa-evil",  # first in the list: the preset shown when the screen opens
+        f"title = {toml_string('EvilTitle' + HOSTILE)}\n"
+        f"description = {toml_string('EvilWords' + HOSTILE)}\n"
+        'command = ["true"]\n',
+    )
+    dashboard = start(programs)
+    dashboard.wait_for_bytes(lambda b: b"History" in b, "the dashboard")
+    dashboard.send(b"r")
+    dashboard.wait_for_bytes(
+        lambda b: all(w in b for w in (b"child.py", b"img/s", b"loss line", b"EvilWords")),
+        "the run's header and log, and the preset's title and description",
+    )
+    dashboard.send(b"q")
+    assert dashboard.wait_exit() == 0
+    assert_harmless(dashboard.bytes())
+
+
+def test_the_control_screen_draws_a_profile_s_description_harmless(
+    gpustation_dirs: dict[str, Path], programs: list[PtyProgram]
+) -> None:
+    profiles = gpustation_dirs["config"] / "presets" / "profiles"
+    profiles.mkdir(parents=True)
+    (profiles / "evil.toml").write_text(
+        f"description = {toml_string('EvilProfile' + HOSTILE)}\n[power]\nlimit = \"default\"\n",
+        encoding="utf-8",
+    )
+    dashboard = start(programs, "--simulate", "1")
+    dashboard.wait_for_bytes(lambda b: b"History" in b, "the dashboard")
+    dashboard.send(b"c")
+    dashboard.wait_for_bytes(lambda b: b"EvilProfile" in b, "the profile's description")
+    dashboard.send(b"q")
+    assert dashboard.wait_exit() == 0
+    assert_harmless(dashboard.bytes())
