@@ -130,7 +130,9 @@ def test_every_c1_control_is_replaced_and_8_bit_sequences_go_whole() -> None:
     assert safe("a\x85b") == "a\ufffdb"  # NEL, a lone C1 control, shows it was there
 
 
-@pytest.mark.parametrize("code", [*range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+@pytest.mark.parametrize(
+    "code", [*range(0x202A, 0x202F), *range(0x2066, 0x206A)], ids=lambda c: f"U+{c:04X}"
+)
 def test_bidirectional_overrides_and_isolates_are_shown_not_obeyed(code: int) -> None:
     assert safe(f"abc{chr(code)}def") == f"abc\\u{code:04x}def"
 
@@ -149,3 +151,28 @@ def test_a_json_text_said_plain_holds_no_string_safe_would_change() -> None:
                 assert safe_doc(json.loads(raw)) == json.loads(raw), repr(text)
     assert not plain_json(json.dumps({"unit": "\x1b]0;x\x07"}))
     assert not plain_json(json.dumps({"unit": "\u202e"}, ensure_ascii=False).encode())
+
+
+def test_runs_show_writes_a_multi_line_command_on_one_readable_line(runs_env: dict) -> None:
+    from tests.conftest import child_env, gpustation_cmd
+
+    code = "import sys\nsys.exit(0)"
+    env = child_env()
+    ran = subprocess.run(
+        gpustation_cmd("run", "--", sys.executable, "-c", code),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    shown = subprocess.run(
+        gpustation_cmd("runs", "show", "last"),
+        env={**env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    command = next(line for line in shown.splitlines() if line.startswith("command"))
+    assert command.endswith(" -c 'import sys\u23cesys.exit(0)'"), command
+    assert "\ufffd" not in shown
