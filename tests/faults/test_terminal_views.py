@@ -142,7 +142,7 @@ def test_the_control_screen_draws_a_profile_s_description_harmless(
     profiles = gpustation_dirs["config"] / "presets" / "profiles"
     profiles.mkdir(parents=True)
     (profiles / "evil.toml").write_text(
-        f"description = {toml_string('EvilProfile' + HOSTILE)}\n[power]\nlimit = \"default\"\n",
+        f'description = {toml_string("EvilProfile" + HOSTILE)}\n[power]\nlimit = "default"\n',
         encoding="utf-8",
     )
     dashboard = start(programs, "--simulate", "1")
