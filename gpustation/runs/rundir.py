@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpustation import paths
-from gpustation.textsafe import safe_doc
+from gpustation.textsafe import safe, safe_doc
 
 RUN_JSON = "run.json"
 #: the user's note and tags (``runs note``, ``runs tag``)
@@ -265,7 +265,8 @@ def group_members(pgid: int | None) -> list[int]:
 
 
 def tail_lines(path: Path, count: int = 20, max_bytes: int = 64 * 1024) -> list[str]:
-    """The last ``count`` lines of a text file, reading only its end."""
+    """The last ``count`` lines of a text file, reading only its end, as text safe for
+    any view (a run's log: its error tail)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
@@ -281,7 +282,7 @@ def tail_lines(path: Path, count: int = 20, max_bytes: int = 64 * 1024) -> list[
         lines.pop()
     if size > max_bytes and lines:
         lines = lines[1:]  # the first one is probably cut
-    return lines[-count:]
+    return [safe(line.expandtabs()) for line in lines[-count:]]
 
 
 def status_label(

@@ -176,3 +176,26 @@ def test_runs_show_writes_a_multi_line_command_on_one_readable_line(runs_env: di
     command = next(line for line in shown.splitlines() if line.startswith("command"))
     assert command.endswith(" -c 'import sys\u23cesys.exit(0)'"), command
     assert "\ufffd" not in shown
+
+
+def test_a_run_s_files_are_read_safe_and_run_json_exact_for_what_launches(tmp_path: Path) -> None:
+    from gpustation.runs import rundir
+
+    planted = "\x1b]0;owned\x07\u202e"
+    argv = [sys.executable, "-c", f"print(1)\n#{planted}"]
+    rundir.write_json(tmp_path / rundir.RUN_JSON, {"id": "r1", "argv": argv})
+    assert rundir.read_run(tmp_path) == {
+        "id": "r1",
+        "argv": [sys.executable, "-c", "print(1)\u23ce#\\u202e"],
+    }
+    assert rundir.read_run(tmp_path, exact=True) == {"id": "r1", "argv": argv}
+    rundir.write_json(
+        tmp_path / rundir.STATE_JSON,
+        {"id": "r1", "status": "failed", "reason": f"exit 1{planted}", "error_tail": [planted]},
+    )
+    state = rundir.read_state(tmp_path)
+    assert state is not None and state.reason == "exit 1\\u202e"
+    assert state.error_tail == ["\\u202e"]
+    log = tmp_path / rundir.OUTPUT_LOG
+    log.write_bytes(f"step\t1\nTraceback{planted}\n".encode())
+    assert rundir.tail_lines(log) == ["step    1", "Traceback\\u202e"]
