@@ -353,27 +353,27 @@ class _Progress:
         )
 
         self.bar = Progress(
-            TextColumn("{task.description}"),
+            # The run's title and unit are its own text, never markup.
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),
-            TextColumn("{task.fields[info]}"),
+            TextColumn("{task.fields[info]}", markup=False),
             console=Console(stderr=True),
             transient=False,
         )
         self.bar.start()
         self.task = self.bar.add_task(self.title, total=total, info="")
 
-    def write_log(self, data: bytes) -> None:
+    def write_log(self, lines: list[str]) -> None:
         if self.bar is not None and sys.stdout.isatty():
             # One terminal: print above the bar so the two do not tangle.
-            text = data.decode("utf-8", errors="replace").rstrip("\n")
-            for line in text.split("\n"):
-                self.bar.console.print(line.rsplit("\r", 1)[-1], markup=False, highlight=False)
+            for line in lines:
+                self.bar.console.print(line, markup=False, highlight=False)
         else:
-            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.write(("\n".join(lines) + "\n").encode("utf-8", "replace"))
             sys.stdout.flush()
 
     def update(self, run: RunSummary) -> None:
@@ -474,7 +474,7 @@ def follow(
                 stopper.start()
             update = follower.poll()
             if update.lines:
-                progress.write_log(b"\n".join(update.lines) + b"\n")
+                progress.write_log(update.text_lines())
             if update.events or update.ended:
                 progress.update(follower.summary())
             if update.ended:

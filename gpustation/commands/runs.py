@@ -9,6 +9,7 @@ that before its next launch (see :mod:`gpustation.runs.reconcile`).
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 
@@ -300,7 +301,8 @@ def _print_show(r: RunSummary) -> None:
         ("tags", ", ".join(r.tags)),
         ("note", r.note),
         ("resumed from", _resumed_text(r)),
-        ("command", " ".join(r.argv)),
+        # as a shell reads it; safe() below shows a newline in an argument as ⏎
+        ("command", shlex.join(r.argv)),
         ("ran as", r.ran_as),
         *_node_rows(r),
         (

@@ -21,6 +21,7 @@ from typing import Any
 from gpustation.errors import UsageError
 from gpustation.files import read_text
 from gpustation.paths import package_dir, user_profiles_dir
+from gpustation.textsafe import safe
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -284,9 +285,10 @@ def parse_profile(data: dict[str, Any], name: str, path: Path, shipped: bool = F
             + "\n".join(f"  {path}: {p}" for p in problems)
         )
     return Profile(
-        name=name,
+        name=safe(name),
         path=path,
-        description=description,
+        # shown on the control screen and by `profile list` (rule 8)
+        description=safe(description),
         power=power,
         fan_mode=fan_mode,
         curve=curve,

@@ -42,7 +42,7 @@ from typing import Any
 from gpustation import jsondoc, privs
 from gpustation.errors import UsageError
 from gpustation.telemetry.model import Snapshot
-from gpustation.textsafe import safe
+from gpustation.textsafe import safe, safe_doc
 
 DEFAULT_REMOTE_COMMAND = "gpustation"
 CONNECT_TIMEOUT_S = 5
@@ -414,19 +414,8 @@ def _parse_line(raw: bytes) -> tuple[Snapshot | None, str]:
     if not isinstance(data, dict):
         return None, f"garbage: not a snapshot: {shown!r}"
     try:
-        return Snapshot.from_dict(_safe_doc(data)), ""
+        return Snapshot.from_dict(safe_doc(data)), ""
     except ValueError as err:
         return None, f"garbage: {safe(err)}"
     except Exception as err:  # wrong shapes inside a document with the right schema
         return None, f"garbage: malformed snapshot ({type(err).__name__}: {safe(err)})"
-
-
-def _safe_doc(value: Any) -> Any:
-    """Every string of a remote document made safe for a terminal (rule 8)."""
-    if isinstance(value, str):
-        return safe(value)
-    if isinstance(value, dict):
-        return {safe(k): _safe_doc(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_safe_doc(v) for v in value]
-    return value

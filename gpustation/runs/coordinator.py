@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m gpustation.runs.coordinator RUN_DIR", file=sys.stderr)
         return 2
     directory = Path(argv[0])
-    run = rundir.read_run(directory)
+    run = rundir.read_run(directory, exact=True)
     if run is None or not isinstance(run.get("multinode"), dict):
         print(f"gpustation: {directory} holds no multi-node run", file=sys.stderr)
         return 2

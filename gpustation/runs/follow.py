@@ -23,6 +23,7 @@ from gpustation.runs.fold import MetricsFold
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary
 from gpustation.runs.tail import MetricsReader, Tailer
+from gpustation.textsafe import safe
 
 
 @dataclass
@@ -37,11 +38,13 @@ class FollowUpdate:
     ended: bool = False
 
     def text_lines(self) -> list[str]:
-        """The log lines as text; a progress bar's ``\\r`` redraws keep their last frame."""
-        return [
-            line.decode("utf-8", errors="replace").rstrip("\r").rsplit("\r", 1)[-1]
-            for line in self.lines
-        ]
+        """The log lines as text safe for any view (rule 8): a progress bar's ``\\r``
+        redraws keep their last frame, tabs are expanded, escape sequences removed."""
+        out = []
+        for line in self.lines:
+            text = line.decode("utf-8", errors="replace").rstrip("\r").rsplit("\r", 1)[-1]
+            out.append(text if text.isprintable() else safe(text.expandtabs()))
+        return out
 
 
 class RunFollower:

@@ -42,6 +42,7 @@ from typing import Any
 
 from gpustation import paths
 from gpustation.errors import UsageError
+from gpustation.textsafe import safe_doc
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -79,6 +80,15 @@ class RunPreset:
     source: str = ""
     #: "package" or "user"
     origin: str = "package"
+
+    def __post_init__(self) -> None:
+        # A preset's words are shown in every view, so they are cleaned as it is
+        # made (from a file, run.json or a command line); what it runs is kept
+        # exactly as written (rule 8).
+        self.name = safe_doc(self.name)
+        self.title = safe_doc(self.title)
+        self.description = safe_doc(self.description)
+        self.tags = safe_doc(self.tags)
 
     @property
     def display_title(self) -> str:

@@ -60,7 +60,7 @@ def plan_resume(
     run_id = store.resolve_id(text)
     record = store.get(run_id)
     directory = Path(record.run_dir) if record and record.run_dir else rundir.run_dir(run_id)
-    run = rundir.read_run(directory)
+    run = rundir.read_run(directory, exact=True)
     if run is None or not isinstance(run.get("preset"), dict):
         raise UsageError(f"--resume {text}: run {run_id} has no readable {rundir.RUN_JSON}")
     preset = RunPreset.from_dict(run["preset"])

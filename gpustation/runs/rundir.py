@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpustation import paths, private
+from gpustation.textsafe import safe, safe_doc
 
 RUN_JSON = "run.json"
 #: the user's note and tags (``runs note``, ``runs tag``)
@@ -75,7 +76,8 @@ class RunState:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunState:
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        # the reason and error tail quote the run's own output (rule 8)
+        return cls(**{k: safe_doc(v) for k, v in data.items() if k in known})
 
 
 def run_dir(run_id: str) -> Path:
@@ -173,8 +175,12 @@ def write_state(directory: Path, state: RunState) -> None:
     write_json(directory / STATE_JSON, state.to_dict())
 
 
-def read_run(directory: Path) -> dict[str, Any] | None:
-    return read_json(directory / RUN_JSON)
+def read_run(directory: Path, exact: bool = False) -> dict[str, Any] | None:
+    """``run.json``, its text made safe for any view (rule 8); ``exact`` for what
+    launches from it (the supervisor, a resume, run again), which must run the
+    argv and arguments as they were written."""
+    run = read_json(directory / RUN_JSON)
+    return run if exact or run is None else safe_doc(run)
 
 
 def stop_requested(directory: Path) -> bool:
@@ -259,7 +265,8 @@ def group_members(pgid: int | None) -> list[int]:
 
 
 def tail_lines(path: Path, count: int = 20, max_bytes: int = 64 * 1024) -> list[str]:
-    """The last ``count`` lines of a text file, reading only its end."""
+    """The last ``count`` lines of a text file, reading only its end, as text safe for
+    any view (a run's log: its error tail)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
@@ -275,7 +282,7 @@ def tail_lines(path: Path, count: int = 20, max_bytes: int = 64 * 1024) -> list[
         lines.pop()
     if size > max_bytes and lines:
         lines = lines[1:]  # the first one is probably cut
-    return lines[-count:]
+    return [safe(line.expandtabs()) for line in lines[-count:]]
 
 
 def status_label(

@@ -51,7 +51,7 @@ from gpustation.runs.nodes import combined_telemetry, nodes_energy
 from gpustation.runs.output import strict_json
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary
-from gpustation.textsafe import valid_unicode
+from gpustation.textsafe import safe_doc, valid_unicode
 
 _JSON_FIELDS = {"overrides", "gpus", "argv", "summary", "error_tail", "tags", "resumed_from"}
 _BOOL_FIELDS = {"simulated", "oom", "energy_shared"}
@@ -455,7 +455,8 @@ class RunStore:
                 value = bool(value)
             elif name == "malformed_metrics":
                 value = value or 0
-            data[name] = value
+            # a row written by an older version holds the run's text as it came (rule 8)
+            data[name] = safe_doc(value) if isinstance(value, (str, list, dict)) else value
         return RunSummary(**data)
 
     def delete(self, run_id: str) -> None:

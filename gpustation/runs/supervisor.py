@@ -153,6 +153,7 @@ def cgroup_oom_kills() -> int | None:
 def _metrics_report_oom(path: Path, max_bytes: int = 64 * 1024) -> str | None:
     """The message of an ``{"error": "out_of_memory"}`` event, as gpustation's runners write."""
     from gpustation.runs.tail import parse_metric_line
+    from gpustation.textsafe import NEWLINE
 
     try:
         with open(path, "rb") as fh:
@@ -164,8 +165,9 @@ def _metrics_report_oom(path: Path, max_bytes: int = 64 * 1024) -> str | None:
     for line in reversed(lines):
         event = parse_metric_line(line)
         if event is not None and event.get("error") == "out_of_memory":
-            message = str(event.get("message") or "").strip()
-            return message.splitlines()[0] if message else "out of memory"
+            # the reader shows a newline in the message as NEWLINE: its first line
+            parts = [p.strip() for p in str(event.get("message") or "").split(NEWLINE)]
+            return next((p for p in parts if p), "out of memory")
     return None
 
 
@@ -312,7 +314,7 @@ def _note_stop_signal(directory: Path, name: str) -> None:
 
 
 def supervise(directory: Path) -> int:
-    run = rundir.read_run(directory)
+    run = rundir.read_run(directory, exact=True)
     if run is None:
         _log(f"no readable {rundir.RUN_JSON} in {directory}")
         return 2

@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from gpustation.textsafe import plain_json, safe_doc
+
 #: a line longer than this is skipped and counted malformed, whatever it holds
 MAX_LINE_BYTES = 1 << 20
 #: bytes read at a time
@@ -283,7 +285,8 @@ def parse_metric_line(line: bytes | str, check: bool = True) -> dict[str, Any] |
         return None
     if check and not valid_event(event):
         return None
-    return event
+    # A run's text (its unit, its summary) reaches every view: cleaned here (rule 8).
+    return event if plain_json(line) else safe_doc(event)
 
 
 class MetricsReader:

@@ -38,6 +38,7 @@ import zstandard
 from gpustation import jsondoc
 from gpustation.errors import UsageError
 from gpustation.telemetry.model import Snapshot
+from gpustation.textsafe import plain_json, safe_doc
 
 FORMAT = "gpustation.recording/1"
 ZSTD_MAGIC = 0xFD2FB528
@@ -229,7 +230,9 @@ def _lines(raw: bytes, where: str = "", problems: list[str] | None = None) -> li
             continue
         time = doc.get("time") if isinstance(doc, dict) else None
         if isinstance(time, (int, float)) and not isinstance(time, bool):
-            docs.append(doc)
+            # Recordings are made to be shared: a host name or a process's argv
+            # in one is another party's text (rule 8).
+            docs.append(doc if plain_json(line) else safe_doc(doc))
         else:
             skipped.append('no finite "time"')
     if skipped and problems is not None:

@@ -13,7 +13,6 @@ command…" opens :mod:`.command_form` instead, for a command of the user's.
 
 from __future__ import annotations
 
-import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from gpustation.runs.runner_args import (
     parse_text,
     value_text,
 )
+from gpustation.textsafe import safe
 from gpustation.tui.widgets import set_size_classes
 
 
@@ -137,10 +137,6 @@ class ArgsRead(Message):
         self.error = error
 
 
-#: what a terminal would act on (a value can come from a past run's run.json)
-_CONTROL = re.compile("[\x00-\x1f\x7f]")
-
-
 class GpuChoice(Horizontal):
     """A form's GPUs as checkboxes (``#gpu-N``), or a line saying there are none."""
 
@@ -165,13 +161,14 @@ class GpuChoice(Horizontal):
 
 
 def shown_argv(argv: list[str]) -> str:
-    """``argv`` as a shell would read it, safe for the screen."""
+    """``argv`` as a shell would read it, safe for the screen (a value can come from a
+    past run's run.json)."""
     # The interpreter's full path says nothing the reader needs, nor its -P
     # (every Python child starts with the working directory off its path).
     shown = ["python" if a == sys.executable else a for a in argv]
     if shown[:2] == ["python", "-P"]:
         del shown[1]
-    return _CONTROL.sub("\ufffd", shlex.join(shown))
+    return safe(shlex.join(shown))
 
 
 class LaunchDialog(ModalScreen[LaunchRequest | None]):

@@ -404,7 +404,7 @@ class RunsScreen(RunLogScreen):
         def job() -> None:
             from gpustation.runs import rundir
 
-            self.post_message(RunRead(rundir.read_run(run_dir)))
+            self.post_message(RunRead(rundir.read_run(run_dir, exact=True)))
 
         # run.json is read off the UI thread, like every file of a run.
         self.app.run_worker(job, thread=True, exit_on_error=False, name="read run.json")
