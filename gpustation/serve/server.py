@@ -87,7 +87,6 @@ class BoundedServer(ThreadingMixIn, HTTPServer):
         self._closing = threading.Event()
         self._backoff_s = 0.0
         self._reported_at: float | None = None
-        self._refused = 0
         self._errors_logged: set[str] = set()
         super().__init__(address, handler)
         if tls is not None:
@@ -140,21 +139,18 @@ class BoundedServer(ThreadingMixIn, HTTPServer):
             self._expire()
 
     def _out_of_files(self, err: OSError) -> None:
-        self._refused += 1
         self._evict_oldest()
         now = time.monotonic()
         if self._reported_at is None or now - self._reported_at >= _REPORT_EVERY_S:
             soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
             self._log(
                 f"gpustation: cannot accept connections: {err.strerror or err} "
-                f"(open-file limit {soft}); {self._refused} accept(s) deferred, idle "
-                "connections closed to make room, retrying with back-off. Raise the "
-                "limit (ulimit -n, LimitNOFILE= in a systemd unit) or lower "
-                "--max-connections"
+                f"(open-file limit {soft}): closing idle connections to make room and "
+                "retrying with back-off (said at most once a minute). Raise the limit "
+                "(ulimit -n, LimitNOFILE= in a systemd unit) or lower --max-connections"
             )
             self._reported_at = now
-            self._refused = 0
-        self._backoff_s = min(_BACKOFF_MAX_S, max(_BACKOFF_FIRST_S, self._backoff_s * 2))
+            self._backoff_s = min(_BACKOFF_MAX_S, max(_BACKOFF_FIRST_S, self._backoff_s * 2))
         self._closing.wait(self._backoff_s)
 
     # ---- deadlines ------------------------------------------------------------
