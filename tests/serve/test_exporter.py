@@ -593,3 +593,22 @@ def test_active_alerts_are_exported_a_gpu_held_idle_among_them(tmp_path: Path) -
     metrics = _scrape(exporter)
     rules = {labels for labels in metrics["gpustation_alert"]}
     assert any(("rule", "gpu_idle_held") in labels for labels in rules)
+
+
+def test_a_missing_tls_file_is_named_with_its_option(tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    missing = tmp_path / "missing.pem"
+    for argv, named in (
+        (("--tls-cert", str(missing), "--tls-key", str(key)), f"--tls-cert {missing}"),
+        (("--tls-cert", str(cert), "--tls-key", str(missing)), f"--tls-key {missing}"),
+    ):
+        result = subprocess.run(
+            gpustation_cmd("serve", "--simulate", "1", *argv),
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == EXIT_USAGE, result.stderr
+        assert named in result.stderr and "No such file" in result.stderr
+        assert "None" not in result.stderr
