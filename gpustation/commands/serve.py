@@ -30,7 +30,11 @@ DEFAULT_LISTEN = "127.0.0.1:9400"
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``serve`` and its options."""
-    from gpustation.serve.server import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
+    from gpustation.serve.server import (
+        DEFAULT_IDLE_TIMEOUT_S,
+        DEFAULT_KEEP_ALIVE_S,
+        DEFAULT_MAX_CONNECTIONS,
+    )
 
     p = sub.add_parser(
         "serve",
@@ -64,8 +68,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=DEFAULT_IDLE_TIMEOUT_S,
         metavar="SECONDS",
-        help="close a connection that has not sent its next request within SECONDS "
+        help="close a new connection that has not sent its request within SECONDS "
         f"(0.1 to 3600, default {DEFAULT_IDLE_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--keep-alive",
+        type=float,
+        default=DEFAULT_KEEP_ALIVE_S,
+        metavar="SECONDS",
+        help="keep a connection open this long for its next request, so that a scraper "
+        f"over TLS does not handshake every scrape (0 to 3600, default "
+        f"{DEFAULT_KEEP_ALIVE_S:g}; 0 closes after each response)",
     )
     p.add_argument(
         "--max-connections",
@@ -116,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--idle-timeout: between 0.1 and 3600 seconds, got {args.idle_timeout:g}"
         )
+    if not 0 <= args.keep_alive <= 3600:
+        raise UsageError(f"--keep-alive: between 0 and 3600 seconds, got {args.keep_alive:g}")
     if not 1 <= args.max_connections <= 10000:
         raise UsageError(f"--max-connections: between 1 and 10000, got {args.max_connections}")
     from gpustation.telemetry.recorder import RecordError, recorder_from_config
@@ -155,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
             users=users,
             idle_timeout_s=args.idle_timeout,
             max_connections=args.max_connections,
+            keep_alive_s=args.keep_alive,
         )
         bound_port = server.server_address[1]
         if not is_loopback(host):

@@ -1,9 +1,10 @@
 """The exporter's HTTP side: ``/metrics`` on a :class:`~gpustation.serve.server.BoundedServer`.
 
 The server (``serve/server.py``) is the standard library's ``http.server``
-speaking HTTP/1.1 with keep-alive, a thread per connection, an idle timeout
-(``--idle-timeout``), a connection cap (``--max-connections``) and back-off
-when the process runs out of file descriptors. Each sample is rendered once
+speaking HTTP/1.1 with keep-alive (``--keep-alive``), a thread per
+connection, an idle timeout (``--idle-timeout``), a connection cap
+(``--max-connections``) and back-off when the process runs out of file
+descriptors. Each sample is rendered once
 per format (``Exporter.rendered``), with prometheus_client's own encoder
 choice and gzip rule; the figures are in bench/RESULTS.md
 (``bench/exporter_load.py``).
@@ -42,6 +43,7 @@ from gpustation.files import read_text
 from gpustation.serve.exporter import Exporter
 from gpustation.serve.server import (
     DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_KEEP_ALIVE_S,
     DEFAULT_MAX_CONNECTIONS,
     BoundedHandler,
     BoundedServer,
@@ -121,6 +123,8 @@ def _handler(exporter: Exporter, users: dict[str, str] | None) -> type[BoundedHa
             self.send_response(status)
             for name, value in headers:
                 self.send_header(name, value)
+            if status == HTTPStatus.UNAUTHORIZED:
+                self.send_header("Connection", "close")  # no kept connection without a password
             self.send_header("Content-Length", str(len(content)))
             self.end_headers()
             if body:
@@ -154,6 +158,7 @@ def serve(
     users: dict[str, str] | None = None,
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
 ) -> tuple[BoundedServer, threading.Thread]:
     """Serve the exporter over HTTP (HTTPS with ``tls``) in a daemon thread.
 
@@ -180,6 +185,7 @@ def serve(
             idle_timeout_s=idle_timeout_s,
             max_connections=max_connections,
             tls=tls,
+            keep_alive_s=keep_alive_s,
         )
     except OSError as err:
         if err.errno == errno.EADDRINUSE:

@@ -6,16 +6,19 @@ connection rather than one per scrape) and a thread per connection. What they
 lack for an endpoint on a network, this module adds around their hooks
 (``get_request``, ``service_actions``, ``close_request``, ``handle_error``):
 
-* **an idle deadline**: a connection has ``idle_timeout_s`` from being
-  accepted (the TLS handshake included) and from the end of each response
-  until its next request's headers are in. Each read and write also times out
-  after that long, so a client that neither sends nor reads is let go. The
-  deadlines are kept by the accept thread, which shuts the socket of a
+* **deadlines**: a new connection has ``idle_timeout_s`` from being accepted
+  (the TLS handshake included) until its first request's headers are in; a
+  kept-alive one has ``keep_alive_s`` from the end of each response until the
+  next request's are (long enough for a scrape interval, so that a scraper
+  over TLS keeps its connection; 0 closes after each response). Each read and
+  write also times out, so a client that neither sends nor reads is let go.
+  The deadlines are kept by the accept thread, which shuts the socket of a
   connection past its own: a client that dribbles a byte at a time gains
   nothing.
 * **a connection cap**: at most ``max_connections`` at once. At the cap the
-  oldest connection waiting for a request is closed to make room (a scraper
-  between two scrapes reconnects next time); with none waiting the server
+  connection that has waited longest for its next request (a second or more)
+  is closed to make room (a scraper between two scrapes reconnects next
+  time), so idle clients cannot hold every slot; with none waiting the server
   stops accepting until one ends, and new clients wait in the listen backlog.
 * **out of file descriptors** (``EMFILE`` and its kin): the oldest waiting
   connection is closed and accepting backs off (5 ms doubling to 1 s, as Go's
@@ -44,6 +47,7 @@ from socketserver import ThreadingMixIn
 from typing import Any
 
 DEFAULT_IDLE_TIMEOUT_S = 10.0
+DEFAULT_KEEP_ALIVE_S = 120.0
 DEFAULT_MAX_CONNECTIONS = 64
 
 # accept() failures that mean "no file descriptor or buffer right now"
@@ -51,6 +55,9 @@ _OUT_OF_FILES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 _BACKOFF_FIRST_S = 0.005
 _BACKOFF_MAX_S = 1.0
 _REPORT_EVERY_S = 60.0
+# a connection that has waited this long for its request may be closed to make
+# room; a client sends its request within milliseconds of connecting
+_EVICTABLE_AFTER_S = 1.0
 
 
 class _Closing(OSError):
@@ -58,7 +65,7 @@ class _Closing(OSError):
 
 
 class BoundedServer(ThreadingMixIn, HTTPServer):
-    """``HTTPServer`` with an idle deadline, a connection cap and EMFILE back-off.
+    """``HTTPServer`` with request deadlines, a connection cap and EMFILE back-off.
 
     ``log`` receives one line for what the operator should know (out of file
     descriptors, an error of the server's own); it defaults to stderr.
@@ -76,14 +83,16 @@ class BoundedServer(ThreadingMixIn, HTTPServer):
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         tls: ssl.SSLContext | None = None,
         log: Callable[[str], None] | None = None,
+        keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
     ) -> None:
         self.idle_timeout_s = idle_timeout_s
+        self.keep_alive_s = keep_alive_s
         self.max_connections = max_connections
         self._log = log or _stderr
         self._slots = threading.BoundedSemaphore(max_connections)
         self._lock = threading.Lock()
-        # connection -> the monotonic time by which its next request must be in
-        self._waiting: dict[socket.socket, float] = {}
+        # connection -> (monotonic time it began waiting, by which its request must be in)
+        self._waiting: dict[socket.socket, tuple[float, float]] = {}
         self._closing = threading.Event()
         self._backoff_s = 0.0
         self._reported_at: float | None = None
@@ -97,7 +106,8 @@ class BoundedServer(ThreadingMixIn, HTTPServer):
     # ---- the accept loop ----------------------------------------------------
     def serve_forever(self, poll_interval: float | None = None) -> None:
         # deadlines are checked between accepts: often enough for the shortest timeout
-        poll = min(0.5, self.idle_timeout_s / 4) if poll_interval is None else poll_interval
+        shortest = min(t for t in (self.idle_timeout_s, self.keep_alive_s) if t > 0)
+        poll = min(0.5, shortest / 4) if poll_interval is None else poll_interval
         super().serve_forever(poll)
 
     def shutdown(self) -> None:
@@ -125,15 +135,16 @@ class BoundedServer(ThreadingMixIn, HTTPServer):
                 self._out_of_files(err)
             raise
         self._backoff_s = 0.0
-        self.wait_for_request(conn)
+        self.wait_for_request(conn, self.idle_timeout_s)
         return conn, address
 
     def _take_slot(self) -> None:
-        """Block until a connection may be accepted, closing idle ones at the cap."""
-        if self._slots.acquire(blocking=False):
-            return
-        self._evict_oldest()
-        while not self._slots.acquire(timeout=min(0.1, self.idle_timeout_s / 4)):
+        """Block until a connection may be accepted, closing an idle one at the cap."""
+        tick = min(0.1, self.idle_timeout_s / 4)
+        while not self._slots.acquire(blocking=False):
+            self._evict_oldest()
+            if self._slots.acquire(timeout=tick):
+                return
             if self._closing.is_set():
                 raise _Closing("shutting down")
             self._expire()
@@ -154,10 +165,12 @@ class BoundedServer(ThreadingMixIn, HTTPServer):
         self._closing.wait(self._backoff_s)
 
     # ---- deadlines ------------------------------------------------------------
-    def wait_for_request(self, conn: socket.socket) -> None:
-        """``conn`` now waits for a request: it has the idle timeout from now (once armed)."""
+    def wait_for_request(self, conn: socket.socket, timeout_s: float) -> None:
+        """``conn`` waits for a request, which must be in within ``timeout_s`` from now
+        (or from when it began waiting, if it already was)."""
+        now = time.monotonic()
         with self._lock:
-            self._waiting.setdefault(conn, time.monotonic() + self.idle_timeout_s)
+            self._waiting.setdefault(conn, (now, now + timeout_s))
             if self._closing.is_set():
                 self._cut(conn)
 
@@ -169,14 +182,19 @@ class BoundedServer(ThreadingMixIn, HTTPServer):
     def _expire(self) -> None:
         now = time.monotonic()
         with self._lock:
-            late = [conn for conn, deadline in self._waiting.items() if deadline <= now]
+            late = [conn for conn, (_, deadline) in self._waiting.items() if deadline <= now]
             for conn in late:
                 self._cut(conn)
 
     def _evict_oldest(self) -> None:
+        """Close the connection that has waited longest for a request, if it has waited
+        long enough that it is not one whose request is on its way."""
+        latest_since = time.monotonic() - min(_EVICTABLE_AFTER_S, self.idle_timeout_s / 2)
         with self._lock:
             if self._waiting:
-                self._cut(min(self._waiting, key=self._waiting.__getitem__))
+                oldest = min(self._waiting, key=lambda conn: self._waiting[conn][0])
+                if self._waiting[oldest][0] <= latest_since:
+                    self._cut(oldest)
 
     def _cut(self, conn: socket.socket) -> None:
         """Shut ``conn`` down (under the lock): its thread sees the end and closes it."""
@@ -212,6 +230,7 @@ class BoundedHandler(BaseHTTPRequestHandler):
     server_version = "gpustation"
     sys_version = ""
     server: BoundedServer
+    _served = 0
 
     def setup(self) -> None:
         self.timeout = self.server.idle_timeout_s  # each read and write
@@ -226,13 +245,22 @@ class BoundedHandler(BaseHTTPRequestHandler):
         super().handle()
 
     def handle_one_request(self) -> None:
-        self.server.wait_for_request(self.connection)
+        wait_s = self.server.keep_alive_s if self._served else self.server.idle_timeout_s
+        self.connection.settimeout(wait_s)
+        self.server.wait_for_request(self.connection, wait_s)
         super().handle_one_request()
+        self._served += 1
 
     def parse_request(self) -> bool:
         ok = super().parse_request()
         self.server.request_in(self.connection)
+        self.connection.settimeout(self.server.idle_timeout_s)
         return ok
+
+    def end_headers(self) -> None:
+        if self.server.keep_alive_s <= 0 and not self.close_connection:
+            self.send_header("Connection", "close")
+        super().end_headers()
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # one line per scrape on stderr helps no one

@@ -129,6 +129,46 @@ def test_a_second_request_on_a_tls_connection_needs_no_second_handshake(
     assert tls.session_stats()["accept_good"] == 1
 
 
+def test_a_kept_connection_waits_keep_alive_for_its_next_request_then_is_closed(
+    start: Callable[..., Server],
+) -> None:
+    _, port = start(idle_timeout_s=0.3, keep_alive_s=2.0)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/metrics")
+        conn.getresponse().read()
+        first = conn.sock
+        time.sleep(0.8)  # longer than the idle timeout of a new connection
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().status == 200 and conn.sock is first
+        waited = _closed_by_server(conn.sock, within=10)
+    finally:
+        conn.close()
+    assert 1.5 <= waited < 5
+
+
+@pytest.mark.parametrize("how", ["keep-alive 0", "no password"])
+def test_without_keep_alive_or_a_password_the_connection_is_closed_after_the_response(
+    start: Callable[..., Server], tmp_path: Path, how: str
+) -> None:
+    from gpustation.serve.http import load_users
+
+    users = tmp_path / "users"
+    users.write_text("prom:s3cret\n")
+    users.chmod(0o600)
+    kwargs = {"keep_alive_s": 0.0} if how == "keep-alive 0" else {"users": load_users(users)}
+    _, port = start(**kwargs)
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(10)
+        answer = b""
+        while chunk := sock.recv(65536):  # the server closes: recv ends
+            answer += chunk
+    head = answer.partition(b"\r\n\r\n")[0].lower()
+    assert b"connection: close" in head
+    assert head.startswith(b"http/1.1 200" if how == "keep-alive 0" else b"http/1.1 401")
+
+
 def test_a_silent_tls_client_blocks_no_scrape_and_is_let_go(
     start: Callable[..., Server], tmp_path: Path
 ) -> None:
