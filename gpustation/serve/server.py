@@ -229,6 +229,9 @@ class BoundedHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "gpustation"
     sys_version = ""
+    # headers and body go out as two writes; on a kept connection Nagle would hold
+    # the second until the client's delayed acknowledgement
+    disable_nagle_algorithm = True
     server: BoundedServer
     _served = 0
 

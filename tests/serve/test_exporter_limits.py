@@ -147,6 +147,26 @@ def test_a_kept_connection_waits_keep_alive_for_its_next_request_then_is_closed(
     assert 1.5 <= waited < 5
 
 
+def test_requests_on_a_kept_connection_do_not_wait_for_delayed_acknowledgements(
+    start: Callable[..., Server],
+) -> None:
+    # With Nagle's algorithm on, each response's second write waits for the
+    # client's delayed acknowledgement (40 ms or more on Linux).
+    _, port = start()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/metrics")
+        conn.getresponse().read()
+        t0 = time.monotonic()
+        for _ in range(20):
+            conn.request("GET", "/metrics")
+            conn.getresponse().read()
+        took = time.monotonic() - t0
+    finally:
+        conn.close()
+    assert took < 0.4, f"20 requests on one connection took {took:.2f} s"
+
+
 @pytest.mark.parametrize("how", ["keep-alive 0", "no password"])
 def test_without_keep_alive_or_a_password_the_connection_is_closed_after_the_response(
     start: Callable[..., Server], tmp_path: Path, how: str
