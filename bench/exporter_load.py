@@ -70,9 +70,11 @@ def free_port() -> int:
 def self_signed(folder: Path) -> tuple[Path, Path]:
     cert, key = folder / "cert.pem", folder / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
-        + ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
-        + ["-keyout", str(key), "-out", str(cert)],
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
         check=True,
         capture_output=True,
     )
@@ -106,9 +108,7 @@ class Scraper:
         if trust is None:
             self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         else:
-            self.conn = http.client.HTTPSConnection(
-                "127.0.0.1", port, timeout=30, context=trust
-            )
+            self.conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=trust)
 
     def scrape(self) -> float:
         t0 = time.perf_counter()

@@ -126,9 +126,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0.1 <= args.interval <= 3600:
         raise UsageError(f"--interval: between 0.1 and 3600 seconds, got {args.interval:g}")
     if not 0.1 <= args.idle_timeout <= 3600:
-        raise UsageError(
-            f"--idle-timeout: between 0.1 and 3600 seconds, got {args.idle_timeout:g}"
-        )
+        raise UsageError(f"--idle-timeout: between 0.1 and 3600 seconds, got {args.idle_timeout:g}")
     if not 0 <= args.keep_alive <= 3600:
         raise UsageError(f"--keep-alive: between 0 and 3600 seconds, got {args.keep_alive:g}")
     if not 1 <= args.max_connections <= 10000:

@@ -236,8 +236,8 @@ class BoundedHandler(BaseHTTPRequestHandler):
     _served = 0
 
     def setup(self) -> None:
-        self.timeout = self.server.idle_timeout_s  # each read and write
         super().setup()
+        self.connection.settimeout(self.server.idle_timeout_s)  # each read and write
 
     def handle(self) -> None:
         if isinstance(self.connection, ssl.SSLSocket):

@@ -356,7 +356,9 @@ def test_out_of_file_descriptors_serve_neither_spins_nor_floods_and_scrapes_get_
     try:
         for _ in range(150):  # more than the 64 descriptors the server may open
             idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
-        _until("serve says it ran out of descriptors", lambda: b"open-file limit" in log.read_bytes())
+        _until(
+            "serve says it ran out of descriptors", lambda: b"open-file limit" in log.read_bytes()
+        )
         req = urllib.request.Request(
             f"http://127.0.0.1:{port}/metrics",
             headers={"Authorization": "Basic " + base64.b64encode(b"prom:s3cret").decode()},

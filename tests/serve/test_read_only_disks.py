@@ -23,7 +23,7 @@ from tests.tools import missing, tool
 
 _MOUNT_READ_ONLY = (
     'IFS=:; for d in $RO_DIRS; do mount --bind "$d" "$d" && mount -o remount,bind,ro "$d" '
-    "|| exit 97; done; unset IFS; exec \"$@\""
+    '|| exit 97; done; unset IFS; exec "$@"'
 )
 
 
