@@ -161,7 +161,7 @@ class BoundedServer(ThreadingMixIn, HTTPServer):
                 "(ulimit -n, LimitNOFILE= in a systemd unit) or lower --max-connections"
             )
             self._reported_at = now
-            self._backoff_s = min(_BACKOFF_MAX_S, max(_BACKOFF_FIRST_S, self._backoff_s * 2))
+        self._backoff_s = min(_BACKOFF_MAX_S, max(_BACKOFF_FIRST_S, self._backoff_s * 2))
         self._closing.wait(self._backoff_s)
 
     # ---- deadlines ------------------------------------------------------------

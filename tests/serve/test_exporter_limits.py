@@ -11,6 +11,7 @@ import resource
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -387,3 +388,63 @@ def test_out_of_file_descriptors_serve_neither_spins_nor_floods_and_scrapes_get_
     text = log.read_text()
     assert "Traceback" not in text
     assert len(text.splitlines()) <= 4, text
+
+
+_BUSY_SERVER = """
+import resource, sys, threading
+resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
+from gpustation.serve.server import BoundedHandler, BoundedServer
+release = threading.Event()
+
+class Busy(BoundedHandler):
+    def do_GET(self):
+        release.wait()
+        self.send_response(200)
+        self.send_header("Content-Length", "3")
+        self.end_headers()
+        self.wfile.write(b"ok\\n")
+
+server = BoundedServer(("127.0.0.1", 0), Busy, idle_timeout_s=60, max_connections=1000)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+print(server.server_address[1], flush=True)
+sys.stdin.readline()
+release.set()
+sys.stdin.readline()
+"""
+
+
+def test_out_of_descriptors_with_none_idle_the_accept_loop_backs_off(tmp_path: Path) -> None:
+    # every connection is busy with a request: nothing to close, only waiting helps
+    log = tmp_path / "server.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _BUSY_SERVER],
+            env=child_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+        )
+    assert proc.stdin is not None and proc.stdout is not None
+    clients: list[socket.socket] = []
+    try:
+        port = int(proc.stdout.readline())
+        for _ in range(60):  # more than the 40 descriptors the server may open
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            clients.append(sock)
+        _until("the server runs out of descriptors", lambda: b"open-file limit" in log.read_bytes())
+        cpu0, t0 = _cpu_s(proc.pid), time.monotonic()
+        time.sleep(2.0)  # the window measured, not a wait for the server
+        used, wall = _cpu_s(proc.pid) - cpu0, time.monotonic() - t0
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        for sock in clients:  # once the busy ones end, the waiting ones are all served
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in clients:
+            sock.close()
+        proc.kill()
+        proc.wait(timeout=30)
+    assert used < 0.2 * wall, f"{used:.2f} s of CPU in {wall:.1f} s"
+    text = log.read_text()
+    assert "Traceback" not in text and len(text.splitlines()) == 1, text
