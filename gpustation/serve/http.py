@@ -4,10 +4,9 @@ The server (``serve/server.py``) is the standard library's ``http.server``
 speaking HTTP/1.1 with keep-alive (``--keep-alive``), a thread per
 connection, an idle timeout (``--idle-timeout``), a connection cap
 (``--max-connections``) and back-off when the process runs out of file
-descriptors. Each sample is rendered once
-per format (``Exporter.rendered``), with prometheus_client's own encoder
-choice and gzip rule; the figures are in bench/RESULTS.md
-(``bench/exporter_load.py``).
+descriptors. Each sample is rendered once per format
+(``Exporter.rendered``), with prometheus_client's own encoder choice and
+gzip rule; the figures are in bench/RESULTS.md (``bench/exporter_load.py``).
 
 TLS (``--tls-cert``/``--tls-key``) wraps the listening socket with the
 standard library's ssl; the handshake happens in each connection's own

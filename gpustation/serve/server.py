@@ -72,6 +72,7 @@ class BoundedServer(ThreadingMixIn, HTTPServer):
     """
 
     daemon_threads = True
+    # socketserver's backlog of 5 leaves a crowd of scrapers to SYN retransmits
     request_queue_size = 128
     allow_reuse_address = True
 
