@@ -120,3 +120,19 @@ def test_snapshot_starts_where_its_dirs_are_missing_under_a_read_only_home(
     assert '"gpus"' in result.stdout
     assert f"{state} is read-only" in result.stderr
     assert list(home.iterdir()) == []
+
+
+def test_simulated_gpus_on_a_read_only_state_dir_are_kept_in_memory(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    dirs = [gpustation_dirs["data"], gpustation_dirs["state"]]
+    result = subprocess.run(
+        _on_read_only(dirs, gpustation_cmd("snapshot", "--simulate", "2")),
+        env=_env(dirs),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "SIMULATED" in result.stdout and "Traceback" not in result.stderr
+    assert "the simulated GPUs' state is not kept" in result.stdout
