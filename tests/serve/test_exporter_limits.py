@@ -321,7 +321,7 @@ def test_serve_holds_no_more_connections_than_its_cap(tmp_path: Path) -> None:
     done = threading.Event()
 
     def watch() -> None:  # the most sockets the server holds at any moment
-        while not done.is_set():
+        while not done.wait(0.005):  # a sample every few milliseconds
             most.append(_sockets(proc.pid))
 
     watcher = threading.Thread(target=watch)
