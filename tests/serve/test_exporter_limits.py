@@ -448,3 +448,18 @@ def test_out_of_descriptors_with_none_idle_the_accept_loop_backs_off(tmp_path: P
     assert used < 0.2 * wall, f"{used:.2f} s of CPU in {wall:.1f} s"
     text = log.read_text()
     assert "Traceback" not in text and len(text.splitlines()) == 1, text
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--idle-timeout", "0"), ("--keep-alive", "-1"), ("--max-connections", "0")],
+)
+def test_a_limit_out_of_range_is_a_usage_error_naming_it(
+    option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpustation import cli
+    from gpustation.errors import EXIT_USAGE
+
+    assert cli.main(["serve", "--simulate", "1", option, value]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert option in err and "between" in err
