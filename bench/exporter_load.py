@@ -1,11 +1,23 @@
 """The exporter under load: many concurrent scrapers, and memory over a long soak.
 
 Starts ``gpustation serve --simulate 8`` on a loopback port and scrapes it from
-``--scrapers`` threads at once, each opening a new connection per scrape as
-Prometheus does, for ``--rounds`` scrapes each; prints the latency median, p95
-and p99. The reference, measured in the same run, is the same exporter served
-by prometheus_client's ``start_http_server`` (socketserver's default listen
-backlog), started by this script in a child process.
+``--scrapers`` threads at once, for ``--rounds`` scrapes each; prints the
+latency median, p95 and p99. Each scraper opens one client connection before
+the start and reuses it while the server keeps it open, as a running
+Prometheus does; when the server closes it, the next scrape connects (and
+with ``--tls`` handshakes) again, and that time is part of the scrape's.
+
+Measured in the same run, one after the other:
+
+* ``gpustation``: HTTP/1.1 with keep-alive (the default ``--keep-alive``);
+* ``one-per-scrape``: the same with ``--keep-alive 0``, a connection (and a
+  TLS handshake) per scrape, as the HTTP/1.0 exporter did;
+* ``reference``: the same exporter served by prometheus_client's
+  ``start_http_server`` (socketserver's default listen backlog, HTTP/1.0),
+  started by this script in a child process (``--no-reference`` leaves it out).
+
+``--tls`` serves all of them over TLS with a self-signed certificate made by
+``openssl`` for the run.
 
 ``--soak SECONDS`` then scrapes once every ``--soak-interval`` seconds and
 reads the server's RSS every ``--soak-every`` scrapes; it prints the RSS at
@@ -13,6 +25,7 @@ the start and the end and the least-squares slope, extrapolated to 24 hours
 of 1 s scrapes.
 
     python bench/exporter_load.py --scrapers 20 --rounds 50 --soak 120
+    python bench/exporter_load.py --tls --scrapers 20 --rounds 50
 """
 
 from __future__ import annotations
@@ -21,9 +34,11 @@ import argparse
 import http.client
 import os
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -39,7 +54,8 @@ from gpustation.telemetry.sim import SimBackend
 backend = SimBackend.open(count=8, card="h200")
 exporter = Exporter(Sampler(backend).sample, interval_s=1.0)
 exporter.start()
-start_http_server(int(sys.argv[1]), addr="127.0.0.1", registry=exporter.registry)
+tls = dict(certfile=sys.argv[2], keyfile=sys.argv[3]) if len(sys.argv) > 3 else {}
+start_http_server(int(sys.argv[1]), addr="127.0.0.1", registry=exporter.registry, **tls)
 print("serving", file=sys.stderr, flush=True)
 threading.Event().wait()
 """
@@ -51,12 +67,31 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(kind: str, port: int, env: dict[str, str]) -> subprocess.Popen[str]:
-    if kind == "gpustation":
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+def start(
+    kind: str, port: int, env: dict[str, str], tls: tuple[Path, Path] | None
+) -> subprocess.Popen[str]:
+    if kind == "reference":
+        argv = [sys.executable, "-c", REFERENCE, str(port)]
+        argv += [str(tls[0]), str(tls[1])] if tls else []
+    else:
         argv = [sys.executable, "-m", "gpustation", "serve", "--simulate", "8"]
         argv += ["--sim-card", "h200", "--listen", f"127.0.0.1:{port}"]
-    else:
-        argv = [sys.executable, "-c", REFERENCE, str(port)]
+        argv += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else []
+        argv += ["--keep-alive", "0"] if kind == "one-per-scrape" else []
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -66,24 +101,43 @@ def start(kind: str, port: int, env: dict[str, str]) -> subprocess.Popen[str]:
     return proc
 
 
-def scrape(port: int) -> float:
-    t0 = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request("GET", "/metrics")
-    body = conn.getresponse().read()
-    conn.close()
-    assert b"DCGM_FI_DEV_GPU_TEMP" in body
-    return time.perf_counter() - t0
+class Scraper:
+    """One client connection, reused while the server keeps it open."""
+
+    def __init__(self, port: int, trust: ssl.SSLContext | None) -> None:
+        if trust is None:
+            self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        else:
+            self.conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=trust)
+
+    def scrape(self) -> float:
+        t0 = time.perf_counter()
+        # http.client connects again by itself when the server closed the last one
+        self.conn.request("GET", "/metrics")
+        body = self.conn.getresponse().read()
+        assert b"DCGM_FI_DEV_GPU_TEMP" in body
+        return time.perf_counter() - t0
 
 
-def load(port: int, scrapers: int, rounds: int) -> list[float]:
+def scrape(port: int, trust: ssl.SSLContext | None = None) -> float:
+    scraper = Scraper(port, trust)
+    try:
+        return scraper.scrape()
+    finally:
+        scraper.conn.close()
+
+
+def load(port: int, scrapers: int, rounds: int, trust: ssl.SSLContext | None) -> list[float]:
     times: list[float] = []
     lock = threading.Lock()
     go = threading.Barrier(scrapers)
 
     def worker() -> None:
+        scraper = Scraper(port, trust)
+        scraper.conn.connect()  # open before the start, as a running Prometheus has it
         go.wait()
-        mine = [scrape(port) for _ in range(rounds)]
+        mine = [scraper.scrape() for _ in range(rounds)]
+        scraper.conn.close()
         with lock:
             times.extend(mine)
 
@@ -107,12 +161,19 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def soak(port: int, pid: int, seconds: float, interval: float, every: int) -> None:
+def soak(
+    port: int,
+    pid: int,
+    seconds: float,
+    interval: float,
+    every: int,
+    trust: ssl.SSLContext | None = None,
+) -> None:
     points: list[tuple[float, int]] = []
     t_start = time.monotonic()
     n = 0
     while time.monotonic() - t_start < seconds:
-        scrape(port)
+        scrape(port, trust)
         if n % every == 0:
             points.append((time.monotonic() - t_start, rss_kib(pid)))
         n += 1
@@ -132,6 +193,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scrapers", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--tls", action="store_true", help="serve over TLS (openssl makes a cert)")
     parser.add_argument("--soak", type=float, default=0.0, metavar="SECONDS")
     parser.add_argument("--soak-interval", type=float, default=0.05)
     parser.add_argument("--soak-every", type=int, default=20)
@@ -140,27 +202,32 @@ def main() -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.setdefault("GPUSTATION_STATE_DIR", str(Path("/tmp") / f"gs-bench-{os.getpid()}"))
-    kinds = ["gpustation"] + ([] if args.no_reference else ["reference"])
+    kinds = ["gpustation", "one-per-scrape"] + ([] if args.no_reference else ["reference"])
     results: dict[str, float] = {}
-    for kind in kinds:
-        port = free_port()
-        proc = start(kind, port, env)
-        try:
-            load(port, 2, 5)  # warm up
-            times = load(port, args.scrapers, args.rounds)
-            med, p95, p99 = (pct(times, q) * 1e3 for q in (0.5, 0.95, 0.99))
-            results[kind] = p99
-            print(
-                f"{kind:>10}: {len(times)} scrapes by {args.scrapers} scrapers at once: "
-                f"median {med:.1f} ms, p95 {p95:.1f} ms, p99 {p99:.1f} ms"
-            )
-            if kind == "gpustation" and args.soak > 0:
-                soak(port, proc.pid, args.soak, args.soak_interval, args.soak_every)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-    if "reference" in results:
-        print(f"p99 reference / gpustation: {results['reference'] / results['gpustation']:.1f}x")
+    with tempfile.TemporaryDirectory() as folder:
+        tls = self_signed(Path(folder)) if args.tls else None
+        trust = ssl.create_default_context(cafile=str(tls[0])) if tls else None
+        for kind in kinds:
+            port = free_port()
+            proc = start(kind, port, env, tls)
+            try:
+                load(port, 2, 5, trust)  # warm up
+                times = load(port, args.scrapers, args.rounds, trust)
+                med, p95, p99 = (pct(times, q) * 1e3 for q in (0.5, 0.95, 0.99))
+                results[kind] = p99
+                print(
+                    f"{kind:>14}{' (TLS)' if tls else ''}: {len(times)} scrapes by "
+                    f"{args.scrapers} scrapers at once: median {med:.1f} ms, "
+                    f"p95 {p95:.1f} ms, p99 {p99:.1f} ms",
+                    flush=True,
+                )
+                if kind == "gpustation" and args.soak > 0:
+                    soak(port, proc.pid, args.soak, args.soak_interval, args.soak_every, trust)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+    for kind in kinds[1:]:
+        print(f"p99 {kind} / gpustation: {results[kind] / results['gpustation']:.1f}x")
     return 0
 
 

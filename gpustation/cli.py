@@ -38,6 +38,10 @@ COMMANDS: dict[str, str] = {
 }
 DASHBOARD = "gpustation.commands.dashboard"
 
+# Commands that only read: they start on a read-only data or state directory
+# (ProtectHome=read-only, a read-only container) and say what they cannot keep.
+_READERS = {"snapshot", "serve"}
+
 # Commands that take a command of the user's after `--`.
 _TAKES_A_COMMAND = {"run"}
 
@@ -121,16 +125,16 @@ def _refuse_negative_values(argv: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    command = _command_in(argv)
     try:
         # Under sudo: the invoking user's from here on, root only for driver calls.
         privs.drop()
         _refuse_negative_values(argv)
         if not ({"-h", "--help", "--version"} & set(argv)):
-            paths.check_writable_dirs()
+            paths.check_writable_dirs(only_read=command in _READERS)
     except GpustationError as err:
         print(f"gpustation: error: {err}", file=sys.stderr)
         return err.exit_code
-    command = _command_in(argv)
     # Everything after a bare `--` is the caller's, untouched by the parser
     # (`gpustation run -- python train.py --lr 3e-4`).
     after: list[str] = []

@@ -98,12 +98,24 @@ def _owner_hint(path: Path) -> str:
     return f" (it belongs to uid {owner}; `sudo chown -R {name} {path}` gives it back)"
 
 
-def check_writable_dirs() -> None:
+def writable(path: Path) -> bool:
+    """True when ``path``, or the nearest directory above it that exists, can be written."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate.is_dir() and os.access(
+                candidate, os.W_OK | os.X_OK, effective_ids=_EFFECTIVE
+            )
+    return False
+
+
+def check_writable_dirs(only_read: bool = False) -> None:
     """The data and state directories are directories gpustation can write.
 
     Checked once as a command starts, so a directory that is a file, cannot be
     created or is read-only is one clear message naming the variable to set
-    (exit 2), not a traceback from whichever writer meets it first.
+    (exit 2), not a traceback from whichever writer meets it first. A command
+    that ``only_read``s starts on a read-only or missing directory (and says
+    itself what it cannot keep there); one that is a file is still refused.
     """
     from gpustation.errors import UsageError
 
@@ -111,6 +123,8 @@ def check_writable_dirs() -> None:
         where = f"{env}={path}" if os.environ.get(env) else f"{path} (set {env} to move it)"
         if path.exists() and not path.is_dir():
             raise UsageError(f"{where}: not a directory")
+        if only_read:
+            continue
         try:
             # private: the run history, the journal and the runs' files are the user's alone
             path.mkdir(parents=True, exist_ok=True, mode=0o700)

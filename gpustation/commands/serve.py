@@ -30,6 +30,12 @@ DEFAULT_LISTEN = "127.0.0.1:9400"
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``serve`` and its options."""
+    from gpustation.serve.server import (
+        DEFAULT_IDLE_TIMEOUT_S,
+        DEFAULT_KEEP_ALIVE_S,
+        DEFAULT_MAX_CONNECTIONS,
+    )
+
     p = sub.add_parser(
         "serve",
         help="serve GPU metrics for Prometheus at /metrics",
@@ -57,6 +63,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--tls-cert", type=Path, metavar="FILE", help="serve HTTPS with this certificate"
     )
     p.add_argument("--tls-key", type=Path, metavar="FILE", help="the certificate's private key")
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=DEFAULT_IDLE_TIMEOUT_S,
+        metavar="SECONDS",
+        help="close a new connection that has not sent its request within SECONDS "
+        f"(0.1 to 3600, default {DEFAULT_IDLE_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--keep-alive",
+        type=float,
+        default=DEFAULT_KEEP_ALIVE_S,
+        metavar="SECONDS",
+        help="keep a connection open this long for its next request, so that a scraper "
+        f"over TLS does not handshake every scrape (0 to 3600, default "
+        f"{DEFAULT_KEEP_ALIVE_S:g}; 0 closes after each response)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        metavar="N",
+        help=f"connections at once (1 to 10000, default {DEFAULT_MAX_CONNECTIONS}); at the "
+        "cap the oldest idle one is closed, or new ones wait",
+    )
     p.add_argument(
         "--basic-auth-file",
         type=Path,
@@ -94,6 +125,12 @@ def run(args: argparse.Namespace) -> int:
     users = load_users(args.basic_auth_file) if args.basic_auth_file is not None else None
     if not 0.1 <= args.interval <= 3600:
         raise UsageError(f"--interval: between 0.1 and 3600 seconds, got {args.interval:g}")
+    if not 0.1 <= args.idle_timeout <= 3600:
+        raise UsageError(f"--idle-timeout: between 0.1 and 3600 seconds, got {args.idle_timeout:g}")
+    if not 0 <= args.keep_alive <= 3600:
+        raise UsageError(f"--keep-alive: between 0 and 3600 seconds, got {args.keep_alive:g}")
+    if not 1 <= args.max_connections <= 10000:
+        raise UsageError(f"--max-connections: between 1 and 10000, got {args.max_connections}")
     from gpustation.telemetry.recorder import RecordError, recorder_from_config
 
     # [record] enabled = true: keep a flight recording of what is served.
@@ -125,7 +162,16 @@ def run(args: argparse.Namespace) -> int:
         # The first sample is taken before the port opens, so no scrape ever
         # sees an endpoint without GPU series.
         exporter.start()
-        server, _ = serve(exporter, host, port, tls=tls, users=users)
+        server, _ = serve(
+            exporter,
+            host,
+            port,
+            tls=tls,
+            users=users,
+            idle_timeout_s=args.idle_timeout,
+            max_connections=args.max_connections,
+            keep_alive_s=args.keep_alive,
+        )
         bound_port = server.server_address[1]
         if not is_loopback(host):
             print(

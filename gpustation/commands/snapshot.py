@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     # is a slow driver call. JSON has every field of the model.
     full = bool(args.json)
     backend = options.backend_from_args(args, one_shot=one_shot)
+    if one_shot and not backend.simulated:
+        _say_if_cache_read_only()
     backend.read_ecc = full  # nor the ECC counter, whose first read is slow
     # nor the profiling metrics (GPM), which take two samples a moment apart
     backend.read_gpm = full
@@ -90,6 +92,21 @@ def run(args: argparse.Namespace) -> int:
         return 0  # pragma: no cover - ticks only ends by an exception
     finally:
         backend.close()
+
+
+def _say_if_cache_read_only() -> None:
+    """A read-only state directory (ProtectHome=read-only, a read-only container)
+    cannot keep the static values between snapshots: say so, and read on."""
+    from gpustation import paths
+
+    state = paths.state_dir()
+    if not paths.writable(state):
+        print(
+            f"gpustation: {state} is read-only: the static values (power limit range, "
+            "maximum clocks, thresholds) are not kept between snapshots; each snapshot "
+            "reads what is not cached there from the driver",
+            file=sys.stderr,
+        )
 
 
 def _emit(snap: Snapshot, as_json: bool, watching: bool = False) -> None:

@@ -255,7 +255,7 @@ class SimBackend(Backend):
         With no count or card given, the machine last opened is used again, so
         that ``gpustation power set`` acts on the cards the dashboard shows.
         """
-        from gpustation.paths import state_dir
+        from gpustation.paths import state_dir, writable
 
         last_path = state_dir() / LAST_MACHINE_FILE
         last: Any = {}
@@ -272,7 +272,12 @@ class SimBackend(Backend):
             card = remembered_card if remembered_card in CARDS else DEFAULT_CARD
         if seed is None:
             seed = seed_from_env()
-        backend = cls(count=count, card=card, seed=seed, state_path=machine_path(card, count))
+        # a read-only state directory (a reader under ProtectHome=read-only) keeps it in memory
+        kept = writable(state_dir())
+        path = machine_path(card, count) if kept else None
+        backend = cls(count=count, card=card, seed=seed, state_path=path)
+        if not kept:
+            backend.note = f"{state_dir()} is read-only: the simulated GPUs' state is not kept"
         if last.get("card") != card or last.get("count") != count:
             with contextlib.suppress(OSError):
                 tmp = last_path.with_suffix(f".{os.getpid()}.tmp")

@@ -612,3 +612,22 @@ def test_a_card_that_reports_nothing_exports_no_value_but_its_presence() -> None
     kept = {"gpustation_gpu_lost", "gpustation_gpu_processes"}
     assert per_gpu == kept, per_gpu - kept
     assert _gpu_series(m["gpustation_gpu_lost"], 0) == 0.0
+
+
+def test_a_missing_tls_file_is_named_with_its_option(tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    missing = tmp_path / "missing.pem"
+    for argv, named in (
+        (("--tls-cert", str(missing), "--tls-key", str(key)), f"--tls-cert {missing}"),
+        (("--tls-cert", str(cert), "--tls-key", str(missing)), f"--tls-key {missing}"),
+    ):
+        result = subprocess.run(
+            gpustation_cmd("serve", "--simulate", "1", *argv),
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == EXIT_USAGE, result.stderr
+        assert named in result.stderr and "No such file" in result.stderr
+        assert "None" not in result.stderr
