@@ -45,7 +45,7 @@ def annotate(
     directory = _directory(store, run_id)
     path = directory / rundir.ANNOTATIONS_JSON
     data = rundir.read_json(path) or {}
-    tags = [t for t in data.get("tags") or [] if isinstance(t, str) and t not in remove]
+    tags = [t for t in rundir.string_list(data.get("tags")) if t not in remove]
     tags += [t for t in add if t not in tags]
     data["tags"] = tags
     if note is not None:

@@ -503,11 +503,8 @@ def record_from_dir(directory: Path, state: RunState | None = None) -> RunSummar
         record.apply_state(state)
     elif record.started_at is not None:
         record.duration_s = max(0.0, time.time() - record.started_at)
-    notes = rundir.read_json(directory / rundir.ANNOTATIONS_JSON) or {}
-    user_tags = [str(t) for t in notes.get("tags") or [] if isinstance(t, str)]
+    user_tags, record.note = rundir.read_annotations(directory)
     record.tags = [*record.tags, *(t for t in user_tags if t not in record.tags)]
-    note = notes.get("note")
-    record.note = note if isinstance(note, str) and note else None
     fold = MetricsFold()
     record.malformed_metrics = fold.read(directory / rundir.METRICS_FILE)
     fold.apply(record)

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpustation.files import NotRegularFile, read_bytes, say_skipped
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import SAMPLE_INTERVAL_S, TraceSampler, write_sample
 from gpustation.runs.reconcile import record_end, stopped_reason
@@ -153,10 +154,10 @@ def _metrics_report_oom(path: Path, max_bytes: int = 64 * 1024) -> str | None:
     from gpustation.runs.tail import parse_metric_line
 
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - max_bytes))
-            lines = fh.read().splitlines()
+        lines = read_bytes(path, "metrics file", max_bytes, tail=True, follow=False).splitlines()
+    except NotRegularFile as err:
+        say_skipped(err)
+        return None
     except OSError:
         return None
     for line in reversed(lines):
@@ -169,12 +170,13 @@ def _metrics_report_oom(path: Path, max_bytes: int = 64 * 1024) -> str | None:
 
 def _log_mentions_cuda_oom(path: Path, max_bytes: int = 256 * 1024) -> bool:
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - max_bytes))
-            return _CUDA_OOM.search(fh.read()) is not None
+        data = read_bytes(path, "run file", max_bytes, tail=True, follow=False)
+    except NotRegularFile as err:
+        say_skipped(err)
+        return False
     except OSError:
         return False
+    return _CUDA_OOM.search(data) is not None
 
 
 class _Telemetry:
