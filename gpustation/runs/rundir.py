@@ -51,6 +51,8 @@ MAX_JSON_BYTES = 16 << 20
 ACTIVE_STATUSES = ("starting", "running")
 #: statuses of a run that has ended
 FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
+#: every status a run can have
+STATUSES = ACTIVE_STATUSES + FINAL_STATUSES
 
 
 @dataclass
