@@ -61,7 +61,10 @@ def _kind(mode: int) -> str:
 
 
 def _open_fd(path: Path, what: str, follow: bool) -> int:
-    """A descriptor of the regular file ``path`` (raises FileNotFoundError, NotRegularFile, OSError)."""
+    """A descriptor of the regular file ``path``.
+
+    Raises FileNotFoundError, NotRegularFile or another OSError.
+    """
     # O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer;
     # O_NOFOLLOW: a file that is never a link is not followed to a device.
     flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)

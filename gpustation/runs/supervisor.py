@@ -26,8 +26,9 @@ before anything else. Every write after that (``state.json``, the history row,
 telemetry, its own log) may fail with ENOSPC without killing it: it keeps the
 end in memory and tries ``state.json`` and the row again every second for
 :data:`END_RETRY_S`, or until SIGTERM, SIGINT or SIGHUP tell it to go (the
-next writer then records the end from ``exit-status``). Meanwhile :func:`~gpustation.runs.rundir.read_state`
-reads the end from ``exit-status``, so readers see the run ended.
+next writer then records the end from ``exit-status``). Meanwhile
+:func:`~gpustation.runs.rundir.read_state` reads the end from
+``exit-status``, so readers see the run ended.
 """
 
 from __future__ import annotations

@@ -33,7 +33,9 @@ def _cap_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
 
 
-def gs(*args: str, timeout: float = TIMEOUT, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def gs(
+    *args: str, timeout: float = TIMEOUT, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         gpustation_cmd(*args),
         capture_output=True,
@@ -88,9 +90,7 @@ def assert_finished_naming(result: subprocess.CompletedProcess[str], path: Path)
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize(
-    "name", [rundir.METRICS_FILE, rundir.OUTPUT_LOG, rundir.ANNOTATIONS_JSON]
-)
+@pytest.mark.parametrize("name", [rundir.METRICS_FILE, rundir.OUTPUT_LOG, rundir.ANNOTATIONS_JSON])
 def test_a_run_file_that_is_a_fifo_or_dev_zero_hangs_no_reader(
     runs_env: dict, name: str, kind: str
 ) -> None:

@@ -52,7 +52,14 @@ def listed_ids(*args: str) -> list[str]:
 def test_prune_never_deletes_a_run_still_going(runs_env: dict) -> None:
     old = ended_run("old")
     started = gs(
-        "run", "--name", "long", "--detach", "--", sys.executable, "-c", "import time; time.sleep(60)"
+        "run",
+        "--name",
+        "long",
+        "--detach",
+        "--",
+        sys.executable,
+        "-c",
+        "import time; time.sleep(60)",
     )
     assert started.returncode == 0, started.stderr
     going = started.stdout.strip()
