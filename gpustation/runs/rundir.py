@@ -97,6 +97,7 @@ def run_dir(run_id: str) -> Path:
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write JSON atomically: a reader sees the old file or the new one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)  # whatever is there (a FIFO would block the write)
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
@@ -176,8 +177,11 @@ def write_exit_status(directory: Path, state: RunState) -> None:
     if len(payload) >= EXIT_STATUS_BYTES:
         data["reason"] = str(data.get("reason") or "")[:200]
         payload = json.dumps(data).encode()
-    fd = os.open(directory / EXIT_STATUS, os.O_WRONLY)  # never created here: no new blocks
+    # Never created here (no new blocks); whatever the run put in its place is not waited on.
+    fd = os.open(directory / EXIT_STATUS, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{directory / EXIT_STATUS} is not a regular file")
         os.pwrite(fd, payload.ljust(EXIT_STATUS_BYTES), 0)
         os.fsync(fd)
     finally:

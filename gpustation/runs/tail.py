@@ -164,8 +164,13 @@ class Tailer:
         return partial, skipping
 
     def at_end(self) -> bool:
+        """Whether everything the file held has been read: the file this tailer
+        reads, not whatever its name points at now (a run may replace it)."""
+        fh = self._open()
+        if fh is None:
+            return True
         try:
-            return self.path.stat().st_size <= self.offset + len(self._partial)
+            return os.fstat(fh.fileno()).st_size <= self.offset + len(self._partial)
         except OSError:
             return True
 

@@ -114,11 +114,14 @@ def test_a_run_file_that_is_a_fifo_or_dev_zero_hangs_no_reader(
 def test_a_run_that_plants_a_fifo_or_dev_zero_does_not_hang_gpustation_run(
     runs_env: dict, kind: str
 ) -> None:
-    # The run itself puts them there while `gpustation run` follows it.
+    # The run itself puts them there while `gpustation run` follows it: its metrics and
+    # notes, and where its supervisor (its parent) writes the end and the next state.
     code = (
         "import os, pathlib\n"
         "d = pathlib.Path(os.environ['GPUSTATION_RUN_DIR'])\n"
-        "for name in ('metrics.jsonl', 'annotations.json'):\n"
+        "(d / 'exit-status').unlink()\n"
+        "names = ('metrics.jsonl', 'annotations.json', 'exit-status')\n"
+        "for name in (*names, f'.state.json.{os.getppid()}.tmp'):\n"
         f"    os.mkfifo(d / name) if {kind!r} == 'fifo' else os.symlink('/dev/zero', d / name)\n"
         "print('planted', flush=True)\n"
     )
@@ -129,6 +132,47 @@ def test_a_run_that_plants_a_fifo_or_dev_zero_does_not_hang_gpustation_run(
     assert f"skipped metrics file {directory / rundir.METRICS_FILE}" in result.stderr
     listed = gs("runs", "list", "--json")
     assert [r["status"] for r in json.loads(listed.stdout)] == ["succeeded"], listed.stderr
+
+
+def test_a_run_that_replaces_its_log_while_followed_does_not_keep_gpustation_run_waiting(
+    runs_env: dict, tmp_path: Path
+) -> None:
+    # `gpustation run` reads output.log through the file it opened; the run then
+    # puts a link to a larger file in its place: the end is the end of what was read.
+    bigger, release = tmp_path / "bigger.log", tmp_path / "release"
+    bigger.write_bytes(b"x" * (1 << 20))
+    code = (
+        "import os, pathlib, time\n"
+        "d = pathlib.Path(os.environ['GPUSTATION_RUN_DIR'])\n"
+        "print('ready', flush=True)\n"
+        f"while not os.path.exists({str(release)!r}):\n"
+        "    time.sleep(0.02)\n"
+        "os.unlink(d / 'output.log')\n"
+        f"os.symlink({str(bigger)!r}, d / 'output.log')\n"
+    )
+    argv = gpustation_cmd("run", "--name", "swapper", "--", sys.executable, "-c", code)
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env()
+    ) as proc:
+        try:
+
+            def following_the_log() -> bool:
+                for fd in Path(f"/proc/{proc.pid}/fd").iterdir():
+                    try:
+                        if os.readlink(fd).endswith(f"/{rundir.OUTPUT_LOG}"):
+                            return True
+                    except OSError:
+                        continue
+                return False
+
+            wait_until(following_the_log, TIMEOUT, "gpustation run to open the run's log")
+            release.touch()
+            out, err = proc.communicate(timeout=TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, err
+    assert "ready" in out and "succeeded" in err
 
 
 def _cpu_s(pid: int) -> float:
