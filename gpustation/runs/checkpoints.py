@@ -52,7 +52,9 @@ def checkpoint_name(step: int) -> str:
 def read_checkpoint(path: Path) -> Checkpoint | None:
     """The checkpoint in ``path``, or None when it is not a complete one."""
     info = read_json(path / MARKER)  # a FIFO or /dev/zero there is skipped, not waited on
-    step = info.get("step") if info is not None else None
+    if info is None:
+        return None
+    step = info.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 1:
         return None
     return Checkpoint(path=path, step=step, info=info)
