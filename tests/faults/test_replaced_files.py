@@ -256,3 +256,19 @@ def test_a_fifo_or_dev_zero_as_the_simulator_state_is_started_afresh(
     assert again.returncode == 0, again.stderr
     assert len(json.loads(again.stdout)["gpus"]) == 2
     assert state.is_file() and not state.is_symlink()  # written afresh in its place
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_recording_that_is_a_fifo_or_dev_zero_is_refused_naming_it_and_set_aside(
+    gpustation_dirs: dict[str, Path], tmp_path: Path, kind: str
+) -> None:
+    recording = tmp_path / "r.zst"
+    plant(recording, kind)
+    what = "a FIFO" if kind == "fifo" else "a character device"
+    replayed = gs("replay", str(recording))
+    assert replayed.returncode == 2, replayed.stderr
+    assert f"recording {recording}: {what}" in replayed.stderr
+    # Recording there sets the planted file aside and records to a file of its own.
+    recorded = gs("record", "--simulate", "1", "--duration", "1", str(recording))
+    assert recorded.returncode == 0, recorded.stderr
+    assert recording.is_file() and not recording.is_symlink() and recording.stat().st_size > 0
