@@ -41,7 +41,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     actions = p.add_subparsers(dest="runs_action", metavar="ACTION")
     lst = actions.add_parser("list", help="list runs, newest first")
-    lst.add_argument("--limit", type=int, default=50, metavar="N", help="at most N runs (50)")
+    lst.add_argument(
+        "--limit", type=int, default=50, metavar="N", help="at most N runs (50; 0: all of them)"
+    )
     lst.add_argument("--status", help="only runs with this status (running, failed ...)")
     lst.add_argument("--preset", metavar="NAME", help="only runs of this preset")
     lst.add_argument("--tag", metavar="TAG", help="only runs with this tag (e.g. sweep:ID)")
@@ -90,16 +92,20 @@ def run(args: argparse.Namespace) -> int:
     action = getattr(args, "runs_action", None) or "list"
     store = RunStore()
     if action == "list":
+        from gpustation.runs.history import check_status
+
         preset, tag = getattr(args, "preset", None), getattr(args, "tag", None)
+        status = getattr(args, "status", None)
+        check_status(status, "--status")
+        limit = getattr(args, "limit", 50)
+        if limit < 0:
+            raise UsageError(f"--limit: a number of runs, 0 for all of them; got {limit}")
         filtered = preset is not None or tag is not None
         records = [
             _fresh(r)
-            for r in store.list_runs(
-                limit=None if filtered else getattr(args, "limit", 50),
-                status=getattr(args, "status", None),
-            )
+            for r in store.list_runs(limit=None if filtered else limit or None, status=status)
             if (preset is None or r.preset == preset) and (tag is None or tag in r.tags)
-        ][: getattr(args, "limit", 50)]
+        ][: limit or None]
         if getattr(args, "json", False):
             print(strict_json([r.to_dict() for r in records]))
         else:

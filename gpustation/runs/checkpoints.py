@@ -13,11 +13,12 @@ The runner writes them (``gpustation.runners.checkpoint``); ``gpustation run
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gpustation.runs.rundir import read_json
 
 CHECKPOINTS_DIR = "checkpoints"
 #: written last into a checkpoint: without it the folder is not a checkpoint
@@ -50,11 +51,10 @@ def checkpoint_name(step: int) -> str:
 
 def read_checkpoint(path: Path) -> Checkpoint | None:
     """The checkpoint in ``path``, or None when it is not a complete one."""
-    try:
-        info = json.loads((path / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    info = read_json(path / MARKER)  # a FIFO or /dev/zero there is skipped, not waited on
+    if info is None:
         return None
-    step = info.get("step") if isinstance(info, dict) else None
+    step = info.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 1:
         return None
     return Checkpoint(path=path, step=step, info=info)

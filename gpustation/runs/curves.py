@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gpustation.runs import rundir
 from gpustation.runs.fold import Series, finite_number
-from gpustation.runs.tail import bounded_lines, parse_metric_line
+from gpustation.runs.tail import file_lines, parse_metric_line
 
 #: points kept per curve
 MAX_POINTS = 1000
@@ -71,24 +71,23 @@ def read_curves(run_dir: Path, max_points: int = MAX_POINTS) -> RunCurves:
     t = 0.0
     count = 0
     try:
-        with open(run_dir / rundir.METRICS_FILE, "rb") as fh:
-            for line in bounded_lines(fh):
-                event = None if line is None else parse_metric_line(line)
-                if event is None:
-                    continue
-                count += 1
-                raw_step = event.get("step")
-                if isinstance(raw_step, int) and not isinstance(raw_step, bool):
-                    step = float(raw_step)
-                x = step if step is not None else float(count)
-                seen = finite_number(event.get("t"))
-                t = t if seen is None else seen
-                value = finite_number(event.get("loss"))
-                if value is not None:
-                    loss.add(x, t, value)
-                value = finite_number(event.get("eval_loss"))
-                if value is not None:
-                    evals.add(x, t, value)
+        for line in file_lines(run_dir / rundir.METRICS_FILE, "metrics file"):
+            event = None if line is None else parse_metric_line(line)
+            if event is None:
+                continue
+            count += 1
+            raw_step = event.get("step")
+            if isinstance(raw_step, int) and not isinstance(raw_step, bool):
+                step = float(raw_step)
+            x = step if step is not None else float(count)
+            seen = finite_number(event.get("t"))
+            t = t if seen is None else seen
+            value = finite_number(event.get("loss"))
+            if value is not None:
+                loss.add(x, t, value)
+            value = finite_number(event.get("eval_loss"))
+            if value is not None:
+                evals.add(x, t, value)
     except OSError:
         pass
     return RunCurves(loss.curve(), evals.curve())

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpustation.runs.tail import bounded_lines, parse_metric_line
+from gpustation.runs.tail import file_lines, parse_metric_line
 
 if TYPE_CHECKING:
     from gpustation.runs.summary import RunSummary
@@ -240,16 +240,15 @@ class MetricsFold:
         """Fold a whole ``metrics.jsonl``; returns how many lines were malformed."""
         malformed = 0
         try:
-            with open(path, "rb") as fh:
-                # In chunks, a line too long to keep skipped: bounded memory, linear time.
-                for line in bounded_lines(fh):
-                    if line is not None and not line.strip():
-                        continue
-                    event = None if line is None else parse_metric_line(line)
-                    if event is None:
-                        malformed += 1
-                    else:
-                        self.add(event)
+            # In chunks, a line too long to keep skipped: bounded memory, linear time.
+            for line in file_lines(path, "metrics file"):
+                if line is not None and not line.strip():
+                    continue
+                event = None if line is None else parse_metric_line(line)
+                if event is None:
+                    malformed += 1
+                else:
+                    self.add(event)
         except OSError:
             pass
         return malformed

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from gpustation import private
-from gpustation.runs.tail import bounded_lines, parse_metric_line
+from gpustation.runs.tail import file_lines, parse_metric_line
 from gpustation.telemetry.model import LIMITING_REASONS, Snapshot
 
 #: how often a run's GPUs are sampled
@@ -165,15 +165,14 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
     summary = TelemetrySummary()
     samples: list[dict[str, Any]] = []
     try:
-        with open(path, "rb") as fh:
-            for line in bounded_lines(fh):
-                event = None if line is None else parse_metric_line(line, check=False)
-                if (
-                    event is not None
-                    and isinstance(event.get("gpus"), list)
-                    and _number(event.get("t", 0.0))
-                ):
-                    samples.append(event)
+        for line in file_lines(path, "telemetry file"):
+            event = None if line is None else parse_metric_line(line, check=False)
+            if (
+                event is not None
+                and isinstance(event.get("gpus"), list)
+                and _number(event.get("t", 0.0))
+            ):
+                samples.append(event)
     except OSError:
         return summary
     if not samples:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from gpustation.errors import UsageError
 from gpustation.runs import rundir
+from gpustation.runs.reconcile import check_run
+from gpustation.runs.rundir import STATUSES
 from gpustation.runs.store import RunStore, sync_run
 from gpustation.runs.summary import RunSummary
 from gpustation.textsafe import valid_unicode
@@ -49,13 +51,29 @@ def annotate(
     directory = _directory(store, run_id)
     path = directory / rundir.ANNOTATIONS_JSON
     data = rundir.read_json(path) or {}
-    tags = [t for t in data.get("tags") or [] if isinstance(t, str) and t not in remove]
+    tags = [t for t in rundir.string_list(data.get("tags")) if t not in remove]
     tags += [t for t in add if t not in tags]
     data["tags"] = tags
     if note is not None:
         data["note"] = note or None
     rundir.write_json(path, data)
     return sync_run(directory, store)
+
+
+def still_going(record: RunSummary) -> bool:
+    """Whether a run has not ended, by its row or by its directory (a row can lag)."""
+    if record.active:
+        return True
+    if not record.run_dir:
+        return False
+    state = check_run(Path(record.run_dir))
+    return state is not None and state.active
+
+
+def check_status(status: str | None, what: str, statuses: Sequence[str] = STATUSES) -> None:
+    """A UsageError naming the valid statuses when ``status`` is none of ``statuses``."""
+    if status is not None and status not in statuses:
+        raise UsageError(f"{what} {status!r}: not a run status; one of {', '.join(statuses)}")
 
 
 def delete_runs(store: RunStore, run_ids: Sequence[str]) -> list[str]:
@@ -66,8 +84,8 @@ def delete_runs(store: RunStore, run_ids: Sequence[str]) -> list[str]:
         record = store.get(run_id)
         if record is None:
             raise UsageError(f"no run {run_id!r}")
-        if record.active:
-            raise UsageError(f"run {run_id} is {record.status}; stop it first (`runs stop`)")
+        if still_going(record):
+            raise UsageError(f"run {run_id} has not ended; stop it first (`runs stop`)")
         _check_deletable(run_id, record.run_dir)
         records.append(record)
     deleted: list[str] = []
@@ -115,11 +133,16 @@ def parse_span(text: str, what: str = "the span") -> float:
 def prune_candidates(
     store: RunStore, older_than_s: float, status: str | None = None, now: float | None = None
 ) -> list[RunSummary]:
-    """Ended runs that ended (or started) more than ``older_than_s`` ago."""
+    """Ended runs that ended (or started) more than ``older_than_s`` ago.
+
+    ``status`` is one of the statuses of an ended run (a run still going is
+    never pruned), else a UsageError naming them.
+    """
+    check_status(status, "--status", rundir.FINAL_STATUSES)
     cutoff = (now or time.time()) - older_than_s
     out = []
     for r in store.list_runs():
-        if r.active:
+        if still_going(r):
             continue
         when = r.ended_at or r.started_at
         if when is None or when >= cutoff:

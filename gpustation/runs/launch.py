@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpustation import paths, private, privs
-from gpustation.errors import GpustationError, NoDriverError
+from gpustation.errors import GpustationError, NoDriverError, UsageError
 from gpustation.pyargv import python_argv
 from gpustation.redact import redact_env
 from gpustation.runs import rundir
@@ -41,6 +41,17 @@ def new_run_id(name: str, now: float | None = None) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now if now is not None else time.time()))
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")[:40] or "run"
     return f"{stamp}-{slug}-{secrets.token_hex(2)}"
+
+
+def working_directory() -> str:
+    """The directory a run starts in (this one); a UsageError when it was deleted."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise UsageError(
+            "the current directory no longer exists (deleted or moved away); "
+            "cd to a directory that exists and start the run again"
+        ) from None
 
 
 @dataclass
@@ -140,6 +151,8 @@ def launch(
     and checkpoint step a resumed run continues) is recorded in ``run.json``.
     """
     preset, parsed, warnings = apply_overrides(preset, list(overrides))
+    # Before the run directory exists: a run that cannot start leaves none behind.
+    workdir = str(Path(cwd)) if cwd is not None else working_directory()
     # The launcher is a writer: runs found lost since the last launch are
     # recorded now (readers only show them lost; see reconcile.py).
     record_lost_runs()
@@ -168,6 +181,13 @@ def launch(
     env = build_env(
         preset, chosen, run_id, directory, has_driver=backend_info.get("kind") != "none"
     )
+    wanted = preset.env.get("CUDA_VISIBLE_DEVICES")
+    if wanted is not None and env.get("CUDA_VISIBLE_DEVICES") != wanted:
+        where = "--env" if preset.origin == "command" else f"preset {preset.name!r} env"
+        warnings.append(
+            f"{where} CUDA_VISIBLE_DEVICES={wanted} is replaced by the run's GPUs "
+            f"({env.get('CUDA_VISIBLE_DEVICES') or 'none'}); choose them with --gpus instead"
+        )
     run = {
         "id": run_id,
         "created_at": created,
@@ -177,7 +197,7 @@ def launch(
         "argv": argv,
         "gpus": chosen,
         "env": recorded_env(preset, env),
-        "cwd": str(Path(cwd) if cwd is not None else Path.cwd()),
+        "cwd": workdir,
         "backend": backend_info,
         "stop_grace_s": stop_grace_s,
         "python": sys.executable,

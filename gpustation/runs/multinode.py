@@ -63,7 +63,7 @@ from gpustation.fleet.ssh import HostSpec, parse_host, ssh_options
 from gpustation.pyargv import bootstrap_args, python_argv, safe_path_env
 from gpustation.redact import redact_env
 from gpustation.runs.argv import format_args, private_env, recorded_env
-from gpustation.runs.launch import RunHandle, new_run_directory, start_run
+from gpustation.runs.launch import RunHandle, new_run_directory, start_run, working_directory
 from gpustation.runs.metrics import RUN_ID_ENV
 from gpustation.runs.nodes import DEFAULT_START_TIMEOUT_S, node_dir
 from gpustation.runs.presets import RUNNER_PACKAGE, RunPreset, apply_overrides
@@ -241,6 +241,7 @@ def launch_multinode(
     # --nproc-per-node without --gpus: every GPU of the node, not the preset's few.
     gpus = node_gpus(preset, options.gpus) if options.nproc_per_node is None else options.gpus
     nproc = options.nproc_per_node or preset.nproc_per_node or (len(gpus) if gpus else 1)
+    here = options.node_dir or working_directory()
     record_lost_runs()
     created = time.time()
     run_id, directory = new_run_directory(preset.name, created)
@@ -264,7 +265,7 @@ def launch_multinode(
                     # the preset's values reach the coordinator privately (child_env)
                     "env": recorded_env(preset, env),
                     "grace_s": options.stop_grace_s,
-                    "cwd": options.node_dir or os.getcwd(),
+                    "cwd": here,
                     "cwd_required": options.node_dir is not None,
                 },
             }

@@ -42,6 +42,7 @@ from typing import Any
 
 from gpustation import paths
 from gpustation.errors import UsageError
+from gpustation.files import NotRegularFile, read_text, say_skipped
 from gpustation.textsafe import safe_doc
 
 if sys.version_info >= (3, 11):
@@ -333,9 +334,12 @@ def load_preset_file(
 ) -> tuple[RunPreset | None, list[PresetProblem]]:
     """Read and validate one preset file."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        return None, [PresetProblem(str(path), f"cannot read the file: {err}")]
+        text = read_text(path, "preset")
+    except NotRegularFile as err:
+        say_skipped(err)  # also for the commands that list no problems (run, sweep)
+        return None, [PresetProblem(str(path), f"skipped: {err.kind}, not a regular file")]
+    except UsageError as err:
+        return None, [PresetProblem(str(path), str(err))]
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:

@@ -9,19 +9,27 @@ lose it), ``shared-gpus`` when another run used the same GPU meanwhile,
 once someone asks for a stop, a ``stop_requested`` marker and, for a
 multi-node run, ``nodes.json`` and ``nodes/<host>/`` (see ``nodes.py``). Every JSON file is
 written atomically so a reader in another process never sees half a document.
+
+Whatever a run (or anyone) puts in its directory, reading it never hangs: each
+file is read through :mod:`gpustation.files` (regular files only, no links,
+non-blocking, size-capped); one that is not a regular file is skipped, and
+said so once on stderr.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpustation import paths, private
-from gpustation.textsafe import safe, safe_doc
+from gpustation.errors import UsageError
+from gpustation.files import NotRegularFile, open_regular, read_bytes, read_text, say_skipped
+from gpustation.textsafe import safe, safe_doc, valid_unicode
 
 RUN_JSON = "run.json"
 #: the user's note and tags (``runs note``, ``runs tag``)
@@ -37,11 +45,15 @@ EXIT_STATUS = "exit-status"
 SHARED_GPUS = "shared-gpus"
 #: the exit-status file's fixed size: written whole at start, overwritten in place at the end
 EXIT_STATUS_BYTES = 4096
+#: larger than any JSON file of a run directory gpustation writes
+MAX_JSON_BYTES = 16 << 20
 
 #: statuses of a run that has not ended
 ACTIVE_STATUSES = ("starting", "running")
 #: statuses of a run that has ended
 FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
+#: every status a run can have
+STATUSES = ACTIVE_STATUSES + FINAL_STATUSES
 
 
 @dataclass
@@ -87,16 +99,40 @@ def run_dir(run_id: str) -> Path:
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write JSON atomically: a reader sees the old file or the new one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)  # whatever is there (a FIFO would block the write)
     private.write_text(tmp, json.dumps(data, indent=2, sort_keys=False) + "\n")
     os.replace(tmp, path)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from a run's file; None when it is missing, damaged or not an object
+    (or not a regular file, which is also said)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_text(path, "run file", MAX_JSON_BYTES, follow=False))
+    except NotRegularFile as err:
+        say_skipped(err)
+        return None
+    except (UsageError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def string_list(value: Any) -> list[str]:
+    """The strings of a list read from a file; nothing from a value of another shape
+    (a string is not taken apart into letters)."""
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if isinstance(item, str)]
+
+
+def read_annotations(directory: Path) -> tuple[list[str], str | None]:
+    """The user's tags and note of a run (``annotations.json``); what is of the wrong
+    shape is left out."""
+    data = read_json(directory / ANNOTATIONS_JSON) or {}
+    note = data.get("note")
+    # a file written by hand or by an older version may hold what SQLite refuses
+    tags = [valid_unicode(t) for t in string_list(data.get("tags"))]
+    return tags, valid_unicode(note) if isinstance(note, str) and note else None
 
 
 def read_state(directory: Path) -> RunState | None:
@@ -145,8 +181,11 @@ def write_exit_status(directory: Path, state: RunState) -> None:
     if len(payload) >= EXIT_STATUS_BYTES:
         data["reason"] = str(data.get("reason") or "")[:200]
         payload = json.dumps(data).encode()
-    fd = os.open(directory / EXIT_STATUS, os.O_WRONLY)  # never created here: no new blocks
+    # Never created here (no new blocks); whatever the run put in its place is not waited on.
+    fd = os.open(directory / EXIT_STATUS, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{directory / EXIT_STATUS} is not a regular file")
         os.pwrite(fd, payload.ljust(EXIT_STATUS_BYTES), 0)
         os.fsync(fd)
     finally:
@@ -156,10 +195,13 @@ def write_exit_status(directory: Path, state: RunState) -> None:
 def read_exit_status(directory: Path) -> dict[str, Any] | None:
     """The end written to ``exit-status`` (None while it holds only blanks)."""
     try:
-        with open(directory / EXIT_STATUS, "rb") as fh:
-            raw = fh.read(EXIT_STATUS_BYTES + 1).strip()
+        raw = read_bytes(directory / EXIT_STATUS, "run file", EXIT_STATUS_BYTES + 1, follow=False)
+    except NotRegularFile as err:
+        say_skipped(err)
+        return None
     except OSError:
         return None
+    raw = raw.strip()
     if not raw:
         return None
     try:
@@ -209,8 +251,15 @@ def note_stop_signal(directory: Path, signal_name: str) -> None:
 def note_shared_gpus(directory: Path, other_id: str, gpus: list[int]) -> None:
     """Note in ``directory`` that run ``other_id`` used its GPUs ``gpus`` meanwhile."""
     line = json.dumps({"run": other_id, "gpus": gpus, "time": time.time()}) + "\n"
-    with open(directory / SHARED_GPUS, "a", encoding="utf-8", opener=private.opener) as fh:
-        fh.write(line)
+    # Another run's directory: whatever it holds there, appending must not wait on it.
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW
+    fd = os.open(directory / SHARED_GPUS, flags, private.FILE_MODE)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{directory / SHARED_GPUS} is not a regular file")
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
 
 
 def shared_gpus(directory: Path) -> bool:
@@ -268,11 +317,13 @@ def tail_lines(path: Path, count: int = 20, max_bytes: int = 64 * 1024) -> list[
     """The last ``count`` lines of a text file, reading only its end, as text safe for
     any view (a run's log: its error tail)."""
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
+        with open_regular(path, "run file", follow=False) as fh:
+            size = os.fstat(fh.fileno()).st_size
             fh.seek(max(0, size - max_bytes))
-            data = fh.read()
+            data = fh.read(max_bytes)
+    except NotRegularFile as err:
+        say_skipped(err)
+        return []
     except OSError:
         return []
     text = data.decode("utf-8", errors="replace")

@@ -356,7 +356,11 @@ class RunStore:
             with self._connect() as conn:
                 for directory in stale:
                     state = rundir.read_state(directory)
-                    self._write(conn, record_from_dir(directory, state), state_key(state))
+                    try:
+                        record = record_from_dir(directory, state)
+                    except FileNotFoundError:
+                        continue  # deleted meanwhile
+                    self._write(conn, record, state_key(state))
 
         self._retry(job)
         return len(stale)
@@ -412,8 +416,13 @@ class RunStore:
     def _all(self) -> list[RunSummary]:
         """Every run: the index's rows, the run directories it lags behind read from their files."""
         rows, problem = self._rows()
-        found: dict[str, RunSummary] = {run_id: record for run_id, (record, _k) in rows.items()}
         dirs = run_dirs(self.runs_root)
+        on_disk = {directory.name for directory in dirs}
+        found: dict[str, RunSummary] = {
+            run_id: record
+            for run_id, (record, _k) in rows.items()
+            if run_id in on_disk or not self._vanished(record)
+        }
         read = 0
         for directory in dirs:
             got = rows.get(directory.name)
@@ -436,6 +445,13 @@ class RunStore:
             key=lambda r: (r.started_at is not None, r.started_at or 0.0, r.id),
             reverse=True,
         )
+
+    def _vanished(self, record: RunSummary) -> bool:
+        """A row whose run directory, once under this store's runs, is gone (deleted by hand)."""
+        if not record.run_dir:
+            return False
+        directory = Path(record.run_dir)
+        return directory.parent == self.runs_root and not directory.exists()
 
     @staticmethod
     def _record(row: sqlite3.Row) -> RunSummary:
@@ -502,7 +518,11 @@ def record_from_dir(directory: Path, state: RunState | None = None) -> RunSummar
 
     ``state`` stands in for ``state.json`` (one about to be written).
     """
-    run = rundir.read_run(directory) or {}
+    run = rundir.read_run(directory)
+    if run is None and not directory.is_dir():
+        # Deleted between being listed and being read: no row for it.
+        raise FileNotFoundError(f"run directory {directory} is gone")
+    run = run or {}
     if state is None:
         state = rundir.read_state(directory)
     record = RunSummary.from_run(run, directory)
@@ -510,12 +530,8 @@ def record_from_dir(directory: Path, state: RunState | None = None) -> RunSummar
         record.apply_state(state)
     elif record.started_at is not None:
         record.duration_s = max(0.0, time.time() - record.started_at)
-    notes = rundir.read_json(directory / rundir.ANNOTATIONS_JSON) or {}
-    # a file written by hand or by an older version may hold what SQLite refuses
-    user_tags = [valid_unicode(t) for t in notes.get("tags") or [] if isinstance(t, str)]
+    user_tags, record.note = rundir.read_annotations(directory)
     record.tags = [*record.tags, *(t for t in user_tags if t not in record.tags)]
-    note = notes.get("note")
-    record.note = valid_unicode(note) if isinstance(note, str) and note else None
     fold = MetricsFold()
     record.malformed_metrics = fold.read(directory / rundir.METRICS_FILE)
     fold.apply(record)

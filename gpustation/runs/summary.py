@@ -102,7 +102,7 @@ class RunSummary:
             run_dir=str(directory) if directory is not None else None,
             simulated=bool((run.get("backend") or {}).get("simulated")),
             started_at=run.get("created_at"),
-            tags=[str(t) for t in preset.get("tags") or []],
+            tags=rundir.string_list(preset.get("tags")),
             resumed_from=dict(run.get("resumed_from") or {}),
             ran_as=user_text(run.get("user")),
         )

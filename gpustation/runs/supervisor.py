@@ -25,8 +25,10 @@ end it overwrites it in place with the run's end, which needs no new blocks,
 before anything else. Every write after that (``state.json``, the history row,
 telemetry, its own log) may fail with ENOSPC without killing it: it keeps the
 end in memory and tries ``state.json`` and the row again every second for
-:data:`END_RETRY_S`. Meanwhile :func:`~gpustation.runs.rundir.read_state`
-reads the end from ``exit-status``, so readers see the run ended.
+:data:`END_RETRY_S`, or until SIGTERM, SIGINT or SIGHUP tell it to go (the
+next writer then records the end from ``exit-status``). Meanwhile
+:func:`~gpustation.runs.rundir.read_state` reads the end from
+``exit-status``, so readers see the run ended.
 """
 
 from __future__ import annotations
@@ -37,10 +39,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gpustation import private
+from gpustation.files import NotRegularFile, read_bytes, say_skipped
 from gpustation.runs import rundir
 from gpustation.runs.argv import child_env
 from gpustation.runs.gputrace import SAMPLE_INTERVAL_S, TraceSampler, write_sample
@@ -156,10 +160,10 @@ def _metrics_report_oom(path: Path, max_bytes: int = 64 * 1024) -> str | None:
     from gpustation.textsafe import NEWLINE
 
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - max_bytes))
-            lines = fh.read().splitlines()
+        lines = read_bytes(path, "metrics file", max_bytes, tail=True, follow=False).splitlines()
+    except NotRegularFile as err:
+        say_skipped(err)
+        return None
     except OSError:
         return None
     for line in reversed(lines):
@@ -173,12 +177,13 @@ def _metrics_report_oom(path: Path, max_bytes: int = 64 * 1024) -> str | None:
 
 def _log_mentions_cuda_oom(path: Path, max_bytes: int = 256 * 1024) -> bool:
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - max_bytes))
-            return _CUDA_OOM.search(fh.read()) is not None
+        data = read_bytes(path, "run file", max_bytes, tail=True, follow=False)
+    except NotRegularFile as err:
+        say_skipped(err)
+        return False
     except OSError:
         return False
+    return _CUDA_OOM.search(data) is not None
 
 
 class _Telemetry:
@@ -269,11 +274,14 @@ def _write_state(directory: Path, state: RunState) -> None:
         _log(f"could not write {rundir.STATE_JSON}: {err}")
 
 
-def _record_final(directory: Path, state: RunState) -> bool:
+def _record_final(
+    directory: Path, state: RunState, signalled: Callable[[], bool] = lambda: False
+) -> bool:
     """Record the run's end whatever the disk says; True once all of it is written.
 
     ``exit-status`` first (overwritten in place: no new blocks), then the
-    row and ``state.json``, tried again every second for a while.
+    row and ``state.json``, tried again every second for a while, or until
+    ``signalled`` says a signal asked the supervisor to go.
     """
     from gpustation.runs.store import RunStore
 
@@ -285,6 +293,9 @@ def _record_final(directory: Path, state: RunState) -> bool:
     row_ok, state_ok = record_end(directory, state, store)
     deadline = time.monotonic() + END_RETRY_S
     while not (row_ok and state_ok) and time.monotonic() < deadline:
+        if signalled():
+            _log("asked to go: the next writer records the end from exit-status")
+            break
         time.sleep(END_RETRY_EVERY_S)
         if not state_ok:
             try:
@@ -341,7 +352,7 @@ def supervise(directory: Path) -> int:
     if rundir.stop_requested(directory):
         state.status, state.reason = "stopped", "stopped before it started"
         state.started_at = state.ended_at = time.time()
-        _record_final(directory, state)
+        _record_final(directory, state, lambda: bool(stop_signal))
         return 0
 
     env = child_env(dict(os.environ), run.get("env") or {})
@@ -369,7 +380,7 @@ def supervise(directory: Path) -> int:
         state.status, state.reason = "failed", message
         state.started_at = state.ended_at = time.time()
         state.error_tail = [f"gpustation: {message}"]
-        _record_final(directory, state)
+        _record_final(directory, state, lambda: bool(stop_signal))
         return 0
     log.close()
     state.child_pid = child.pid
@@ -468,7 +479,9 @@ def supervise(directory: Path) -> int:
             state.reason = f"{node_failed}: {state.reason}" if state.oom else node_failed
         state.error_tail = rundir.tail_lines(output, 20)
     _log(f"run ended: {state.status} ({state.reason or 'exit 0'})")
-    _record_final(directory, state)
+    # A signal from now on (the run has ended) means: stop retrying and go.
+    signals_at_end = len(stop_signal)
+    _record_final(directory, state, lambda: len(stop_signal) > signals_at_end)
     try:
         from gpustation.runs.notify_end import notify_end
 

@@ -17,7 +17,10 @@ bits (SQLite stores no more), no nesting deep enough to exhaust the parser's
 stack, and the protocol's keys (``step``, ``loss`` ...) of their own type.
 
 These classes never block on anything but a read of the file, so a UI calls
-them from a worker thread and posts what they return.
+them from a worker thread and posts what they return. A run can put anything
+in its directory: a file that is not a regular one (a FIFO, a link to
+``/dev/zero``) is opened through :func:`gpustation.files.open_regular`,
+refused, said once and read as empty.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from gpustation.files import NotRegularFile, open_regular, say_skipped
 from gpustation.textsafe import plain_json, safe_doc
 
 #: a line longer than this is skipped and counted malformed, whatever it holds
@@ -52,8 +56,10 @@ class Tailer:
         chunk_bytes: int = CHUNK_BYTES,
         max_line_bytes: int = MAX_LINE_BYTES,
         keep_tail: bool = False,
+        what: str = "run file",
     ) -> None:
         self.path = Path(path)
+        self.what = what
         #: a line too long is cut to its last max_line_bytes rather than skipped
         #: (a log: a progress bar redraws with \r and its last frame is what shows)
         self.keep_tail = keep_tail
@@ -71,8 +77,11 @@ class Tailer:
         if self._fh is None:
             try:
                 # Kept open between reads; closed by close().
-                self._fh = open(self.path, "rb")  # noqa: SIM115
+                self._fh = open_regular(self.path, self.what, follow=False)
             except FileNotFoundError:
+                return None
+            except NotRegularFile as err:
+                say_skipped(err)
                 return None
         return self._fh
 
@@ -156,8 +165,13 @@ class Tailer:
         return partial, skipping
 
     def at_end(self) -> bool:
+        """Whether everything the file held has been read: the file this tailer
+        reads, not whatever its name points at now (a run may replace it)."""
+        fh = self._open()
+        if fh is None:
+            return True
         try:
-            return self.path.stat().st_size <= self.offset + len(self._partial)
+            return os.fstat(fh.fileno()).st_size <= self.offset + len(self._partial)
         except OSError:
             return True
 
@@ -174,19 +188,26 @@ class Tailer:
 
 
 def bounded_lines(
-    fh: IO[bytes], max_line_bytes: int = MAX_LINE_BYTES, chunk_bytes: int = CHUNK_BYTES
+    fh: IO[bytes],
+    max_line_bytes: int = MAX_LINE_BYTES,
+    chunk_bytes: int = CHUNK_BYTES,
+    total_bytes: int | None = None,
 ) -> Iterator[bytes | None]:
     """The lines of a whole file, read in chunks; None for each line too long to keep.
 
     The last line counts even without its newline. Memory stays within a chunk
-    and a line's limit, however long a line is.
+    and a line's limit, however long a line is; with ``total_bytes`` (the size
+    when it was opened) a file that keeps growing is read to there, not forever.
     """
     partial = b""
     skipping = False
-    while True:
-        data = fh.read(chunk_bytes)
+    left = total_bytes
+    while left is None or left > 0:
+        data = fh.read(chunk_bytes if left is None else min(chunk_bytes, left))
         if not data:
             break
+        if left is not None:
+            left -= len(data)
         if skipping:
             newline = data.find(b"\n")
             if newline < 0:
@@ -208,6 +229,23 @@ def bounded_lines(
         yield None
     elif partial:
         yield partial
+
+
+def file_lines(path: str | os.PathLike[str], what: str = "run file") -> Iterator[bytes | None]:
+    """The lines of a whole run file, as :func:`bounded_lines` gives them, up to its size
+    when opened; none when it is missing, or not a regular file (said once).
+
+    A read that fails midway raises OSError.
+    """
+    try:
+        fh = open_regular(path, what, follow=False)
+    except NotRegularFile as err:
+        say_skipped(err)
+        return
+    except OSError:
+        return
+    with fh:
+        yield from bounded_lines(fh, total_bytes=os.fstat(fh.fileno()).st_size)
 
 
 def _no_constant(name: str) -> Any:
@@ -293,7 +331,7 @@ class MetricsReader:
     """Parses new events from ``metrics.jsonl``; malformed lines are counted."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.tailer = Tailer(path)
+        self.tailer = Tailer(path, what="metrics file")
         self._malformed = 0
         self.event_count = 0
 

@@ -37,6 +37,7 @@ import zstandard
 
 from gpustation import jsondoc
 from gpustation.errors import UsageError
+from gpustation.files import open_regular
 from gpustation.telemetry.model import Snapshot
 from gpustation.textsafe import plain_json, safe_doc
 
@@ -165,8 +166,9 @@ def _frame_end(data: bytes | mmap.mmap, pos: int) -> tuple[int, bool]:
 
 
 def _map(path: Path) -> bytes | mmap.mmap:
-    """The bytes of a file, mapped (pages are read when touched)."""
-    with path.open("rb") as f:
+    """The bytes of a file, mapped (pages are read when touched); a FIFO or a device
+    is refused (NotRegularFile, an OSError), not waited on or mapped."""
+    with open_regular(path, "recording") as f:
         if os.fstat(f.fileno()).st_size == 0:
             return b""
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

@@ -26,6 +26,7 @@ from typing import Any
 
 from gpustation import private
 from gpustation.errors import GpustationError, NeedsRootError, NotSupportedError, UsageError
+from gpustation.files import read_text
 from gpustation.telemetry.backend import Backend
 from gpustation.telemetry.model import (
     GpuLink,
@@ -259,8 +260,8 @@ class SimBackend(Backend):
 
         last_path = state_dir() / LAST_MACHINE_FILE
         last: Any = {}
-        with contextlib.suppress(OSError, ValueError):
-            last = json.loads(last_path.read_text())
+        with contextlib.suppress(UsageError, ValueError, RecursionError):
+            last = json.loads(read_text(last_path, "simulator state"))
         if not isinstance(last, dict):
             last = {}
         if count is None:
@@ -321,13 +322,15 @@ class SimBackend(Backend):
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 try:
-                    state = json.loads(self.state_path.read_text())
-                except (OSError, ValueError, RecursionError):
+                    # A FIFO or /dev/zero put there is refused, not waited on or read forever.
+                    state = json.loads(read_text(self.state_path, "simulator state"))
+                except (UsageError, ValueError, RecursionError):
                     state = {}
                 if not self._valid(state):
                     state = self._fresh_state()  # damaged or of another shape: start afresh
                 yield state
                 tmp = self.state_path.with_suffix(".tmp")
+                tmp.unlink(missing_ok=True)  # whatever was there (a FIFO would block the write)
                 private.write_text(tmp, json.dumps(state))
                 os.replace(tmp, self.state_path)
             finally:

@@ -160,3 +160,34 @@ def test_an_end_left_only_in_exit_status_is_recorded_by_the_next_writer(
     on_disk = json.loads((handle.run_dir / rundir.STATE_JSON).read_text())
     assert (on_disk["status"], on_disk["exit_code"]) == ("failed", 7)
     assert supervisor.END_RETRY_S > 0
+
+
+def test_a_supervisor_retrying_the_end_goes_at_once_on_sigterm(
+    runs_env: dict, full_disk: FullDisk
+) -> None:
+    # The disk stays full: the supervisor keeps retrying state.json and the row,
+    # and SIGTERM (a shutdown, `systemctl stop`) must end that, not wait it out.
+    import signal
+
+    runs_env["write_preset"]("fill", command_preset("fill", "fill_disk"))
+    presets, _ = load_presets()
+    handle = launch(presets["fill"])
+    wait_until(
+        lambda: (s := rundir.read_state(handle.run_dir)) is not None and not s.active,
+        TIMEOUT,
+        "the end of the run",
+    )
+    state = rundir.read_state(handle.run_dir)
+    assert state is not None and state.supervisor_pid
+    on_disk = json.loads((handle.run_dir / rundir.STATE_JSON).read_text())
+    assert on_disk["status"] in rundir.ACTIVE_STATUSES, "the end was written: nothing to retry"
+    assert rundir.process_matches(state.supervisor_pid, state.supervisor_create_time)
+    os.kill(state.supervisor_pid, signal.SIGTERM)
+    wait_until(
+        lambda: not rundir.process_matches(state.supervisor_pid, state.supervisor_create_time),
+        10.0,
+        "the supervisor to go on SIGTERM",
+    )
+    # The end is kept where a full disk lets it be: the next writer records it.
+    final = rundir.read_state(handle.run_dir)
+    assert final is not None and (final.status, final.exit_code) == ("failed", 7)

@@ -156,3 +156,38 @@ def test_a_run_s_summary_has_its_mean_tensor_activity(tmp_path: Path) -> None:
     ]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert summarize_telemetry(path).tensor_active_pct == 85.0  # the samples that have it
+
+
+def test_a_run_directory_that_vanished_leaves_no_row_and_is_not_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    from gpustation.runs import store as store_mod
+
+    said: list[str] = []
+    store = RunStore(tmp_path / "runs.db", warn=said.append)
+    kept, gone = tmp_path / "runs" / "20260101-000000-p-aaaa", tmp_path / "runs" / "20260102-p-bbbb"
+    make_run(kept)
+    make_run(gone)
+    sync_run(kept, store)
+    sync_run(gone, store)
+    assert {r.id for r in store.list_runs()} == {gone.name, kept.name}
+    # Deleted by hand: its row lags, the listing does not.
+    shutil.rmtree(gone)
+    assert [r.id for r in store.list_runs()] == [kept.name]
+    assert store.get(gone.name) is None
+    with pytest.raises(FileNotFoundError):
+        record_from_dir(gone)
+
+    # A rebuild whose listing still named it (deleted between listing and reading).
+    listed = [kept, gone]
+    monkeypatch.setattr(store_mod, "run_dirs", lambda root=None: listed)
+    store.db.unlink()
+    rebuilt = RunStore(tmp_path / "runs.db", warn=said.append)
+    make_run(tmp_path / "runs" / "20260103-p-cccc")
+    sync_run(tmp_path / "runs" / "20260103-p-cccc", rebuilt)
+    assert any("rebuilt the run history from 1 run directories" in s for s in said), said
+    monkeypatch.undo()
+    ids = sorted(r.id for r in RunStore(tmp_path / "runs.db").list_runs())
+    assert ids == sorted([kept.name, "20260103-p-cccc"])

@@ -16,6 +16,8 @@ from gpustation.telemetry import recording as recording_mod
 from gpustation.telemetry.model import Snapshot
 from gpustation.telemetry.recorder import Recorder, RecordError, parse_size, record_settings
 from gpustation.telemetry.recording import Recording, chain, parse_time
+from gpustation.telemetry.sampler import Sampler
+from gpustation.telemetry.sim import SimBackend
 from tests.telemetry.recording_tools import START, make_recording
 
 
@@ -116,6 +118,30 @@ def test_rotation_keeps_the_files_under_the_cap_and_the_newest_snapshots(tmp_pat
     assert rec.start > times[0]  # the oldest were deleted
     got = [float(d["time"]) for d in rec.iter_docs()]
     assert got == [t for t in times if t >= rec.start]  # the chain reads oldest first, no holes
+
+
+def test_the_cap_counts_the_file_being_written_after_every_snapshot(tmp_path: Path) -> None:
+    # One frame that never ends on its own (frame_s huge): only the size can end it,
+    # and the chain, the open file included, stays under the cap at every moment.
+    from tests.telemetry.recording_tools import Clock
+
+    path = tmp_path / "r.zst"
+    cap = 64 * 1024
+    clk, mono = Clock(START), Clock(0.0)
+    backend = SimBackend(count=2, seed=0, state_path=None, clock=clk)
+    sampler = Sampler(backend, clock=clk, with_host=False)
+    rotated = False
+    with Recorder(path, max_size=cap, clock=mono, flush_s=0.0, frame_s=1e9) as rec:
+        for _ in range(3000):
+            rec.add(sampler.sample())
+            clk.t += 1.0
+            mono.t += 1.0
+            files = chain(path)
+            rotated = rotated or len(files) > 1
+            total = sum(p.stat().st_size for p in files)
+            assert total <= cap, f"{total} bytes on disk, the open {path.name} included"
+            assert rec.size == total
+    assert rotated, "the recording never reached its cap"
 
 
 def test_a_write_error_says_what_was_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
