@@ -301,7 +301,8 @@ def test_under_sudo_a_directory_root_left_in_the_users_home_is_named_not_written
     left.mkdir(parents=True)  # root's, as an older `sudo gpustation` left it
     os.chown(left.parent.parent, NOBODY, NOBODY)
     os.chown(left.parent, NOBODY, NOBODY)
-    done = _gpustation(ctx, "snapshot", "--simulate", "1", env=_sudo(ctx["env"]))
+    # a command that writes there (a reader such as snapshot starts on such a directory)
+    done = _gpustation(ctx, "runs", "list", env=_sudo(ctx["env"]))
     assert done.returncode == EXIT_USAGE, done.stdout + done.stderr
     assert f"{left} (set GPUSTATION_DATA_DIR to move it): not writable" in done.stderr
     assert f"it belongs to uid 0; `sudo chown -R nobody {left}`" in done.stderr

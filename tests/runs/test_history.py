@@ -237,6 +237,6 @@ def test_deleting_a_run_whose_directory_is_a_link_says_so_and_touches_nothing(
     assert "symbolic link" in result.stderr and "Traceback" not in result.stderr
     assert directory.is_symlink() and sorted(p.name for p in target.iterdir()) == before
     assert RunStore().get(run_id) is not None  # nothing was forgotten either
-    directory.unlink()
-    again = gs("runs", "delete", run_id)
-    assert again.returncode == 0 and RunStore().get(run_id) is None, again.stderr
+    directory.unlink()  # the link removed by hand: the run is gone from the history
+    assert RunStore().get(run_id) is None
+    assert target.is_dir() and sorted(p.name for p in target.iterdir()) == before
