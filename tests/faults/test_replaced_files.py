@@ -268,7 +268,9 @@ def test_a_recording_that_is_a_fifo_or_dev_zero_is_refused_naming_it_and_set_asi
     replayed = gs("replay", str(recording))
     assert replayed.returncode == 2, replayed.stderr
     assert f"recording {recording}: {what}" in replayed.stderr
-    # Recording there sets the planted file aside and records to a file of its own.
+    # Recording there is refused, naming it: what is not a recording is never
+    # written to, nor rotated away, and nothing waits on it.
     recorded = gs("record", "--simulate", "1", "--duration", "1", str(recording))
-    assert recorded.returncode == 0, recorded.stderr
-    assert recording.is_file() and not recording.is_symlink() and recording.stat().st_size > 0
+    assert recorded.returncode == 2, recorded.stderr
+    assert f"{recording} exists and is not a gpustation recording" in recorded.stderr
+    assert (recording.is_fifo() if kind == "fifo" else recording.is_symlink())
