@@ -199,3 +199,28 @@ def test_a_run_s_files_are_read_safe_and_run_json_exact_for_what_launches(tmp_pa
     log = tmp_path / rundir.OUTPUT_LOG
     log.write_bytes(f"step\t1\nTraceback{planted}\n".encode())
     assert rundir.tail_lines(log) == ["step    1", "Traceback\\u202e"]
+
+
+def test_text_that_utf8_cannot_hold_becomes_replacement_characters() -> None:
+    from gpustation.textsafe import valid_unicode
+
+    assert valid_unicode("plain café") == "plain café"  # already valid: the same text
+    # bytes that were not UTF-8, as Python decodes them from argv (surrogateescape)
+    raw = b"note \xff\xfe end".decode("utf-8", "surrogateescape")
+    assert valid_unicode(raw) == "note \ufffd\ufffd end"
+    assert valid_unicode(raw).encode("utf-8")  # SQLite and JSON take it
+    # a lone surrogate that no undecodable byte explains
+    assert valid_unicode("a\ud83db") == "a\ufffdb"
+    assert valid_unicode("\udc80\ud800") == "\ufffd\ufffd"
+
+
+def test_a_truncated_utf8_sequence_is_one_replacement_character() -> None:
+    from gpustation.textsafe import valid_unicode
+
+    raw = b"x \xe2\x82 y".decode("utf-8", "surrogateescape")  # a euro sign cut short
+    assert valid_unicode(raw) == "x \ufffd y"
+
+
+def test_safe_takes_any_value_and_turns_a_tab_into_a_space() -> None:
+    assert safe(42) == "42" and safe(None) == "None"
+    assert safe("a\tb\x1b[31m") == "a b"
