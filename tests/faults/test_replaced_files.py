@@ -273,4 +273,4 @@ def test_a_recording_that_is_a_fifo_or_dev_zero_is_refused_naming_it_and_set_asi
     recorded = gs("record", "--simulate", "1", "--duration", "1", str(recording))
     assert recorded.returncode == 2, recorded.stderr
     assert f"{recording} exists and is not a gpustation recording" in recorded.stderr
-    assert (recording.is_fifo() if kind == "fifo" else recording.is_symlink())
+    assert recording.is_fifo() if kind == "fifo" else recording.is_symlink()
