@@ -246,6 +246,13 @@ async def on_compare(pilot: Pilot[Any]) -> None:
         table.move_cursor(row=row)
         await pilot.pause()
         await pilot.press("space")
+    # the last row's run is now selected: the screen behind the overlay (its GPU
+    # plot shows at the edge) is drawn for it before the overlay opens
+    ui = runs_ui(app)  # type: ignore[arg-type]
+    await wait_for(pilot, lambda: ui.selected is not None and ui.views[ui.selected].loaded)
+    view = ui.views[ui.selected]  # type: ignore[index]
+    plots = [app.screen.query_one(LossPlot), app.screen.query_one(GpuPlot)]
+    await wait_for(pilot, lambda: all(p.shows(view) or not p.size.height for p in plots))
     await pilot.press("v")
     await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen))
     compare = app.screen

@@ -43,6 +43,13 @@ class RunPlot(Static):
         if self.draw(view, width, height, cursor_s):
             self.draws += 1
 
+    def shows(self, view: RunView | None) -> bool:
+        """Whether the figure on screen is ``view``'s latest, at the plot's size."""
+        width, height = self.content_region.width, self.content_region.height
+        version = self.version(view) if view else 0
+        key = self._key if isinstance(self._key, tuple) else None
+        return key is not None and key[:4] == (view.id if view else None, version, width, height)
+
     def version(self, view: RunView) -> object:
         """What changes when the figure's data does (its redraw key)."""
         return view.curve_version
