@@ -9,7 +9,7 @@ import time
 
 from gpustation.commands.options import add_gpu_options, backend_from_args
 from gpustation.errors import GpustationError
-from gpustation.runs.sweep import Sweep, load_sweep, scan_sweeps
+from gpustation.runs.sweep import load_sweep, scan_sweeps
 from gpustation.runs.sweep_owner import restore_limits
 from gpustation.textsafe import safe
 
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         for line in damaged:
             print(f"gpustation: skipped: {line}", file=sys.stderr)
         if args.json:
-            docs = [{**s.to_dict(), "state": state_of(s)} for s in sweeps]
+            docs = [{**s.to_dict(), "state": s.state_text()} for s in sweeps]
             print(json.dumps(docs, indent=2, allow_nan=False))
             return 0
         if not sweeps:
@@ -46,20 +46,19 @@ def run(args: argparse.Namespace) -> int:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created_at))
             sim = "  [SIMULATED]" if s.simulated else ""
             print(
-                safe(f"{s.id}  {s.preset}  {done}/{len(s.points)} points  {state_of(s)}  {when}")
+                safe(f"{s.id}  {s.preset}  {done}/{len(s.points)} points  {s.state_text()}  {when}")
                 + sim
             )
         return 0
     sweep = load_sweep(args.id)
     if args.verb == "show":
         if args.json:
-            print(
-                json.dumps({**sweep.to_dict(), "state": state_of(sweep)}, indent=2, allow_nan=False)
-            )
+            doc = {**sweep.to_dict(), "state": sweep.state_text()}
+            print(json.dumps(doc, indent=2, allow_nan=False))
             return 0
         from gpustation.commands.sweep import _report
 
-        print(safe(f"sweep {sweep.id}: {state_of(sweep)}"))
+        print(safe(f"sweep {sweep.id}: {sweep.state_text()}"))
         _report(sweep)
         return 0
     if sweep.alive and not sweep.restored:
@@ -80,14 +79,3 @@ def run(args: argparse.Namespace) -> int:
         else f"sweep {sweep.id} changed no power limit"
     )
     return 0
-
-
-def state_of(sweep: Sweep) -> str:
-    """The sweep's status, with whether its process is gone and the limits it left."""
-    if not sweep.dead:
-        return sweep.status
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(sweep.created_at))
-    text = f"dead: its process (pid {sweep.pid}, started {started}) is gone"
-    if sweep.left_limits:
-        text += f"; limits left changed: `gpustation sweeps restore {sweep.id}`"
-    return text

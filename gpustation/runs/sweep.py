@@ -101,6 +101,16 @@ class Sweep:
         """Marked running, its process gone: killed outright (SIGKILL, power loss)."""
         return self.status in ("planned", "running") and not self.alive
 
+    def state_text(self) -> str:
+        """The status in words, with whether its process is gone and the limits it left."""
+        if not self.dead:
+            return self.status
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.created_at))
+        text = f"dead: its process (pid {self.pid}, started {started}) is gone"
+        if self.left_limits:
+            text += f"; limits left changed: `gpustation sweeps restore {self.id}`"
+        return text
+
     @property
     def left_limits(self) -> bool:
         """Its limits are still changed and nobody will put them back but a restore."""

@@ -402,3 +402,32 @@ async def test_the_profile_pane_shows_the_top_15_kernels_and_scrolls(
         assert pane.content_region.height < len(pane.plain.splitlines())
         pane.scroll_end(animate=False)
         await wait_for(pilot, lambda: pane.scroll_y == pane.max_scroll_y > 0)
+
+
+async def test_the_sweeps_overlay_tells_a_dead_sweep_and_the_limits_it_left(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    """A sweep SIGKILLed mid-point reads "running" in its file: the dashboard
+    says it is dead and how to put its limits back, as `sweeps list` does."""
+    import subprocess
+
+    sweep = write_sweep(gpustation_dirs)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid whose process has ended
+    sweep.status = "running"
+    sweep.pid = gone.pid
+    sweep.original_limits_w = {0: 450.0}
+    sweep.save()
+    member = finished_run(gpustation_dirs, "run-1")
+    sync_run(member)
+    app, _ = make_app(count=1)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await open_runs(pilot)
+        await pilot.press("S")
+        await wait_for(pilot, lambda: isinstance(app.screen, SweepsScreen))
+        shown = app.screen
+        assert isinstance(shown, SweepsScreen)
+        await wait_for(pilot, lambda: shown.shown == sweep.id)
+        head = str(shown.query_one("#sweep-head", Static).render())
+        assert "running" not in head and f"dead: its process (pid {gone.pid}" in head, head
+        assert f"gpustation sweeps restore {sweep.id}" in head, head

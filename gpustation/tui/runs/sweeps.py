@@ -128,7 +128,7 @@ class SweepsScreen(ModalScreen[None]):
         for s in newest:
             done = sum(p.status != "pending" for p in s.points)
             label = Text.assemble(
-                (safe(s.preset), "bold"), f"  {done}/{len(s.points)} · {safe(s.status)}\n",
+                (safe(s.preset), "bold"), f"  {done}/{len(s.points)} · {safe(s.state_text())}\n",
                 (safe(s.id), "dim"),
             )  # fmt: skip
             options.add_option(Option(label, id=s.id))
@@ -148,7 +148,7 @@ class SweepsScreen(ModalScreen[None]):
         self.shown = sweep_id
         head = Text()
         head.append(f"sweep {safe(sweep.id)}", style="bold")
-        head.append(f" · {safe(sweep.preset)} · {safe(sweep.status)}")
+        head.append(f" · {safe(sweep.preset)} · {safe(sweep.state_text())}")
         if sweep.simulated:
             head.append(" · SIMULATED GPUs", style="bold yellow")
         self.query_one("#sweep-head", Static).update(head)
