@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -40,6 +42,21 @@ def gpustation_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str
 def gpustation_cmd(*args: str) -> list[str]:
     """argv that runs the checked-out gpustation CLI in a child process."""
     return [sys.executable, "-m", "gpustation", *args]
+
+
+def run_gpustation(
+    *args: str, timeout: float = 60.0, cwd: Path | None = None, **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
+    """Run the checked-out gpustation CLI in a child process to its end, its output captured."""
+    return subprocess.run(
+        gpustation_cmd(*args),
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=timeout,
+        cwd=cwd,
+        **kwargs,
+    )
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -19,7 +19,7 @@ import pytest
 from gpustation import paths
 from gpustation.runs import rundir
 from gpustation.runs.store import db_path
-from tests.conftest import child_env, gpustation_cmd
+from tests.conftest import child_env, gpustation_cmd, run_gpustation
 from tests.runs.conftest import command_preset, wait_until
 
 TIMEOUT = 60.0
@@ -36,15 +36,7 @@ def _cap_memory() -> None:
 def gs(
     *args: str, timeout: float = TIMEOUT, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        gpustation_cmd(*args),
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=timeout,
-        preexec_fn=_cap_memory,
-        cwd=cwd,
-    )
+    return run_gpustation(*args, timeout=timeout, cwd=cwd, preexec_fn=_cap_memory)
 
 
 def plant(path: Path, kind: str) -> None:

@@ -14,21 +14,14 @@ from pathlib import Path
 from gpustation import paths
 from gpustation.runs import rundir
 from gpustation.runs.store import RunStore, db_path
-from tests.conftest import child_env, gpustation_cmd
+from tests.conftest import child_env, gpustation_cmd, run_gpustation
 from tests.runs.conftest import command_preset, wait_until
 
 TIMEOUT = 60.0
 
 
 def gs(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        gpustation_cmd(*args),
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=TIMEOUT,
-        cwd=cwd,
-    )
+    return run_gpustation(*args, timeout=TIMEOUT, cwd=cwd)
 
 
 def ended_run(name: str, code: str = "print('hi')") -> str:

@@ -19,30 +19,21 @@ from gpustation.runs import rundir, sweep, sweep_owner
 from gpustation.serve.exporter import Exporter
 from gpustation.telemetry.sampler import Sampler
 from gpustation.telemetry.sim import SimBackend
-from tests.conftest import child_env, gpustation_cmd
-from tests.runs.conftest import command_preset, wait_until
+from tests.conftest import child_env, gpustation_cmd, run_gpustation
+from tests.runs.conftest import sim_limits, sweep_preset, wait_until
 
 TIMEOUT = 120.0
 
 
 def _preset(runs_env: dict, sleep: float = 5.0) -> None:
-    runs_env["write_preset"](
-        "sweepy",
-        command_preset(
-            "sweepy", "sweep_point", args=f"batch_size = 8\nsteps = 3\nsleep = {sleep}"
-        ).replace("gpus = 1", "gpus = 2"),
-    )
+    sweep_preset(runs_env, sleep)
 
 
-def _limits() -> list[float | None]:
-    sim = SimBackend.open(count=2)
-    return [g.power_limit_w for g in sim.read_gpus([0, 1], slow=False)]
+_limits = sim_limits
 
 
 def gs(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        gpustation_cmd(*args), capture_output=True, text=True, env=child_env(), timeout=TIMEOUT
-    )
+    return run_gpustation(*args, timeout=TIMEOUT)
 
 
 def _start(*args: str) -> subprocess.Popen[str]:

@@ -106,3 +106,21 @@ def assert_no_process(pids: list[int]) -> None:
         except psutil.NoSuchProcess:
             continue
     assert not alive, f"processes still running: {alive}"
+
+
+def sweep_preset(runs_env: dict, sleep: float) -> None:
+    """A two-GPU preset ``sweepy`` whose points take about ``sleep`` seconds."""
+    runs_env["write_preset"](
+        "sweepy",
+        command_preset(
+            "sweepy", "sweep_point", args=f"batch_size = 8\nsteps = 3\nsleep = {sleep}"
+        ).replace("gpus = 1", "gpus = 2"),
+    )
+
+
+def sim_limits() -> list[float | None]:
+    """The power limits of the two simulated GPUs ``--simulate 2`` opens."""
+    from gpustation.telemetry.sim import SimBackend
+
+    sim = SimBackend.open(count=2)
+    return [g.power_limit_w for g in sim.read_gpus([0, 1], slow=False)]

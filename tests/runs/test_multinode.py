@@ -30,7 +30,7 @@ from gpustation.runs.nodes import read_nodes
 from gpustation.runs.presets import RunPreset
 from gpustation.runs.stop import wait_for_end
 from gpustation.runs.store import RunStore
-from tests.conftest import FAKE_NVML_DIR, child_env, gpustation_cmd
+from tests.conftest import FAKE_NVML_DIR, run_gpustation
 from tests.fleet.sshd import LoopbackSshd, free_port
 from tests.runs.conftest import assert_no_process, wait_until
 
@@ -85,14 +85,7 @@ def nodes(sshd: LoopbackSshd, runs_env: dict, monkeypatch: pytest.MonkeyPatch) -
 def gs(
     *args: str, timeout: float = TIMEOUT, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        gpustation_cmd(*args),
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=timeout,
-        cwd=cwd,
-    )
+    return run_gpustation(*args, timeout=timeout, cwd=cwd)
 
 
 def _hosts() -> str:

@@ -19,30 +19,21 @@ from gpustation.runs.store import RunStore
 from gpustation.runs.summary import RunSummary
 from gpustation.runs.sweep_report import measured, recommend
 from gpustation.telemetry.sim import SimBackend
-from tests.conftest import child_env, gpustation_cmd
-from tests.runs.conftest import command_preset, wait_until
+from tests.conftest import child_env, gpustation_cmd, run_gpustation
+from tests.runs.conftest import sim_limits, sweep_preset, wait_until
 
 TIMEOUT = 180.0
 
 
 def _preset(runs_env: dict, sleep: float = 0.3) -> None:
-    runs_env["write_preset"](
-        "sweepy",
-        command_preset(
-            "sweepy", "sweep_point", args=f"batch_size = 8\nsteps = 3\nsleep = {sleep}"
-        ).replace("gpus = 1", "gpus = 2"),
-    )
+    sweep_preset(runs_env, sleep)
 
 
-def _limits() -> list[float | None]:
-    sim = SimBackend.open(count=2)
-    return [g.power_limit_w for g in sim.read_gpus([0, 1], slow=False)]
+_limits = sim_limits
 
 
 def gs(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        gpustation_cmd(*args), capture_output=True, text=True, env=child_env(), timeout=timeout
-    )
+    return run_gpustation(*args, timeout=timeout)
 
 
 def test_a_power_limit_sweep_sets_reads_back_journals_and_restores(runs_env: dict) -> None:
