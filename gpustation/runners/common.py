@@ -12,7 +12,9 @@ import gc
 import os
 import random
 import resource
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -31,10 +33,12 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+#: stopped by SIGINT after saving a checkpoint (128 + SIGINT, as a shell reports it)
+EXIT_STOPPED = 130
 
 OOM_EPILOG = (
     f"exit status: 0 success, 1 failure, 2 bad arguments, {EXIT_OOM} out of memory "
-    "(the message says what to try)."
+    f"(the message says what to try), {EXIT_STOPPED} stopped by SIGINT."
 )
 
 
@@ -330,6 +334,55 @@ def all_reduce_mean(value: float, d: Dist, device: torch.device) -> float:
     return float(t.item()) / d.world_size
 
 
+# ----------------------------------------------------------------------------- stopping
+
+
+class StopAsked:
+    """SIGINT asks a training loop to leave at the end of its step; a second SIGINT leaves at once.
+
+    ``gpustation runs stop`` (and the runs screen's stop) send SIGINT first and
+    promise that the run saves and leaves: the loop asks :meth:`now` after each
+    step, writes a checkpoint of the step it finished and returns. Ranks of a
+    data-parallel job agree through one all-reduce, at the steps where they
+    already reduce the loss, so no rank waits in a collective another has left.
+    """
+
+    def __init__(self, dist: Dist, device: torch.device, every: int) -> None:
+        self.dist = dist
+        self.device = device
+        self.every = max(1, every)
+        self.asked = False
+        self._previous: Any = None
+
+    def __enter__(self) -> StopAsked:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
+        print("SIGINT: stopping after this step, with a checkpoint", file=sys.stderr, flush=True)
+
+    def now(self, step: int) -> bool:
+        """Whether every rank stops after ``step``."""
+        if not self.dist.enabled:
+            return self.asked
+        if step % self.every:
+            return False
+        import torch.distributed as dist  # the distributed package only in a distributed job
+
+        flag = torch.tensor([1.0 if self.asked else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
 # ----------------------------------------------------------------------------- out of memory
 
 
@@ -391,7 +444,7 @@ def run_main(
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
-        return 130
+        return EXIT_STOPPED
     except Exception as exc:
         if not is_oom(exc):
             raise

@@ -297,7 +297,8 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     losses: list[tuple[int, float]] = []
     eval_losses: list[tuple[int, float]] = []
     loss_val = float("nan")
-    with metrics:
+    stopped_at: int | None = None
+    with metrics, common.StopAsked(dist, device, args.log_every) as stop:
         for step in range(start + 1, args.steps + 1):
             common.maybe_simulate_oom(args, step)
             prof.before_step(step)
@@ -339,7 +340,8 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
                     mem_mib=mem,
                     lr=lr,
                 )
-            if dist.is_main and _checkpoint_due(args, step):
+            stopping = step < args.steps and stop.now(step)
+            if dist.is_main and (stopping or _checkpoint_due(args, step)):
                 last_checkpoint = checkpoint.save(
                     common.output_dir(args),
                     trainer,
@@ -349,6 +351,14 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
                     data_position={"batches": step, **position},
                 )
                 say(f"checkpoint at step {step}: {last_checkpoint}", flush=True)
+            if stopping:
+                stopped_at = step
+                break
+        if stopped_at is not None:
+            # Saved and leaving, as the stop promised: no summary, the run did not finish.
+            metrics.log(step=stopped_at, event="stopped", total_steps=args.steps)
+            say(f"stopped at step {stopped_at} of {args.steps}; gpustation run --resume goes on")
+            return common.EXIT_STOPPED
         tokens_per_s, seconds = timer.overall()
         mem = common.peak_memory_mib(device)
         summary: dict[str, Any] = {
