@@ -363,6 +363,8 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
         mem = common.peak_memory_mib(device)
         summary: dict[str, Any] = {
             "tokens_per_s": round(tokens_per_s, 1),
+            # the work this run did (a resumed run's from its first step): energy per token
+            "tokens": (args.steps - start) * tokens_per_step,
             "model_tflops_per_s": round(tokens_per_s * flops_per_token / 1e12, 3),
             "flops_per_token": flops_per_token,
             "final_loss": loss_val,

@@ -74,26 +74,38 @@ def energy_text(record: RunSummary) -> str:
 # ---- one number format per row ------------------------------------------------------------
 
 
+#: a cell never shows fewer significant figures than this (0.341 beside 19,489 stays 0.341)
+SIGNIFICANT = 3
+
+
 def row_decimals(values: Sequence[Any], digits: int) -> int:
-    """The decimals every cell of a row gets: ``digits``, fewer for big numbers, more for
-    small ones (two significant digits of the smallest), the same in each cell."""
+    """The decimals every cell of a row gets: ``digits``, none for big numbers, more where
+    the smallest fraction would show fewer than :data:`SIGNIFICANT` figures; the same in
+    each cell (a small value beside a big one gets its own, see :func:`fmt_fixed`)."""
     nums = [abs(n) for n in map(finite_number, values) if n is not None]
     if not nums:
         return digits
     if max(nums) >= 10000:
         return 0
-    smallest = min((n for n in nums if n), default=0.0)
-    if smallest and smallest < 10.0 ** -(digits - 1):
-        return min(10, max(digits, math.ceil(-math.log10(smallest)) + 1))
-    return digits
+    return max(digits, max(_decimals_kept(n) for n in nums))
+
+
+def _decimals_kept(number: float) -> int:
+    """The decimals ``number`` needs to keep :data:`SIGNIFICANT` figures, or all its own
+    where it has fewer (0.25 keeps 2; 0.34129 keeps 3; an integer none)."""
+    if not number or number.is_integer():
+        return 0
+    own = len(f"{abs(number):.10f}".rstrip("0").partition(".")[2])
+    return min(own, max(0, SIGNIFICANT - 1 - math.floor(math.log10(abs(number)))))
 
 
 def fmt_fixed(value: Any, decimals: int) -> str:
-    """``value`` with thousands separators and ``decimals`` decimals (``-``: none)."""
+    """``value`` with thousands separators and ``decimals`` decimals (``-``: none), or more
+    where ``decimals`` would cut it below :data:`SIGNIFICANT` figures."""
     number = finite_number(value)
     if number is None:
         return "-" if value is None else safe(value)
-    return f"{number:,.{decimals}f}"
+    return f"{number:,.{max(decimals, _decimals_kept(number))}f}"
 
 
 def with_unit(label: str, unit: str | None) -> str:

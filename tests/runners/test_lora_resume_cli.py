@@ -92,6 +92,11 @@ def test_resume_a_lora_run_from_its_last_checkpoint(runs_env: dict) -> None:
     assert run["resumed_from"] == {"run": a_id, "step": 4, "checkpoint": ckpt}
     assert run["argv"][run["argv"].index("--resume-from") + 1] == ckpt
     assert b.resumed_from["run"] == a_id and b.total_steps == 8
+    # Energy per token counts the tokens the run itself trained: B's steps 5-8, not 1-8.
+    tokens_per_step = 4 * 32
+    assert a.work == 4 * tokens_per_step and b.work == 4 * tokens_per_step
+    assert b.work_unit == "token"
+    assert b.energy_j and b.energy_per_unit_j == pytest.approx(b.energy_j / b.work)
 
     # The new run's metrics start at step 5, from where A stopped: its first loss is
     # close to A's last one, far from the loss a fresh start has (A's first).

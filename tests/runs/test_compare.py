@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from gpustation.runs import rundir
-from gpustation.runs.compare import compare, row_decimals, run_settings
+from gpustation.runs.compare import CompareRow, compare, row_decimals, run_settings
 from gpustation.runs.curves import read_curves
 from gpustation.runs.store import record_from_dir, sync_run
 from gpustation.runs.summary import RunSummary
@@ -70,7 +70,7 @@ def test_one_number_format_per_row_with_the_unit_in_the_label() -> None:
     # The same decimals in each cell of a row, thousands separated.
     assert rows["throughput (img/s)"] == ["1,480", "12,346 (+734.2 %)"]
     # One unit for the row (not 2.0 Wh beside 1.00 kWh), named once in the label.
-    assert rows["energy (kWh)"] == ["0.0020", "1.0000 (+49900.0 %)"]
+    assert rows["energy (kWh)"] == ["0.002", "1.000 (+49900.0 %)"]
     assert rows["peak VRAM (MiB)"] == ["20,480", "8,000 (-60.9 %)"]
     assert rows["final loss"] == ["0.5000", "="]
     for label, row in rows.items():
@@ -80,9 +80,19 @@ def test_one_number_format_per_row_with_the_unit_in_the_label() -> None:
 
 def test_row_decimals_keep_small_numbers_readable_and_alike() -> None:
     assert row_decimals([0.5, 0.25], 4) == 4
-    assert row_decimals([0.00003, 0.00012], 4) == 6
+    assert row_decimals([0.00003, 0.00012], 4) == 5
     assert row_decimals([1480.0, 12345.0], 1) == 0
     assert row_decimals([None, None], 2) == 2
+
+
+def test_every_cell_keeps_three_significant_figures() -> None:
+    # A small figure beside a big one is not rounded away: 0.341 beside 19,489 is not 0.
+    assert row_decimals([0.34129, 1.0, 19489.2], 3) == 0
+    row = CompareRow("energy per token (J)", [0.34129, 1.0, 19489.2], digits=3)
+    assert row.texts() == ["0.341", "1", "19,489"]
+    assert row_decimals([0.034129, 2.5], 1) == 4  # three figures of the smallest, in each cell
+    assert row_decimals([0.25, 0.5], 1) == 2  # a value with fewer figures keeps its own
+    assert row_decimals([4.53571, 4.42], 4) == 4
 
 
 def test_an_equal_value_is_not_a_zero_change() -> None:
@@ -105,7 +115,7 @@ def test_no_change_between_different_workloads() -> None:
     assert rows["steps"] == ["150", "300", "300 (+100.0 %)"]
     assert rows["final loss"] == ["0.5000", "2.5000", "0.2500 (-50.0 %)"]
     assert rows["throughput"] == ["1,480.0 img/s", "9,000.0 tokens/s", "="]
-    assert rows["energy per unit"] == ["0.2500 J/img", "0.0020 J/token", "="]
+    assert rows["energy per unit"] == ["0.250 J/img", "0.002 J/token", "="]
     # Watts are watts: the physical rows still compare.
     assert rows["avg power (W)"] == ["300", "250 (-16.7 %)", "="]
     table = compare([resnet("a"), lora("b")], [{}, {}])
