@@ -29,7 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     since = time.time() - parse_span(args.since, "--since")
     price = load_price()
-    groups: dict[str, dict[str, Any]] = defaultdict(
+    # Runs on simulated GPUs are summed apart: their energy is no energy anyone paid for.
+    groups: dict[tuple[str, bool], dict[str, Any]] = defaultdict(
         lambda: {"runs": 0, "energy_j": 0.0, "gpu_hours": 0.0, "unmeasured": 0}
     )
     for r in RunStore().list_runs():
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
             if args.by == "day"
             else (r.preset or "-")
         )
-        g = groups[key]
+        g = groups[(key, r.simulated)]
         g["runs"] += 1
         if r.energy_j is None:
             g["unmeasured"] += 1
@@ -48,9 +49,9 @@ def run(args: argparse.Namespace) -> int:
             g["energy_j"] += r.energy_j
         g["gpu_hours"] += (r.duration_s or 0.0) * max(1, len(r.gpus)) / 3600
     rows = []
-    for key in sorted(groups):
-        g = groups[key]
-        row = {args.by: key, **g, "kwh": g["energy_j"] / J_PER_KWH}
+    for key, simulated in sorted(groups):
+        g = groups[(key, simulated)]
+        row = {args.by: key, "simulated": simulated, **g, "kwh": g["energy_j"] / J_PER_KWH}
         if price is not None:
             row["cost"] = price.cost(g["energy_j"])
             row["currency"] = price.currency
@@ -63,20 +64,23 @@ def run(args: argparse.Namespace) -> int:
         return 0
     head = f"{args.by:<24} {'runs':>5} {'GPU h':>8} {'kWh':>9}"
     print(head + (f" {'cost':>12}" if price else ""))
-    total_j = 0.0
     for row in rows:
-        total_j += row["energy_j"]
-        line = (
-            f"{safe(row[args.by]):<24} {row['runs']:>5} {row['gpu_hours']:>8.2f} {row['kwh']:>9.3f}"
-        )
+        name = safe(row[args.by]) + (" SIMULATED" if row["simulated"] else "")
+        line = f"{name:<24} {row['runs']:>5} {row['gpu_hours']:>8.2f} {row['kwh']:>9.3f}"
         if price is not None:
             line += f" {price.text(row['energy_j']):>12}"
         if row["unmeasured"]:
             line += f"  ({row['unmeasured']} without energy)"
         print(line)
-    total = f"{'total':<24} {sum(r['runs'] for r in rows):>5} "
-    total += f"{sum(r['gpu_hours'] for r in rows):>8.2f} {total_j / J_PER_KWH:>9.3f}"
-    print(total + (f" {price.text(total_j):>12}" if price else ""))
+    for simulated in (False, True):
+        mine = [r for r in rows if r["simulated"] is simulated]
+        if not mine:
+            continue
+        total_j = sum(r["energy_j"] for r in mine)
+        name = "total SIMULATED" if simulated else "total"
+        total = f"{name:<24} {sum(r['runs'] for r in mine):>5} "
+        total += f"{sum(r['gpu_hours'] for r in mine):>8.2f} {total_j / J_PER_KWH:>9.3f}"
+        print(total + (f" {price.text(total_j):>12}" if price else ""))
     if price is None:
         print("(set [energy] price_per_kwh and currency in config.toml for the cost)")
     return 0

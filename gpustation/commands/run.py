@@ -509,7 +509,8 @@ def _report(directory: Path, state: rundir.RunState | None, run: RunSummary) -> 
 
         record = RunStore().get(state.id)
         if record is not None and record.energy_j is not None:
-            parts.append(f"- GPU energy {record.energy_j / 3600:.2f} Wh")
+            energy = f"- GPU energy {record.energy_j / 3600:.2f} Wh"
+            parts.append(f"{energy} SIMULATED" if record.simulated else energy)
     except Exception:
         pass
     print(" ".join(parts), file=sys.stderr, flush=True)

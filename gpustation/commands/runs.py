@@ -20,6 +20,7 @@ from gpustation.runs.compare import (
     energy_text,
     fmt_num,
     gpus_text,
+    sim_marked,
     status_text,
 )
 from gpustation.runs.cost import Price, price_or_none
@@ -323,21 +324,30 @@ def _print_show(r: RunSummary) -> None:
         ("best throughput", fmt_num(r.best_throughput, 1, r.throughput_unit or "")),
         ("peak VRAM", fmt_num(r.peak_vram_mib, 0, "MiB")),
         ("energy", energy_text(r)),
-        ("cost", price.text(r.energy_j) if (price := _price()) is not None else None),
+        (
+            "cost",
+            sim_marked(r, price.text(r.energy_j)) if (price := _price()) is not None else None,
+        ),
         (
             f"energy per {r.work_unit}" if r.work_unit else "energy per unit",
-            fmt_num(r.energy_per_unit_j, 3, "J") if r.energy_per_unit_j is not None else None,
+            sim_marked(r, fmt_num(r.energy_per_unit_j, 3, "J"))
+            if r.energy_per_unit_j is not None
+            else None,
         ),
         (
             "power avg / peak",
-            f"{fmt_num(r.avg_power_w, 0, 'W')} / {fmt_num(r.peak_power_w, 0, 'W')}",
+            sim_marked(r, f"{fmt_num(r.avg_power_w, 0, 'W')} / {fmt_num(r.peak_power_w, 0, 'W')}")
+            if r.avg_power_w is not None or r.peak_power_w is not None
+            else None,
         ),
         (
             "tensor activity",
-            None if r.tensor_active_pct is None else fmt_num(r.tensor_active_pct, 1, "%"),
+            None
+            if r.tensor_active_pct is None
+            else sim_marked(r, fmt_num(r.tensor_active_pct, 1, "%")),
         ),
-        ("peak temperature", fmt_num(r.peak_temp_c, 0, "°C")),
-        ("throttled", fmt_num(r.throttled_s, 0, "s")),
+        ("peak temperature", sim_marked(r, fmt_num(r.peak_temp_c, 0, "°C"))),
+        ("throttled", sim_marked(r, fmt_num(r.throttled_s, 0, "s"))),
         ("malformed metric lines", str(r.malformed_metrics) if r.malformed_metrics else None),
         ("run directory", r.run_dir),
     ]

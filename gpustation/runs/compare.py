@@ -65,10 +65,19 @@ def gpus_text(record: RunSummary, none: str = "-") -> str:
     return f"{text} {SIMULATED}" if record.simulated else text
 
 
+def sim_marked(record: RunSummary, text: str) -> str:
+    """``text``, a figure read from the run's GPUs, marked SIMULATED when they were."""
+    if text == "-" or not record.simulated:
+        return text
+    return f"{text} {SIMULATED}"
+
+
 def energy_text(record: RunSummary) -> str:
-    """The run's GPU energy, ``(shared)`` beside it when another run used its GPUs too."""
+    """The run's GPU energy, ``(shared)`` beside it when another run used its GPUs too,
+    SIMULATED when they were simulated."""
     text = fmt_energy(record.energy_j)
-    return f"{text} (shared)" if record.energy_shared and record.energy_j is not None else text
+    text = f"{text} (shared)" if record.energy_shared and record.energy_j is not None else text
+    return sim_marked(record, text)
 
 
 # ---- one number format per row ------------------------------------------------------------
@@ -132,6 +141,8 @@ class CompareRow:
     units: list[str | None] | None = None
     #: a setting (a preset argument, ``--set``) rather than a result
     setting: bool = False
+    #: a word after each run's value (SIMULATED for a figure read from simulated GPUs)
+    marks: list[str | None] | None = None
 
     def comparable(self, i: int) -> bool:
         """Whether run ``i``'s value may be set against the first run's."""
@@ -158,10 +169,11 @@ class CompareRow:
             texts = [fmt_fixed(v, decimals) for v in self.values]
         else:
             texts = ["-" if v is None else safe(self.fmt(v)) for v in self.values]
-        if self.units is not None:
-            texts = [
-                f"{t} {u}" if u and t != "-" else t for t, u in zip(texts, self.units, strict=True)
-            ]
+        for extra in (self.units, self.marks):
+            if extra is not None:
+                texts = [
+                    f"{t} {u}" if u and t != "-" else t for t, u in zip(texts, extra, strict=True)
+                ]
         return texts
 
     def cells(self) -> list[str]:
@@ -172,7 +184,8 @@ class CompareRow:
             if i == 0:
                 continue
             value = self.values[i]
-            if value is not None and value == self.values[0] and self.comparable(i):
+            same_mark = self.marks is None or self.marks[i] == self.marks[0]
+            if value is not None and value == self.values[0] and self.comparable(i) and same_mark:
                 cells.append("=")
                 continue
             if change is not None and round(change, 1) != 0:
@@ -389,6 +402,12 @@ def compare(
         CompareRow("peak temp (°C)", [r.peak_temp_c for r in records], digits=0),
         CompareRow("throttled (s)", [r.throttled_s for r in records], digits=0),
     ]
+    # Figures read from the GPUs say SIMULATED in the cell of a run on simulated ones.
+    marks: list[str | None] = [SIMULATED if r.simulated else None for r in records]
+    if any(marks):
+        for row in rows:
+            if row.name.startswith(GPU_FIGURES):
+                row.marks = marks
     # Final figures a run chose to report in its summary (accuracy, perplexity ...).
     keys: list[str] = []
     for r in records:
@@ -447,6 +466,10 @@ def verdict_rows(records: Sequence[RunSummary]) -> list[CompareRow]:
             for name in names
         ),
     ]
+
+
+#: the compare rows whose figures come from the run's GPUs (by the start of their label)
+GPU_FIGURES = ("energy", "cost", "avg power", "peak power", "peak temp", "throttled")
 
 
 def _energy_per_unit_row(records: Sequence[RunSummary]) -> CompareRow:

@@ -32,9 +32,11 @@ def message(
         if run.final_loss is not None:
             parts.append(f"final loss {run.final_loss:.4g}")
         if run.energy_j is not None:
-            parts.append(f"GPU energy {run.energy_j / 3600:.1f} Wh")
+            energy = f"GPU energy {run.energy_j / 3600:.1f} Wh"
+            parts.append(f"{energy} SIMULATED" if run.simulated else energy)
     if price_text:
-        parts.append(f"cost {price_text}")
+        simulated = run is not None and run.simulated
+        parts.append(f"cost {price_text}" + (" SIMULATED" if simulated else ""))
     return event, title, "; ".join(parts)
 
 

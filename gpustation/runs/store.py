@@ -552,7 +552,9 @@ def apply_telemetry(record: RunSummary, tele: TelemetrySummary, directory: Path)
     record.peak_temp_c = tele.peak_temp_c
     record.tensor_active_pct = tele.tensor_active_pct
     record.throttled_s = tele.throttled_s
-    peaks = [v for v in (record.peak_vram_mib, tele.peak_vram_mib) if v is not None]
+    # A simulated GPU's memory is no figure of the run: only the run's own peak counts there.
+    gpu_peak = None if record.simulated else tele.peak_vram_mib
+    peaks = [v for v in (record.peak_vram_mib, gpu_peak) if v is not None]
     record.peak_vram_mib = max(peaks) if peaks else None
     # Another run used the same GPU meanwhile and the run's part was not told.
     record.energy_shared = (

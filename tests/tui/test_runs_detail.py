@@ -243,10 +243,10 @@ async def test_energy_and_cost_in_the_header_and_the_table(
         cell = str(table.get_cell(directory.name, "energy"))
         if priced:  # 4000 J at 0.5 EUR/kWh: 0.00056 EUR
             assert "cost <0.01 EUR" in header, header
-            assert label == "energy · cost" and cell == "1.1 Wh · <0.01 EUR", cell
+            assert label == "energy · cost" and cell == "1.1 Wh SIMULATED · <0.01 EUR", cell
         else:
             assert "cost" not in header and "EUR" not in header, header
-            assert label == "energy" and cell == "1.1 Wh", cell
+            assert label == "energy" and cell == "1.1 Wh SIMULATED", cell
         # the table keeps its step and loss
         assert str(table.get_cell(directory.name, "step")) == "100/100"
 

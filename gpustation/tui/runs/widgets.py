@@ -25,7 +25,7 @@ from textual.selection import Selection
 from textual.strip import Strip
 from textual.widgets import DataTable, Footer
 
-from gpustation.runs.compare import SIMULATED, energy_text, fmt_energy, fmt_num
+from gpustation.runs.compare import SIMULATED, energy_text, fmt_energy, fmt_num, sim_marked
 from gpustation.runs.cost import Price
 from gpustation.runs.fold import ema
 from gpustation.runs.phases import phases_table, read_phases
@@ -110,7 +110,7 @@ def energy_line(view: RunView, price: Price | None) -> Text | None:
     if energy is None:
         return None
     line = Text("energy so far " if so_far else "energy ")
-    line.append(energy_text(s) if not so_far else fmt_energy(energy), style="bold")
+    line.append(energy_text(s) if not so_far else sim_marked(s, fmt_energy(energy)), style="bold")
     if price is not None:
         line.append(" · cost ")
         line.append(price.text(energy), style="bold")
