@@ -9,10 +9,11 @@ by :class:`~gpustation.telemetry.sampler.Sampler`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from gpustation.errors import NoDriverError, UsageError
+from gpustation.errors import UsageError
 from gpustation.telemetry.model import GpuSample, Topology
+from gpustation.telemetry.record import record
 
 
 class Backend(ABC):
@@ -89,6 +90,35 @@ class Backend(ABC):
         self.close()
 
 
+@record(frozen=True)
+class OpenRequest:
+    """What the user asked for when opening a backend."""
+
+    #: simulated GPUs: a count, ``-1`` for the default machine, None for real ones
+    simulate: int | None = None
+    sim_card: str | None = None
+    #: the caller reads once and leaves: static values may come from a cache
+    one_shot: bool = False
+
+
+@record(frozen=True)
+class Registration:
+    """How a backend is found and opened; each backend module declares one.
+
+    ``wanted`` says whether a request may be served by this backend;
+    ``open`` opens it or raises ``NoDriverError`` when its hardware or
+    library is absent. Backends are tried by ``priority``, lowest first.
+    ``stand_in``: it may replace the others when none opens and the caller
+    allows it (the simulator).
+    """
+
+    name: str
+    priority: int
+    wanted: Callable[[OpenRequest], bool]
+    open: Callable[[OpenRequest], Backend]
+    stand_in: bool = False
+
+
 #: the highest GPU index ``--gpus`` takes (NVML numbers far fewer)
 MAX_GPU_INDEX = 1023
 
@@ -141,45 +171,6 @@ def simulate_from_env() -> int | None:
     if count < 0:
         raise UsageError(f"GPUSTATION_SIMULATE={raw!r}: a number of simulated GPUs, 1 or more")
     return count
-
-
-def open_backend(
-    simulate: int | None = None,
-    sim_card: str | None = None,
-    fallback_to_sim: bool = False,
-    one_shot: bool = False,
-) -> Backend:
-    """Open NVML, or the simulator when asked (or when NVML fails and allowed).
-
-    ``simulate`` is the number of simulated GPUs, ``-1`` for the default, and
-    ``None`` for real GPUs. ``one_shot`` says the caller will read once and
-    leave (``gpustation snapshot``): static values may then come from the
-    cache of the last run. The
-    environment variable ``GPUSTATION_SIMULATE`` does the same as
-    ``--simulate`` (handy under ssh and in tests).
-    """
-    import os
-
-    if simulate is None:
-        simulate = simulate_from_env()
-    if sim_card is None:
-        sim_card = os.environ.get("GPUSTATION_SIM_CARD") or None
-    if simulate is not None:
-        from gpustation.telemetry.sim import SimBackend
-
-        return SimBackend.open(count=None if simulate < 0 else simulate, card=sim_card)
-    try:
-        from gpustation.telemetry.nvml import NvmlBackend
-
-        return NvmlBackend(one_shot=one_shot)
-    except NoDriverError as err:
-        if not fallback_to_sim:
-            raise
-        from gpustation.telemetry.sim import SimBackend
-
-        backend = SimBackend.open(count=None, card=sim_card)
-        backend.note = f"{err} Showing simulated GPUs."
-        return backend
 
 
 def select_gpus(backend: Backend, wanted: list[int] | None) -> list[int]:

@@ -27,7 +27,7 @@ from typing import Any
 from gpustation import private
 from gpustation.errors import GpustationError, NeedsRootError, NotSupportedError, UsageError
 from gpustation.files import read_text
-from gpustation.telemetry.backend import Backend
+from gpustation.telemetry.backend import Backend, OpenRequest, Registration
 from gpustation.telemetry.model import (
     GpuLink,
     GpuPlacement,
@@ -586,3 +586,19 @@ class SimBackend(Backend):
                 raise ValueError(f"simulation knob(s) out of range: {values!r}")
             if xid is not None:
                 g["xid"] = [*g["xid"], [now, int(xid)]][-16:]
+
+
+def _open(request: OpenRequest) -> Backend:
+    simulate = request.simulate
+    return SimBackend.open(count=None if simulate is None or simulate < 0 else simulate,
+                           card=request.sim_card)
+
+
+#: Asked for by ``--simulate`` (or ``GPUSTATION_SIMULATE``); stands in for absent GPUs.
+REGISTRATION = Registration(
+    name="sim",
+    priority=10,
+    wanted=lambda request: request.simulate is not None,
+    open=_open,
+    stand_in=True,
+)

@@ -56,7 +56,8 @@ from gpustation.telemetry.alerts import (
     idle_rule_or_default,
     limits_left,
 )
-from gpustation.telemetry.backend import Backend, open_backend
+from gpustation.telemetry.backend import Backend
+from gpustation.telemetry.registry import open_backend
 from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
 from gpustation.tui.keys import KeymapConfig, apply_keymap, load_keymap

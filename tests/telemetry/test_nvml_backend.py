@@ -414,7 +414,7 @@ def test_no_driver_is_a_clear_error(fake_nvml: ModuleType, code: str, text: str)
 
 
 def test_no_driver_gives_no_fake_data(fake_nvml: ModuleType) -> None:
-    from gpustation.telemetry.backend import open_backend
+    from gpustation.telemetry.registry import open_backend
 
     fake_nvml.reset(no_driver=True)
     # ``import pynvml`` inside the backend meets the fake; no simulator steps in.

@@ -9,7 +9,7 @@ import pytest
 from textual.widgets import Select
 
 from gpustation.errors import NoDriverError
-from gpustation.telemetry.backend import open_backend
+from gpustation.telemetry.registry import open_backend
 from gpustation.tui.app import DashboardApp
 from gpustation.tui.dialogs import KillDialog
 from gpustation.tui.screens import DashboardScreen

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from gpustation.errors import NoDriverError, UsageError
 from gpustation.paths import state_dir
-from gpustation.telemetry.backend import Backend
+from gpustation.telemetry.backend import Backend, OpenRequest, Registration
 from gpustation.telemetry.model import (
     FAST,
     IDENTITY,
@@ -500,3 +500,12 @@ def _fan_count(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_FANS:
         return None
     return value
+
+
+#: Real NVIDIA GPUs, unless simulated ones were asked for.
+REGISTRATION = Registration(
+    name="nvml",
+    priority=20,
+    wanted=lambda request: request.simulate is None,
+    open=lambda request: NvmlBackend(one_shot=request.one_shot),
+)
