@@ -103,19 +103,20 @@ class OpenRequest:
 
 @record(frozen=True)
 class Registration:
-    """How a backend is found and opened; each backend module declares one.
+    """How a backend is found and opened.
 
     ``wanted`` says whether a request may be served by this backend;
-    ``open`` opens it or raises ``NoDriverError`` when its hardware or
-    library is absent. Backends are tried by ``priority``, lowest first.
-    ``stand_in``: it may replace the others when none opens and the caller
-    allows it (the simulator).
+    ``module`` names the module whose ``open_request(request)`` opens it,
+    imported only when it is tried, or raises ``NoDriverError`` when its
+    hardware or library is absent. Backends are tried by ``priority``, lowest
+    first. ``stand_in``: it may replace the others when none opens and the
+    caller allows it (the simulator).
     """
 
     name: str
     priority: int
     wanted: Callable[[OpenRequest], bool]
-    open: Callable[[OpenRequest], Backend]
+    module: str
     stand_in: bool = False
 
 

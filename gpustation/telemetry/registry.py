@@ -1,28 +1,54 @@
-"""Opening a backend: each backend declares a :class:`Registration`, this
-module tries them in priority order.
+"""Opening a backend: the registered backends, tried in priority order.
 
 The registry sits above the interface (``telemetry/backend.py``) and the
-backends, which import only the interface, so no backend package and the
-interface ever import each other. A second vendor adds its module to
-``BACKENDS``.
+backends, which import only the interface, so no backend and the interface
+ever import each other. A backend is imported only when it is tried: a
+snapshot of real GPUs never loads the simulator. A second vendor's backend is
+one more :class:`Registration` (here, or through :func:`register`).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+from typing import Any
 
 from gpustation.errors import NoDriverError
 from gpustation.telemetry.backend import Backend, OpenRequest, Registration, simulate_from_env
 
-#: The modules that declare a ``REGISTRATION``.
-BACKENDS = ("gpustation.telemetry.sim", "gpustation.telemetry.nvml.backend")
+_REGISTERED: list[Registration] = [
+    # Asked for by --simulate (or GPUSTATION_SIMULATE); stands in for absent GPUs.
+    Registration(
+        name="sim",
+        priority=10,
+        wanted=lambda request: request.simulate is not None,
+        module="gpustation.telemetry.sim",
+        stand_in=True,
+    ),
+    # Real NVIDIA GPUs, unless simulated ones were asked for.
+    Registration(
+        name="nvml",
+        priority=20,
+        wanted=lambda request: request.simulate is None,
+        module="gpustation.telemetry.nvml.backend",
+    ),
+]
+
+
+def register(registration: Registration) -> None:
+    """Add a backend (a second vendor, a test's own)."""
+    _REGISTERED.append(registration)
 
 
 def registrations() -> list[Registration]:
-    """Every backend's registration, the first to try first."""
-    found = [importlib.import_module(name).REGISTRATION for name in BACKENDS]
-    return sorted(found, key=lambda r: r.priority)
+    """Every registered backend, the first to try first."""
+    return sorted(_REGISTERED, key=lambda r: r.priority)
+
+
+def _open(registration: Registration, request: OpenRequest) -> Backend:
+    module: Any = importlib.import_module(registration.module)
+    backend: Backend = module.open_request(request)
+    return backend
 
 
 def open_backend(
@@ -51,7 +77,7 @@ def open_backend(
         if not reg.wanted(request):
             continue
         try:
-            return reg.open(request)
+            return _open(reg, request)
         except NoDriverError as err:
             failure = failure or err
     if failure is None:
@@ -59,6 +85,6 @@ def open_backend(
     if not fallback_to_sim:
         raise failure
     stand_in = next(r for r in regs if r.stand_in)
-    backend = stand_in.open(OpenRequest(simulate=-1, sim_card=sim_card, one_shot=one_shot))
+    backend = _open(stand_in, OpenRequest(simulate=-1, sim_card=sim_card, one_shot=one_shot))
     backend.note = f"{failure} Showing simulated GPUs."
     return backend

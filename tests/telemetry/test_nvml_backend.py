@@ -26,9 +26,10 @@ from gpustation.errors import (
     NotSupportedError,
 )
 from gpustation.telemetry.model import SLOW as SLOW_COST
-from gpustation.telemetry.model import GpuSample, PcieInfo, Snapshot, specs
+from gpustation.telemetry.model import GpuSample, Snapshot, field_keys
 from gpustation.telemetry.nvml import NvmlBackend
 from gpustation.telemetry.nvml import backend as nvml_module
+from gpustation.telemetry.nvml.reads import READS
 from gpustation.telemetry.nvml.topology import (
     cpu_mask_to_ranges,
     normalize_bus_id,
@@ -473,10 +474,9 @@ def test_the_slow_pass_reads_the_functions_declared_slow(
     fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
 ) -> None:
     declared = {
-        spec.nvml.function
-        for cls in (GpuSample, PcieInfo)
-        for spec in specs(cls).values()
-        if spec.cost == SLOW_COST and spec.nvml is not None
+        nvml_read.function
+        for key, spec in field_keys().items()
+        if spec.cost == SLOW_COST and (nvml_read := READS[key]) is not None
     }
     assert "nvmlDeviceGetPcieReplayCounter" in declared
     backend = open_backend()

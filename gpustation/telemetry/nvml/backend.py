@@ -24,19 +24,17 @@ from typing import Any, NamedTuple
 
 from gpustation.errors import NoDriverError, UsageError
 from gpustation.paths import state_dir
-from gpustation.telemetry.backend import Backend, OpenRequest, Registration
+from gpustation.telemetry.backend import Backend, OpenRequest
 from gpustation.telemetry.model import (
     FAST,
     IDENTITY,
-    RECORDS,
     SLOW,
     STATIC,
     GpuSample,
-    NvmlRead,
     ProcessInfo,
     Topology,
-    decode_throttle,
-    specs,
+    field_keys,
+    put_field,
 )
 from gpustation.telemetry.nvml.control import NvmlControl
 from gpustation.telemetry.nvml.deep import (
@@ -54,6 +52,7 @@ from gpustation.telemetry.nvml.query import (
     no_driver_message,
     start_nvml,
 )
+from gpustation.telemetry.nvml.reads import READS, NvmlRead, converters
 from gpustation.telemetry.nvml.static_cache import STATIC_CACHE_FILE, StaticCache
 from gpustation.telemetry.nvml.topology import TopologyReader, text
 
@@ -76,17 +75,12 @@ class Field(NamedTuple):
 
 
 def _declared() -> tuple[Field, ...]:
-    found = [
-        Field(name, None, name, spec.cost, spec.nvml)
-        for name, spec in specs(GpuSample).items()
-        if spec.nvml is not None
-    ]
-    found += [
-        Field(f"{record}.{name}", record, name, spec.cost, spec.nvml)
-        for record, cls in RECORDS.items()
-        for name, spec in specs(cls).items()
-        if spec.nvml is not None
-    ]
+    found = []
+    for key, spec in field_keys().items():
+        read = READS[key]
+        if read is not None:
+            record, dot, name = key.rpartition(".")
+            found.append(Field(key, record if dot else None, name, spec.cost, read))
     return tuple(found)
 
 
@@ -125,11 +119,8 @@ def _put(sample: GpuSample, f: Field, value: Any) -> None:
 
 
 def _put_key(sample: GpuSample, key: str, value: Any) -> None:
-    f = _BY_KEY.get(key)
-    if f is not None:
-        _put(sample, f, value)
-    else:  # a deep reading: a GpuSample attribute of its own
-        setattr(sample, key, list(value) if isinstance(value, list) else value)
+    # a deep reading's list is the backend's own: the sample gets a copy
+    put_field(sample, key, list(value) if key in DEEP_SLOW and isinstance(value, list) else value)
 
 
 class NvmlBackend(NvmlControl, Backend):
@@ -161,19 +152,7 @@ class NvmlBackend(NvmlControl, Backend):
             self._shutdown()
             raise NoDriverError(no_driver_message(err)) from None
         self._args = {a: self._const(a) for f in FIELDS for a in f.read.args}
-        self._manual = self._const("NVML_FAN_POLICY_MANUAL")
-        self._pstate_unknown = self._const("NVML_PSTATE_UNKNOWN")
-        self._convert: dict[str, Callable[[Any], Any]] = {
-            "float": float,
-            "int": int,
-            "milli": lambda v: v / 1000.0,
-            "mib": lambda v: v / _MIB,
-            "text": text,
-            "throttle": lambda v: decode_throttle(int(v)),
-            "pstate": lambda v: None if int(v) == self._pstate_unknown else int(v),
-            "fan_policy": lambda v: "manual" if v == self._manual else "auto",
-            "bool": lambda v: bool(int(v)),
-        }
+        self._convert = converters(self._const)
         self._driver = text(self.q(None, "driver_version", "nvmlSystemGetDriverVersion"))
         self._nvml_version = text(self.q(None, "nvml_version", "nvmlSystemGetNVMLVersion"))
         cuda = self.q(None, "cuda_driver_version", "nvmlSystemGetCudaDriverVersion")
@@ -502,10 +481,6 @@ def _fan_count(value: Any) -> int | None:
     return value
 
 
-#: Real NVIDIA GPUs, unless simulated ones were asked for.
-REGISTRATION = Registration(
-    name="nvml",
-    priority=20,
-    wanted=lambda request: request.simulate is None,
-    open=lambda request: NvmlBackend(one_shot=request.one_shot),
-)
+def open_request(request: OpenRequest) -> Backend:
+    """The registry's way in (``telemetry/registry.py``)."""
+    return NvmlBackend(one_shot=request.one_shot)
