@@ -57,9 +57,9 @@ from gpustation.telemetry.alerts import (
     limits_left,
 )
 from gpustation.telemetry.backend import Backend
-from gpustation.telemetry.registry import open_backend
 from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
+from gpustation.telemetry.registry import open_backend
 from gpustation.tui.keys import KeymapConfig, apply_keymap, load_keymap
 from gpustation.tui.modes import (
     BUILTIN_MODES,

@@ -19,8 +19,8 @@ import psutil
 
 from gpustation.errors import GpustationError
 from gpustation.telemetry.backend import Backend
-from gpustation.telemetry.registry import open_backend
 from gpustation.telemetry.model import HostSample, Snapshot
+from gpustation.telemetry.registry import open_backend
 from gpustation.telemetry.sampler import Sampler
 
 if TYPE_CHECKING:
