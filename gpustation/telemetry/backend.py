@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
 from gpustation.errors import UsageError
-from gpustation.telemetry.model import GpuSample, Topology
+from gpustation.telemetry.model import GpuSample, NamedVersion, Topology
 from gpustation.telemetry.record import record
 
 
@@ -54,10 +54,12 @@ class Backend(ABC):
     def driver_version(self) -> str | None:
         return None
 
-    def nvml_version(self) -> str | None:
+    def library_version(self) -> NamedVersion | None:
+        """The library the cards are read through, and its version (NVML 13.580...)."""
         return None
 
-    def cuda_driver_version(self) -> str | None:
+    def compute_runtime_version(self) -> NamedVersion | None:
+        """The newest compute runtime the driver supports (CUDA 13.0)."""
         return None
 
     def close(self) -> None:  # noqa: B027 - optional hook

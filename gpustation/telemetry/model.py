@@ -369,13 +369,34 @@ class Topology:
 
 
 @record
+class NamedVersion:
+    """A vendor's library or runtime and its version: ``NVML 13.580.159.04``, ``CUDA 13.0``."""
+
+    name: str
+    version: str
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.version}"
+
+
+#: The keys the document had before the vendor-neutral ones, written (derived
+#: from those) for one more release; readers should move to the new keys.
+DEPRECATED_KEYS = {
+    "nvml_version": ("library_version", "NVML"),
+    "cuda_driver_version": ("compute_runtime_version", "CUDA"),
+}
+
+
+@record
 class Snapshot:
     hostname: str
     time: float
     simulated: bool = False
     driver_version: str | None = None
-    nvml_version: str | None = None
-    cuda_driver_version: str | None = None
+    #: the library the backend reads the cards through (NVML)
+    library_version: NamedVersion | None = None
+    #: the newest compute runtime the driver supports (CUDA)
+    compute_runtime_version: NamedVersion | None = None
     gpus: list[GpuSample] = field(default_factory=list)
     host: HostSample = field(default_factory=HostSample)
     topology: Topology = field(default_factory=Topology)
@@ -383,13 +404,27 @@ class Snapshot:
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
-        return _to_dict(self)  # type: ignore[no-any-return]
+        doc: dict[str, Any] = _to_dict(self)
+        out: dict[str, Any] = {}
+        for key, value in doc.items():
+            out[key] = value
+            if key == "compute_runtime_version":
+                for old, (new, name) in DEPRECATED_KEYS.items():
+                    named = getattr(self, new)
+                    out[old] = named.version if named is not None and named.name == name else None
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Snapshot:
         if data.get("schema") != SCHEMA:
             raise ValueError(f"not a {SCHEMA} document (schema={data.get('schema')!r})")
-        return _from_dict(cls, data)  # type: ignore[no-any-return]
+        snap: Snapshot = _from_dict(cls, data)
+        for old, (new, name) in DEPRECATED_KEYS.items():
+            # a document of an older gpustation has only the old key
+            value = data.get(old)
+            if getattr(snap, new) is None and isinstance(value, str):
+                setattr(snap, new, NamedVersion(name, value))
+        return snap
 
     def gpu(self, index: int) -> GpuSample | None:
         for gpu in self.gpus:
@@ -403,6 +438,8 @@ _NESTED: dict[tuple[type, str], type] = {
     (Snapshot, "gpus"): GpuSample,
     (Snapshot, "host"): HostSample,
     (Snapshot, "topology"): Topology,
+    (Snapshot, "library_version"): NamedVersion,
+    (Snapshot, "compute_runtime_version"): NamedVersion,
     (Topology, "links"): GpuLink,
     (Topology, "gpus"): GpuPlacement,
     (GpuSample, "pcie"): PcieInfo,

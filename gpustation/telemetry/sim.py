@@ -34,6 +34,7 @@ from gpustation.telemetry.model import (
     GpuPlacement,
     GpuSample,
     MigInfo,
+    NamedVersion,
     NvLinkInfo,
     ProcessInfo,
     Topology,
@@ -303,8 +304,8 @@ class SimBackend(Backend):
     def driver_version(self) -> str | None:
         return "simulated"
 
-    def nvml_version(self) -> str | None:
-        return "simulated"
+    def library_version(self) -> NamedVersion | None:
+        return NamedVersion("NVML", "simulated")
 
     def read_gpus(self, indices: Sequence[int], slow: bool) -> list[GpuSample]:
         now = self.clock()

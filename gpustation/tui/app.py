@@ -364,7 +364,7 @@ class DashboardApp(ProcessActions):
         t.append(
             f" · {len(snap.gpus)} GPU{'s' if len(snap.gpus) != 1 else ''}"
             f" · driver {snap.driver_version or 'n/a'}"
-            + (f" · CUDA {snap.cuda_driver_version}" if snap.cuda_driver_version else "")
+            + (f" · {snap.compute_runtime_version}" if snap.compute_runtime_version else "")
         )
         if snap.note and self.note_collapsed:
             note = Text(f" · {snap.note}", style="bold yellow")

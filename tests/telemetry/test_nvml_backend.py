@@ -105,8 +105,8 @@ def test_every_field_is_read_with_its_unit(open_backend: Callable[..., NvmlBacke
     assert backend.fan_count(1) == 0 and backend.fan_count(0) == 2
 
     assert backend.driver_version() == "580.159.04"
-    assert backend.nvml_version() == "13.580.159.04"
-    assert backend.cuda_driver_version() == "13.0"
+    assert str(backend.library_version()) == "NVML 13.580.159.04"
+    assert str(backend.compute_runtime_version()) == "CUDA 13.0"
     # The H200's missing fans are NotSupported, which is not an error to report.
     assert backend.errors == {}
 
@@ -824,6 +824,19 @@ def test_cli_snapshot_reads_nvml(tmp_path: Path) -> None:
         (None, True),
     ]
     assert snap.gpus[0].energy_j == pytest.approx(91_234.567)  # one-shot reads slow fields
+
+
+def test_cli_snapshot_json_names_versions_vendor_neutrally_and_keeps_the_old_keys(
+    tmp_path: Path,
+) -> None:
+    result = snapshot_cli(tmp_path, {"devices": [{"card": "h200"}]}, "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["driver_version"] == "580.159.04"
+    assert doc["library_version"] == {"name": "NVML", "version": "13.580.159.04"}
+    assert doc["compute_runtime_version"] == {"name": "CUDA", "version": "13.0"}
+    # deprecated, kept for one release: the same values under the old keys
+    assert doc["nvml_version"] == "13.580.159.04" and doc["cuda_driver_version"] == "13.0"
 
 
 def test_cli_snapshot_without_driver_exits_3(tmp_path: Path) -> None:

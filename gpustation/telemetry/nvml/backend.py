@@ -31,6 +31,7 @@ from gpustation.telemetry.model import (
     SLOW,
     STATIC,
     GpuSample,
+    NamedVersion,
     ProcessInfo,
     Topology,
     field_keys,
@@ -282,11 +283,11 @@ class NvmlBackend(NvmlControl, Backend):
     def driver_version(self) -> str | None:
         return self._driver
 
-    def nvml_version(self) -> str | None:
-        return self._nvml_version
+    def library_version(self) -> NamedVersion | None:
+        return None if self._nvml_version is None else NamedVersion("NVML", self._nvml_version)
 
-    def cuda_driver_version(self) -> str | None:
-        return self._cuda
+    def compute_runtime_version(self) -> NamedVersion | None:
+        return None if self._cuda is None else NamedVersion("CUDA", self._cuda)
 
     def read_gpus(self, indices: Sequence[int], slow: bool) -> list[GpuSample]:
         """Read the fast fields of each GPU; the slow ones too when ``slow``."""
