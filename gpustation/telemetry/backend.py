@@ -1,7 +1,7 @@
 """The backend interface: what NVML, the simulator and tests all provide.
 
-A backend reads GPUs into :class:`GpuSample` objects and carries out the few
-control operations gpustation needs. Renderers never talk to a backend
+A backend reads GPUs into :class:`GpuSample` objects; the :class:`Control`
+it owns carries out the few control operations gpustation needs. Renderers never talk to a backend
 directly; they read :class:`~gpustation.telemetry.model.Snapshot` objects built
 by :class:`~gpustation.telemetry.sampler.Sampler`.
 """
@@ -16,9 +16,35 @@ from gpustation.telemetry.model import GpuSample, NamedVersion, Topology
 from gpustation.telemetry.record import record
 
 
-class Backend(ABC):
-    """A source of GPU samples and the target of control operations."""
+class Control(ABC):
+    """The few changes gpustation makes to the cards: the power limit and the fans.
 
+    Only ``gpustation.control`` calls these; they raise NeedsRootError,
+    NotSupportedError or GpustationError with a message for the user.
+    """
+
+    @abstractmethod
+    def set_power_limit(self, index: int, watts: float) -> None: ...
+
+    @abstractmethod
+    def fan_count(self, index: int) -> int: ...
+
+    @abstractmethod
+    def fan_speed_range(self, index: int) -> tuple[int, int]:
+        """The lowest and highest fan % the card accepts."""
+
+    @abstractmethod
+    def set_fan_speed(self, index: int, fan: int, pct: int) -> None: ...
+
+    @abstractmethod
+    def set_fan_auto(self, index: int, fan: int) -> None: ...
+
+
+class Backend(ABC):
+    """A source of GPU samples; its :class:`Control` (``control``) changes the cards."""
+
+    #: Set by each backend when it opens.
+    control: Control
     simulated: bool = False
     #: Why this backend is in use, when that is worth telling the user.
     note: str | None = None
@@ -64,26 +90,6 @@ class Backend(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
-
-    # ---- control -------------------------------------------------------
-    # Only gpustation.control calls these; they raise NeedsRootError,
-    # NotSupportedError or GpustationError with a message for the user.
-
-    @abstractmethod
-    def set_power_limit(self, index: int, watts: float) -> None: ...
-
-    @abstractmethod
-    def fan_count(self, index: int) -> int: ...
-
-    @abstractmethod
-    def fan_speed_range(self, index: int) -> tuple[int, int]:
-        """The lowest and highest fan % the card accepts."""
-
-    @abstractmethod
-    def set_fan_speed(self, index: int, fan: int, pct: int) -> None: ...
-
-    @abstractmethod
-    def set_fan_auto(self, index: int, fan: int) -> None: ...
 
     def __enter__(self) -> Backend:
         return self

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpustation import private
-from gpustation.errors import GpustationError, NeedsRootError, NotSupportedError, UsageError
+from gpustation.errors import UsageError
 from gpustation.files import read_text
 from gpustation.telemetry.backend import Backend, OpenRequest
 from gpustation.telemetry.model import (
@@ -52,6 +52,7 @@ from gpustation.telemetry.sim_cards import (
     JOB_NAMES,
     CardSpec,
 )
+from gpustation.telemetry.sim_control import SimControl, gpu_state
 from gpustation.telemetry.sim_reads import READS, SimView
 from gpustation.telemetry.sim_state import gpu_state_ok, new_gpu_state, serials_ok
 
@@ -118,6 +119,7 @@ class SimBackend(Backend):
         self._last_slow: dict[int, tuple[float, float, int]] = {}
         #: the card in each slot when the machine was re-ordered (None: in order)
         self._order: list[int] | None = None
+        self.control = SimControl(self.spec, self._changing)
         with self._state() as state:
             if (
                 state.get("card") != card
@@ -453,62 +455,16 @@ class SimBackend(Backend):
                 topo.links.append(GpuLink(a, b, level, p2p, p2p, links))
         return topo
 
-    # ---- Backend: control --------------------------------------------------
-    def _check_root(self, what: str) -> None:
-        from gpustation.privs import as_root
-
-        # the simulated driver call: as root under sudo, as a real setter is
-        with as_root():
-            euid = os.geteuid()
-        if os.environ.get("GPUSTATION_SIM_REQUIRE_ROOT") == "1" and euid != 0:
-            raise NeedsRootError(
-                f"{what} needs root privileges: run it as sudo gpustation ... (simulated check)"
-            )
-
+    # ---- control ------------------------------------------------------------
     def _gpu_state(self, state: dict[str, Any], index: int) -> dict[str, Any]:
-        if not 0 <= index < self.count:
-            raise UsageError(f"no GPU {index} (simulated GPUs: 0-{self.count - 1})")
-        return state["gpus"][index]
+        return gpu_state(state["gpus"], index)
 
-    def set_power_limit(self, index: int, watts: float) -> None:
-        self._check_root("setting the power limit")
-        spec = self.spec
-        if not spec.power_min_w <= watts <= spec.power_max_w:
-            raise GpustationError(
-                f"GPU {index}: {watts:g} W is outside the card's range "
-                f"{spec.power_min_w:g}-{spec.power_max_w:g} W"
-            )
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[list[dict[str, Any]]]:
+        """The cards' states, brought up to now, to change under the state lock."""
         with self._state() as state:
             self._advance(state, self.clock())
-            self._gpu_state(state, index)["power_limit_w"] = float(watts)
-
-    def fan_count(self, index: int) -> int:
-        return self.spec.fans
-
-    def fan_speed_range(self, index: int) -> tuple[int, int]:
-        if not self.spec.fans:
-            raise NotSupportedError(f"GPU {index} ({self.spec.name}) has no fans")
-        return self.spec.fan_min_pct, self.spec.fan_max_pct
-
-    def set_fan_speed(self, index: int, fan: int, pct: int) -> None:
-        self._check_root("setting a fan speed")
-        lo, hi = self.fan_speed_range(index)
-        if not 0 <= fan < self.spec.fans:
-            raise UsageError(f"GPU {index} has fans 0-{self.spec.fans - 1}, not {fan}")
-        if not lo <= pct <= hi:
-            raise GpustationError(f"GPU {index} fan {fan}: {pct} % is outside {lo}-{hi} %")
-        with self._state() as state:
-            self._advance(state, self.clock())
-            g = self._gpu_state(state, index)
-            g["fan_mode"][fan] = "manual"
-            g["fan_manual_pct"][fan] = float(pct)
-
-    def set_fan_auto(self, index: int, fan: int) -> None:
-        self._check_root("restoring automatic fan control")
-        self.fan_speed_range(index)
-        with self._state() as state:
-            self._advance(state, self.clock())
-            self._gpu_state(state, index)["fan_mode"][fan] = "auto"
+            yield state["gpus"]
 
     # ---- simulation knobs (tests, demos) -------------------------------------
     def poke(self, index: int, **values: Any) -> None:

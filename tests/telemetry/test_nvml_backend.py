@@ -102,7 +102,7 @@ def test_every_field_is_read_with_its_unit(open_backend: Callable[..., NvmlBacke
     assert h200.name == "NVIDIA H200" and h200.fans_pct == [] and h200.fan_control == []
     assert h200.throttle_reasons == ["gpu_idle"] and not h200.power_throttled
     assert h200.pcie.max_gen == 5
-    assert backend.fan_count(1) == 0 and backend.fan_count(0) == 2
+    assert backend.control.fan_count(1) == 0 and backend.control.fan_count(0) == 2
 
     assert backend.driver_version() == "580.159.04"
     assert str(backend.library_version()) == "NVML 13.580.159.04"
@@ -710,8 +710,8 @@ def test_power_limit_is_set_in_milliwatts(
     fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
 ) -> None:
     backend = open_backend()
-    backend.set_power_limit(0, 300)
-    backend.set_power_limit(1, 512.5)
+    backend.control.set_power_limit(0, 300)
+    backend.control.set_power_limit(1, 512.5)
     assert fake_nvml.set_calls == [
         ("nvmlDeviceSetPowerManagementLimit", (0, 300_000)),
         ("nvmlDeviceSetPowerManagementLimit", (1, 512_500)),
@@ -725,7 +725,7 @@ def test_power_limit_out_of_range_is_refused(
 ) -> None:
     backend = open_backend()
     with pytest.raises(GpustationError) as info:
-        backend.set_power_limit(0, 700)
+        backend.control.set_power_limit(0, 700)
     message = str(info.value)
     assert "700 W" in message and "150-600 W" in message and "Invalid Argument" in message
     assert fake_nvml.set_calls == []
@@ -737,11 +737,11 @@ def test_power_limit_without_root(
     fake_nvml.reset(require_root=True)
     backend = open_backend()
     with pytest.raises(NeedsRootError) as info:
-        backend.set_power_limit(0, 300)
+        backend.control.set_power_limit(0, 300)
     assert info.value.exit_code == EXIT_NEEDS_ROOT == 4
     assert "sudo gpustation" in str(info.value)
     with pytest.raises(NeedsRootError, match="sudo gpustation"):
-        backend.set_fan_speed(0, 0, 60)
+        backend.control.set_fan_speed(0, 0, 60)
 
 
 def test_fans_on_a_card_without_fans_are_not_supported(
@@ -749,9 +749,9 @@ def test_fans_on_a_card_without_fans_are_not_supported(
 ) -> None:
     backend = open_backend()
     for attempt in (
-        lambda: backend.set_fan_speed(1, 0, 60),
-        lambda: backend.set_fan_auto(1, 0),
-        lambda: backend.fan_speed_range(1),
+        lambda: backend.control.set_fan_speed(1, 0, 60),
+        lambda: backend.control.set_fan_auto(1, 0),
+        lambda: backend.control.fan_speed_range(1),
     ):
         with pytest.raises(NotSupportedError) as info:
             attempt()
@@ -764,18 +764,18 @@ def test_fan_speed_manual_then_auto(
     fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
 ) -> None:
     backend = open_backend()
-    assert backend.fan_speed_range(0) == (30, 100)
-    backend.set_fan_speed(0, 1, 60)
+    assert backend.control.fan_speed_range(0) == (30, 100)
+    backend.control.set_fan_speed(0, 1, 60)
     rtx = read(backend, slow=False)[0]
     assert rtx.fans_pct == [45, 60] and rtx.fan_control == ["auto", "manual"]
-    backend.set_fan_auto(0, 1)
+    backend.control.set_fan_auto(0, 1)
     assert read(backend, slow=False)[0].fan_control == ["auto", "auto"]
     assert fake_nvml.set_calls == [
         ("nvmlDeviceSetFanSpeed_v2", (0, 1, 60)),
         ("nvmlDeviceSetDefaultFanSpeed_v2", (0, 1)),
     ]
     with pytest.raises(GpustationError, match=r"20%.*30-100%"):
-        backend.set_fan_speed(0, 0, 20)
+        backend.control.set_fan_speed(0, 0, 20)
 
 
 def test_setter_missing_from_the_library_is_not_supported(
@@ -785,9 +785,9 @@ def test_setter_missing_from_the_library_is_not_supported(
     fake_nvml.function_not_found("nvmlDeviceSetPowerManagementLimit")
     backend = open_backend()
     with pytest.raises(NotSupportedError):
-        backend.set_fan_speed(0, 0, 60)
+        backend.control.set_fan_speed(0, 0, 60)
     with pytest.raises(NotSupportedError):
-        backend.set_power_limit(0, 300)
+        backend.control.set_power_limit(0, 300)
 
 
 # ---- the command line, end to end ------------------------------------------------------------
@@ -867,6 +867,6 @@ def test_fan_range_unread_at_open_is_asked_again(
     fake_nvml.fail(0, "nvmlDeviceGetMinMaxFanSpeed", fake_nvml.NVML_ERROR_UNKNOWN)
     backend = open_backend()
     with pytest.raises(NotSupportedError):
-        backend.fan_speed_range(0)
+        backend.control.fan_speed_range(0)
     fake_nvml.heal(0, "nvmlDeviceGetMinMaxFanSpeed")
-    assert backend.fan_speed_range(0) == (30, 100)
+    assert backend.control.fan_speed_range(0) == (30, 100)

@@ -12,7 +12,8 @@ Every call goes through :class:`~gpustation.telemetry.nvml.query.Query`, so
 one failing field never hides the others. A GPU that falls off the bus is
 reported with ``lost=True`` and retried at most every ``LOST_RETRY_S``
 seconds; the other GPUs keep reporting. Control (the power limit, the fans)
-is :class:`~gpustation.telemetry.nvml.control.NvmlControl`'s.
+is the :class:`~gpustation.telemetry.nvml.control.NvmlControl` it owns
+(``backend.control``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from gpustation.telemetry.nvml.deep import (
     XidWatcher,
     read_mig,
 )
+from gpustation.telemetry.nvml.gpus import Gpu
 from gpustation.telemetry.nvml.query import (
     MISSING,
     Device,
@@ -97,24 +99,6 @@ DEEP_SLOW = ("nvlink", "mig")
 CACHED_KEYS = (*(f.key for f in BY_COST[STATIC]), "num_fans")
 
 
-class Gpu(Device):
-    """What the backend keeps per GPU between reads."""
-
-    __slots__ = ("fan_max", "fan_min", "name", "num_fans", "slow", "static", "uuid")
-
-    def __init__(self, index: int) -> None:
-        super().__init__(index)
-        self.uuid: str | None = None
-        self.name: str | None = None
-        self.num_fans = 0
-        self.fan_min: int | None = None
-        self.fan_max: int | None = None
-        #: Static field values by key, read once.
-        self.static: dict[str, Any] = {}
-        #: Slow field values by key: the last read, reused between slow reads.
-        self.slow: dict[str, Any] = {}
-
-
 def _put(sample: GpuSample, f: Field, value: Any) -> None:
     setattr(sample if f.record is None else getattr(sample, f.record), f.name, value)
 
@@ -124,7 +108,7 @@ def _put_key(sample: GpuSample, key: str, value: Any) -> None:
     put_field(sample, key, list(value) if key in DEEP_SLOW and isinstance(value, list) else value)
 
 
-class NvmlBackend(NvmlControl, Backend):
+class NvmlBackend(Backend):
     """Reads and controls real GPUs through ``pynvml`` (or a module like it: a fake)."""
 
     simulated = False
@@ -147,6 +131,7 @@ class NvmlBackend(NvmlControl, Backend):
         # One read or write at a time: nvidia-ml-py hands some getters one shared
         # ctypes object (nvmlDeviceGetFanControlPolicy_v2).
         self._lock = threading.RLock()
+        self.control = NvmlControl(self.q, self._lock, self)
         try:
             count = int(nvml.nvmlDeviceGetCount())
         except self.q.error_type as err:
@@ -165,7 +150,7 @@ class NvmlBackend(NvmlControl, Backend):
             self._cache = StaticCache(static_cache, self._driver, CACHED_KEYS)
         self._gpus = [Gpu(i) for i in range(count)]
         self._topology = TopologyReader(
-            self.q, self._gpus, self._mark_lost, sysfs_pci_root, sysfs_node_root
+            self.q, self._gpus, self.mark_lost, sysfs_pci_root, sysfs_node_root
         )
         self._gpm = GpmReader(self.q)
         self._nvlink = NvLinkReader(self.q)
@@ -233,10 +218,10 @@ class NvmlBackend(NvmlControl, Backend):
             if not gpu.static:
                 self._read_static(gpu, memo)
         except self.q.error_type as err:  # from nvmlDeviceGetHandleByIndex
-            self._mark_lost(gpu, f"nvmlDeviceGetHandleByIndex: {err}")
+            self.mark_lost(gpu, f"nvmlDeviceGetHandleByIndex: {err}")
             return False
         except GpuLost as err:
-            self._mark_lost(gpu, str(err))
+            self.mark_lost(gpu, str(err))
             return False
         gpu.lost = False
         return True
@@ -255,17 +240,17 @@ class NvmlBackend(NvmlControl, Backend):
             # Kept only when every value was answered cleanly.
             cache.remember(gpu.uuid, gpu.pci_bus_id, {**gpu.static, "num_fans": gpu.num_fans})
 
-    def _mark_lost(self, gpu: Device, why: str) -> None:
+    def mark_lost(self, gpu: Device, why: str) -> None:
         gpu.lost = True
         gpu.lost_at = time.monotonic()
         self.q.errors[(gpu.index, "lost")] = why
 
-    def _gpu(self, index: int) -> Gpu:
+    def gpu(self, index: int) -> Gpu:
         if not 0 <= index < len(self._gpus):
             raise UsageError(f"no GPU {index} on this machine ({len(self._gpus)} GPUs)")
         return self._gpus[index]
 
-    def _available(self, gpu: Gpu) -> bool:
+    def available(self, gpu: Gpu) -> bool:
         """True unless the GPU is lost; a lost GPU is retried now and then."""
         if not gpu.lost:
             return True
@@ -292,14 +277,14 @@ class NvmlBackend(NvmlControl, Backend):
     def read_gpus(self, indices: Sequence[int], slow: bool) -> list[GpuSample]:
         """Read the fast fields of each GPU; the slow ones too when ``slow``."""
         with self._lock:
-            gpus = [self._gpu(i) for i in indices]
-            live = [g for g in gpus if self._available(g)]
+            gpus = [self.gpu(i) for i in indices]
+            live = [g for g in gpus if self.available(g)]
             if self.read_gpm:
                 for gpu in live:
                     try:
                         self._gpm.begin([gpu])  # a first sample, before the other reads
                     except GpuLost as err:
-                        self._mark_lost(gpu, str(err))
+                        self.mark_lost(gpu, str(err))
                 live = [g for g in live if not g.lost]
             else:
                 self._gpm.forget()
@@ -309,7 +294,7 @@ class NvmlBackend(NvmlControl, Backend):
                 try:
                     samples[gpu.index] = self._read_fast(gpu)
                 except GpuLost as err:
-                    self._mark_lost(gpu, str(err))
+                    self.mark_lost(gpu, str(err))
             if slow_pass is not None:
                 self._finish_slow(*slow_pass)
             result = []
@@ -357,7 +342,7 @@ class NvmlBackend(NvmlControl, Backend):
         try:
             values = self._gpm.read(gpu)
         except GpuLost as err:
-            self._mark_lost(gpu, str(err))
+            self.mark_lost(gpu, str(err))
             return
         for key, value in (values or {}).items():
             setattr(sample, key, value)
@@ -431,7 +416,7 @@ class NvmlBackend(NvmlControl, Backend):
             thread.join()
         for (gpu, keys), values in zip(calls, results, strict=True):
             if isinstance(values, GpuLost):
-                self._mark_lost(gpu, str(values))
+                self.mark_lost(gpu, str(values))
             elif values is not None:
                 gpu.slow.update(zip(keys, values, strict=True))
         if not self.read_energy:
@@ -443,8 +428,8 @@ class NvmlBackend(NvmlControl, Backend):
     def topology(self, indices: Sequence[int]) -> Topology:
         """Links between each pair of GPUs and where each GPU sits (NUMA, CPUs)."""
         with self._lock:
-            gpus = [self._gpu(i) for i in indices]
-            return self._topology.read(gpus, [g for g in gpus if self._available(g)])
+            gpus = [self.gpu(i) for i in indices]
+            return self._topology.read(gpus, [g for g in gpus if self.available(g)])
 
     # ---- closing --------------------------------------------------------------------
 
