@@ -25,6 +25,7 @@ from gpustation.errors import (
     NoDriverError,
     NotSupportedError,
 )
+from gpustation.telemetry.backend import Control
 from gpustation.telemetry.model import SLOW as SLOW_COST
 from gpustation.telemetry.model import GpuSample, Snapshot, field_keys
 from gpustation.telemetry.nvml import NvmlBackend
@@ -704,6 +705,18 @@ def test_bus_ids_and_cpu_masks() -> None:
 
 
 # ---- control -------------------------------------------------------------------------------
+
+
+def test_control_is_an_object_the_backend_owns_not_the_backend_itself(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    backend = open_backend()
+    assert isinstance(backend.control, Control) and not isinstance(backend, Control)
+    # a GPU the reads found lost is lost to the control too: they share the backend's GPUs
+    fake_nvml.lose_gpu(1)
+    read(backend, slow=False)
+    with pytest.raises(GpustationError, match="fallen off the bus"):
+        backend.control.set_power_limit(1, 300)
 
 
 def test_power_limit_is_set_in_milliwatts(
