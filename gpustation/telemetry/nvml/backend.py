@@ -52,6 +52,7 @@ from gpustation.telemetry.nvml.query import (
     Device,
     GpuLost,
     Query,
+    cuda_version,
     no_driver_message,
     start_nvml,
 )
@@ -142,7 +143,7 @@ class NvmlBackend(Backend):
         self._driver = text(self.q(None, "driver_version", "nvmlSystemGetDriverVersion"))
         self._nvml_version = text(self.q(None, "nvml_version", "nvmlSystemGetNVMLVersion"))
         cuda = self.q(None, "cuda_driver_version", "nvmlSystemGetCudaDriverVersion")
-        self._cuda = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}" if cuda else None
+        self._cuda = cuda_version(int(cuda)) if cuda else None
         self._cache: StaticCache | None = None
         if one_shot or static_cache:
             if static_cache is None:
