@@ -315,7 +315,7 @@ def measure(
 def sampling_pass(count: int, card: str, real: bool, passes: int = 200) -> tuple[float, float]:
     """Median seconds of one fast sampling pass, total and per GPU."""
     sys.path.insert(0, str(REPO))
-    from gpustation.telemetry.backend import open_backend
+    from gpustation.telemetry.registry import open_backend
     from gpustation.telemetry.sampler import Sampler
 
     backend = open_backend() if real else open_backend(simulate=count, sim_card=card)

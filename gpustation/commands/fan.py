@@ -129,11 +129,11 @@ def _show(args: argparse.Namespace) -> int:
         controllers = running_controllers(indices, backend.simulated)
         rows = []
         for s in samples:
-            count = 0 if s.lost else backend.fan_count(s.index)
+            count = 0 if s.lost else backend.control.fan_count(s.index)
             rng: tuple[int, int] | None = None
             if count:
                 try:
-                    rng = backend.fan_speed_range(s.index)
+                    rng = backend.control.fan_speed_range(s.index)
                 except NotSupportedError:
                     rng = None
             rows.append((s, count, rng))
@@ -208,7 +208,7 @@ def _auto(args: argparse.Namespace) -> int:
                     if s.index in controllers
                     else ""
                 )
-                count = backend.fan_count(s.index)
+                count = backend.control.fan_count(s.index)
                 print(f"would return GPU {s.index}'s {count} fans to automatic{stop}")
             return 0
         return report_fan_restores(set_fans_auto(backend, indices, command))

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from gpustation.telemetry.backend import Backend, open_backend, parse_gpu_list, select_gpus
+from gpustation.telemetry.backend import Backend, parse_gpu_list, select_gpus
+from gpustation.telemetry.registry import open_backend
 
 
 def add_gpu_options(parser: argparse.ArgumentParser) -> None:

@@ -74,14 +74,14 @@ def card_fans(backend: Backend, sample: GpuSample, curve: FanCurve | None) -> Ca
     label = f"GPU {sample.index}" + (f" ({sample.name})" if sample.name else "")
     if sample.lost:
         raise GpustationError(f"{label} has fallen off the bus; its fans cannot be controlled.")
-    count = backend.fan_count(sample.index)
+    count = backend.control.fan_count(sample.index)
     if count <= 0:
         raise NotSupportedError(
             f"{label} has no fans gpustation can control (datacenter cards are cooled by "
             "the chassis)."
         )
     try:
-        card_min, card_max = backend.fan_speed_range(sample.index)
+        card_min, card_max = backend.control.fan_speed_range(sample.index)
     except NotSupportedError as err:
         raise NotSupportedError(str(err)) from None
     lo, hi = card_min, card_max
@@ -438,7 +438,7 @@ class FanController:
                 )
             state.taken_over = True
         for fan in range(card.fans):
-            self.backend.set_fan_speed(card.index, fan, pct)
+            self.backend.control.set_fan_speed(card.index, fan, pct)
         state.pct = pct
 
     def restore(self, cards: Sequence[CardFans]) -> list[str]:
@@ -459,7 +459,7 @@ class FanController:
                             fan=fan,
                             simulated=self.backend.simulated,
                         )
-                    self.backend.set_fan_auto(card.index, fan)
+                    self.backend.control.set_fan_auto(card.index, fan)
                 except Exception as err:
                     failures.append(f"GPU {card.index} fan {fan}: {err}")
                     self.log(

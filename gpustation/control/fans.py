@@ -31,7 +31,7 @@ class FanRestore:
 
 def fan_gpus(backend: Backend, samples: Sequence[GpuSample]) -> list[GpuSample]:
     """The cards among ``samples`` that have fans NVML can drive."""
-    return [s for s in samples if not s.lost and backend.fan_count(s.index) > 0]
+    return [s for s in samples if not s.lost and backend.control.fan_count(s.index) > 0]
 
 
 def set_fans_auto(
@@ -77,7 +77,7 @@ def _hand_back(backend: Backend, sample: GpuSample, command: str) -> FanRestore:
     can be written, handed back even when it cannot (a fan left manual is the
     one state worse than an unjournalled change)."""
     index = sample.index
-    count = backend.fan_count(index)
+    count = backend.control.fan_count(index)
     result = FanRestore(gpu=index, fans=count, were_manual=0)
     for fan in range(count):
         mode = sample.fan_control[fan] if fan < len(sample.fan_control) else None
@@ -98,7 +98,7 @@ def _hand_back(backend: Backend, sample: GpuSample, command: str) -> FanRestore:
         except GpustationError as err:
             result.journal_error = str(err)
         try:
-            backend.set_fan_auto(index, fan)
+            backend.control.set_fan_auto(index, fan)
         except GpustationError as err:
             result.failed.append(f"fan {fan}: {err}")
             if entry is not None:

@@ -167,7 +167,7 @@ def _set_and_check(
         simulated=backend.simulated,
     )
     try:
-        backend.set_power_limit(change.gpu, new)
+        backend.control.set_power_limit(change.gpu, new)
     except BaseException as err:
         journal.settle(entry, journal.REFUSED, error=str(err) or type(err).__name__)
         raise

@@ -13,7 +13,7 @@ For ``--minutes`` (split by ``--split``) it runs, in turn:
 - a host<->device copy loop over PCIe from pinned memory, each round trip
   checked, with the bandwidth of each direction.
 
-Meanwhile NVML (read here with pynvml) is sampled: temperature against the
+Meanwhile NVML (through the telemetry's query helper) is sampled: temperature against the
 slowdown threshold, power against the enforced limit, SM and memory clocks
 against their maximum, throttle reasons and the seconds each was active, the
 PCIe link generation and width under load against the maximum, and XID
@@ -129,7 +129,7 @@ def verdicts(
     ))  # fmt: skip
     if not mon.available:
         for name in ("PCIe link under load", "ECC errors", "XID errors", "thermal", "power",
-                     "clocks"):  # fmt: skip
+                     "clocks", "NVML readings"):  # fmt: skip
             out.append(check(name, "n/a", mon.reason))
         return out
     st, b, a = mon.static, mon.before, mon.after
@@ -180,7 +180,7 @@ def verdicts(
         f"peak {peak_t} °C (slowdown at {slow} °C); thermal or hardware slowdown for "
         f"{thermal_s:.0f} s" + (": check airflow, fans and the paste" if thermal_s > 0 else ""),
     ))  # fmt: skip
-    cap_s = mon.throttled_s.get("software power cap", 0.0)
+    cap_s = mon.throttled_s.get("sw_power_cap", 0.0)
     out.append(check(
         "power", "info",
         f"peak {mon.peak.get('power_w')} W of the {st.get('power_limit_w')} W limit; at the "
@@ -190,6 +190,12 @@ def verdicts(
         "clocks", "info",
         f"SM up to {mon.peak.get('sm_clock_mhz')} MHz (max {st.get('max_sm_clock_mhz')}), memory "
         f"up to {mon.peak.get('mem_clock_mhz')} MHz (max {st.get('max_mem_clock_mhz')})",
+    ))  # fmt: skip
+    errors = mon.errors()
+    out.append(check(
+        "NVML readings", "warn" if errors else "pass",
+        f"{len(errors)} reading(s) failed: " + "; ".join(errors) if errors
+        else "every reading answered (or the card does not support it)",
     ))  # fmt: skip
     return out
 
@@ -307,11 +313,12 @@ def _summary(
         "max_mem_clock_mhz": st.get("max_mem_clock_mhz"),
         "throttled_s": {k: round(v, 1) for k, v in mon.throttled_s.items()},
         "thermal_throttled_s": round(mon.thermal_s(), 1) if mon.available else None,
-        "power_capped_s": round(mon.throttled_s.get("software power cap", 0.0), 1)
+        "power_capped_s": round(mon.throttled_s.get("sw_power_cap", 0.0), 1)
         if mon.available else None,
         "power_violation_s": viol_s("violation_power_ns"),
         "thermal_violation_s": viol_s("violation_thermal_ns"),
         "nvml_samples": mon.samples,
+        "nvml_errors": mon.errors() if mon.available else [],
     }  # fmt: skip
 
 

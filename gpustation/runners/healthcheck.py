@@ -15,8 +15,11 @@ from typing import Any
 
 import torch
 
+from gpustation.errors import NoDriverError
 from gpustation.runners import common
 from gpustation.runs.metrics import MetricsWriter
+from gpustation.telemetry.nvml.query import NoBindingError, Query, cuda_version, start_nvml
+from gpustation.telemetry.nvml.topology import text
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 
@@ -35,12 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def nvml_checks() -> tuple[list[Check], dict[str, Any]]:
-    """Driver and NVML versions through NVML, as nvidia-smi would read them."""
+def nvml_checks(nvml: Any = None) -> tuple[list[Check], dict[str, Any]]:
+    """Driver and NVML versions through NVML, as nvidia-smi would read them.
+
+    Read through the telemetry's query helper; ``nvml`` stands in for
+    ``pynvml`` (a fake in tests). A version the driver would not give is
+    reported with the driver's error, never left out silently.
+    """
     facts: dict[str, Any] = {}
     try:
-        import pynvml
-    except ImportError:
+        nv = start_nvml(nvml)
+    except NoBindingError:
         return [
             Check(
                 "NVML library",
@@ -49,40 +57,46 @@ def nvml_checks() -> tuple[list[Check], dict[str, Any]]:
                 "pip install nvidia-ml-py",
             )
         ], facts
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
+    except NoDriverError as exc:
         return [
             Check(
                 "NVIDIA driver",
                 FAIL,
-                f"NVML could not start: {exc}",
+                str(exc),
                 "install the NVIDIA driver (e.g. `sudo ubuntu-drivers install` or your "
                 "distribution's nvidia-driver package) and reboot; in a container, start it "
                 "with --gpus all",
             )
         ], facts
+    q = Query(nv)
     try:
-
-        def text(v: Any) -> str:
-            return v.decode() if isinstance(v, bytes) else str(v)
-
-        facts["driver_version"] = text(pynvml.nvmlSystemGetDriverVersion())
-        facts["nvml_version"] = text(pynvml.nvmlSystemGetNVMLVersion())
-        cuda = pynvml.nvmlSystemGetCudaDriverVersion()
-        facts["driver_cuda_version"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
-        facts["nvml_gpu_count"] = pynvml.nvmlDeviceGetCount()
+        facts["driver_version"] = text(q(None, "driver_version", "nvmlSystemGetDriverVersion"))
+        facts["nvml_version"] = text(q(None, "nvml_version", "nvmlSystemGetNVMLVersion"))
+        cuda = q(None, "driver_cuda_version", "nvmlSystemGetCudaDriverVersion")
+        facts["driver_cuda_version"] = None if cuda is None else cuda_version(int(cuda))
+        count = q(None, "nvml_gpu_count", "nvmlDeviceGetCount")
+        facts["nvml_gpu_count"] = None if count is None else int(count)
     finally:
-        pynvml.nvmlShutdown()
-    return [
-        Check(
-            "NVIDIA driver",
-            PASS,
-            f"driver {facts['driver_version']} (supports CUDA up to "
-            f"{facts['driver_cuda_version']}), NVML {facts['nvml_version']}, "
-            f"{facts['nvml_gpu_count']} GPU(s)",
-        )
-    ], facts
+        try:
+            nv.nvmlShutdown()
+        except Exception:  # shutting down a half-broken library must not hide the checks
+            pass
+    detail = (
+        f"driver {facts['driver_version'] or 'n/a'} (supports CUDA up to "
+        f"{facts['driver_cuda_version'] or 'n/a'}), NVML {facts['nvml_version'] or 'n/a'}, "
+        f"{facts['nvml_gpu_count'] if facts['nvml_gpu_count'] is not None else 'n/a'} GPU(s)"
+    )
+    errors = [f"{key}: {why}" for (_, key), why in sorted(q.errors.items())]
+    if errors:
+        return [
+            Check(
+                "NVIDIA driver",
+                FAIL,
+                f"{detail}; the driver did not answer: {'; '.join(errors)}",
+                "check `nvidia-smi` and the kernel log (`sudo dmesg | grep -i nvrm`)",
+            )
+        ], facts
+    return [Check("NVIDIA driver", PASS, detail)], facts
 
 
 def _version_tuple(v: str | None) -> tuple[int, ...]:

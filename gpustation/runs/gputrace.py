@@ -105,7 +105,7 @@ class TraceSampler:
         simulate: int | None = None,
         sim_card: str | None = None,
     ) -> None:
-        from gpustation.telemetry.backend import open_backend
+        from gpustation.telemetry.registry import open_backend
         from gpustation.telemetry.sampler import Sampler
 
         self.backend = open_backend(simulate=simulate, sim_card=sim_card)

@@ -89,7 +89,7 @@ class RunHandle:
 def _open_device_count(
     simulate: int | None, sim_card: str | None
 ) -> tuple[int | None, dict[str, Any]]:
-    from gpustation.telemetry.backend import open_backend
+    from gpustation.telemetry.registry import open_backend
 
     try:
         backend = open_backend(simulate=simulate, sim_card=sim_card)

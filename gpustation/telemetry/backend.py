@@ -1,7 +1,7 @@
 """The backend interface: what NVML, the simulator and tests all provide.
 
-A backend reads GPUs into :class:`GpuSample` objects and carries out the few
-control operations gpustation needs. Renderers never talk to a backend
+A backend reads GPUs into :class:`GpuSample` objects; the :class:`Control`
+it owns carries out the few control operations gpustation needs. Renderers never talk to a backend
 directly; they read :class:`~gpustation.telemetry.model.Snapshot` objects built
 by :class:`~gpustation.telemetry.sampler.Sampler`.
 """
@@ -9,15 +9,42 @@ by :class:`~gpustation.telemetry.sampler.Sampler`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from gpustation.errors import NoDriverError, UsageError
-from gpustation.telemetry.model import GpuSample, Topology
+from gpustation.errors import UsageError
+from gpustation.telemetry.model import GpuSample, NamedVersion, Topology
+from gpustation.telemetry.record import record
+
+
+class Control(ABC):
+    """The few changes gpustation makes to the cards: the power limit and the fans.
+
+    Only ``gpustation.control`` calls these; they raise NeedsRootError,
+    NotSupportedError or GpustationError with a message for the user.
+    """
+
+    @abstractmethod
+    def set_power_limit(self, index: int, watts: float) -> None: ...
+
+    @abstractmethod
+    def fan_count(self, index: int) -> int: ...
+
+    @abstractmethod
+    def fan_speed_range(self, index: int) -> tuple[int, int]:
+        """The lowest and highest fan % the card accepts."""
+
+    @abstractmethod
+    def set_fan_speed(self, index: int, fan: int, pct: int) -> None: ...
+
+    @abstractmethod
+    def set_fan_auto(self, index: int, fan: int) -> None: ...
 
 
 class Backend(ABC):
-    """A source of GPU samples and the target of control operations."""
+    """A source of GPU samples; its :class:`Control` (``control``) changes the cards."""
 
+    #: Set by each backend when it opens.
+    control: Control
     simulated: bool = False
     #: Why this backend is in use, when that is worth telling the user.
     note: str | None = None
@@ -53,40 +80,52 @@ class Backend(ABC):
     def driver_version(self) -> str | None:
         return None
 
-    def nvml_version(self) -> str | None:
+    def library_version(self) -> NamedVersion | None:
+        """The library the cards are read through, and its version (NVML 13.580...)."""
         return None
 
-    def cuda_driver_version(self) -> str | None:
+    def compute_runtime_version(self) -> NamedVersion | None:
+        """The newest compute runtime the driver supports (CUDA 13.0)."""
         return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
-
-    # ---- control -------------------------------------------------------
-    # Only gpustation.control calls these; they raise NeedsRootError,
-    # NotSupportedError or GpustationError with a message for the user.
-
-    @abstractmethod
-    def set_power_limit(self, index: int, watts: float) -> None: ...
-
-    @abstractmethod
-    def fan_count(self, index: int) -> int: ...
-
-    @abstractmethod
-    def fan_speed_range(self, index: int) -> tuple[int, int]:
-        """The lowest and highest fan % the card accepts."""
-
-    @abstractmethod
-    def set_fan_speed(self, index: int, fan: int, pct: int) -> None: ...
-
-    @abstractmethod
-    def set_fan_auto(self, index: int, fan: int) -> None: ...
 
     def __enter__(self) -> Backend:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@record(frozen=True)
+class OpenRequest:
+    """What the user asked for when opening a backend."""
+
+    #: simulated GPUs: a count, ``-1`` for the default machine, None for real ones
+    simulate: int | None = None
+    sim_card: str | None = None
+    #: the caller reads once and leaves: static values may come from a cache
+    one_shot: bool = False
+
+
+@record(frozen=True)
+class Registration:
+    """How a backend is found and opened.
+
+    ``wanted`` says whether a request may be served by this backend;
+    ``module`` names the module whose ``open_request(request)`` opens it,
+    imported only when it is tried, or raises ``NoDriverError`` when its
+    hardware or library is absent. Backends are tried by ``priority``, lowest
+    first. ``stand_in``: it may replace the others when none opens and the
+    caller allows it (the simulator).
+    """
+
+    name: str
+    priority: int
+    wanted: Callable[[OpenRequest], bool]
+    module: str
+    stand_in: bool = False
 
 
 #: the highest GPU index ``--gpus`` takes (NVML numbers far fewer)
@@ -141,45 +180,6 @@ def simulate_from_env() -> int | None:
     if count < 0:
         raise UsageError(f"GPUSTATION_SIMULATE={raw!r}: a number of simulated GPUs, 1 or more")
     return count
-
-
-def open_backend(
-    simulate: int | None = None,
-    sim_card: str | None = None,
-    fallback_to_sim: bool = False,
-    one_shot: bool = False,
-) -> Backend:
-    """Open NVML, or the simulator when asked (or when NVML fails and allowed).
-
-    ``simulate`` is the number of simulated GPUs, ``-1`` for the default, and
-    ``None`` for real GPUs. ``one_shot`` says the caller will read once and
-    leave (``gpustation snapshot``): static values may then come from the
-    cache of the last run. The
-    environment variable ``GPUSTATION_SIMULATE`` does the same as
-    ``--simulate`` (handy under ssh and in tests).
-    """
-    import os
-
-    if simulate is None:
-        simulate = simulate_from_env()
-    if sim_card is None:
-        sim_card = os.environ.get("GPUSTATION_SIM_CARD") or None
-    if simulate is not None:
-        from gpustation.telemetry.sim import SimBackend
-
-        return SimBackend.open(count=None if simulate < 0 else simulate, card=sim_card)
-    try:
-        from gpustation.telemetry.nvml import NvmlBackend
-
-        return NvmlBackend(one_shot=one_shot)
-    except NoDriverError as err:
-        if not fallback_to_sim:
-            raise
-        from gpustation.telemetry.sim import SimBackend
-
-        backend = SimBackend.open(count=None, card=sim_card)
-        backend.note = f"{err} Showing simulated GPUs."
-        return backend
 
 
 def select_gpus(backend: Backend, wanted: list[int] | None) -> list[int]:

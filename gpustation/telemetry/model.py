@@ -5,12 +5,13 @@ Units are in the names. A value the hardware does not report is ``None``
 ``gpustation.snapshot/1`` document; ``Snapshot.from_dict`` reads it back.
 
 Each GPU field is declared once, below, with :func:`gpu_field`: its cost
-class, how NVML reads it (plain data that ``telemetry/nvml`` interprets) and
-its short label and unit for renderers. The JSON document, the NVML backend's
-reads, its static cache and slow cadence, and the snapshot table's headers all
-derive from those declarations. Fields declared without an NVML read are
-filled by dedicated code: the backend's deep readers (``telemetry/nvml/deep.py``:
-events, GPM, NVLink, MIG, per-process SM) and the sampler (the host fields).
+class and its short label and unit for renderers. The JSON document, the
+backends' static caches and slow cadence, and the snapshot table's headers
+derive from those declarations. How a backend reads a field is that backend's
+business: each keeps a read table keyed by :func:`field_keys`
+(``telemetry/nvml/reads.py``, ``telemetry/sim_reads.py``), saying ``None``
+for the fields its dedicated code fills (NVML's deep readers: events, GPM,
+NVLink, MIG, per-process SM; the sampler's host fields).
 """
 
 from __future__ import annotations
@@ -70,38 +71,16 @@ HOST = "host"
 
 
 @record(frozen=True)
-class NvmlRead:
-    """How NVML reads one field: names only, no pynvml here.
-
-    ``function(handle, *args)`` where ``args`` name pynvml constants;
-    ``part`` picks an attribute (str) or item (int) of the answer; ``convert``
-    names a converter of the NVML backend (``float``, ``int``, ``milli`` for
-    mW -> W and mJ -> J, ``mib`` for bytes -> MiB, ``text``...). Versioned
-    variants of ``function`` are tried through the fallback table of
-    ``telemetry/nvml/query.py``. ``per_fan`` calls it once per fan (fan index
-    last) and gives a list.
-    """
-
-    function: str
-    args: tuple[str, ...] = ()
-    part: str | int | None = None
-    convert: str = "float"
-    per_fan: bool = False
-
-
-@record(frozen=True)
 class FieldSpec:
     """What is declared about one field besides its name and type."""
 
     cost: str
-    nvml: NvmlRead | None = None
     label: str = ""
     unit: str = ""
 
 
 def gpu_field(
     cost: str,
-    nvml: NvmlRead | None = None,
     *,
     label: str = "",
     unit: str = "",
@@ -109,7 +88,7 @@ def gpu_field(
     factory: Any = None,
 ) -> Any:
     """Declare a field: a record field carrying its :class:`FieldSpec`."""
-    meta = {"spec": FieldSpec(cost, nvml, label, unit)}
+    meta = {"spec": FieldSpec(cost, label, unit)}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -120,22 +99,15 @@ def specs(cls: type) -> dict[str, FieldSpec]:
     return {f.name: f.metadata["spec"] for f in fields(cls) if "spec" in f.metadata}
 
 
-_R = NvmlRead
-
-
 @record
 class PcieInfo:
-    gen: int | None = gpu_field(FAST, _R("nvmlDeviceGetCurrPcieLinkGeneration", convert="int"))
-    width: int | None = gpu_field(FAST, _R("nvmlDeviceGetCurrPcieLinkWidth", convert="int"))
-    max_gen: int | None = gpu_field(STATIC, _R("nvmlDeviceGetMaxPcieLinkGeneration", convert="int"))
-    max_width: int | None = gpu_field(STATIC, _R("nvmlDeviceGetMaxPcieLinkWidth", convert="int"))
-    tx_kib_s: float | None = gpu_field(
-        SLOW, _R("nvmlDeviceGetPcieThroughput", ("NVML_PCIE_UTIL_TX_BYTES",)), unit="KiB/s"
-    )
-    rx_kib_s: float | None = gpu_field(
-        SLOW, _R("nvmlDeviceGetPcieThroughput", ("NVML_PCIE_UTIL_RX_BYTES",)), unit="KiB/s"
-    )
-    replay_errors: int | None = gpu_field(SLOW, _R("nvmlDeviceGetPcieReplayCounter", convert="int"))
+    gen: int | None = gpu_field(FAST)
+    width: int | None = gpu_field(FAST)
+    max_gen: int | None = gpu_field(STATIC)
+    max_width: int | None = gpu_field(STATIC)
+    tx_kib_s: float | None = gpu_field(SLOW, unit="KiB/s")
+    rx_kib_s: float | None = gpu_field(SLOW, unit="KiB/s")
+    replay_errors: int | None = gpu_field(SLOW)
 
     @property
     def below_max(self) -> bool:
@@ -166,14 +138,10 @@ class RemappedRows:
     failed (no spare left): the card needs service.
     """
 
-    correctable: int | None = gpu_field(
-        SLOW, _R("nvmlDeviceGetRemappedRows", part=0, convert="int")
-    )
-    uncorrectable: int | None = gpu_field(
-        SLOW, _R("nvmlDeviceGetRemappedRows", part=1, convert="int")
-    )
-    pending: bool | None = gpu_field(SLOW, _R("nvmlDeviceGetRemappedRows", part=2, convert="bool"))
-    failure: bool | None = gpu_field(SLOW, _R("nvmlDeviceGetRemappedRows", part=3, convert="bool"))
+    correctable: int | None = gpu_field(SLOW)
+    uncorrectable: int | None = gpu_field(SLOW)
+    pending: bool | None = gpu_field(SLOW)
+    failure: bool | None = gpu_field(SLOW)
 
 
 #: Common XID codes and what they mean (NVIDIA's XID catalogue, in a line each).
@@ -263,109 +231,44 @@ class MigInfo:
 
 @record
 class GpuSample:
-    """One GPU at one moment; every field but ``index`` declared with its read."""
+    """One GPU at one moment; every field but ``index`` declared with its cost."""
 
     index: int
-    uuid: str | None = gpu_field(IDENTITY, _R("nvmlDeviceGetUUID", convert="text"))
-    name: str | None = gpu_field(IDENTITY, _R("nvmlDeviceGetName", convert="text"))
-    pci_bus_id: str | None = gpu_field(
-        IDENTITY, _R("nvmlDeviceGetPciInfo", part="busId", convert="text")
-    )
+    uuid: str | None = gpu_field(IDENTITY)
+    name: str | None = gpu_field(IDENTITY)
+    pci_bus_id: str | None = gpu_field(IDENTITY)
     lost: bool = gpu_field(FAST, default=False)
-    temperature_c: float | None = gpu_field(
-        FAST, _R("nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU",)), label="Temp", unit="°C"
-    )
-    temperature_slowdown_c: float | None = gpu_field(
-        STATIC,
-        _R("nvmlDeviceGetTemperatureThreshold", ("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN",)),
-        unit="°C",
-    )
-    temperature_shutdown_c: float | None = gpu_field(
-        STATIC,
-        _R("nvmlDeviceGetTemperatureThreshold", ("NVML_TEMPERATURE_THRESHOLD_SHUTDOWN",)),
-        unit="°C",
-    )
-    power_w: float | None = gpu_field(
-        FAST, _R("nvmlDeviceGetPowerUsage", convert="milli"), label="Power", unit="W"
-    )
-    power_limit_w: float | None = gpu_field(
-        FAST, _R("nvmlDeviceGetEnforcedPowerLimit", convert="milli"), unit="W"
-    )
-    power_default_w: float | None = gpu_field(
-        STATIC, _R("nvmlDeviceGetPowerManagementDefaultLimit", convert="milli"), unit="W"
-    )
-    power_min_w: float | None = gpu_field(
-        STATIC,
-        _R("nvmlDeviceGetPowerManagementLimitConstraints", part=0, convert="milli"),
-        unit="W",
-    )
-    power_max_w: float | None = gpu_field(
-        STATIC,
-        _R("nvmlDeviceGetPowerManagementLimitConstraints", part=1, convert="milli"),
-        unit="W",
-    )
-    energy_j: float | None = gpu_field(
-        SLOW, _R("nvmlDeviceGetTotalEnergyConsumption", convert="milli"), unit="J"
-    )
-    clock_sm_mhz: float | None = gpu_field(
-        FAST, _R("nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",)), label="SM", unit="MHz"
-    )
-    clock_sm_max_mhz: float | None = gpu_field(
-        STATIC, _R("nvmlDeviceGetMaxClockInfo", ("NVML_CLOCK_SM",)), unit="MHz"
-    )
-    clock_mem_mhz: float | None = gpu_field(
-        FAST, _R("nvmlDeviceGetClockInfo", ("NVML_CLOCK_MEM",)), label="Mem", unit="MHz"
-    )
-    clock_mem_max_mhz: float | None = gpu_field(
-        STATIC, _R("nvmlDeviceGetMaxClockInfo", ("NVML_CLOCK_MEM",)), unit="MHz"
-    )
-    memory_used_mib: float | None = gpu_field(
-        FAST, _R("nvmlDeviceGetMemoryInfo", part="used", convert="mib"), label="VRAM", unit="MiB"
-    )
-    memory_total_mib: float | None = gpu_field(
-        STATIC, _R("nvmlDeviceGetMemoryInfo", part="total", convert="mib"), unit="MiB"
-    )
-    utilization_gpu_pct: float | None = gpu_field(
-        FAST, _R("nvmlDeviceGetUtilizationRates", part="gpu"), label="Util", unit="%"
-    )
-    utilization_memory_pct: float | None = gpu_field(
-        FAST, _R("nvmlDeviceGetUtilizationRates", part="memory"), label="mem", unit="%"
-    )
-    # NVML answers [utilization, sampling period in µs]; the video engines.
-    encoder_utilization_pct: float | None = gpu_field(
-        FAST, _R("nvmlDeviceGetEncoderUtilization", part=0), label="enc", unit="%"
-    )
-    decoder_utilization_pct: float | None = gpu_field(
-        FAST, _R("nvmlDeviceGetDecoderUtilization", part=0), label="dec", unit="%"
-    )
-    fans_pct: list[float] = gpu_field(
-        FAST, _R("nvmlDeviceGetFanSpeed_v2", per_fan=True), label="Fans", unit="%", factory=list
-    )
-    fan_control: list[str] = gpu_field(
-        FAST,
-        _R("nvmlDeviceGetFanControlPolicy_v2", convert="fan_policy", per_fan=True),
-        factory=list,
-    )
-    pstate: int | None = gpu_field(
-        FAST, _R("nvmlDeviceGetPerformanceState", convert="pstate"), label="P"
-    )
-    throttle_reasons: list[str] | None = gpu_field(
-        FAST, _R("nvmlDeviceGetCurrentClocksEventReasons", convert="throttle"), label="Throttle"
-    )
+    temperature_c: float | None = gpu_field(FAST, label="Temp", unit="°C")
+    temperature_slowdown_c: float | None = gpu_field(STATIC, unit="°C")
+    temperature_shutdown_c: float | None = gpu_field(STATIC, unit="°C")
+    power_w: float | None = gpu_field(FAST, label="Power", unit="W")
+    power_limit_w: float | None = gpu_field(FAST, unit="W")
+    power_default_w: float | None = gpu_field(STATIC, unit="W")
+    power_min_w: float | None = gpu_field(STATIC, unit="W")
+    power_max_w: float | None = gpu_field(STATIC, unit="W")
+    energy_j: float | None = gpu_field(SLOW, unit="J")
+    clock_sm_mhz: float | None = gpu_field(FAST, label="SM", unit="MHz")
+    clock_sm_max_mhz: float | None = gpu_field(STATIC, unit="MHz")
+    clock_mem_mhz: float | None = gpu_field(FAST, label="Mem", unit="MHz")
+    clock_mem_max_mhz: float | None = gpu_field(STATIC, unit="MHz")
+    memory_used_mib: float | None = gpu_field(FAST, label="VRAM", unit="MiB")
+    memory_total_mib: float | None = gpu_field(STATIC, unit="MiB")
+    utilization_gpu_pct: float | None = gpu_field(FAST, label="Util", unit="%")
+    utilization_memory_pct: float | None = gpu_field(FAST, label="mem", unit="%")
+    # The video engines.
+    encoder_utilization_pct: float | None = gpu_field(FAST, label="enc", unit="%")
+    decoder_utilization_pct: float | None = gpu_field(FAST, label="dec", unit="%")
+    fans_pct: list[float] = gpu_field(FAST, label="Fans", unit="%", factory=list)
+    fan_control: list[str] = gpu_field(FAST, factory=list)
+    pstate: int | None = gpu_field(FAST, label="P")
+    throttle_reasons: list[str] | None = gpu_field(FAST, label="Throttle")
     # The link's own fields are declared in PcieInfo.
     pcie: PcieInfo = gpu_field(FAST, label="PCIe", factory=PcieInfo)
-    ecc_uncorrected: int | None = gpu_field(
-        FAST,
-        _R(
-            "nvmlDeviceGetTotalEccErrors",
-            ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"),
-            convert="int",
-        ),
-    )
-    # Records of their own, read by the backend's process code.
+    ecc_uncorrected: int | None = gpu_field(FAST)
+    # Records of their own, read by each backend's process code.
     processes: list[ProcessInfo] = gpu_field(FAST, factory=list)
     #: The device node's number (``/dev/nvidia<minor>``), to find its holders.
-    minor_number: int | None = gpu_field(STATIC, _R("nvmlDeviceGetMinorNumber", convert="int"))
+    minor_number: int | None = gpu_field(STATIC)
     # Memory health; its fields are declared in RemappedRows.
     remapped_rows: RemappedRows = gpu_field(SLOW, factory=RemappedRows)
     # Profiling metrics (GPM), read by the backend's deep code while asked for.
@@ -466,13 +369,34 @@ class Topology:
 
 
 @record
+class NamedVersion:
+    """A vendor's library or runtime and its version: ``NVML 13.580.159.04``, ``CUDA 13.0``."""
+
+    name: str
+    version: str
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.version}"
+
+
+#: The keys the document had before the vendor-neutral ones, written (derived
+#: from those) for one more release; readers should move to the new keys.
+DEPRECATED_KEYS = {
+    "nvml_version": ("library_version", "NVML"),
+    "cuda_driver_version": ("compute_runtime_version", "CUDA"),
+}
+
+
+@record
 class Snapshot:
     hostname: str
     time: float
     simulated: bool = False
     driver_version: str | None = None
-    nvml_version: str | None = None
-    cuda_driver_version: str | None = None
+    #: the library the backend reads the cards through (NVML)
+    library_version: NamedVersion | None = None
+    #: the newest compute runtime the driver supports (CUDA)
+    compute_runtime_version: NamedVersion | None = None
     gpus: list[GpuSample] = field(default_factory=list)
     host: HostSample = field(default_factory=HostSample)
     topology: Topology = field(default_factory=Topology)
@@ -480,13 +404,27 @@ class Snapshot:
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
-        return _to_dict(self)  # type: ignore[no-any-return]
+        doc: dict[str, Any] = _to_dict(self)
+        out: dict[str, Any] = {}
+        for key, value in doc.items():
+            out[key] = value
+            if key == "compute_runtime_version":
+                for old, (new, name) in DEPRECATED_KEYS.items():
+                    named = getattr(self, new)
+                    out[old] = named.version if named is not None and named.name == name else None
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Snapshot:
         if data.get("schema") != SCHEMA:
             raise ValueError(f"not a {SCHEMA} document (schema={data.get('schema')!r})")
-        return _from_dict(cls, data)  # type: ignore[no-any-return]
+        snap: Snapshot = _from_dict(cls, data)
+        for old, (new, name) in DEPRECATED_KEYS.items():
+            # a document of an older gpustation has only the old key
+            value = data.get(old)
+            if getattr(snap, new) is None and isinstance(value, str):
+                setattr(snap, new, NamedVersion(name, value))
+        return snap
 
     def gpu(self, index: int) -> GpuSample | None:
         for gpu in self.gpus:
@@ -500,6 +438,8 @@ _NESTED: dict[tuple[type, str], type] = {
     (Snapshot, "gpus"): GpuSample,
     (Snapshot, "host"): HostSample,
     (Snapshot, "topology"): Topology,
+    (Snapshot, "library_version"): NamedVersion,
+    (Snapshot, "compute_runtime_version"): NamedVersion,
     (Topology, "links"): GpuLink,
     (Topology, "gpus"): GpuPlacement,
     (GpuSample, "pcie"): PcieInfo,
@@ -512,8 +452,33 @@ _NESTED: dict[tuple[type, str], type] = {
     (MigInfo, "instances"): MigInstance,
     (MigInstance, "processes"): ProcessInfo,
 }
-#: GpuSample fields that are records with NVML reads of their own.
+#: GpuSample fields that are records whose own fields are declared (and read) one by one.
 RECORDS: dict[str, type] = {"pcie": PcieInfo, "remapped_rows": RemappedRows}
+
+
+def field_keys() -> dict[str, FieldSpec]:
+    """Every declared GPU field by key, in order: ``power_w``, and ``pcie.gen`` for a
+    field of a record in RECORDS (which stands for its fields). Backends' read
+    tables are keyed by these."""
+    keys: dict[str, FieldSpec] = {}
+    for name, spec in specs(GpuSample).items():
+        cls = RECORDS.get(name)
+        if cls is None:
+            keys[name] = spec
+        else:
+            keys.update((f"{name}.{sub}", s) for sub, s in specs(cls).items())
+    return keys
+
+
+def put_field(sample: GpuSample, key: str, value: Any) -> None:
+    """Set the field named by a key of :func:`field_keys` on a sample."""
+    record_name, dot, name = key.partition(".")
+    if dot:
+        setattr(getattr(sample, record_name), name, value)
+    else:
+        setattr(sample, key, value)
+
+
 _NAMES: dict[type, tuple[str, ...]] = {
     cls: tuple(f.name for f in fields(cls)) for cls in {*(c for c, _ in _NESTED), *_NESTED.values()}
 }

@@ -51,8 +51,8 @@ class Sampler:
         self._hostname = _hostname()
         self._static = (
             backend.driver_version(),
-            backend.nvml_version(),
-            backend.cuda_driver_version(),
+            backend.library_version(),
+            backend.compute_runtime_version(),
         )
 
     @property
@@ -92,14 +92,14 @@ class Sampler:
                 g = by_index.get(placement.index)
                 placement.pcie_below_max = bool(g and g.pcie.below_max)
         host = self.host.sample() if self.host is not None else None
-        driver, nvml, cuda = self._static
+        driver, library, runtime = self._static
         snap = Snapshot(
             hostname=self._hostname,
             time=self._clock(),
             simulated=self.backend.simulated,
             driver_version=driver,
-            nvml_version=nvml,
-            cuda_driver_version=cuda,
+            library_version=library,
+            compute_runtime_version=runtime,
             gpus=gpus,
             topology=topology,
             note=self.backend.note,

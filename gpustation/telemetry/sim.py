@@ -25,20 +25,22 @@ from pathlib import Path
 from typing import Any
 
 from gpustation import private
-from gpustation.errors import GpustationError, NeedsRootError, NotSupportedError, UsageError
+from gpustation.errors import UsageError
 from gpustation.files import read_text
-from gpustation.telemetry.backend import Backend
+from gpustation.telemetry.backend import Backend, OpenRequest
 from gpustation.telemetry.model import (
+    IDENTITY,
     GpuLink,
     GpuPlacement,
     GpuSample,
     MigInfo,
+    NamedVersion,
     NvLinkInfo,
-    PcieInfo,
     ProcessInfo,
-    RemappedRows,
     Topology,
     XidEvent,
+    field_keys,
+    put_field,
     xid_meaning,
 )
 from gpustation.telemetry.sim_cards import (
@@ -50,11 +52,17 @@ from gpustation.telemetry.sim_cards import (
     JOB_NAMES,
     CardSpec,
 )
+from gpustation.telemetry.sim_control import SimControl, gpu_state
+from gpustation.telemetry.sim_reads import READS, SimView
 from gpustation.telemetry.sim_state import gpu_state_ok, new_gpu_state, serials_ok
 
 THERMAL_TAU_S = 20.0
 JOB_SLOT_S = 45.0  # the synthetic job schedule changes every this many seconds
 MAX_CATCH_UP_S = 900.0  # after a long gap the model is at steady state anyway
+
+IDENTITY_KEYS = tuple(k for k, spec in field_keys().items() if spec.cost == IDENTITY)
+_TABLE_READS = {k: read for k, read in READS.items() if read is not None}
+_IDENTITY_READS = {k: _TABLE_READS[k] for k in IDENTITY_KEYS}
 
 
 def _fan_auto_pct(spec: CardSpec, temp_c: float) -> float:
@@ -111,6 +119,7 @@ class SimBackend(Backend):
         self._last_slow: dict[int, tuple[float, float, int]] = {}
         #: the card in each slot when the machine was re-ordered (None: in order)
         self._order: list[int] | None = None
+        self.control = SimControl(self.spec, self._changing)
         with self._state() as state:
             if (
                 state.get("card") != card
@@ -297,8 +306,8 @@ class SimBackend(Backend):
     def driver_version(self) -> str | None:
         return "simulated"
 
-    def nvml_version(self) -> str | None:
-        return "simulated"
+    def library_version(self) -> NamedVersion | None:
+        return NamedVersion("NVML", "simulated")
 
     def read_gpus(self, indices: Sequence[int], slow: bool) -> list[GpuSample]:
         now = self.clock()
@@ -329,20 +338,20 @@ class SimBackend(Backend):
         spec = self.spec
         # A card keeps its UUID wherever it sits (see :meth:`reorder`), and
         # another simulated card model never shares it.
-        serial = self._serials(index)
-        uuid = f"GPU-SIM-{int(self._hash('uuid', spec.key) * 2**32):08x}-{serial:04d}"
-        bus = f"00000000:{0x17 + index * 0x10:02X}:00.0"
-        sample = GpuSample(index=index, uuid=uuid, name=spec.name, pci_bus_id=bus)
+        view = SimView(index, self._serials(index), spec, g, self._hash)
+        sample = GpuSample(index=index)
         if g["lost"]:
+            for key in IDENTITY_KEYS:
+                put_field(sample, key, _IDENTITY_READS[key](view))
             sample.lost = True
             return sample
-        load = float(g["load_now"])
+        view.load = load = float(g["load_now"])
         _, slot = self._job(index, now) if g["load"] is None else (0.0, None)
-        procs: list[ProcessInfo] = []
+        procs = view.processes
         # NVML's v2 "used" leaves the driver's reservation out: an idle card reads
         # 0 and a busy one what its processes hold, unless memory was orphaned.
         mem_used = float(g["orphaned_mib"])
-        if load >= 0.05:
+        if view.busy:
             jobs = [slot] if slot is not None else [0]
             for j in jobs:
                 name, command = JOB_NAMES[int(self._hash("name", index, j) * len(JOB_NAMES))]
@@ -370,51 +379,15 @@ class SimBackend(Backend):
                 )
             )
             mem_used += float(holder_mib)
-        sample.temperature_c = round(float(g["temperature_c"]), 1)
-        if g.get("temperature_fails"):
-            sample.temperature_c = None
-        sample.temperature_slowdown_c = spec.slowdown_c
-        sample.temperature_shutdown_c = spec.shutdown_c
-        sample.power_w = round(float(g["power_w"]), 1)
-        sample.power_limit_w = float(g["power_limit_w"])
-        sample.power_default_w = spec.power_default_w
-        sample.power_min_w = spec.power_min_w
-        sample.power_max_w = spec.power_max_w
-        sample.clock_sm_mhz = round(float(g["clock_sm_mhz"]))
-        sample.clock_sm_max_mhz = spec.clock_sm_max_mhz
-        busy = load >= 0.05
-        sample.clock_mem_mhz = spec.clock_mem_max_mhz if busy else spec.clock_mem_idle_mhz
-        sample.clock_mem_max_mhz = spec.clock_mem_max_mhz
-        sample.memory_used_mib = min(mem_used, spec.memory_total_mib)
-        sample.memory_total_mib = spec.memory_total_mib
-        sample.utilization_gpu_pct = round(load * 100.0)
-        sample.utilization_memory_pct = round(load * 62.0)
-        # Video engines: a little work from jobs that decode their inputs on the GPU.
-        sample.encoder_utilization_pct = round(load * 6.0 * self._hash("enc", index)) if busy else 0
-        sample.decoder_utilization_pct = (
-            round(load * 30.0 * self._hash("dec", index)) if busy else 0
-        )
-        sample.fans_pct = [round(f) for f in g["fans_pct"]]
-        sample.fan_control = list(g["fan_mode"])
-        sample.pstate = (2 if spec.fans else 0) if busy else (8 if spec.fans else 0)
-        sample.throttle_reasons = list(g["throttle"])
-        gen = spec.pcie_max_gen if busy else spec.pcie_idle_gen
-        sample.pcie = PcieInfo(gen=gen, width=16, max_gen=spec.pcie_max_gen, max_width=16)
+        view.memory_used_mib = mem_used
         if slow or index not in self._last_slow:
             tx = round(load * 1_800_000 * (0.8 + 0.4 * self._hash("tx", index, int(now))))
             rx = round(load * 2_400_000 * (0.8 + 0.4 * self._hash("rx", index, int(now))))
             self._last_slow[index] = (float(tx), float(rx), 0)
-        tx_v, rx_v, replay = self._last_slow[index]
-        sample.pcie.tx_kib_s, sample.pcie.rx_kib_s = tx_v, rx_v
-        sample.pcie.replay_errors = replay
-        sample.energy_j = round(float(g["energy_j"]), 1) if self.read_energy else None
-        sample.ecc_uncorrected = g["ecc_uncorrected"] if self.read_ecc else None
-        sample.processes = procs
-        sample.minor_number = index
-        sample.device_holders = [
-            ProcessInfo(pid=pid, user="sim", name=cmd.split(" ")[0], command=cmd, kind="holder")
-            for pid, cmd in g["holders"]
-        ]
+        view.pcie_slow = self._last_slow[index]
+        view.read_energy, view.read_ecc = self.read_energy, self.read_ecc
+        for key, read in _TABLE_READS.items():
+            put_field(sample, key, read(view))
         self._deep(index, g, sample, load, now)
         return sample
 
@@ -455,8 +428,6 @@ class SimBackend(Backend):
         else:
             sample.nvlink = []
         sample.mig = MigInfo(enabled=False, pending=False) if spec.mig else None
-        if spec.ecc:
-            sample.remapped_rows = RemappedRows(0, 0, False, False)
 
     def topology(self, indices: Sequence[int]) -> Topology:
         topo = Topology()
@@ -484,62 +455,16 @@ class SimBackend(Backend):
                 topo.links.append(GpuLink(a, b, level, p2p, p2p, links))
         return topo
 
-    # ---- Backend: control --------------------------------------------------
-    def _check_root(self, what: str) -> None:
-        from gpustation.privs import as_root
-
-        # the simulated driver call: as root under sudo, as a real setter is
-        with as_root():
-            euid = os.geteuid()
-        if os.environ.get("GPUSTATION_SIM_REQUIRE_ROOT") == "1" and euid != 0:
-            raise NeedsRootError(
-                f"{what} needs root privileges: run it as sudo gpustation ... (simulated check)"
-            )
-
+    # ---- control ------------------------------------------------------------
     def _gpu_state(self, state: dict[str, Any], index: int) -> dict[str, Any]:
-        if not 0 <= index < self.count:
-            raise UsageError(f"no GPU {index} (simulated GPUs: 0-{self.count - 1})")
-        return state["gpus"][index]
+        return gpu_state(state["gpus"], index)
 
-    def set_power_limit(self, index: int, watts: float) -> None:
-        self._check_root("setting the power limit")
-        spec = self.spec
-        if not spec.power_min_w <= watts <= spec.power_max_w:
-            raise GpustationError(
-                f"GPU {index}: {watts:g} W is outside the card's range "
-                f"{spec.power_min_w:g}-{spec.power_max_w:g} W"
-            )
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[list[dict[str, Any]]]:
+        """The cards' states, brought up to now, to change under the state lock."""
         with self._state() as state:
             self._advance(state, self.clock())
-            self._gpu_state(state, index)["power_limit_w"] = float(watts)
-
-    def fan_count(self, index: int) -> int:
-        return self.spec.fans
-
-    def fan_speed_range(self, index: int) -> tuple[int, int]:
-        if not self.spec.fans:
-            raise NotSupportedError(f"GPU {index} ({self.spec.name}) has no fans")
-        return self.spec.fan_min_pct, self.spec.fan_max_pct
-
-    def set_fan_speed(self, index: int, fan: int, pct: int) -> None:
-        self._check_root("setting a fan speed")
-        lo, hi = self.fan_speed_range(index)
-        if not 0 <= fan < self.spec.fans:
-            raise UsageError(f"GPU {index} has fans 0-{self.spec.fans - 1}, not {fan}")
-        if not lo <= pct <= hi:
-            raise GpustationError(f"GPU {index} fan {fan}: {pct} % is outside {lo}-{hi} %")
-        with self._state() as state:
-            self._advance(state, self.clock())
-            g = self._gpu_state(state, index)
-            g["fan_mode"][fan] = "manual"
-            g["fan_manual_pct"][fan] = float(pct)
-
-    def set_fan_auto(self, index: int, fan: int) -> None:
-        self._check_root("restoring automatic fan control")
-        self.fan_speed_range(index)
-        with self._state() as state:
-            self._advance(state, self.clock())
-            self._gpu_state(state, index)["fan_mode"][fan] = "auto"
+            yield state["gpus"]
 
     # ---- simulation knobs (tests, demos) -------------------------------------
     def poke(self, index: int, **values: Any) -> None:
@@ -586,3 +511,10 @@ class SimBackend(Backend):
                 raise ValueError(f"simulation knob(s) out of range: {values!r}")
             if xid is not None:
                 g["xid"] = [*g["xid"], [now, int(xid)]][-16:]
+
+
+def open_request(request: OpenRequest) -> Backend:
+    """The registry's way in (``telemetry/registry.py``)."""
+    simulate = request.simulate
+    count = None if simulate is None or simulate < 0 else simulate
+    return SimBackend.open(count=count, card=request.sim_card)

@@ -230,8 +230,8 @@ def health_lines(snap: Snapshot, color: bool = False, command_width: int = 60) -
 def header_line(snap: Snapshot, color: bool = False) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap.time))
     text = safe(f"{snap.hostname}  {when}  driver {snap.driver_version or fmt.NA}")
-    if snap.cuda_driver_version:
-        text += f"  CUDA {snap.cuda_driver_version}"
+    if snap.compute_runtime_version:
+        text += safe(f"  {snap.compute_runtime_version}")
     text = _paint(text, "bold", color)
     if snap.simulated:
         text = _paint(" SIMULATED ", "banner", color) + " " + text

@@ -56,9 +56,10 @@ from gpustation.telemetry.alerts import (
     idle_rule_or_default,
     limits_left,
 )
-from gpustation.telemetry.backend import Backend, open_backend
+from gpustation.telemetry.backend import Backend
 from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
+from gpustation.telemetry.registry import open_backend
 from gpustation.tui.keys import KeymapConfig, apply_keymap, load_keymap
 from gpustation.tui.modes import (
     BUILTIN_MODES,
@@ -363,7 +364,7 @@ class DashboardApp(ProcessActions):
         t.append(
             f" · {len(snap.gpus)} GPU{'s' if len(snap.gpus) != 1 else ''}"
             f" · driver {snap.driver_version or 'n/a'}"
-            + (f" · CUDA {snap.cuda_driver_version}" if snap.cuda_driver_version else "")
+            + (f" · {snap.compute_runtime_version}" if snap.compute_runtime_version else "")
         )
         if snap.note and self.note_collapsed:
             note = Text(f" · {snap.note}", style="bold yellow")

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 import psutil
 
 from gpustation.errors import GpustationError
-from gpustation.telemetry.backend import Backend, open_backend
+from gpustation.telemetry.backend import Backend
 from gpustation.telemetry.model import HostSample, Snapshot
+from gpustation.telemetry.registry import open_backend
 from gpustation.telemetry.sampler import Sampler
 
 if TYPE_CHECKING:

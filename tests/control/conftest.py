@@ -10,7 +10,33 @@ import pytest
 from gpustation.cli import main
 from gpustation.commands import options as cmdutil
 from gpustation.control import journal
+from gpustation.telemetry.backend import Control
 from gpustation.telemetry.sim import SimBackend, machine_path
+
+
+class RecordingControl(Control):
+    """A control that remembers every set call before making it."""
+
+    def __init__(self, inner: Control, calls: list[tuple[Any, ...]]) -> None:
+        self.inner, self.calls = inner, calls
+
+    def set_power_limit(self, index: int, watts: float) -> None:
+        self.calls.append(("power", index, watts))
+        self.inner.set_power_limit(index, watts)
+
+    def fan_count(self, index: int) -> int:
+        return self.inner.fan_count(index)
+
+    def fan_speed_range(self, index: int) -> tuple[int, int]:
+        return self.inner.fan_speed_range(index)
+
+    def set_fan_speed(self, index: int, fan: int, pct: int) -> None:
+        self.calls.append(("fan", index, fan, pct))
+        self.inner.set_fan_speed(index, fan, pct)
+
+    def set_fan_auto(self, index: int, fan: int) -> None:
+        self.calls.append(("auto", index, fan))
+        self.inner.set_fan_auto(index, fan)
 
 
 class RecordingSim(SimBackend):
@@ -19,18 +45,7 @@ class RecordingSim(SimBackend):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.set_calls: list[tuple[Any, ...]] = []
         super().__init__(*args, **kwargs)
-
-    def set_power_limit(self, index: int, watts: float) -> None:
-        self.set_calls.append(("power", index, watts))
-        super().set_power_limit(index, watts)
-
-    def set_fan_speed(self, index: int, fan: int, pct: int) -> None:
-        self.set_calls.append(("fan", index, fan, pct))
-        super().set_fan_speed(index, fan, pct)
-
-    def set_fan_auto(self, index: int, fan: int) -> None:
-        self.set_calls.append(("auto", index, fan))
-        super().set_fan_auto(index, fan)
+        self.control = RecordingControl(self.control, self.set_calls)
 
 
 def _recording_sim(

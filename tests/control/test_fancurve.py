@@ -161,14 +161,14 @@ def test_an_exception_inside_the_loop_returns_fans_to_auto_and_is_reported(
 def test_one_failed_restore_does_not_skip_the_others(sim: RecordingSim) -> None:
     curve = load_profile("balanced").curve
     assert curve is not None
-    real_auto = sim.set_fan_auto
+    real_auto = sim.control.set_fan_auto
 
     def broken(index: int, fan: int) -> None:
         if (index, fan) == (0, 0):
             raise GpustationError("fan 0 stuck")
         real_auto(index, fan)
 
-    sim.set_fan_auto = broken  # type: ignore[method-assign]
+    sim.control.set_fan_auto = broken  # type: ignore[method-assign]
     controller = make_controller(sim, curve, io.StringIO())
     with pytest.raises(GpustationError, match="fan 0 stuck"):
         controller.run(once=True)
@@ -179,14 +179,14 @@ def test_one_failed_restore_does_not_skip_the_others(sim: RecordingSim) -> None:
 def test_a_refused_takeover_leaves_no_partial_state(sim: RecordingSim) -> None:
     curve = load_profile("balanced").curve
     assert curve is not None
-    real_set = sim.set_fan_speed
+    real_set = sim.control.set_fan_speed
 
     def gpu1_refuses(index: int, fan: int, pct: int) -> None:
         if index == 1:
             raise NotSupportedError("GPU 1 cannot set a fan speed")
         real_set(index, fan, pct)
 
-    sim.set_fan_speed = gpu1_refuses  # type: ignore[method-assign]
+    sim.control.set_fan_speed = gpu1_refuses  # type: ignore[method-assign]
     with pytest.raises(NotSupportedError):
         make_controller(sim, curve, io.StringIO()).run()
     assert fan_modes(sim) == [["auto", "auto"], ["auto", "auto"]]

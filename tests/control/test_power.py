@@ -109,14 +109,14 @@ def test_needs_root_exits_4_with_sudo_hint_and_journal_came_first(
 def test_a_failure_on_a_later_card_undoes_the_earlier_ones(sim: RecordingSim) -> None:
     samples = sim.read_gpus([0, 1], slow=False)
     changes = plan_power(samples, PowerValue("watts", 300))
-    original = sim.set_power_limit
+    original = sim.control.set_power_limit
 
     def refuse_gpu1(index: int, watts: float) -> None:
         if index == 1:
             raise GpustationError("GPU 1 refused")
         original(index, watts)
 
-    sim.set_power_limit = refuse_gpu1  # type: ignore[method-assign]
+    sim.control.set_power_limit = refuse_gpu1  # type: ignore[method-assign]
     with pytest.raises(GpustationError, match="GPU 1 refused"):
         apply_power(sim, changes, "test")
     assert limits(sim) == [450.0, 450.0]

@@ -12,14 +12,14 @@ from tests.control.conftest import RecordingSim, cli
 def test_a_second_gpu_failing_rolls_back_the_first_and_nothing_reads_as_set(
     sim: RecordingSim, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = sim.set_power_limit
+    real = sim.control.set_power_limit
 
     def refuse_gpu_1(index: int, watts: float) -> None:
         if index == 1:
             raise GpustationError("GPU 1: the driver refused")
         real(index, watts)
 
-    monkeypatch.setattr(sim, "set_power_limit", refuse_gpu_1)
+    monkeypatch.setattr(sim.control, "set_power_limit", refuse_gpu_1)
     code, out, err = cli(capsys, "power", "set", "400W", "--simulate")
     assert code == 1
     assert "set GPU" not in out  # GPU 0 was set, then put back

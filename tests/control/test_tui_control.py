@@ -138,14 +138,14 @@ def test_the_deadline_reverts_while_the_ui_thread_is_frozen(
     sim: RecordingSim, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     restored = threading.Event()
-    set_power_limit = sim.set_power_limit
+    set_power_limit = sim.control.set_power_limit
 
     def watched(index: int, watts: float) -> None:
         set_power_limit(index, watts)
         if watts == 450.0:
             restored.set()
 
-    monkeypatch.setattr(sim, "set_power_limit", watched)
+    monkeypatch.setattr(sim.control, "set_power_limit", watched)
 
     async def scenario() -> None:
         app = make_app(sim)

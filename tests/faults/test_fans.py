@@ -23,8 +23,8 @@ def fan_modes(sim: RecordingSim) -> set[str]:
 def test_fan_auto_hands_fans_back_when_the_journal_cannot_be_written(
     sim: RecordingSim, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    sim.set_fan_speed(0, 0, 80)
-    sim.set_fan_speed(1, 1, 80)
+    sim.control.set_fan_speed(0, 0, 80)
+    sim.control.set_fan_speed(1, 1, 80)
     assert "manual" in fan_modes(sim)
     journal.journal_path().mkdir(parents=True)  # a directory where the file should be
     code, out, err = cli(capsys, "fan", "auto", "--simulate")
@@ -38,7 +38,7 @@ def test_profile_apply_stock_hands_fans_back_when_the_journal_cannot_be_written(
     sim: RecordingSim, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert cli(capsys, "power", "set", "300", "--simulate")[0] == 0
-    sim.set_fan_speed(0, 1, 90)
+    sim.control.set_fan_speed(0, 1, 90)
     journal.journal_path().unlink()
     journal.journal_path().mkdir()
     code, _, err = cli(capsys, "profile", "apply", "stock", "--simulate")
@@ -52,16 +52,16 @@ def test_profile_apply_stock_hands_fans_back_when_the_journal_cannot_be_written(
 def test_a_fan_the_card_refuses_to_hand_back_is_said_not_hidden(
     sim: RecordingSim, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sim.set_fan_speed(0, 0, 80)
-    sim.set_fan_speed(0, 1, 80)
-    real = sim.set_fan_auto
+    sim.control.set_fan_speed(0, 0, 80)
+    sim.control.set_fan_speed(0, 1, 80)
+    real = sim.control.set_fan_auto
 
     def refuse_fan_1(index: int, fan: int) -> None:
         if fan == 1:
             raise GpustationError("the driver refused")
         real(index, fan)
 
-    monkeypatch.setattr(sim, "set_fan_auto", refuse_fan_1)
+    monkeypatch.setattr(sim.control, "set_fan_auto", refuse_fan_1)
     code, out, err = cli(capsys, "fan", "auto", "--simulate", "--gpus", "0")
     assert code == 1
     assert "GPU 0: 1 of 2 fans on automatic control" in out
@@ -77,15 +77,15 @@ def test_the_hand_back_goes_on_past_a_fan_that_failed(
     card's, is still handed back (a fan left manual is the worst state)."""
     for gpu in (0, 1):
         for fan in (0, 1):
-            sim.set_fan_speed(gpu, fan, 80)
-    real = sim.set_fan_auto
+            sim.control.set_fan_speed(gpu, fan, 80)
+    real = sim.control.set_fan_auto
 
     def refuse_the_first(index: int, fan: int) -> None:
         if (index, fan) == (0, 0):
             raise GpustationError("the driver refused")
         real(index, fan)
 
-    monkeypatch.setattr(sim, "set_fan_auto", refuse_the_first)
+    monkeypatch.setattr(sim.control, "set_fan_auto", refuse_the_first)
     code, out, err = cli(capsys, "fan", "auto", "--simulate")
     assert code == 1 and "fan 0: the driver refused" in err
     modes = [g.fan_control for g in sim.read_gpus([0, 1], slow=False)]
@@ -101,7 +101,7 @@ def _families(exporter: Exporter) -> dict[str, Metric]:
 def test_fans_left_manual_with_no_controller_are_flagged(
     sim: RecordingSim, capsys: pytest.CaptureFixture[str], gpustation_dirs: dict[str, Path]
 ) -> None:
-    sim.set_fan_speed(1, 0, 70)  # as a controller killed with SIGKILL leaves them
+    sim.control.set_fan_speed(1, 0, 70)  # as a controller killed with SIGKILL leaves them
     code, out, _ = cli(capsys, "fan", "show", "--simulate")
     assert code == 0
     (line,) = [x for x in out.splitlines() if "NO CONTROLLER" in x]
@@ -121,7 +121,7 @@ def test_fans_a_live_controller_drives_are_not_flagged(
 ) -> None:
     from gpustation.control import fancurve
 
-    sim.set_fan_speed(1, 0, 70)
+    sim.control.set_fan_speed(1, 0, 70)
     path = fancurve._lock_path(1, True)
     path.parent.mkdir(parents=True, exist_ok=True)
     with fancurve._hold_locks([1], True):

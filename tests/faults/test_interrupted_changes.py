@@ -23,9 +23,15 @@ DIES_AFTER_THE_SET = textwrap.dedent(
     class DiesBeforeTheReadBack(SimBackend):
         made = False
 
-        def set_power_limit(self, index, watts):
-            super().set_power_limit(index, watts)
-            self.made = True
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            setter = self.control.set_power_limit
+
+            def set_power_limit(index, watts):
+                setter(index, watts)
+                self.made = True
+
+            self.control.set_power_limit = set_power_limit
 
         def read_gpus(self, indices, slow):
             if self.made:  # the read-back: the process is killed first

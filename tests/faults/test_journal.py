@@ -75,7 +75,7 @@ def test_a_change_the_driver_refused_is_journalled_as_refused(
     def refuse(index: int, watts: float) -> None:
         raise GpustationError("the driver said no")
 
-    monkeypatch.setattr(sim, "set_power_limit", refuse)
+    monkeypatch.setattr(sim.control, "set_power_limit", refuse)
     code, _, err = cli(capsys, "power", "set", "300", "--simulate", "--gpus", "1")
     assert code == 1 and "the driver said no" in err
     (entry,) = journal.read_entries()

@@ -81,5 +81,8 @@ def test_an_absurd_fan_count_in_the_static_cache_is_read_again_from_the_driver(
         samples = backend.read_gpus([0, 1], slow=False)
     finally:
         backend.close()
-    assert [len(s.fans_pct) for s in samples] == [backend.fan_count(0), backend.fan_count(1)]
-    assert max(backend.fan_count(0), backend.fan_count(1)) <= 32
+    assert [len(s.fans_pct) for s in samples] == [
+        backend.control.fan_count(0),
+        backend.control.fan_count(1),
+    ]
+    assert max(backend.control.fan_count(0), backend.control.fan_count(1)) <= 32

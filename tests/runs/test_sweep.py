@@ -313,7 +313,7 @@ def test_a_simulated_card_that_needs_root_refuses_the_restore_the_same_way(
     _preset(runs_env)
     before = _limits()
     left = _left_by_a_killed_sweep({0: 400.0, 1: 400.0}, simulated=True)
-    SimBackend.open(count=2).set_power_limit(0, 315.0)  # what the killed sweep set
+    SimBackend.open(count=2).control.set_power_limit(0, 315.0)  # what the killed sweep set
     monkeypatch.setenv("GPUSTATION_SIM_REQUIRE_ROOT", "1")
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert cli.main(["sweep", "sweepy", "--simulate", "2", "--set", "steps=1"]) == EXIT_NEEDS_ROOT

@@ -82,7 +82,7 @@ def test_leftovers_go_back_newest_first_so_the_card_ends_where_it_was_before_the
     # the older sweep found 450 W and left 360 W; the newer found 360 W and left 315 W
     older = _left("20240101-000000-sweep-p", 1000.0, 450.0, uuid)
     newer = _left("20240101-000100-sweep-p", 1060.0, 360.0, uuid)
-    sim.set_power_limit(0, 315.0)
+    sim.control.set_power_limit(0, 315.0)
     assert [s.id for s in sweep_owner.restore_order([older, newer])] == [newer.id, older.id]
     said: list[str] = []
     found = sweep_owner.unrestored(sim)

@@ -10,6 +10,7 @@ from gpustation.telemetry.model import (
     GpuPlacement,
     GpuSample,
     HostSample,
+    NamedVersion,
     PcieInfo,
     ProcessInfo,
     Snapshot,
@@ -47,6 +48,28 @@ def _snapshot() -> Snapshot:
             gpus=[GpuPlacement(0, numa_node=0, cpu_affinity="0-7", pcie_below_max=True)],
         ),
     )
+
+
+def test_versions_round_trip_and_an_older_document_with_the_old_keys_reads() -> None:
+    snap = _snapshot()
+    snap.library_version = NamedVersion("NVML", "13.580.1")
+    snap.compute_runtime_version = NamedVersion("CUDA", "13.0")
+    doc = json.loads(json.dumps(snap.to_dict()))
+    assert doc["library_version"] == {"name": "NVML", "version": "13.580.1"}
+    assert (doc["nvml_version"], doc["cuda_driver_version"]) == ("13.580.1", "13.0")
+    assert Snapshot.from_dict(doc) == snap
+    # a library of another vendor is not written under NVML's deprecated key
+    snap.library_version = NamedVersion("AMD SMI", "25.1")
+    snap.compute_runtime_version = None
+    doc = snap.to_dict()
+    assert doc["nvml_version"] is None and doc["cuda_driver_version"] is None
+    # what an older gpustation wrote (over ssh, in a recording) reads as the new fields
+    for key in ("library_version", "compute_runtime_version"):
+        del doc[key]
+    doc.update(nvml_version="12.550.1", cuda_driver_version="12.4")
+    old = Snapshot.from_dict(doc)
+    assert old.library_version == NamedVersion("NVML", "12.550.1")
+    assert str(old.compute_runtime_version) == "CUDA 12.4"
 
 
 def test_round_trip_through_json_keeps_every_field() -> None:

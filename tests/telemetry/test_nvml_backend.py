@@ -25,10 +25,12 @@ from gpustation.errors import (
     NoDriverError,
     NotSupportedError,
 )
+from gpustation.telemetry.backend import Control
 from gpustation.telemetry.model import SLOW as SLOW_COST
-from gpustation.telemetry.model import GpuSample, PcieInfo, Snapshot, specs
+from gpustation.telemetry.model import GpuSample, Snapshot, field_keys
 from gpustation.telemetry.nvml import NvmlBackend
 from gpustation.telemetry.nvml import backend as nvml_module
+from gpustation.telemetry.nvml.reads import READS
 from gpustation.telemetry.nvml.topology import (
     cpu_mask_to_ranges,
     normalize_bus_id,
@@ -101,11 +103,11 @@ def test_every_field_is_read_with_its_unit(open_backend: Callable[..., NvmlBacke
     assert h200.name == "NVIDIA H200" and h200.fans_pct == [] and h200.fan_control == []
     assert h200.throttle_reasons == ["gpu_idle"] and not h200.power_throttled
     assert h200.pcie.max_gen == 5
-    assert backend.fan_count(1) == 0 and backend.fan_count(0) == 2
+    assert backend.control.fan_count(1) == 0 and backend.control.fan_count(0) == 2
 
     assert backend.driver_version() == "580.159.04"
-    assert backend.nvml_version() == "13.580.159.04"
-    assert backend.cuda_driver_version() == "13.0"
+    assert str(backend.library_version()) == "NVML 13.580.159.04"
+    assert str(backend.compute_runtime_version()) == "CUDA 13.0"
     # The H200's missing fans are NotSupported, which is not an error to report.
     assert backend.errors == {}
 
@@ -414,7 +416,7 @@ def test_no_driver_is_a_clear_error(fake_nvml: ModuleType, code: str, text: str)
 
 
 def test_no_driver_gives_no_fake_data(fake_nvml: ModuleType) -> None:
-    from gpustation.telemetry.backend import open_backend
+    from gpustation.telemetry.registry import open_backend
 
     fake_nvml.reset(no_driver=True)
     # ``import pynvml`` inside the backend meets the fake; no simulator steps in.
@@ -473,10 +475,9 @@ def test_the_slow_pass_reads_the_functions_declared_slow(
     fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
 ) -> None:
     declared = {
-        spec.nvml.function
-        for cls in (GpuSample, PcieInfo)
-        for spec in specs(cls).values()
-        if spec.cost == SLOW_COST and spec.nvml is not None
+        nvml_read.function
+        for key, spec in field_keys().items()
+        if spec.cost == SLOW_COST and (nvml_read := READS[key]) is not None
     }
     assert "nvmlDeviceGetPcieReplayCounter" in declared
     backend = open_backend()
@@ -706,12 +707,24 @@ def test_bus_ids_and_cpu_masks() -> None:
 # ---- control -------------------------------------------------------------------------------
 
 
+def test_control_is_an_object_the_backend_owns_not_the_backend_itself(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    backend = open_backend()
+    assert isinstance(backend.control, Control) and not isinstance(backend, Control)
+    # a GPU the reads found lost is lost to the control too: they share the backend's GPUs
+    fake_nvml.lose_gpu(1)
+    read(backend, slow=False)
+    with pytest.raises(GpustationError, match="fallen off the bus"):
+        backend.control.set_power_limit(1, 300)
+
+
 def test_power_limit_is_set_in_milliwatts(
     fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
 ) -> None:
     backend = open_backend()
-    backend.set_power_limit(0, 300)
-    backend.set_power_limit(1, 512.5)
+    backend.control.set_power_limit(0, 300)
+    backend.control.set_power_limit(1, 512.5)
     assert fake_nvml.set_calls == [
         ("nvmlDeviceSetPowerManagementLimit", (0, 300_000)),
         ("nvmlDeviceSetPowerManagementLimit", (1, 512_500)),
@@ -725,7 +738,7 @@ def test_power_limit_out_of_range_is_refused(
 ) -> None:
     backend = open_backend()
     with pytest.raises(GpustationError) as info:
-        backend.set_power_limit(0, 700)
+        backend.control.set_power_limit(0, 700)
     message = str(info.value)
     assert "700 W" in message and "150-600 W" in message and "Invalid Argument" in message
     assert fake_nvml.set_calls == []
@@ -737,11 +750,11 @@ def test_power_limit_without_root(
     fake_nvml.reset(require_root=True)
     backend = open_backend()
     with pytest.raises(NeedsRootError) as info:
-        backend.set_power_limit(0, 300)
+        backend.control.set_power_limit(0, 300)
     assert info.value.exit_code == EXIT_NEEDS_ROOT == 4
     assert "sudo gpustation" in str(info.value)
     with pytest.raises(NeedsRootError, match="sudo gpustation"):
-        backend.set_fan_speed(0, 0, 60)
+        backend.control.set_fan_speed(0, 0, 60)
 
 
 def test_fans_on_a_card_without_fans_are_not_supported(
@@ -749,9 +762,9 @@ def test_fans_on_a_card_without_fans_are_not_supported(
 ) -> None:
     backend = open_backend()
     for attempt in (
-        lambda: backend.set_fan_speed(1, 0, 60),
-        lambda: backend.set_fan_auto(1, 0),
-        lambda: backend.fan_speed_range(1),
+        lambda: backend.control.set_fan_speed(1, 0, 60),
+        lambda: backend.control.set_fan_auto(1, 0),
+        lambda: backend.control.fan_speed_range(1),
     ):
         with pytest.raises(NotSupportedError) as info:
             attempt()
@@ -764,18 +777,18 @@ def test_fan_speed_manual_then_auto(
     fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
 ) -> None:
     backend = open_backend()
-    assert backend.fan_speed_range(0) == (30, 100)
-    backend.set_fan_speed(0, 1, 60)
+    assert backend.control.fan_speed_range(0) == (30, 100)
+    backend.control.set_fan_speed(0, 1, 60)
     rtx = read(backend, slow=False)[0]
     assert rtx.fans_pct == [45, 60] and rtx.fan_control == ["auto", "manual"]
-    backend.set_fan_auto(0, 1)
+    backend.control.set_fan_auto(0, 1)
     assert read(backend, slow=False)[0].fan_control == ["auto", "auto"]
     assert fake_nvml.set_calls == [
         ("nvmlDeviceSetFanSpeed_v2", (0, 1, 60)),
         ("nvmlDeviceSetDefaultFanSpeed_v2", (0, 1)),
     ]
     with pytest.raises(GpustationError, match=r"20%.*30-100%"):
-        backend.set_fan_speed(0, 0, 20)
+        backend.control.set_fan_speed(0, 0, 20)
 
 
 def test_setter_missing_from_the_library_is_not_supported(
@@ -785,9 +798,9 @@ def test_setter_missing_from_the_library_is_not_supported(
     fake_nvml.function_not_found("nvmlDeviceSetPowerManagementLimit")
     backend = open_backend()
     with pytest.raises(NotSupportedError):
-        backend.set_fan_speed(0, 0, 60)
+        backend.control.set_fan_speed(0, 0, 60)
     with pytest.raises(NotSupportedError):
-        backend.set_power_limit(0, 300)
+        backend.control.set_power_limit(0, 300)
 
 
 # ---- the command line, end to end ------------------------------------------------------------
@@ -826,6 +839,19 @@ def test_cli_snapshot_reads_nvml(tmp_path: Path) -> None:
     assert snap.gpus[0].energy_j == pytest.approx(91_234.567)  # one-shot reads slow fields
 
 
+def test_cli_snapshot_json_names_versions_vendor_neutrally_and_keeps_the_old_keys(
+    tmp_path: Path,
+) -> None:
+    result = snapshot_cli(tmp_path, {"devices": [{"card": "h200"}]}, "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["driver_version"] == "580.159.04"
+    assert doc["library_version"] == {"name": "NVML", "version": "13.580.159.04"}
+    assert doc["compute_runtime_version"] == {"name": "CUDA", "version": "13.0"}
+    # deprecated, kept for one release: the same values under the old keys
+    assert doc["nvml_version"] == "13.580.159.04" and doc["cuda_driver_version"] == "13.0"
+
+
 def test_cli_snapshot_without_driver_exits_3(tmp_path: Path) -> None:
     result = snapshot_cli(tmp_path, {"no_driver": True}, "--json")
     assert result.returncode == 3
@@ -854,6 +880,6 @@ def test_fan_range_unread_at_open_is_asked_again(
     fake_nvml.fail(0, "nvmlDeviceGetMinMaxFanSpeed", fake_nvml.NVML_ERROR_UNKNOWN)
     backend = open_backend()
     with pytest.raises(NotSupportedError):
-        backend.fan_speed_range(0)
+        backend.control.fan_speed_range(0)
     fake_nvml.heal(0, "nvmlDeviceGetMinMaxFanSpeed")
-    assert backend.fan_speed_range(0) == (30, 100)
+    assert backend.control.fan_speed_range(0) == (30, 100)

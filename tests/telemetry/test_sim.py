@@ -34,7 +34,7 @@ def test_power_is_capped_at_the_enforced_limit_and_throttle_reported() -> None:
     assert "sw_power_cap" in g.throttle_reasons
     uncapped_clock = g.clock_sm_mhz
 
-    sim.set_power_limit(0, 300)
+    sim.control.set_power_limit(0, 300)
     g = _settle(sim, clock)
     assert g.power_w == pytest.approx(300)
     assert g.clock_sm_mhz < uncapped_clock  # a lower cap costs clock speed
@@ -56,10 +56,10 @@ def test_temperature_falls_with_more_fan() -> None:
     sim = SimBackend(count=1, clock=clock)
     sim.poke(0, load=0.8)
     for fan in range(2):
-        sim.set_fan_speed(0, fan, 30)
+        sim.control.set_fan_speed(0, fan, 30)
     slow_fans = _settle(sim, clock)
     for fan in range(2):
-        sim.set_fan_speed(0, fan, 100)
+        sim.control.set_fan_speed(0, fan, 100)
     fast_fans = _settle(sim, clock)
     assert fast_fans.fans_pct == [100, 100]
     assert fast_fans.fan_control == ["manual", "manual"]
@@ -70,9 +70,9 @@ def test_hot_card_throttles_near_slowdown() -> None:
     clock = Clock()
     sim = SimBackend(count=1, clock=clock)
     sim.poke(0, load=1.0, ambient_c=55.0)
-    sim.set_power_limit(0, 600)
+    sim.control.set_power_limit(0, 600)
     for fan in range(2):
-        sim.set_fan_speed(0, fan, 30)
+        sim.control.set_fan_speed(0, fan, 30)
     g = _settle(sim, clock, 600)
     assert g.temperature_c >= g.temperature_slowdown_c - 2
     assert "sw_thermal" in g.throttle_reasons
@@ -83,11 +83,11 @@ def test_state_is_shared_between_backends_through_the_file(tmp_path) -> None:
     path = tmp_path / "sim.json"
     a = SimBackend(count=2, state_path=path)
     b = SimBackend(count=2, state_path=path)
-    a.set_power_limit(1, 333)
+    a.control.set_power_limit(1, 333)
     assert b.read_gpus([1], slow=False)[0].power_limit_w == 333
-    a.set_fan_speed(0, 1, 55)
+    a.control.set_fan_speed(0, 1, 55)
     assert b.read_gpus([0], slow=False)[0].fan_control == ["auto", "manual"]
-    a.set_fan_auto(0, 1)
+    a.control.set_fan_auto(0, 1)
     assert b.read_gpus([0], slow=False)[0].fan_control == ["auto", "auto"]
 
 
@@ -111,7 +111,7 @@ def test_datacenter_card_has_no_fans() -> None:
     assert g.fans_pct == [] and g.fan_control == []
     assert (g.power_min_w, g.power_max_w, g.power_default_w) == (200, 700, 700)
     with pytest.raises(NotSupportedError):
-        sim.set_fan_speed(0, 0, 50)
+        sim.control.set_fan_speed(0, 0, 50)
 
 
 def test_counters_a_reader_does_not_show_are_left_out() -> None:
@@ -127,9 +127,9 @@ def test_counters_a_reader_does_not_show_are_left_out() -> None:
 def test_limits_outside_the_card_range_are_refused() -> None:
     sim = SimBackend(count=1, clock=Clock())
     with pytest.raises(GpustationError, match="150-600 W"):
-        sim.set_power_limit(0, 700)
+        sim.control.set_power_limit(0, 700)
     with pytest.raises(GpustationError, match="30-100"):
-        sim.set_fan_speed(0, 0, 10)
+        sim.control.set_fan_speed(0, 0, 10)
 
 
 def test_lost_gpu_is_marked_and_others_keep_reporting() -> None:
@@ -310,7 +310,9 @@ def test_a_saved_state_with_a_value_out_of_range_starts_afresh(tmp_path, key, va
 def test_a_saved_state_in_range_is_kept(tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "sim.json"
     clock = Clock()
-    SimBackend(count=1, card="rtx4090", clock=clock, state_path=path).set_power_limit(0, 300)
+    SimBackend(count=1, card="rtx4090", clock=clock, state_path=path).control.set_power_limit(
+        0, 300
+    )
     again = SimBackend(count=1, card="rtx4090", clock=clock, state_path=path)
     assert again.read_gpus([0], slow=False)[0].power_limit_w == 300
 

@@ -9,7 +9,7 @@ import pytest
 from textual.widgets import Select
 
 from gpustation.errors import NoDriverError
-from gpustation.telemetry.backend import open_backend
+from gpustation.telemetry.registry import open_backend
 from gpustation.tui.app import DashboardApp
 from gpustation.tui.dialogs import KillDialog
 from gpustation.tui.screens import DashboardScreen
@@ -560,14 +560,14 @@ def test_dashboard_source_does_not_read_energy() -> None:
 
 async def test_fans_left_manual_with_no_controller_are_an_alert() -> None:
     app, backend = make_app(count=2)
-    backend.set_fan_speed(1, 0, 80)  # as a controller killed with SIGKILL leaves them
+    backend.control.set_fan_speed(1, 0, 80)  # as a controller killed with SIGKILL leaves them
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(pilot, lambda: app.passes >= 1)
         await wait_for(
             pilot,
             lambda: any(a.rule == "fans_unattended" and a.gpu == 1 for a in app.alerts.active),
         )
-        backend.set_fan_auto(1, 0)
+        backend.control.set_fan_auto(1, 0)
         app.sample_now()
         await wait_for(
             pilot, lambda: not any(a.rule == "fans_unattended" for a in app.alerts.active)

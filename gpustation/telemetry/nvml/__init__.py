@@ -1,5 +1,5 @@
-"""Real NVIDIA GPUs through nvidia-ml-py: query helper, backend, control, topology, static
-cache, and the deep readers (XID events, GPM, NVLink, MIG, per-process SM)."""
+"""Real NVIDIA GPUs through nvidia-ml-py: query helper, read table, backend, control,
+topology, static cache, and the deep readers (XID events, GPM, NVLink, MIG, per-process SM)."""
 
 from gpustation.telemetry.nvml.backend import NvmlBackend
 

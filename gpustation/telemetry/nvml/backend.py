@@ -12,7 +12,8 @@ Every call goes through :class:`~gpustation.telemetry.nvml.query.Query`, so
 one failing field never hides the others. A GPU that falls off the bus is
 reported with ``lost=True`` and retried at most every ``LOST_RETRY_S``
 seconds; the other GPUs keep reporting. Control (the power limit, the fans)
-is :class:`~gpustation.telemetry.nvml.control.NvmlControl`'s.
+is the :class:`~gpustation.telemetry.nvml.control.NvmlControl` it owns
+(``backend.control``).
 """
 
 from __future__ import annotations
@@ -24,19 +25,18 @@ from typing import Any, NamedTuple
 
 from gpustation.errors import NoDriverError, UsageError
 from gpustation.paths import state_dir
-from gpustation.telemetry.backend import Backend
+from gpustation.telemetry.backend import Backend, OpenRequest
 from gpustation.telemetry.model import (
     FAST,
     IDENTITY,
-    RECORDS,
     SLOW,
     STATIC,
     GpuSample,
-    NvmlRead,
+    NamedVersion,
     ProcessInfo,
     Topology,
-    decode_throttle,
-    specs,
+    field_keys,
+    put_field,
 )
 from gpustation.telemetry.nvml.control import NvmlControl
 from gpustation.telemetry.nvml.deep import (
@@ -46,14 +46,17 @@ from gpustation.telemetry.nvml.deep import (
     XidWatcher,
     read_mig,
 )
+from gpustation.telemetry.nvml.gpus import Gpu
 from gpustation.telemetry.nvml.query import (
     MISSING,
     Device,
     GpuLost,
     Query,
+    cuda_version,
     no_driver_message,
     start_nvml,
 )
+from gpustation.telemetry.nvml.reads import READS, NvmlRead, converters
 from gpustation.telemetry.nvml.static_cache import STATIC_CACHE_FILE, StaticCache
 from gpustation.telemetry.nvml.topology import TopologyReader, text
 
@@ -76,17 +79,12 @@ class Field(NamedTuple):
 
 
 def _declared() -> tuple[Field, ...]:
-    found = [
-        Field(name, None, name, spec.cost, spec.nvml)
-        for name, spec in specs(GpuSample).items()
-        if spec.nvml is not None
-    ]
-    found += [
-        Field(f"{record}.{name}", record, name, spec.cost, spec.nvml)
-        for record, cls in RECORDS.items()
-        for name, spec in specs(cls).items()
-        if spec.nvml is not None
-    ]
+    found = []
+    for key, spec in field_keys().items():
+        read = READS[key]
+        if read is not None:
+            record, dot, name = key.rpartition(".")
+            found.append(Field(key, record if dot else None, name, spec.cost, read))
     return tuple(found)
 
 
@@ -102,37 +100,16 @@ DEEP_SLOW = ("nvlink", "mig")
 CACHED_KEYS = (*(f.key for f in BY_COST[STATIC]), "num_fans")
 
 
-class Gpu(Device):
-    """What the backend keeps per GPU between reads."""
-
-    __slots__ = ("fan_max", "fan_min", "name", "num_fans", "slow", "static", "uuid")
-
-    def __init__(self, index: int) -> None:
-        super().__init__(index)
-        self.uuid: str | None = None
-        self.name: str | None = None
-        self.num_fans = 0
-        self.fan_min: int | None = None
-        self.fan_max: int | None = None
-        #: Static field values by key, read once.
-        self.static: dict[str, Any] = {}
-        #: Slow field values by key: the last read, reused between slow reads.
-        self.slow: dict[str, Any] = {}
-
-
 def _put(sample: GpuSample, f: Field, value: Any) -> None:
     setattr(sample if f.record is None else getattr(sample, f.record), f.name, value)
 
 
 def _put_key(sample: GpuSample, key: str, value: Any) -> None:
-    f = _BY_KEY.get(key)
-    if f is not None:
-        _put(sample, f, value)
-    else:  # a deep reading: a GpuSample attribute of its own
-        setattr(sample, key, list(value) if isinstance(value, list) else value)
+    # a deep reading's list is the backend's own: the sample gets a copy
+    put_field(sample, key, list(value) if key in DEEP_SLOW and isinstance(value, list) else value)
 
 
-class NvmlBackend(NvmlControl, Backend):
+class NvmlBackend(Backend):
     """Reads and controls real GPUs through ``pynvml`` (or a module like it: a fake)."""
 
     simulated = False
@@ -155,29 +132,18 @@ class NvmlBackend(NvmlControl, Backend):
         # One read or write at a time: nvidia-ml-py hands some getters one shared
         # ctypes object (nvmlDeviceGetFanControlPolicy_v2).
         self._lock = threading.RLock()
+        self.control = NvmlControl(self.q, self._lock, self)
         try:
             count = int(nvml.nvmlDeviceGetCount())
         except self.q.error_type as err:
             self._shutdown()
             raise NoDriverError(no_driver_message(err)) from None
         self._args = {a: self._const(a) for f in FIELDS for a in f.read.args}
-        self._manual = self._const("NVML_FAN_POLICY_MANUAL")
-        self._pstate_unknown = self._const("NVML_PSTATE_UNKNOWN")
-        self._convert: dict[str, Callable[[Any], Any]] = {
-            "float": float,
-            "int": int,
-            "milli": lambda v: v / 1000.0,
-            "mib": lambda v: v / _MIB,
-            "text": text,
-            "throttle": lambda v: decode_throttle(int(v)),
-            "pstate": lambda v: None if int(v) == self._pstate_unknown else int(v),
-            "fan_policy": lambda v: "manual" if v == self._manual else "auto",
-            "bool": lambda v: bool(int(v)),
-        }
+        self._convert = converters(self._const)
         self._driver = text(self.q(None, "driver_version", "nvmlSystemGetDriverVersion"))
         self._nvml_version = text(self.q(None, "nvml_version", "nvmlSystemGetNVMLVersion"))
         cuda = self.q(None, "cuda_driver_version", "nvmlSystemGetCudaDriverVersion")
-        self._cuda = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}" if cuda else None
+        self._cuda = cuda_version(int(cuda)) if cuda else None
         self._cache: StaticCache | None = None
         if one_shot or static_cache:
             if static_cache is None:
@@ -185,7 +151,7 @@ class NvmlBackend(NvmlControl, Backend):
             self._cache = StaticCache(static_cache, self._driver, CACHED_KEYS)
         self._gpus = [Gpu(i) for i in range(count)]
         self._topology = TopologyReader(
-            self.q, self._gpus, self._mark_lost, sysfs_pci_root, sysfs_node_root
+            self.q, self._gpus, self.mark_lost, sysfs_pci_root, sysfs_node_root
         )
         self._gpm = GpmReader(self.q)
         self._nvlink = NvLinkReader(self.q)
@@ -253,10 +219,10 @@ class NvmlBackend(NvmlControl, Backend):
             if not gpu.static:
                 self._read_static(gpu, memo)
         except self.q.error_type as err:  # from nvmlDeviceGetHandleByIndex
-            self._mark_lost(gpu, f"nvmlDeviceGetHandleByIndex: {err}")
+            self.mark_lost(gpu, f"nvmlDeviceGetHandleByIndex: {err}")
             return False
         except GpuLost as err:
-            self._mark_lost(gpu, str(err))
+            self.mark_lost(gpu, str(err))
             return False
         gpu.lost = False
         return True
@@ -275,17 +241,17 @@ class NvmlBackend(NvmlControl, Backend):
             # Kept only when every value was answered cleanly.
             cache.remember(gpu.uuid, gpu.pci_bus_id, {**gpu.static, "num_fans": gpu.num_fans})
 
-    def _mark_lost(self, gpu: Device, why: str) -> None:
+    def mark_lost(self, gpu: Device, why: str) -> None:
         gpu.lost = True
         gpu.lost_at = time.monotonic()
         self.q.errors[(gpu.index, "lost")] = why
 
-    def _gpu(self, index: int) -> Gpu:
+    def gpu(self, index: int) -> Gpu:
         if not 0 <= index < len(self._gpus):
             raise UsageError(f"no GPU {index} on this machine ({len(self._gpus)} GPUs)")
         return self._gpus[index]
 
-    def _available(self, gpu: Gpu) -> bool:
+    def available(self, gpu: Gpu) -> bool:
         """True unless the GPU is lost; a lost GPU is retried now and then."""
         if not gpu.lost:
             return True
@@ -303,23 +269,23 @@ class NvmlBackend(NvmlControl, Backend):
     def driver_version(self) -> str | None:
         return self._driver
 
-    def nvml_version(self) -> str | None:
-        return self._nvml_version
+    def library_version(self) -> NamedVersion | None:
+        return None if self._nvml_version is None else NamedVersion("NVML", self._nvml_version)
 
-    def cuda_driver_version(self) -> str | None:
-        return self._cuda
+    def compute_runtime_version(self) -> NamedVersion | None:
+        return None if self._cuda is None else NamedVersion("CUDA", self._cuda)
 
     def read_gpus(self, indices: Sequence[int], slow: bool) -> list[GpuSample]:
         """Read the fast fields of each GPU; the slow ones too when ``slow``."""
         with self._lock:
-            gpus = [self._gpu(i) for i in indices]
-            live = [g for g in gpus if self._available(g)]
+            gpus = [self.gpu(i) for i in indices]
+            live = [g for g in gpus if self.available(g)]
             if self.read_gpm:
                 for gpu in live:
                     try:
                         self._gpm.begin([gpu])  # a first sample, before the other reads
                     except GpuLost as err:
-                        self._mark_lost(gpu, str(err))
+                        self.mark_lost(gpu, str(err))
                 live = [g for g in live if not g.lost]
             else:
                 self._gpm.forget()
@@ -329,7 +295,7 @@ class NvmlBackend(NvmlControl, Backend):
                 try:
                     samples[gpu.index] = self._read_fast(gpu)
                 except GpuLost as err:
-                    self._mark_lost(gpu, str(err))
+                    self.mark_lost(gpu, str(err))
             if slow_pass is not None:
                 self._finish_slow(*slow_pass)
             result = []
@@ -377,7 +343,7 @@ class NvmlBackend(NvmlControl, Backend):
         try:
             values = self._gpm.read(gpu)
         except GpuLost as err:
-            self._mark_lost(gpu, str(err))
+            self.mark_lost(gpu, str(err))
             return
         for key, value in (values or {}).items():
             setattr(sample, key, value)
@@ -451,7 +417,7 @@ class NvmlBackend(NvmlControl, Backend):
             thread.join()
         for (gpu, keys), values in zip(calls, results, strict=True):
             if isinstance(values, GpuLost):
-                self._mark_lost(gpu, str(values))
+                self.mark_lost(gpu, str(values))
             elif values is not None:
                 gpu.slow.update(zip(keys, values, strict=True))
         if not self.read_energy:
@@ -463,8 +429,8 @@ class NvmlBackend(NvmlControl, Backend):
     def topology(self, indices: Sequence[int]) -> Topology:
         """Links between each pair of GPUs and where each GPU sits (NUMA, CPUs)."""
         with self._lock:
-            gpus = [self._gpu(i) for i in indices]
-            return self._topology.read(gpus, [g for g in gpus if self._available(g)])
+            gpus = [self.gpu(i) for i in indices]
+            return self._topology.read(gpus, [g for g in gpus if self.available(g)])
 
     # ---- closing --------------------------------------------------------------------
 
@@ -500,3 +466,8 @@ def _fan_count(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_FANS:
         return None
     return value
+
+
+def open_request(request: OpenRequest) -> Backend:
+    """The registry's way in (``telemetry/registry.py``)."""
+    return NvmlBackend(one_shot=request.one_shot)

@@ -1,6 +1,6 @@
 """Control of NVML GPUs: the power limit and the fans.
 
-:class:`NvmlControl` is the control half of
+:class:`NvmlControl` is the ``control`` of an
 :class:`~gpustation.telemetry.nvml.backend.NvmlBackend`: each setter goes to
 the driver under the backend's lock, and a refusal (no permission, not
 supported, a value out of range, a GPU fallen off the bus) becomes an error
@@ -12,17 +12,14 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from typing import TYPE_CHECKING, Any
+import threading
+from typing import Any
 
 from gpustation import privs
 from gpustation.errors import GpustationError, NeedsRootError, NotSupportedError, UsageError
-from gpustation.telemetry.nvml.query import GpuLost
-
-if TYPE_CHECKING:
-    import threading
-
-    from gpustation.telemetry.nvml.backend import Gpu
-    from gpustation.telemetry.nvml.query import Device, Query
+from gpustation.telemetry.backend import Control
+from gpustation.telemetry.nvml.gpus import Gpu, GpuAccess
+from gpustation.telemetry.nvml.query import GpuLost, Query
 
 
 def _sudo_hint() -> str:
@@ -33,23 +30,21 @@ def _sudo_hint() -> str:
     return "sudo gpustation ..."
 
 
-class NvmlControl:
-    """The control calls of a :class:`~gpustation.telemetry.backend.Backend` on NVML."""
+class NvmlControl(Control):
+    """The power limit and the fans of the GPUs of an NVML backend.
 
-    if TYPE_CHECKING:  # what NvmlBackend provides
-        nvml: Any
-        q: Query
-        _lock: threading.RLock
+    ``lock`` is the backend's: one NVML call at a time; ``gpus`` gives the
+    backend's GPUs (their handles, static values and fan count).
+    """
 
-        def _gpu(self, index: int) -> Gpu: ...
-
-        def _available(self, gpu: Gpu) -> bool: ...
-
-        def _mark_lost(self, gpu: Device, why: str) -> None: ...
+    def __init__(self, q: Query, lock: threading.RLock, gpus: GpuAccess) -> None:
+        self.q = q
+        self._lock = lock
+        self._gpus = gpus
 
     def _control_handle(self, index: int, what: str) -> Gpu:
-        gpu = self._gpu(index)
-        if gpu.lost and not self._available(gpu):
+        gpu = self._gpus.gpu(index)
+        if gpu.lost and not self._gpus.available(gpu):
             raise GpustationError(
                 f"cannot {what}: GPU {index} has fallen off the bus (NVML: GPU is lost). "
                 "Check `nvidia-smi` and the kernel log; a reboot may be needed."
@@ -65,7 +60,7 @@ class NvmlControl:
                 f"cannot {what} on {label}: this NVML library has no {name}. "
                 "Update the NVIDIA driver and nvidia-ml-py."
             )
-        nvml = self.nvml
+        nvml = self.q.nvml
         try:
             # the one place a setter runs: root for it alone (under sudo)
             with self._lock, privs.as_root():
@@ -86,7 +81,7 @@ class NvmlControl:
                     f"{label} rejected {value} when asked to {what} (NVML: {err})."
                 ) from None
             if code == nvml.NVML_ERROR_GPU_IS_LOST:
-                self._mark_lost(gpu, f"{name}: {err}")
+                self._gpus.mark_lost(gpu, f"{name}: {err}")
                 raise GpustationError(
                     f"cannot {what}: {label} has fallen off the bus (NVML: {err})."
                 ) from None
@@ -106,7 +101,7 @@ class NvmlControl:
         )
 
     def fan_count(self, index: int) -> int:
-        return self._gpu(index).num_fans
+        return self._gpus.gpu(index).num_fans
 
     def _check_fan(self, gpu: Gpu, fan: int, what: str) -> None:
         if gpu.num_fans == 0:
@@ -120,7 +115,7 @@ class NvmlControl:
             )
 
     def fan_speed_range(self, index: int) -> tuple[int, int]:
-        gpu = self._gpu(index)
+        gpu = self._gpus.gpu(index)
         self._check_fan(gpu, 0, "control")
         if gpu.fan_min is None and not gpu.lost:
             # Read when control first asks (no display shows it); asked again
@@ -129,7 +124,7 @@ class NvmlControl:
                 try:
                     fan_range = self.q(gpu, "fan_range", "nvmlDeviceGetMinMaxFanSpeed")
                 except GpuLost as err:
-                    self._mark_lost(gpu, str(err))
+                    self._gpus.mark_lost(gpu, str(err))
                     fan_range = None
             if fan_range is not None:
                 gpu.fan_min, gpu.fan_max = int(fan_range[0]), int(fan_range[1])

@@ -81,6 +81,15 @@ def no_driver_message(err: BaseException) -> str:
     )
 
 
+def cuda_version(code: int) -> str:
+    """NVML's CUDA version number (13000) as people write it (13.0)."""
+    return f"{code // 1000}.{code % 1000 // 10}"
+
+
+class NoBindingError(NoDriverError):
+    """The pynvml module (nvidia-ml-py) is not installed."""
+
+
 def start_nvml(nvml: Any = None) -> Any:
     """``nvmlInit()`` on ``nvml`` (default: ``import pynvml``); return that module.
 
@@ -90,7 +99,7 @@ def start_nvml(nvml: Any = None) -> Any:
         try:
             import pynvml
         except ImportError as err:
-            raise NoDriverError(
+            raise NoBindingError(
                 f"NVML could not start: the pynvml module is missing ({err}). "
                 "Install nvidia-ml-py. To try gpustation without a GPU, use --simulate."
             ) from None
