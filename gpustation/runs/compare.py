@@ -66,9 +66,14 @@ def gpus_text(record: RunSummary, none: str = "-") -> str:
 
 
 def energy_text(record: RunSummary) -> str:
-    """The run's GPU energy, ``(shared)`` beside it when another run used its GPUs too."""
+    """The run's GPU energy, ``(shared)`` beside it when another run used its GPUs too
+    and its part is not known, ``(estimated)`` when it is its estimated part."""
     text = fmt_energy(record.energy_j)
-    return f"{text} (shared)" if record.energy_shared and record.energy_j is not None else text
+    if record.energy_j is None:
+        return text
+    if record.energy_shared:
+        return f"{text} (shared)"
+    return f"{text} (estimated)" if record.energy_estimated else text
 
 
 # ---- one number format per row ------------------------------------------------------------
@@ -368,7 +373,10 @@ def compare(
         *_cost_rows(records),
         CompareRow(
             "energy shared",
-            ["shared" if r.energy_shared else None for r in records],
+            [
+                "shared" if r.energy_shared else "estimated" if r.energy_estimated else None
+                for r in records
+            ],
             numeric=False,
         ),
         _energy_per_unit_row(records),

@@ -72,7 +72,7 @@ def cgroup_path(text: str) -> str | None:
         v1[controllers] = path
     # cgroup v1 (or hybrid with nothing in the v2 tree): systemd's own
     # hierarchy names units; any controller's names containers.
-    ordered = [v1.pop("name=systemd", "")] + sorted(v1.values(), key=len, reverse=True)
+    ordered = [v1.pop("name=systemd", ""), *sorted(v1.values(), key=len, reverse=True)]
     for path in ordered:
         if path not in ("", "/") and container_of_path(path) is not None:
             return path
