@@ -123,9 +123,7 @@ def _say_if_cache_read_only() -> None:
         )
 
 
-def _emit(
-    snap: Snapshot, as_json: bool, watching: bool = False, group: str | None = None
-) -> None:
+def _emit(snap: Snapshot, as_json: bool, watching: bool = False, group: str | None = None) -> None:
     from gpustation.control.lease import left_notes
 
     out = sys.stdout

@@ -284,7 +284,9 @@ def render_snapshot(snap: Snapshot, color: bool = False, group: str | None = Non
     lines += health_lines(snap, color)
     lines.append(host_line(snap))
     if any(g.processes for g in snap.gpus):
-        lines += container_lines(snap, color) if group == "container" else process_lines(snap, color)
+        lines += (
+            container_lines(snap, color) if group == "container" else process_lines(snap, color)
+        )
     elif snap.gpus:
         lines.append(_paint("no GPU processes", "dim", color))
     return "\n".join(lines)
