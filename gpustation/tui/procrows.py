@@ -58,7 +58,7 @@ class ProcRow:
             "?" if self.holder else fmt.mib(self.gpu_memory_mib),
             fmt.num(self.sm_pct, 0),
             fmt.num(self.power_w, 0, " W"),
-            _fit(self.container or "-", WIDTHS[6]),
+            _fit(self.container or "-", WIDTHS[7]),
             fmt.num(self.cpu_pct, 0),
             fmt.mib(rss),
             self.command,
