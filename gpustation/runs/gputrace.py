@@ -56,10 +56,14 @@ def run_share(processes: list[Any], pids: set[int]) -> float | None:
     """The run's part of a GPU over the last interval (None: unknown).
 
     From the processes' SM shares where the driver gives them all, else from
-    their memory.
+    their memory. 0 when other processes are listed and none of the run's (one
+    still starting, or in another PID namespace: :func:`summarize_telemetry`
+    tells which by whether the run was ever seen on the GPU).
     """
-    if not any(proc.pid in pids for proc in processes):
+    if not processes:
         return None
+    if not any(proc.pid in pids for proc in processes):
+        return 0.0
     if all(isinstance(getattr(proc, "sm_pct", None), (int, float)) for proc in processes):
         return round(min(1.0, gpu_shares(processes).of(pids)), 4)
     total = own = 0.0
@@ -212,6 +216,17 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
     throttled = 0.0
     any_throttle_info = False
     tensor_values: list[float] = []
+    # A run never seen on a GPU (its PIDs in another namespace) has no known
+    # share there: its zeros say nothing.
+    seen_on = {
+        int(gpu["index"])
+        for sample in samples
+        for gpu in sample["gpus"]
+        if isinstance(gpu, dict)
+        and _number(gpu.get("index"))
+        and _number(gpu.get("run_share"))
+        and gpu["run_share"] > 0
+    }
     for sample in samples:
         t = float(sample.get("t") or 0.0)
         dt = t - prev_t if prev_t is not None else 0.0
@@ -222,7 +237,7 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
                 continue
             index = int(gpu.get("index", -1))
             share = gpu.get("run_share")
-            if isinstance(share, (int, float)) and 0.0 <= float(share) <= 1.0:
+            if _number(share) and 0.0 <= float(share) <= 1.0 and index in seen_on:
                 summary.split = True
                 summary.estimated = summary.estimated or float(share) < 1.0
                 weight = float(share)

@@ -131,3 +131,44 @@ def test_a_run_alone_on_its_gpu_keeps_the_whole_counter(tmp_path: Path) -> None:
     summary = summarize_telemetry(path)
     counter = snaps[-1].gpus[0].energy_j - snaps[0].gpus[0].energy_j
     assert summary.energy_j == pytest.approx(counter) and not summary.estimated
+
+
+def _trace(path: Path, shares: list[float | None], power: float = 100.0) -> Path:
+    """A run's telemetry: a sample a second, the counter rising by ``power`` J each."""
+    with path.open("w") as fh:
+        for n, share in enumerate(shares):
+            gpu = {"index": 0, "power_w": power, "energy_j": 1000.0 + power * n}
+            if share is not None:
+                gpu["run_share"] = share
+            fh.write(json.dumps({"t": float(n), "gpus": [gpu]}) + "\n")
+    return path
+
+
+def test_a_run_not_yet_listed_beside_another_gets_none_of_that_time(tmp_path: Path) -> None:
+    # starting up (its PIDs not on the GPU yet) while another run works: 0 of those seconds
+    summary = summarize_telemetry(_trace(tmp_path / "a.jsonl", [0.0, 0.0, 0.0, 0.5, 0.5]))
+    assert summary.energy_j == pytest.approx(100.0)
+    assert summary.estimated
+    # never seen on the GPU (another PID namespace): its part is not known, not 0
+    never = summarize_telemetry(_trace(tmp_path / "b.jsonl", [0.0, 0.0, 0.0]))
+    assert never.energy_j == pytest.approx(200.0) and not never.split and not never.estimated
+
+
+def test_a_run_s_energy_shows_estimated_and_is_kept(
+    tmp_path: Path, gpustation_dirs: dict[str, Path]
+) -> None:
+    from gpustation.runs.compare import energy_text
+    from gpustation.runs.store import RunStore, apply_telemetry
+    from gpustation.runs.summary import RunSummary
+
+    record = RunSummary(id="r1", status="succeeded")
+    apply_telemetry(record, summarize_telemetry(_trace(tmp_path / "t.jsonl", [0.5, 0.5])), tmp_path)
+    assert record.energy_estimated and record.energy_j == pytest.approx(50.0)
+    assert energy_text(record).endswith("(estimated)")
+    store = RunStore()
+    store.upsert(record)
+    kept = store.get("r1")
+    assert kept is not None and kept.energy_estimated is True
+    alone = RunSummary(id="r2", status="succeeded")
+    apply_telemetry(alone, summarize_telemetry(_trace(tmp_path / "u.jsonl", [1.0, 1.0])), tmp_path)
+    assert not alone.energy_estimated and "(estimated)" not in energy_text(alone)
