@@ -14,8 +14,10 @@ the last read (``ProcessInfo.sm_pct``); a sample's shares follow from that:
 - ``unattributed``: what cannot be told: the part of processes the driver
   gives no SM share for, when more than one process is on the GPU.
 
-A sample's ``sm_pct`` covers the interval that ends at it, so the counter's
-rise over an interval is split by the shares of the sample that ends it
+A sample's ``sm_pct`` covers the interval that ends at it. The counter is a
+slow field, read less often than the shares, and a time-sliced GPU's shares
+swing from sample to sample, so its rise is split by the shares of every
+sample since the last reading, each weighted by the power it drew
 (:class:`EnergySplit`). The parts are estimates: the SMs' time is not their
 power (a memory-bound copy draws less per SM-second than a matmul).
 """
@@ -91,23 +93,38 @@ class EnergySplit:
     parts: dict[int | str, float] = field(default_factory=dict)
     counted: float = 0.0
     _last: dict[int, float] = field(default_factory=dict)
+    #: per GPU, the power-weighted shares of the samples since its counter last rose
+    _pending: dict[int, dict[int | str, float]] = field(default_factory=dict)
 
     def add(self, gpus: Iterable[GpuSample]) -> None:
         for gpu in gpus:
-            energy = gpu.energy_j
-            if energy is None or gpu.lost:
+            if gpu.lost:
                 continue
             before = self._last.get(gpu.index)
+            if before is not None:
+                self._gather(gpu)
+            energy = gpu.energy_j
+            if energy is None:
+                continue
             self._last[gpu.index] = energy
             if before is None or energy <= before:
                 continue  # the first reading, a counter not read again, or one reset
             rise = energy - before
             self.counted += rise
-            shares = gpu_shares(gpu.processes)
-            for pid, part in shares.processes.items():
-                self._put(pid, part * rise)
-            self._put(IDLE, shares.idle * rise)
-            self._put(UNATTRIBUTED, shares.unattributed * rise)
+            pending = self._pending.pop(gpu.index, {})
+            weight = sum(pending.values())
+            for key, part in pending.items():
+                self._put(key, part / weight * rise)
+
+    def _gather(self, gpu: GpuSample) -> None:
+        shares = gpu_shares(gpu.processes)
+        drawn = gpu.power_w if gpu.power_w is not None and gpu.power_w > 0 else 1.0
+        pending = self._pending.setdefault(gpu.index, {})
+        parts: list[tuple[int | str, float]] = [*shares.processes.items()]
+        parts += [(IDLE, shares.idle), (UNATTRIBUTED, shares.unattributed)]
+        for key, part in parts:
+            if part > 0:
+                pending[key] = pending.get(key, 0.0) + part * drawn
 
     def _put(self, key: int | str, joules: float) -> None:
         if joules > 0:
