@@ -67,29 +67,16 @@ def main() -> int:
     from gpustation.runs import rundir
 
     ids = {}
-    procs = {
-        name: subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpustation",
-                "run",
-                "--detach",
-                "--gpus",
-                str(args.gpu),
-                "--name",
-                f"shared-{name}",
-                "--",
-                sys.executable,
-                "-c",
-                code.format(seconds=args.seconds),
-            ],
+    procs = {}
+    for name, code in (("matmul", MATMUL), ("copy", COPY)):
+        argv = ["run", "--detach", "--gpus", str(args.gpu), "--name", f"shared-{name}", "--"]
+        argv += [sys.executable, "-c", code.format(seconds=args.seconds)]
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "gpustation", *argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
-        for name, code in (("matmul", MATMUL), ("copy", COPY))
-    }
+        )
     for name, proc in procs.items():
         out, err = proc.communicate(timeout=120)
         if proc.returncode != 0:

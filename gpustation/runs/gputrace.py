@@ -237,9 +237,9 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
                 continue
             index = int(gpu.get("index", -1))
             share = gpu.get("run_share")
-            if _number(share) and 0.0 <= float(share) <= 1.0 and index in seen_on:
+            if isinstance(share, (int, float)) and 0.0 <= share <= 1.0 and index in seen_on:
                 summary.split = True
-                summary.estimated = summary.estimated or float(share) < 1.0
+                summary.estimated = summary.estimated or share < 1.0
                 weight = float(share)
             else:
                 weight = 1.0

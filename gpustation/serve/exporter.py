@@ -36,14 +36,9 @@ from gpustation.control import journal, lease
 from gpustation.control.fans import unattended_manual_fans
 from gpustation.errors import UsageError
 from gpustation.runs import store
+from gpustation.serve.container_series import container_metrics
 from gpustation.telemetry.alerts import Alert, AlertLog, idle_rule_or_default
-from gpustation.telemetry.model import (
-    THROTTLE_REASONS,
-    GpuSample,
-    ProcessInfo,
-    Snapshot,
-    encode_throttle,
-)
+from gpustation.telemetry.model import THROTTLE_REASONS, GpuSample, Snapshot, encode_throttle
 
 if TYPE_CHECKING:
     from gpustation.notify import AlertNotifier
@@ -242,43 +237,6 @@ def gpu_labels(snap: Snapshot, gpu: GpuSample) -> list[str]:
     return [str(gpu.index), gpu.uuid or "", gpu.pci_bus_id or "", gpu.name or "", snap.hostname]
 
 
-#: the ``container`` label of processes in no container, systemd unit or Slurm job
-NO_CONTAINER = "-"
-
-
-def container_metrics(snap: Snapshot, live: list[GpuSample]) -> list[Metric]:
-    """Each GPU's processes summed per container (``container`` label: a name
-    per container, unit or job, never a PID, so the series stay few)."""
-    labels = (*GPU_LABELS, "container")
-    power = GaugeMetricFamily(
-        "gpustation_container_power_watts",
-        "Estimated power of a container's processes on the GPU, from their SM shares (W).",
-        labels=labels,
-    )
-    memory = GaugeMetricFamily(
-        "gpustation_container_memory_used_mib",
-        "VRAM held by a container's processes on the GPU (MiB).",
-        labels=labels,
-    )
-    count = GaugeMetricFamily(
-        "gpustation_container_processes", "A container's processes on the GPU.", labels=labels
-    )
-    for gpu in live:
-        groups: dict[str, list[ProcessInfo]] = {}
-        for proc in gpu.processes:
-            groups.setdefault(proc.container or NO_CONTAINER, []).append(proc)
-        for name, procs in sorted(groups.items()):
-            values = (*gpu_labels(snap, gpu), name)
-            count.add_metric(values, float(len(procs)))
-            watts = [p.power_w for p in procs]
-            if all(w is not None for w in watts):
-                power.add_metric(values, sum(w or 0.0 for w in watts))
-            mib = [p.gpu_memory_mib for p in procs]
-            if all(m is not None for m in mib):
-                memory.add_metric(values, sum(m or 0.0 for m in mib))
-    return [fam for fam in (power, memory, count) if fam.samples]
-
-
 def snapshot_metrics(
     snap: Snapshot,
     profile: str | None = None,
@@ -345,7 +303,7 @@ def snapshot_metrics(
                 left.add_metric((*gpu_labels(snap, gpu), limits_left[gpu.index]), 1.0)
         families.append(left)
 
-    families += container_metrics(snap, live)
+    families += container_metrics(live, GPU_LABELS, lambda g: gpu_labels(snap, g))
 
     fans = GaugeMetricFamily(
         "gpustation_fan_speed_percent",

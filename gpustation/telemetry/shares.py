@@ -52,13 +52,15 @@ def gpu_shares(processes: Sequence[ProcessInfo]) -> Shares:
     by_pid: dict[int, float | None] = {}
     for proc in processes:
         sm = proc.sm_pct
-        known = isinstance(sm, (int, float)) and not isinstance(sm, bool) and sm >= 0
-        by_pid[proc.pid] = max(by_pid.get(proc.pid) or 0.0, float(sm)) if known else None
+        if isinstance(sm, (int, float)) and not isinstance(sm, bool) and sm >= 0:
+            by_pid[proc.pid] = max(by_pid.get(proc.pid) or 0.0, float(sm))
+        else:
+            by_pid[proc.pid] = None
     if not by_pid:
         return Shares(idle=1.0)
     if len(by_pid) == 1:
         return Shares(processes={pid: 1.0 for pid in by_pid})
-    known = {pid: sm / 100.0 for pid, sm in by_pid.items() if sm is not None}
+    known: dict[int, float] = {pid: sm / 100.0 for pid, sm in by_pid.items() if sm is not None}
     busy = sum(known.values())
     scale = 1.0 / busy if busy > 1.0 else 1.0
     shares = {pid: value * scale for pid, value in known.items()}

@@ -94,13 +94,14 @@ def test_a_runtime_answer_over_the_cap_or_not_a_list_is_refused(
 ) -> None:
     monkeypatch.setattr(containers, "API_CAP", 64 * 1024)
     many = [{"Id": f"{n:064x}", "Names": [f"/c{n}"]} for n in range(2000)]
-    with container_api(no_runtime, many):
-        with pytest.raises(OSError, match="over"):
-            list_containers(str(no_runtime))
+    with container_api(no_runtime, many), pytest.raises(OSError, match="over"):
+        list_containers(str(no_runtime))
     no_runtime.unlink()
-    with container_api(no_runtime, {"message": "page not found"}):  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="not a container list"):
-            list_containers(str(no_runtime))
+    with (
+        container_api(no_runtime, {"message": "page not found"}),  # type: ignore[arg-type]
+        pytest.raises(ValueError, match="not a container list"),
+    ):
+        list_containers(str(no_runtime))
     no_runtime.unlink()
     with container_api(no_runtime, [{"Id": DOCKER_ID, "Names": ["/evil\x1b]0;x\x07"]}]):
         name = list_containers(str(no_runtime))[DOCKER_ID]
