@@ -25,16 +25,16 @@ power (a memory-bound copy draws less per SM-second than a matmul).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 
 from gpustation.telemetry.model import GpuSample, ProcessInfo
+from gpustation.telemetry.record import field, record
 
 #: the parts that are no process's
 IDLE = "idle"
 UNATTRIBUTED = "unattributed"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Shares:
     """Fractions of a GPU's energy over one interval; they add up to 1."""
 
@@ -83,7 +83,6 @@ def fill_power(gpu: GpuSample) -> None:
         proc.power_w = None if part is None else round(part * power, 1)
 
 
-@dataclass
 class EnergySplit:
     """The energy counters' rises, split between processes, idle and unattributed.
 
@@ -92,11 +91,12 @@ class EnergySplit:
     the counters rose by in all, which the parts add up to.
     """
 
-    parts: dict[int | str, float] = field(default_factory=dict)
-    counted: float = 0.0
-    _last: dict[int, float] = field(default_factory=dict)
-    #: per GPU, the power-weighted shares of the samples since its counter last rose
-    _pending: dict[int, dict[int | str, float]] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self.parts: dict[int | str, float] = {}
+        self.counted = 0.0
+        self._last: dict[int, float] = {}
+        #: per GPU, the power-weighted shares of the samples since its counter last rose
+        self._pending: dict[int, dict[int | str, float]] = {}
 
     def add(self, gpus: Iterable[GpuSample]) -> None:
         for gpu in gpus:
