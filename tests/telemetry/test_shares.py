@@ -172,3 +172,23 @@ def test_a_run_s_energy_shows_estimated_and_is_kept(
     alone = RunSummary(id="r2", status="succeeded")
     apply_telemetry(alone, summarize_telemetry(_trace(tmp_path / "u.jsonl", [1.0, 1.0])), tmp_path)
     assert not alone.energy_estimated and "(estimated)" not in energy_text(alone)
+
+
+def test_idle_and_unattributed_time_make_up_the_rest_of_the_counter() -> None:
+    from gpustation.telemetry.model import GpuSample
+
+    def sample(energy: float, procs: list[ProcessInfo]) -> GpuSample:
+        return GpuSample(index=0, power_w=200.0, energy_j=energy, processes=procs)
+
+    split = EnergySplit()
+    split.add([sample(0.0, [])])
+    split.add([sample(1000.0, [])])  # no process: idle
+    # a process the driver gives no share for, beside one it does
+    split.add([sample(3000.0, [ProcessInfo(pid=1, sm_pct=30.0), ProcessInfo(pid=2)])])
+    split.add([sample(3500.0, [ProcessInfo(pid=1, sm_pct=30.0), ProcessInfo(pid=2, sm_pct=50.0)])])
+    assert split.parts[IDLE] == pytest.approx(1000.0)
+    assert split.parts[UNATTRIBUTED] == pytest.approx(0.7 * 2000.0)
+    assert split.parts[1] == pytest.approx(0.3 * 2000.0 + 0.4 * 500.0)
+    assert split.parts[2] == pytest.approx(0.6 * 500.0)
+    assert sum(split.parts.values()) == pytest.approx(split.counted, rel=0.01)
+    assert split.counted == 3500.0
