@@ -91,7 +91,7 @@ def main() -> int:
             return 1
         for name, run_id in ids.items():
             doc = json.loads(gs("runs", "show", run_id, "--json").stdout or "{}")
-            if doc.get("status") not in (None, "starting", "running", "queued", "stopping"):
+            if doc.get("status") in rundir.FINAL_STATUSES:
                 records[name] = doc
         time.sleep(1.0)
     traces = {
