@@ -43,14 +43,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="[USER@]HOST",
         help="read these hosts over ssh instead of this machine (repeatable)",
     )
+    p.add_argument(
+        "--group",
+        choices=["container"],
+        help="sum the GPU processes' VRAM and power per container, systemd unit or Slurm job",
+    )
     add_fleet_options(p)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.watch is not None and not 0.05 <= args.watch <= 3600:
         raise UsageError(f"--watch: between 0.05 and 3600 seconds, got {args.watch:g}")
+    group = getattr(args, "group", None)
+    if group and args.json:
+        raise UsageError(
+            "--group goes with the table: the JSON names each process's container "
+            "(gpus[].processes[].container); leave out --group or --json"
+        )
     hosts = list(getattr(args, "host", []) or [])
     prometheus = getattr(args, "prometheus", None)
+    if group and (hosts or prometheus):
+        raise UsageError("--group sums this machine's processes: leave out --host/--prometheus")
     if prometheus:
         from gpustation.commands.fleet import run_snapshot_prometheus
 
@@ -85,10 +98,11 @@ def run(args: argparse.Namespace) -> int:
         if one_shot:
             # JSON reads the slow fields now; a watch reads them on their own
             # cadence, like the dashboard.
-            _emit(sampler.sample(slow=full), args.json)
+            _emit(sampler.sample(slow=full), args.json, group=group)
             return 0
         for _ in ticks(args.watch):
-            _emit(sampler.sample(slow=None if full else False), args.json, watching=True)
+            snap = sampler.sample(slow=None if full else False)
+            _emit(snap, args.json, watching=True, group=group)
         return 0  # pragma: no cover - ticks only ends by an exception
     finally:
         backend.close()
@@ -109,7 +123,7 @@ def _say_if_cache_read_only() -> None:
         )
 
 
-def _emit(snap: Snapshot, as_json: bool, watching: bool = False) -> None:
+def _emit(snap: Snapshot, as_json: bool, watching: bool = False, group: str | None = None) -> None:
     from gpustation.control.lease import left_notes
 
     out = sys.stdout
@@ -131,7 +145,7 @@ def _emit(snap: Snapshot, as_json: bool, watching: bool = False) -> None:
     color = tty and not os.environ.get("NO_COLOR")
     if watching and tty:
         out.write("\x1b[H\x1b[2J")  # clear the screen, like watch(1)
-    out.write(render_snapshot(snap, color=color))
+    out.write(render_snapshot(snap, color=color, group=group))
     out.write("\n")
     if any("manual" in g.fan_control for g in snap.gpus):
         from gpustation.control.fans import UNATTENDED_HINT, unattended_manual_fans

@@ -73,10 +73,16 @@ def sim_marked(record: RunSummary, text: str) -> str:
 
 
 def energy_text(record: RunSummary) -> str:
-    """The run's GPU energy, ``(shared)`` beside it when another run used its GPUs too,
-    SIMULATED when they were simulated."""
+    """The run's GPU energy, ``(shared)`` beside it when another run used its GPUs too
+    and its part is not known, ``(estimated)`` when it is its estimated part, SIMULATED
+    when its GPUs were simulated."""
     text = fmt_energy(record.energy_j)
-    text = f"{text} (shared)" if record.energy_shared and record.energy_j is not None else text
+    if record.energy_j is None:
+        return text
+    if record.energy_shared:
+        text = f"{text} (shared)"
+    elif record.energy_estimated:
+        text = f"{text} (estimated)"
     return sim_marked(record, text)
 
 
@@ -393,7 +399,10 @@ def compare(
         *_cost_rows(records),
         CompareRow(
             "energy shared",
-            ["shared" if r.energy_shared else None for r in records],
+            [
+                "shared" if r.energy_shared else "estimated" if r.energy_estimated else None
+                for r in records
+            ],
             numeric=False,
         ),
         _energy_per_unit_row(records),

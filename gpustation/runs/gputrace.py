@@ -15,11 +15,16 @@ them was held back by a power, thermal or slowdown limit.
 
 Two runs on one GPU: a GPU's energy counter counts every process on it, so
 each run's figure would be the whole GPU's. Where the card reports its
-processes with their memory (NVML does, in the sampled ``processes``), each
-sample records ``run_share``: the fraction of the GPU's process memory held
-by the run's own processes (the child and the descendants the supervisor
-knows), and each interval's energy is split by it. Where it cannot be told
-(no process list, or the run's PIDs are not in it: a container's PID
+processes (NVML does, in the sampled ``processes``), each sample records
+``run_share``: the run's own processes' (the child and the descendants the
+supervisor knows) part of the GPU, from their SM shares and an even part of
+the idle time (``telemetry/shares.py`` says why), or, where the driver gives
+no SM shares, their part of the GPU's process memory. The counter's rise
+between two readings is split by the shares of the samples in between,
+weighted by the power each sample's interval drew. A run alone on its GPU
+has a share of 1: its energy is the counter's, as ever; a run that shared
+has its energy marked estimated (``energy_estimated``). Where it cannot be
+told (no process list, or the run's PIDs are not in it: a container's PID
 namespace, simulated GPUs), nothing is split; a run that shared a GPU with
 another gpustation run (the launcher notes it, in both run directories, as
 ``shared-gpus``) then has its energy marked shared: ``energy_shared`` in the
@@ -38,6 +43,7 @@ from typing import Any
 from gpustation import private
 from gpustation.runs.tail import file_lines, parse_metric_line
 from gpustation.telemetry.model import LIMITING_REASONS, Snapshot
+from gpustation.telemetry.shares import gpu_shares
 
 #: how often a run's GPUs are sampled
 SAMPLE_INTERVAL_S = 1.0
@@ -47,7 +53,19 @@ SLOW_INTERVAL_S = 5.0
 
 
 def run_share(processes: list[Any], pids: set[int]) -> float | None:
-    """The run's part of a GPU: its processes' memory over all processes' (None: unknown)."""
+    """The run's part of a GPU over the last interval (None: unknown).
+
+    From the processes' SM shares where the driver gives them all, else from
+    their memory. 0 when other processes are listed and none of the run's (one
+    still starting, or in another PID namespace: :func:`summarize_telemetry`
+    tells which by whether the run was ever seen on the GPU).
+    """
+    if not processes:
+        return None
+    if not any(proc.pid in pids for proc in processes):
+        return 0.0
+    if all(isinstance(getattr(proc, "sm_pct", None), (int, float)) for proc in processes):
+        return round(min(1.0, gpu_shares(processes).of(pids)), 4)
     total = own = 0.0
     seen = False
     for proc in processes:
@@ -146,6 +164,8 @@ class TelemetrySummary:
     throttled_s: float | None = None
     #: some of the energy was split by the run's share of its GPU (see the module)
     split: bool = False
+    #: some of it was a part of a GPU shared with other processes: an estimate
+    estimated: bool = False
     #: mean tensor-pipe activity over the samples that have it (GPM cards)
     tensor_active_pct: float | None = None
 
@@ -188,11 +208,25 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
     integrated: dict[int, float] = {}
     counter_mine: dict[int, float] = {}
     integrated_mine: dict[int, float] = {}
+    # power-weighted steps since each GPU's counter last moved: all, and the run's
+    since_all: dict[int, float] = {}
+    since_mine: dict[int, float] = {}
     prev_t: float | None = None
     prev_power: dict[int, float] = {}
     throttled = 0.0
     any_throttle_info = False
     tensor_values: list[float] = []
+    # A run never seen on a GPU (its PIDs in another namespace) has no known
+    # share there: its zeros say nothing.
+    seen_on = {
+        int(gpu["index"])
+        for sample in samples
+        for gpu in sample["gpus"]
+        if isinstance(gpu, dict)
+        and _number(gpu.get("index"))
+        and _number(gpu.get("run_share"))
+        and gpu["run_share"] > 0
+    }
     for sample in samples:
         t = float(sample.get("t") or 0.0)
         dt = t - prev_t if prev_t is not None else 0.0
@@ -203,8 +237,9 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
                 continue
             index = int(gpu.get("index", -1))
             share = gpu.get("run_share")
-            if isinstance(share, (int, float)) and 0.0 <= float(share) <= 1.0:
+            if isinstance(share, (int, float)) and 0.0 <= share <= 1.0 and index in seen_on:
                 summary.split = True
+                summary.estimated = summary.estimated or share < 1.0
                 weight = float(share)
             else:
                 weight = 1.0
@@ -215,13 +250,20 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
                     step = dt * (prev_power[index] + float(power)) / 2.0
                     integrated[index] = integrated.get(index, 0.0) + step
                     integrated_mine[index] = integrated_mine.get(index, 0.0) + step * weight
+                    since_all[index] = since_all.get(index, 0.0) + step
+                    since_mine[index] = since_mine.get(index, 0.0) + step * weight
                 prev_power[index] = float(power)
             energy = gpu.get("energy_j")
             if isinstance(energy, (int, float)) and not isinstance(energy, bool):
                 if index in counter_last and float(energy) >= counter_last[index]:
-                    counter_mine[index] = counter_mine.get(index, 0.0) + weight * (
-                        float(energy) - counter_last[index]
-                    )
+                    rise = float(energy) - counter_last[index]
+                    # The counter is read less often than the shares: its rise
+                    # is the run's by the shares of the samples it spans.
+                    drawn = since_all.get(index, 0.0)
+                    part = since_mine.get(index, 0.0) / drawn if drawn > 0 else weight
+                    counter_mine[index] = counter_mine.get(index, 0.0) + part * rise
+                    if rise > 0:
+                        since_all[index] = since_mine[index] = 0.0
                 counter_first.setdefault(index, float(energy))
                 counter_last[index] = float(energy)
             summary.peak_temp_c = _max(summary.peak_temp_c, gpu.get("temperature_c"))

@@ -97,4 +97,5 @@ def combined_telemetry(energies: list[NodeEnergy]) -> TelemetrySummary:
     throttled = [s.throttled_s for s in summaries if s.throttled_s is not None]
     combined.throttled_s = sum(throttled) if throttled else None
     combined.split = any(s.split for s in summaries)
+    combined.estimated = any(s.estimated for s in summaries)
     return combined

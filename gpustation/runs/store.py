@@ -54,7 +54,7 @@ from gpustation.runs.summary import RunSummary
 from gpustation.textsafe import safe_doc, valid_unicode
 
 _JSON_FIELDS = {"overrides", "gpus", "argv", "summary", "error_tail", "tags", "resumed_from"}
-_BOOL_FIELDS = {"simulated", "oom", "energy_shared"}
+_BOOL_FIELDS = {"simulated", "oom", "energy_shared", "energy_estimated"}
 
 
 def _sql_type(name: str) -> str:
@@ -560,6 +560,7 @@ def apply_telemetry(record: RunSummary, tele: TelemetrySummary, directory: Path)
     record.energy_shared = (
         record.energy_j is not None and not tele.split and rundir.shared_gpus(directory)
     )
+    record.energy_estimated = record.energy_j is not None and tele.estimated
     if record.energy_j is not None and record.work:
         record.energy_per_unit_j = record.energy_j / record.work
     return record

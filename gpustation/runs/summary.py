@@ -65,6 +65,9 @@ class RunSummary:
     #: another run used the same GPU meanwhile and the run's part of the
     #: energy could not be told (see gputrace.py): energy_j is the GPU's
     energy_shared: bool = False
+    #: energy_j is the run's estimated part of a GPU it shared with other
+    #: processes, split by their SM shares (see gputrace.py)
+    energy_estimated: bool = False
     energy_per_unit_j: float | None = None
     avg_power_w: float | None = None
     peak_power_w: float | None = None

@@ -36,6 +36,7 @@ from gpustation.control import journal, lease
 from gpustation.control.fans import unattended_manual_fans
 from gpustation.errors import UsageError
 from gpustation.runs import store
+from gpustation.serve.container_series import container_metrics
 from gpustation.telemetry.alerts import Alert, AlertLog, idle_rule_or_default
 from gpustation.telemetry.model import THROTTLE_REASONS, GpuSample, Snapshot, encode_throttle
 
@@ -301,6 +302,8 @@ def snapshot_metrics(
             if gpu.index in limits_left:
                 left.add_metric((*gpu_labels(snap, gpu), limits_left[gpu.index]), 1.0)
         families.append(left)
+
+    families += container_metrics(live, GPU_LABELS, lambda g: gpu_labels(snap, g))
 
     fans = GaugeMetricFamily(
         "gpustation_fan_speed_percent",

@@ -128,6 +128,12 @@ class ProcessInfo:
     #: Share of the SMs' time this process used since the last read
     #: (``nvmlDeviceGetProcessUtilization``); None where the driver does not say.
     sm_pct: float | None = None
+    #: Its estimated part of the GPU's power: SM share plus an even part of the
+    #: idle share (``telemetry/shares.py``); None where the shares are unknown.
+    power_w: float | None = None
+    #: The container, systemd unit or Slurm job it runs in, from its cgroup
+    #: (``telemetry/containers.py``): ``docker/web-1``, ``systemd/ollama.service``.
+    container: str | None = None
 
 
 @record

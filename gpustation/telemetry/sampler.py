@@ -3,7 +3,8 @@
 Fast fields are read on every call; slow ones (PCIe throughput, energy) only
 when ``slow_interval_s`` has passed, so a fast refresh stays fast. Topology is
 static and read once. Process names, users and commands come from psutil and
-are cached per (pid, start time).
+are cached per (pid, start time); each process's container from its cgroup,
+and its part of the GPU's power from its SM share (``shares.py``).
 
 The host fields of each GPU are filled here, for every backend alike:
 ``unowned_memory_mib`` (VRAM used that no listed process holds) on every
@@ -19,9 +20,11 @@ import time
 from collections.abc import Iterator, Sequence
 
 from gpustation.telemetry.backend import Backend, select_gpus
+from gpustation.telemetry.containers import ContainerNames
 from gpustation.telemetry.holders import device_node_holders
 from gpustation.telemetry.host import HostSampler, describe_process
 from gpustation.telemetry.model import GpuSample, ProcessInfo, Snapshot, Topology
+from gpustation.telemetry.shares import fill_power
 
 
 class Sampler:
@@ -45,6 +48,8 @@ class Sampler:
         self._clock = clock
         self._last_slow = float("-inf")
         self.proc_root = proc_root
+        #: who runs each GPU process: its container, systemd unit or Slurm job
+        self.containers = ContainerNames(proc_root)
         self._holders: dict[int, set[int]] | None = None
         self._last_holders = float("-inf")
         self._topology: Topology | None = None
@@ -82,8 +87,12 @@ class Sampler:
         gpus = self.backend.read_gpus(self.gpus, slow=slow)
         for gpu in gpus:
             for proc in gpu.processes:
-                if proc.name is None and not self.backend.simulated:
+                # (the simulator names its own made-up processes; those it
+                # leaves unnamed are real ones of this host)
+                if proc.name is None:
                     describe_process(proc)
+                    proc.container = self.containers.name(proc.pid)
+            fill_power(gpu)
         self._host_fields(gpus, now)
         topology = self.topology() if self.with_topology else Topology()
         if topology.gpus:
@@ -136,6 +145,7 @@ class Sampler:
                     continue
                 proc = ProcessInfo(pid=pid, kind="holder")
                 describe_process(proc)
+                proc.container = self.containers.name(pid)
                 found.append(proc)
             gpu.device_holders = found
 

@@ -379,6 +379,10 @@ class SimBackend(Backend):
                 )
             )
             mem_used += float(holder_mib)
+        for pid, sm, mib in g.get("guests", ()):
+            # a real process of this host put on the card: the sampler names it
+            procs.append(ProcessInfo(pid=int(pid), gpu_memory_mib=float(mib), sm_pct=float(sm)))
+            mem_used += float(mib)
         view.memory_used_mib = mem_used
         if slow or index not in self._last_slow:
             tx = round(load * 1_800_000 * (0.8 + 0.4 * self._hash("tx", index, int(now))))
@@ -406,7 +410,8 @@ class SimBackend(Backend):
             sample.tensor_active_pct = round(load * 92.0 * tensor_share, 1) if busy else 0.0
             sample.dram_active_pct = round(load * 18.0 + (2.0 if busy else 0.0), 1) if busy else 0.0
         util = sample.utilization_gpu_pct or 0.0
-        for n, proc in enumerate(sample.processes):
+        # The scheduled job uses most of the SMs' time; guests keep the share poked in.
+        for n, proc in enumerate(p for p in sample.processes if p.sm_pct is None):
             proc.sm_pct = round(util * 0.8) if n == 0 else 0.0
         sample.xid_events = [
             XidEvent(time=float(t), code=int(c), meaning=xid_meaning(int(c))) for t, c in g["xid"]
@@ -474,10 +479,14 @@ class SimBackend(Backend):
         XID code the card reports now), ``idle_holder_mib`` (a process holding
         that much memory whatever the load, None to end it), ``orphaned_mib``
         (VRAM used that no listed process holds), ``holders`` ((pid, command)
-        of each process holding the device node open without being listed)."""
+        of each process holding the device node open without being listed),
+        ``guests`` ((pid, SM %, MiB) of each real process of this host listed
+        on the card beside the schedule's job, with its share of the SMs)."""
         xid = values.pop("xid", None)
         if "holders" in values:
             values["holders"] = [[int(pid), str(cmd)] for pid, cmd in values["holders"]]
+        if "guests" in values:
+            values["guests"] = [[int(p), float(sm), float(mib)] for p, sm, mib in values["guests"]]
         if "orphaned_mib" in values:
             values["orphaned_mib"] = float(values["orphaned_mib"])
         allowed = {
@@ -490,6 +499,7 @@ class SimBackend(Backend):
             "idle_holder_mib",
             "orphaned_mib",
             "holders",
+            "guests",
         }
         unknown = set(values) - allowed
         if unknown:

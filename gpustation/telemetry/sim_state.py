@@ -34,6 +34,8 @@ def new_gpu_state(spec: CardSpec) -> dict[str, Any]:
         # holding the device node open without a context (both poked in)
         "orphaned_mib": 0.0,
         "holders": [],
+        # [pid, SM %, MiB] of each real process poked onto the card
+        "guests": [],
         # derived each step, kept for readers
         "power_w": spec.power_idle_w,
         "fans_pct": [float(spec.fan_min_pct)] * spec.fans,
@@ -96,6 +98,9 @@ def gpu_state_ok(g: Any, spec: CardSpec) -> bool:
     """One GPU's saved state has every key, each of the type (and list length)
     a fresh one has: a hand-edited or foreign file never crashes a read."""
     fresh = new_gpu_state(spec)
+    # a state saved before guests were simulated has none
+    if isinstance(g, dict):
+        g.setdefault("guests", [])
     if not isinstance(g, dict) or not fresh.keys() <= g.keys():
         return False
     for key, template in fresh.items():
@@ -118,6 +123,8 @@ def gpu_state_ok(g: Any, spec: CardSpec) -> bool:
                 return False
             if key == "xid" and not all(_xid_ok(x) for x in value):
                 return False
+            if key == "guests" and not all(_guest_ok(x) for x in value):
+                return False
         elif not isinstance(value, type(template)):
             return False
     bounds = _ranges(spec)
@@ -136,4 +143,16 @@ def _holder_ok(holder: Any) -> bool:
         and len(holder) == 2
         and type(holder[0]) is int
         and isinstance(holder[1], str)
+    )
+
+
+def _guest_ok(guest: Any) -> bool:
+    """A guest is [pid, SM %, MiB]: a whole PID, a share of 0-100 and memory of 0 or more."""
+    return (
+        isinstance(guest, list)
+        and len(guest) == 3
+        and type(guest[0]) is int
+        and guest[0] > 0
+        and _in_range(guest[1], (0.0, 100.0))
+        and _in_range(guest[2], (0.0, 1e9))
     )

@@ -9,12 +9,12 @@ terminal and ``NO_COLOR`` is unset — so pipes, ssh and cron get clean text.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry import health
-from gpustation.telemetry.model import GpuSample, Snapshot, specs
+from gpustation.telemetry.model import GpuSample, ProcessInfo, Snapshot, specs
 from gpustation.textsafe import safe
 
 Cell = tuple[str, str]  # (text, style name)
@@ -171,11 +171,47 @@ def process_lines(snap: Snapshot, color: bool = False, command_width: int = 100)
                 (p.user or fmt.NA, ""),
                 (fmt.mib(p.gpu_memory_mib), ""),
                 (fmt.num(p.sm_pct), ""),
+                (fmt.num(p.power_w, 0, " W"), ""),
+                (p.container or "-", ""),
                 (command, ""),
             ]
         )
-    header = ["GPU", "PID", "User", "VRAM", "SM %", "Command"]
-    return _table(header, rows, right={0, 1, 3, 4}, color=color)
+    header = ["GPU", "PID", "User", "VRAM", "SM %", "Power", "Container", "Command"]
+    return _table(header, rows, right={0, 1, 3, 4, 5}, color=color)
+
+
+def container_lines(snap: Snapshot, color: bool = False) -> list[str]:
+    """The GPU processes summed per GPU and container (``snapshot --group container``).
+
+    Processes in no container, unit or job are summed as ``-``; a sum is n/a
+    when one of its processes' figures is.
+    """
+    groups: dict[tuple[int, str], list[ProcessInfo]] = {}
+    for g in snap.gpus:
+        for p in g.processes:
+            groups.setdefault((g.index, p.container or "-"), []).append(p)
+    rows: list[list[Cell]] = []
+    for (index, name), procs in sorted(groups.items()):
+        rows.append(
+            [
+                (str(index), ""),
+                (name, ""),
+                (str(len(procs)), ""),
+                (fmt.mib(_sum(p.gpu_memory_mib for p in procs)), ""),
+                (fmt.num(_sum(p.power_w for p in procs), 0, " W"), ""),
+            ]
+        )
+    header = ["GPU", "Container", "Processes", "VRAM", "Power"]
+    return _table(header, rows, right={0, 2, 3, 4}, color=color)
+
+
+def _sum(values: Iterable[float | None]) -> float | None:
+    total = 0.0
+    for value in values:
+        if value is None:
+            return None
+        total += value
+    return total
 
 
 def health_lines(snap: Snapshot, color: bool = False, command_width: int = 60) -> list[str]:
@@ -238,8 +274,9 @@ def header_line(snap: Snapshot, color: bool = False) -> str:
     return text
 
 
-def render_snapshot(snap: Snapshot, color: bool = False) -> str:
-    """The whole snapshot as text: header, GPU table, host line, processes."""
+def render_snapshot(snap: Snapshot, color: bool = False, group: str | None = None) -> str:
+    """The whole snapshot as text: header, GPU table, host line, processes
+    (``group="container"``: summed per container)."""
     lines = [header_line(snap, color)]
     if snap.note:
         lines.append(_paint(safe(snap.note), "yellow", color))
@@ -247,7 +284,9 @@ def render_snapshot(snap: Snapshot, color: bool = False) -> str:
     lines += health_lines(snap, color)
     lines.append(host_line(snap))
     if any(g.processes for g in snap.gpus):
-        lines += process_lines(snap, color)
+        lines += (
+            container_lines(snap, color) if group == "container" else process_lines(snap, color)
+        )
     elif snap.gpus:
         lines.append(_paint("no GPU processes", "dim", color))
     return "\n".join(lines)

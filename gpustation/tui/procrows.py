@@ -34,6 +34,10 @@ class ProcRow:
     sm_pct: float | None = None
     #: when the process started (seconds since the epoch; None where unknown)
     started: float | None = None
+    #: its estimated part of the GPU's power (from its SM share)
+    power_w: float | None = None
+    #: the container, systemd unit or Slurm job it runs in
+    container: str | None = None
 
     @property
     def key(self) -> str:
@@ -53,10 +57,16 @@ class ProcRow:
             # NVML does not say what a holder's context holds: it has none it lists
             "?" if self.holder else fmt.mib(self.gpu_memory_mib),
             fmt.num(self.sm_pct, 0),
+            fmt.num(self.power_w, 0, " W"),
+            _fit(self.container or "-", WIDTHS[7]),
             fmt.num(self.cpu_pct, 0),
             fmt.mib(rss),
             self.command,
         )
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _num(value: float | None) -> float:
@@ -71,6 +81,8 @@ SORT_KEYS: dict[str, Callable[[ProcRow], object]] = {
     "type": lambda r: (r.kind, r.gpu, r.pid),
     "gpu_mem": lambda r: _num(r.gpu_memory_mib),
     "sm": lambda r: _num(r.sm_pct),
+    "power": lambda r: _num(r.power_w),
+    "container": lambda r: (r.container or "", r.gpu, r.pid),
     "cpu": lambda r: _num(r.cpu_pct),
     "rss": lambda r: r.rss_bytes or 0,
     "command": lambda r: r.command,
@@ -83,14 +95,16 @@ COLUMNS = (
     ("TYPE", "type"),
     ("GPU MEM", "gpu_mem"),
     ("SM %", "sm"),
+    ("POWER", "power"),
+    ("CONTAINER", "container"),
     ("CPU %", "cpu"),
     ("RSS", "rss"),
     ("COMMAND", "command"),
 )
 #: the width of each column but the last
-WIDTHS = (7, 10, 4, 6, 9, 5, 6, 7)
+WIDTHS = (7, 10, 4, 6, 9, 5, 6, 16, 6, 7)
 #: sort keys whose first order is the largest first
-DESCENDING = frozenset({"gpu_mem", "sm", "cpu", "rss"})
+DESCENDING = frozenset({"gpu_mem", "sm", "power", "cpu", "rss"})
 
 
 def process_rows(snap: Snapshot, stats: dict[int, ProcStat]) -> list[ProcRow]:
@@ -111,6 +125,8 @@ def process_rows(snap: Snapshot, stats: dict[int, ProcStat]) -> list[ProcRow]:
                     kind=p.kind,
                     sm_pct=p.sm_pct,
                     started=st.started,
+                    power_w=p.power_w,
+                    container=p.container,
                 )
             )
     return rows

@@ -85,7 +85,9 @@ def test_processes_show_their_sm_share_and_health_gets_a_line_each() -> None:
     )
     lines = render_snapshot(snap).splitlines()
     header = next(line for line in lines if line.startswith("GPU") and "PID" in line)
-    assert header.split() == ["GPU", "PID", "User", "VRAM", "SM", "%", "Command"]
+    assert header.split() == [
+        *("GPU", "PID", "User", "VRAM", "SM", "%", "Power", "Container", "Command")
+    ]
     proc = next(line for line in lines if " 441 " in line)
     assert proc.split()[4] == "71"
     assert any(

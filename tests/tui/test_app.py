@@ -340,6 +340,8 @@ async def test_process_table_sorts_and_filters() -> None:
         await pilot.press("s")
         assert table.sort_key == "sm"
         await pilot.press("s")
+        assert table.sort_key == "power"
+        await pilot.press("s", "s")
         assert table.sort_key == "cpu"
         await pilot.press("s", "s", "s", "s")
         assert table.sort_key == "user"
