@@ -152,7 +152,7 @@ def _set_mig_enabled(g: GpuSample, v: float) -> None:
     g.mig = MigInfo(enabled=v >= 0.5)
 
 
-_COUNT = "a count: the records it counts are not in Prometheus"
+UNREAD_COUNT = "a count: the records it counts are not in Prometheus"
 
 _F = field_series
 
@@ -312,7 +312,7 @@ GPU_SERIES: tuple[GpuSeries, ...] = (
         lambda g: float(len(g.processes)),
         None,
         ("processes",),
-        unread=_COUNT,
+        unread=UNREAD_COUNT,
     ),
     _F(
         "gpustation_unowned_memory_mib",
@@ -325,7 +325,7 @@ GPU_SERIES: tuple[GpuSeries, ...] = (
         lambda g: None if g.device_holders is None else float(len(g.device_holders)),
         None,
         ("device_holders",),
-        unread=_COUNT,
+        unread=UNREAD_COUNT,
     ),
     GpuSeries(
         "gpustation_mig_enabled", "1 when MIG mode is on.", _mig_enabled, _set_mig_enabled, ("mig",)
@@ -336,7 +336,7 @@ GPU_SERIES: tuple[GpuSeries, ...] = (
         lambda g: None if g.mig is None or not g.mig.enabled else float(len(g.mig.instances)),
         None,
         ("mig",),
-        unread=_COUNT,
+        unread=UNREAD_COUNT,
     ),
 )
 
