@@ -11,9 +11,9 @@ seconds with three instant queries (``/api/v1/query``):
    target's newest sample time (an instant query stamps every value with the
    evaluation time; ``timestamp()`` of a selector gives the sample's own);
 2. ``up``: whether Prometheus could scrape each target;
-3. ``max by (__name__, job, instance, gpu, fan, GPU_I_ID)
+3. ``max by (__name__, job, instance, gpu, fan, link, GPU_I_ID)
    ({__name__=~"DCGM_FI_...|gpustation_...", instance=~"..."})``: the latest
-   value of every changing series the model knows, from ``gpustation serve``
+   value of every changing series ``telemetry/promnames.py`` declares, from ``gpustation serve``
    or plain dcgm-exporter, with only the labels that tell series apart, for
    the hosts scraped since their last read (every host when most were).
 

@@ -140,7 +140,7 @@ def test_a_series_is_static_when_its_field_is() -> None:
 
 
 def test_a_series_naming_no_declared_field_is_refused() -> None:
-    with pytest.raises(ValueError, match="pcie.speed"):
+    with pytest.raises(ValueError, match=r"pcie\.speed"):
         field_series("gpustation_pcie_speed", "pcie.speed")
     with pytest.raises(ValueError, match="index"):
         field_series("gpustation_index", "index")  # the key, not a declared field
