@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import time
@@ -59,14 +60,16 @@ def _link(side: str) -> Callable[[GpuSample, float, dict[str, str]], None]:
         if index is None:
             return
         links = g.nvlink = g.nvlink if g.nvlink is not None else []
-        link = next((x for x in links if x.link == index), None)
-        if link is None:
-            link = NvLinkInfo(link=index, active=True)
-            links.append(link)
-            links.sort(key=lambda x: x.link)
-        setattr(link, side, v / 1024.0)
+        at = bisect.bisect_left(links, index, key=_link_number)  # kept in link order
+        if at == len(links) or links[at].link != index:
+            links.insert(at, NvLinkInfo(link=index, active=True))
+        setattr(links[at], side, v / 1024.0)
 
     return fill
+
+
+def _link_number(link: NvLinkInfo) -> int:
+    return link.link
 
 
 def _lost(g: GpuSample, v: float, _labels: dict[str, str]) -> None:
