@@ -146,6 +146,12 @@ def test_a_series_naming_no_declared_field_is_refused() -> None:
         field_series("gpustation_index", "index")  # the key, not a declared field
 
 
+def test_the_fleet_reads_only_declared_series() -> None:
+    declared = {s.name for s in GPU_SERIES} | {s.name for s in SERIES}
+    assert set(promseries.ALL_SERIES) - declared == set()
+    assert set(promseries.PRESENCE) - declared == set()
+
+
 def test_each_series_name_is_declared_once() -> None:
     names = [s.name for s in GPU_SERIES] + [s.name for s in SERIES]
     assert len(names) == len(set(names))
