@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import bisect
 import functools
 import math
 import time
@@ -18,7 +17,7 @@ from typing import Any
 from gpustation.fleet.promapi import PrometheusClient, promql_string
 from gpustation.telemetry import promnames
 from gpustation.telemetry.history import History
-from gpustation.telemetry.model import GpuSample, NvLinkInfo, Snapshot
+from gpustation.telemetry.model import GpuSample, Snapshot
 from gpustation.textsafe import safe
 
 #: label text repeats across every series of a host: clean each distinct string once
@@ -52,26 +51,6 @@ def _label_index(labels: dict[str, str], key: str) -> int | None:
     return index if 0 <= index < 64 else None
 
 
-def _link(side: str) -> Callable[[GpuSample, float, dict[str, str]], None]:
-    """Fill one direction of the link the ``link`` label names (exported only while active)."""
-
-    def fill(g: GpuSample, v: float, labels: dict[str, str]) -> None:
-        index = _label_index(labels, "link")
-        if index is None:
-            return
-        links = g.nvlink = g.nvlink if g.nvlink is not None else []
-        at = bisect.bisect_left(links, index, key=_link_number)  # kept in link order
-        if at == len(links) or links[at].link != index:
-            links.insert(at, NvLinkInfo(link=index, active=True))
-        setattr(links[at], side, v / 1024.0)
-
-    return fill
-
-
-def _link_number(link: NvLinkInfo) -> int:
-    return link.link
-
-
 def _lost(g: GpuSample, v: float, _labels: dict[str, str]) -> None:
     g.lost = v >= 1
 
@@ -81,13 +60,11 @@ def _field(write: Callable[[GpuSample, float], None]) -> Callable[[GpuSample, fl
 
 
 #: GPU series -> how each fills a GpuSample: every series of the table that says how,
-#: then those with labels of their own (per fan, per link).
+#: then those with labels of their own (per fan).
 GPU_SERIES: dict[str, Callable[[GpuSample, float, dict[str, str]], None]] = {
     **{s.name: _field(s.write) for s in promnames.GPU_SERIES if s.write is not None},
     promnames.GPU_LOST.name: _lost,
     promnames.FAN_SPEED.name: _fan,
-    promnames.NVLINK_TX.name: _link("tx_kib_s"),
-    promnames.NVLINK_RX.name: _link("rx_kib_s"),
 }
 #: series only to complete others (VRAM total = used + free + reserved where no total is exported)
 _HELPER_SERIES = ("DCGM_FI_DEV_FB_FREE", promnames.FB_RESERVED.name)
@@ -127,7 +104,7 @@ def host_label(labels: dict[str, str]) -> str | None:
 #: labels that say which card a series is about; the values query keeps only those
 #: that tell series apart (:data:`VALUE_LABELS`), the identity query the rest
 ID_LABELS = ("UUID", "modelName", "pci_bus_id", "Hostname", "hostname", "DCGM_FI_DRIVER_VERSION")
-VALUE_LABELS = ("__name__", "job", "instance", "gpu", "fan", "link", "GPU_I_ID")
+VALUE_LABELS = ("__name__", "job", "instance", "gpu", "fan", "GPU_I_ID")
 
 
 def snapshots_from_series(

@@ -49,8 +49,6 @@ from gpustation.telemetry.promnames import (
     GPU_SERIES,
     GPUS,
     HARDWARE_PROFILE,
-    NVLINK_RX,
-    NVLINK_TX,
     POWER_LIMIT_LEFT,
     RUNS,
     SIMULATED,
@@ -137,8 +135,6 @@ def snapshot_metrics(
     if fans.samples:
         families.append(fans)
 
-    families.extend(_nvlink_families(snap, live))
-
     throttle = _family(THROTTLE_REASON)
     for gpu in live:
         if gpu.throttle_reasons is None:
@@ -163,21 +159,6 @@ def snapshot_metrics(
             fam.add_metric([status], float(count))
         families.append(fam)
     return families
-
-
-def _nvlink_families(snap: Snapshot, live: list[GpuSample]) -> list[Metric]:
-    """Each active link's throughput, both ways (what DCGM's total sums), in bytes/s."""
-    out: list[Metric] = []
-    for series, side in ((NVLINK_TX, "tx_kib_s"), (NVLINK_RX, "rx_kib_s")):
-        fam = _family(series)
-        for gpu in live:
-            for link in gpu.nvlink or ():
-                kib = getattr(link, side)
-                if link.active and kib is not None:
-                    fam.add_metric([*gpu_labels(snap, gpu), str(link.link)], kib * 1024.0)
-        if fam.samples:
-            out.append(fam)
-    return out
 
 
 # ---- collector and server ---------------------------------------------------

@@ -15,7 +15,7 @@ Series that dcgm-exporter writes and gpustation does not (``exported=False``)
 are only read.
 
 :data:`SERIES` declares the rest: series with labels of their own (per fan,
-per NVLink, per throttle reason), per host, per run, per alert, with their
+per throttle reason), per host, per run, per alert, with their
 help text and labels, and, where the fleet does not read one back, why.
 """
 
@@ -130,10 +130,17 @@ def _set_xid(g: GpuSample, v: float) -> None:
 
 def _nvlink_mb_s(g: GpuSample) -> float | None:
     """Sent and received over every link, in MB/s (what DCGM's field 449 reads)."""
-    rates = [r for link in g.nvlink or () if link.active for r in (link.tx_kib_s, link.rx_kib_s)]
+    if g.nvlink is None:
+        return g.nvlink_sum_mb_s
+    rates = [r for link in g.nvlink if link.active for r in (link.tx_kib_s, link.rx_kib_s)]
     if not rates or any(r is None for r in rates):
         return None
     return sum(r or 0.0 for r in rates) * 1024.0 / 1e6
+
+
+def _set_nvlink_sum(g: GpuSample, v: float) -> None:
+    # Prometheus has the sum, not the links: the model says so (nvlink stays None).
+    g.nvlink_sum_mb_s = v
 
 
 def _throttle_mask(g: GpuSample) -> float | None:
@@ -222,9 +229,8 @@ GPU_SERIES: tuple[GpuSeries, ...] = (
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
         "NVLink throughput, sent and received, over all links (in MB/s).",
         _nvlink_mb_s,
-        None,
-        ("nvlink",),
-        unread="a sum over the links: the links are read back from the per-link series",
+        _set_nvlink_sum,
+        ("nvlink", "nvlink_sum_mb_s"),
     ),
     _F(
         "DCGM_FI_DEV_ROW_REMAP_PENDING",
@@ -360,16 +366,6 @@ FAN_SPEED = Series(
     "Fan speed as a percentage of its maximum.",
     (*GPU_LABELS, "fan"),
 )
-NVLINK_TX = Series(
-    "gpustation_nvlink_tx_bytes_per_second",
-    "NVLink transmit throughput of an active link (bytes/s).",
-    (*GPU_LABELS, "link"),
-)
-NVLINK_RX = Series(
-    "gpustation_nvlink_rx_bytes_per_second",
-    "NVLink receive throughput of an active link (bytes/s).",
-    (*GPU_LABELS, "link"),
-)
 THROTTLE_REASON = Series(
     "gpustation_throttle_reason",
     "1 while the clocks event (throttle) reason is active, else 0.",
@@ -419,8 +415,6 @@ UP = Series("gpustation_up", "1 when the last sampling attempt succeeded.", (), 
 SERIES: tuple[Series, ...] = (
     GPU_LOST,
     FAN_SPEED,
-    NVLINK_TX,
-    NVLINK_RX,
     THROTTLE_REASON,
     FAN_UNATTENDED,
     POWER_LIMIT_LEFT,
