@@ -9,10 +9,10 @@ both directions from it: the value written (the field times the scale, a
 flag as 0/1) and the value read back (divided by the scale, as the field's
 type). A series is static, read by the fleet with the cards' names rather than
 on every pass, when its field's cost class is. The few series computed from
-several fields or a list (free VRAM, the last XID, the throttle bitmask,
-counts) give both directions side by side, or say why they are not read back.
-Series that dcgm-exporter writes and gpustation does not (``exported=False``)
-are only read.
+several fields or a list (free VRAM, the last XID, the throttle bitmask, NVLink
+over every link, counts) give both directions side by side, or say why they
+are not read back. Series that dcgm-exporter writes and gpustation does not
+(``exported=False``) are only read.
 
 :data:`SERIES` declares the rest: series with labels of their own (per fan,
 per throttle reason), per host, per run, per alert, with their
