@@ -13,7 +13,7 @@ seconds with three instant queries (``/api/v1/query``):
 2. ``up``: whether Prometheus could scrape each target;
 3. ``max by (__name__, job, instance, gpu, fan, GPU_I_ID)
    ({__name__=~"DCGM_FI_...|gpustation_...", instance=~"..."})``: the latest
-   value of every changing series the model knows, from ``gpustation serve``
+   value of every changing series ``telemetry/promnames.py`` declares, from ``gpustation serve``
    or plain dcgm-exporter, with only the labels that tell series apart, for
    the hosts scraped since their last read (every host when most were).
 
@@ -77,6 +77,7 @@ from gpustation.fleet.promseries import (
 from gpustation.fleet.ssh import CONNECTING, DOWN, STOPPED, UP, HostState
 from gpustation.telemetry.history import History
 from gpustation.telemetry.model import Snapshot
+from gpustation.telemetry.promnames import GPU_LOST
 from gpustation.textsafe import safe
 
 __all__ = [
@@ -276,7 +277,7 @@ class PrometheusFleet:
             if time.monotonic() >= self._static_due or not seen <= self._static_for:
                 self._identity = self.client.query(
                     f"group by (job, instance, gpu, {', '.join(ID_LABELS)}) "
-                    f"({selector((*PRESENCE[:2], 'gpustation_gpu_lost'), self.matchers)})"
+                    f"({selector((*PRESENCE[:2], GPU_LOST.name), self.matchers)})"
                 )
                 self._static = self.client.query(f"{by} ({selector(STATIC_SERIES, self.matchers)})")
                 self._static_for = seen

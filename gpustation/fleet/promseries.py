@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpustation.fleet.promapi import PrometheusClient, promql_string
+from gpustation.telemetry import promnames
 from gpustation.telemetry.history import History
-from gpustation.telemetry.model import GpuSample, Snapshot, decode_throttle
+from gpustation.telemetry.model import GpuSample, Snapshot
 from gpustation.textsafe import safe
 
 #: label text repeats across every series of a host: clean each distinct string once
@@ -34,98 +35,49 @@ def to_number(text: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _set(name: str) -> Callable[[GpuSample, float, dict[str, str]], None]:
-    return lambda g, v, _labels: setattr(g, name, v)
-
-
-def _set_pcie(name: str, scale: float = 1.0) -> Callable[[GpuSample, float, dict[str, str]], None]:
-    return lambda g, v, _labels: setattr(g.pcie, name, v * scale)
-
-
-def _set_int(name: str) -> Callable[[GpuSample, float, dict[str, str]], None]:
-    return lambda g, v, _labels: setattr(g, name, int(v))
-
-
-def _set_pcie_int(name: str) -> Callable[[GpuSample, float, dict[str, str]], None]:
-    return lambda g, v, _labels: setattr(g.pcie, name, int(v))
-
-
 def _fan(g: GpuSample, v: float, labels: dict[str, str]) -> None:
-    try:
-        fan = int(labels.get("fan", ""))
-    except ValueError:
-        return
-    if 0 <= fan < 64:
+    fan = _label_index(labels, "fan")
+    if fan is not None:
         while len(g.fans_pct) <= fan:
             g.fans_pct.append(None)  # type: ignore[arg-type]  # a fan not exported
         g.fans_pct[fan] = v
 
 
-#: GPU series (dcgm-exporter's names, then gpustation's) -> how each fills a GpuSample.
-#: Both exporters export W, MHz, MiB, °C and %; energy is mJ, PCIe throughput bytes/s.
+def _label_index(labels: dict[str, str], key: str) -> int | None:
+    try:
+        index = int(labels.get(key, ""))
+    except ValueError:
+        return None
+    return index if 0 <= index < 64 else None
+
+
+def _lost(g: GpuSample, v: float, _labels: dict[str, str]) -> None:
+    g.lost = v >= 1
+
+
+def _field(write: Callable[[GpuSample, float], None]) -> Callable[[GpuSample, float, Any], None]:
+    return lambda g, v, _labels: write(g, v)
+
+
+#: GPU series -> how each fills a GpuSample: every series of the table that says how,
+#: then those with labels of their own (per fan).
 GPU_SERIES: dict[str, Callable[[GpuSample, float, dict[str, str]], None]] = {
-    "DCGM_FI_DEV_GPU_TEMP": _set("temperature_c"),
-    "DCGM_FI_DEV_SLOWDOWN_TEMP": _set("temperature_slowdown_c"),
-    "DCGM_FI_DEV_SHUTDOWN_TEMP": _set("temperature_shutdown_c"),
-    "DCGM_FI_DEV_POWER_USAGE": _set("power_w"),
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT": _set("power_limit_w"),
-    "DCGM_FI_DEV_SM_CLOCK": _set("clock_sm_mhz"),
-    "DCGM_FI_DEV_MEM_CLOCK": _set("clock_mem_mhz"),
-    "DCGM_FI_DEV_FB_USED": _set("memory_used_mib"),
-    "DCGM_FI_DEV_FB_TOTAL": _set("memory_total_mib"),
-    "DCGM_FI_DEV_GPU_UTIL": _set("utilization_gpu_pct"),
-    "DCGM_FI_DEV_MEM_COPY_UTIL": _set("utilization_memory_pct"),
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": lambda g, v, _l: setattr(g, "energy_j", v / 1000.0),
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": _set_pcie_int("replay_errors"),
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": lambda g, v, _l: setattr(
-        g, "throttle_reasons", decode_throttle(int(v))
-    ),
-    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": lambda g, v, _l: setattr(
-        g, "throttle_reasons", decode_throttle(int(v))
-    ),
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": _set_int("ecc_uncorrected"),
-    "DCGM_FI_PROF_PCIE_TX_BYTES": _set_pcie("tx_kib_s", 1 / 1024),
-    "DCGM_FI_PROF_PCIE_RX_BYTES": _set_pcie("rx_kib_s", 1 / 1024),
-    "gpustation_power_limit_watts": _set("power_limit_w"),
-    "gpustation_power_default_limit_watts": _set("power_default_w"),
-    "gpustation_power_min_limit_watts": _set("power_min_w"),
-    "gpustation_power_max_limit_watts": _set("power_max_w"),
-    "gpustation_temperature_slowdown_celsius": _set("temperature_slowdown_c"),
-    "gpustation_sm_clock_max_mhz": _set("clock_sm_max_mhz"),
-    "gpustation_pcie_link_gen": _set_pcie_int("gen"),
-    "gpustation_pcie_link_width": _set_pcie_int("width"),
-    "gpustation_pcie_link_gen_max": _set_pcie_int("max_gen"),
-    "gpustation_pcie_link_width_max": _set_pcie_int("max_width"),
-    "gpustation_pcie_tx_bytes_per_second": _set_pcie("tx_kib_s", 1 / 1024),
-    "gpustation_pcie_rx_bytes_per_second": _set_pcie("rx_kib_s", 1 / 1024),
-    "gpustation_pstate": _set_int("pstate"),
-    "gpustation_ecc_uncorrected_errors": _set_int("ecc_uncorrected"),
-    "gpustation_gpu_lost": lambda g, v, _l: setattr(g, "lost", v >= 1),
-    "gpustation_fan_speed_percent": _fan,
+    **{s.name: _field(s.write) for s in promnames.GPU_SERIES if s.write is not None},
+    promnames.GPU_LOST.name: _lost,
+    promnames.FAN_SPEED.name: _fan,
 }
 #: series only to complete others (VRAM total = used + free + reserved where no total is exported)
-_HELPER_SERIES = ("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
+_HELPER_SERIES = ("DCGM_FI_DEV_FB_FREE", promnames.FB_RESERVED.name)
 #: per-target series without a ``gpu`` label
-HOST_SERIES = ("gpustation_simulated", "gpustation_snapshot_timestamp_seconds", "gpustation_gpus")
+HOST_SERIES = tuple(s.name for s in promnames.HOST_SERIES)
 ALL_SERIES = (*GPU_SERIES, *_HELPER_SERIES, *HOST_SERIES)
 #: series that change only when a card is reconfigured: read with the cards' names
 #: every :data:`STATIC_REFRESH_S` (or when a host appears), not every pass
-STATIC_SERIES = (
-    "DCGM_FI_DEV_SLOWDOWN_TEMP",
-    "DCGM_FI_DEV_SHUTDOWN_TEMP",
-    "DCGM_FI_DEV_FB_TOTAL",
-    "gpustation_power_default_limit_watts",
-    "gpustation_power_min_limit_watts",
-    "gpustation_power_max_limit_watts",
-    "gpustation_temperature_slowdown_celsius",
-    "gpustation_sm_clock_max_mhz",
-    "gpustation_pcie_link_gen_max",
-    "gpustation_pcie_link_width_max",
-)
+STATIC_SERIES = tuple(s.name for s in promnames.GPU_SERIES if s.static and s.write is not None)
 FAST_SERIES = tuple(n for n in ALL_SERIES if n not in STATIC_SERIES)
 STATIC_REFRESH_S = 30.0
 #: what marks a target as a GPU host in the discovery query
-PRESENCE = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "gpustation_gpus")
+PRESENCE = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", promnames.GPUS.name)
 
 
 def selector(names: Sequence[str], matchers: str = "") -> str:
@@ -191,9 +143,9 @@ def snapshots_from_series(
         if info is None:
             info = meta[instance] = {"simulated": False, "job": labels.get("job")}
         if name in HOST_SERIES:
-            if name == "gpustation_simulated" and number is not None and number >= 1:
+            if name == promnames.SIMULATED.name and number is not None and number >= 1:
                 info["simulated"] = True
-            elif name == "gpustation_snapshot_timestamp_seconds" and number is not None:
+            elif name == promnames.SNAPSHOT_TIME.name and number is not None:
                 info["time"] = number
             gpus.setdefault(instance, {})
             continue
@@ -222,6 +174,7 @@ def snapshots_from_series(
     snaps: dict[str, Snapshot] = {}
     for instance, by_index in gpus.items():
         info = meta.get(instance, {})
+        when = info.get("time") or sample_times.get(instance) or time.time()
         for index, gpu in by_index.items():
             extra = fb_extra.get((instance, index))
             if (
@@ -232,7 +185,8 @@ def snapshots_from_series(
                 gpu.memory_total_mib = gpu.memory_used_mib + extra
             if None in gpu.fans_pct:
                 gpu.fans_pct = [f for f in gpu.fans_pct if f is not None]
-        when = info.get("time") or sample_times.get(instance) or time.time()
+            for event in gpu.xid_events or ():
+                event.time = when  # the code is kept, not when it came: seen by this sample
         shown = clean(instance)
         snaps[instance] = Snapshot(
             hostname=info.get("hostname") or shown.rsplit(":", 1)[0],
@@ -275,12 +229,18 @@ def host_name(instance: str, hostname: str | None) -> str:
 
 # ---- history --------------------------------------------------------------------------------
 
+#: the fields the host screen graphs, each read from the series that carries it alone
+_HISTORY_FIELDS = (
+    "temperature_c",
+    "power_w",
+    "utilization_gpu_pct",
+    "clock_sm_mhz",
+    "memory_used_mib",
+)
 _HISTORY_SERIES = {
-    "DCGM_FI_DEV_GPU_TEMP": "temperature_c",
-    "DCGM_FI_DEV_POWER_USAGE": "power_w",
-    "DCGM_FI_DEV_GPU_UTIL": "utilization_gpu_pct",
-    "DCGM_FI_DEV_SM_CLOCK": "clock_sm_mhz",
-    "DCGM_FI_DEV_FB_USED": "memory_used_mib",
+    s.name: s
+    for s in promnames.GPU_SERIES
+    if s.exported and s.write is not None and len(s.fields) == 1 and s.fields[0] in _HISTORY_FIELDS
 }
 
 
@@ -306,8 +266,8 @@ def host_history(
     by_time: dict[float, dict[int, GpuSample]] = {}
     for item in result:
         labels = item.get("metric") or {}
-        field = _HISTORY_SERIES.get(str(labels.get("__name__", "")))
-        if field is None or labels.get("GPU_I_ID"):
+        series = _HISTORY_SERIES.get(str(labels.get("__name__", "")))
+        if series is None or series.write is None or labels.get("GPU_I_ID"):
             continue
         try:
             index = int(labels.get("gpu", ""))
@@ -330,7 +290,8 @@ def host_history(
                     gpu.memory_total_mib = current.memory_total_mib
                     gpu.clock_sm_max_mhz = current.clock_sm_max_mhz
                     gpu.temperature_slowdown_c = current.temperature_slowdown_c
-            setattr(gpu, field, v)
+            if v is not None:
+                series.write(gpu, v)
     history = History()
     hostname = latest.hostname if latest is not None else instance
     for t in sorted(by_time):

@@ -11,7 +11,9 @@ Metric names follow dcgm-exporter where DCGM has the field, with its labels
 (W, MHz, MiB, mJ, °C, %), so existing Grafana dashboards work unchanged. What
 DCGM lacks carries the ``gpustation_`` prefix. A value the card does not report
 is left out, never exported as 0. The profiling series (``DCGM_FI_PROF_*``) are
-ratios 0-1, as DCGM gives them, from GPM where the card has it.
+ratios 0-1, as DCGM gives them, from GPM where the card has it. Every name,
+help text and scale comes from ``telemetry/promnames.py``, the table the
+fleet reads the same series back with.
 
 dcgm-exporter types the energy and PCIe replay series as counters without a
 ``_total`` suffix. prometheus_client always appends ``_total`` to counters in
@@ -38,198 +40,35 @@ from gpustation.errors import UsageError
 from gpustation.runs import store
 from gpustation.serve.container_series import container_metrics
 from gpustation.telemetry.alerts import Alert, AlertLog, idle_rule_or_default
-from gpustation.telemetry.model import THROTTLE_REASONS, GpuSample, Snapshot, encode_throttle
+from gpustation.telemetry.model import THROTTLE_REASONS, GpuSample, Snapshot
+from gpustation.telemetry.promnames import (
+    ALERT,
+    FAN_SPEED,
+    FAN_UNATTENDED,
+    GPU_LABELS,
+    GPU_LOST,
+    GPU_SERIES,
+    GPUS,
+    HARDWARE_PROFILE,
+    POWER_LIMIT_LEFT,
+    RUNS,
+    SIMULATED,
+    SNAPSHOT_TIME,
+    THROTTLE_REASON,
+    UP,
+    Series,
+)
 
 if TYPE_CHECKING:
     from gpustation.notify import AlertNotifier
 
-
-GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "hostname")
-
-
-def _ratio(pct: float | None) -> float | None:
-    """DCGM's profiling fields are ratios 0-1; the model's are percentages."""
-    return None if pct is None else pct / 100.0
+__all__ = ["GPU_LABELS", "Exporter", "gpu_labels", "is_loopback", "parse_listen"]
 
 
-def _last_xid(g: GpuSample) -> float | None:
-    """The last XID's code, 0 while watched with none, as dcgm-exporter gives it."""
-    if g.xid_events is None:
-        return None
-    return float(g.xid_events[-1].code) if g.xid_events else 0.0
-
-
-def _nvlink_mb_s(g: GpuSample) -> float | None:
-    """Sent and received over every link, in MB/s (what DCGM's field 449 reads)."""
-    rates = [r for link in g.nvlink or () if link.active for r in (link.tx_kib_s, link.rx_kib_s)]
-    if not rates or any(r is None for r in rates):
-        return None
-    return sum(r or 0.0 for r in rates) * 1024.0 / 1e6
-
-
-def _flag(value: bool | None) -> float | None:
-    return None if value is None else float(value)
-
-
-# (metric name, help text, how to read the value from a GpuSample)
-_DCGM_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | None]], ...] = (
-    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda g: g.temperature_c),
-    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda g: g.power_w),
-    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda g: g.clock_sm_mhz),
-    ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", lambda g: g.clock_mem_mhz),
-    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda g: g.memory_used_mib),
-    (
-        "DCGM_FI_DEV_FB_FREE",
-        "Framebuffer memory free (in MiB).",
-        lambda g: (
-            None
-            if g.memory_total_mib is None or g.memory_used_mib is None
-            else max(0.0, g.memory_total_mib - g.memory_used_mib)
-        ),
-    ),
-    ("DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory total (in MiB).", lambda g: g.memory_total_mib),
-    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda g: g.utilization_gpu_pct),
-    (
-        "DCGM_FI_DEV_MEM_COPY_UTIL",
-        "Memory utilization (in %).",
-        lambda g: g.utilization_memory_pct,
-    ),
-    ("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", lambda g: g.encoder_utilization_pct),
-    ("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", lambda g: g.decoder_utilization_pct),
-    (
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-        "Total energy consumption since boot (in mJ); only ever increases.",
-        lambda g: None if g.energy_j is None else g.energy_j * 1000.0,
-    ),
-    (
-        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-        "Total number of PCIe retries; only ever increases.",
-        lambda g: None if g.pcie.replay_errors is None else float(g.pcie.replay_errors),
-    ),
-    (
-        "DCGM_FI_DEV_XID_ERRORS",
-        "Value of the last XID error encountered (0: none since watching began).",
-        _last_xid,
-    ),
-    (
-        "DCGM_FI_PROF_SM_ACTIVE",
-        "Ratio (0-1) of cycles an SM has at least 1 warp assigned.",
-        lambda g: _ratio(g.sm_active_pct),
-    ),
-    (
-        "DCGM_FI_PROF_SM_OCCUPANCY",
-        "Ratio (0-1) of warps resident on an SM to the most it can hold.",
-        lambda g: _ratio(g.sm_occupancy_pct),
-    ),
-    (
-        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-        "Ratio (0-1) of cycles any tensor pipe is active.",
-        lambda g: _ratio(g.tensor_active_pct),
-    ),
-    (
-        "DCGM_FI_PROF_DRAM_ACTIVE",
-        "Ratio (0-1) of cycles the device memory interface is sending or receiving data.",
-        lambda g: _ratio(g.dram_active_pct),
-    ),
-    (
-        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-        "NVLink throughput, sent and received, over all links (in MB/s).",
-        _nvlink_mb_s,
-    ),
-    (
-        "DCGM_FI_DEV_ROW_REMAP_PENDING",
-        "1 while a memory row remap waits for a GPU reset.",
-        lambda g: _flag(g.remapped_rows.pending),
-    ),
-    (
-        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-        "1 when a memory row remap failed.",
-        lambda g: _flag(g.remapped_rows.failure),
-    ),
-    (
-        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-        "Number of remapped rows for correctable errors.",
-        lambda g: g.remapped_rows.correctable,
-    ),
-    (
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-        "Number of remapped rows for uncorrectable errors.",
-        lambda g: g.remapped_rows.uncorrectable,
-    ),
-    (
-        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
-        "Current clocks event (throttle) reasons as an NVML bitmask.",
-        lambda g: (
-            None if g.throttle_reasons is None else float(encode_throttle(g.throttle_reasons))
-        ),
-    ),
-)
-
-_OWN_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | None]], ...] = (
-    ("gpustation_power_limit_watts", "Enforced power limit (W).", lambda g: g.power_limit_w),
-    (
-        "gpustation_power_default_limit_watts",
-        "Default power limit of the card (W).",
-        lambda g: g.power_default_w,
-    ),
-    (
-        "gpustation_power_min_limit_watts",
-        "Lowest settable power limit (W).",
-        lambda g: g.power_min_w,
-    ),
-    (
-        "gpustation_power_max_limit_watts",
-        "Highest settable power limit (W).",
-        lambda g: g.power_max_w,
-    ),
-    (
-        "gpustation_temperature_slowdown_celsius",
-        "Temperature at which the card slows itself down (C).",
-        lambda g: g.temperature_slowdown_c,
-    ),
-    ("gpustation_sm_clock_max_mhz", "Highest SM clock (MHz).", lambda g: g.clock_sm_max_mhz),
-    ("gpustation_pcie_link_gen", "Current PCIe link generation.", lambda g: g.pcie.gen),
-    ("gpustation_pcie_link_width", "Current PCIe link width (lanes).", lambda g: g.pcie.width),
-    ("gpustation_pcie_link_gen_max", "Highest PCIe link generation.", lambda g: g.pcie.max_gen),
-    ("gpustation_pcie_link_width_max", "Widest PCIe link (lanes).", lambda g: g.pcie.max_width),
-    (
-        "gpustation_pcie_tx_bytes_per_second",
-        "PCIe transmit throughput (bytes/s).",
-        lambda g: None if g.pcie.tx_kib_s is None else g.pcie.tx_kib_s * 1024.0,
-    ),
-    (
-        "gpustation_pcie_rx_bytes_per_second",
-        "PCIe receive throughput (bytes/s).",
-        lambda g: None if g.pcie.rx_kib_s is None else g.pcie.rx_kib_s * 1024.0,
-    ),
-    ("gpustation_pstate", "Performance state (0 = fastest).", lambda g: g.pstate),
-    (
-        "gpustation_ecc_uncorrected_errors",
-        "Uncorrected ECC errors reported by the card.",
-        lambda g: g.ecc_uncorrected,
-    ),
-    ("gpustation_gpu_processes", "Processes using the GPU.", lambda g: float(len(g.processes))),
-    (
-        "gpustation_unowned_memory_mib",
-        "VRAM used that no listed process holds (MiB).",
-        lambda g: g.unowned_memory_mib,
-    ),
-    (
-        "gpustation_device_holders",
-        "Processes holding the GPU's device node open without being in NVML's list.",
-        lambda g: None if g.device_holders is None else float(len(g.device_holders)),
-    ),
-    (
-        "gpustation_mig_enabled",
-        "1 when MIG mode is on.",
-        lambda g: None if g.mig is None else _flag(g.mig.enabled),
-    ),
-    (
-        "gpustation_mig_instances",
-        "MIG devices on the GPU.",
-        lambda g: None if g.mig is None or not g.mig.enabled else float(len(g.mig.instances)),
-    ),
-)
+def _family(series: Series, value: float | None = None) -> GaugeMetricFamily:
+    if value is not None:
+        return GaugeMetricFamily(series.name, series.help, value=value)
+    return GaugeMetricFamily(series.name, series.help, labels=series.labels)
 
 
 def gpu_labels(snap: Snapshot, gpu: GpuSample) -> list[str]:
@@ -252,38 +91,29 @@ def snapshot_metrics(
     families: list[Metric] = []
     live = [g for g in snap.gpus if not g.lost]
     if alerts is not None:
-        alert_family = GaugeMetricFamily(
-            "gpustation_alert",
-            "1 while an alert condition holds (rule in the label: a GPU held but idle, "
-            "thermal throttling, a GPU lost ...).",
-            labels=("hostname", "gpu", "rule", "severity"),
-        )
+        alert_family = _family(ALERT)
         for alert in alerts:
             labels = [snap.hostname, str(alert.gpu), alert.rule, alert.severity]
             alert_family.add_metric(labels, 1.0)
         families.append(alert_family)
-    for name, doc, read in (*_DCGM_GAUGES, *_OWN_GAUGES):
-        fam = GaugeMetricFamily(name, doc, labels=GPU_LABELS)
+    for series in GPU_SERIES:
+        if not series.exported:
+            continue
+        fam = GaugeMetricFamily(series.name, series.help, labels=GPU_LABELS)
         for gpu in live:
-            value = read(gpu)
+            value = series.read(gpu)
             if value is not None:
                 fam.add_metric(gpu_labels(snap, gpu), float(value))
         if fam.samples:
             families.append(fam)
 
-    lost = GaugeMetricFamily(
-        "gpustation_gpu_lost", "1 when the GPU fell off the bus.", labels=GPU_LABELS
-    )
+    lost = _family(GPU_LOST)
     for gpu in snap.gpus:
         lost.add_metric(gpu_labels(snap, gpu), 1.0 if gpu.lost else 0.0)
     families.append(lost)
 
     if unattended is not None:
-        alone = GaugeMetricFamily(
-            "gpustation_fan_manual_unattended",
-            "1 for a fan under manual control with no fan controller driving it.",
-            labels=(*GPU_LABELS, "fan"),
-        )
+        alone = _family(FAN_UNATTENDED)
         for gpu in live:
             for fan in range(len(gpu.fan_control)):
                 flag = 1.0 if fan in unattended.get(gpu.index, ()) else 0.0
@@ -292,12 +122,7 @@ def snapshot_metrics(
             families.append(alone)
 
     if limits_left:
-        left = GaugeMetricFamily(
-            "gpustation_power_limit_left",
-            "1 while the power limit is one a killed program left changed (the note "
-            "says which, and the command that puts it back).",
-            labels=(*GPU_LABELS, "note"),
-        )
+        left = _family(POWER_LIMIT_LEFT)
         for gpu in live:
             if gpu.index in limits_left:
                 left.add_metric((*gpu_labels(snap, gpu), limits_left[gpu.index]), 1.0)
@@ -305,11 +130,7 @@ def snapshot_metrics(
 
     families += container_metrics(live, GPU_LABELS, lambda g: gpu_labels(snap, g))
 
-    fans = GaugeMetricFamily(
-        "gpustation_fan_speed_percent",
-        "Fan speed as a percentage of its maximum.",
-        labels=(*GPU_LABELS, "fan"),
-    )
+    fans = _family(FAN_SPEED)
     for gpu in live:
         for i, pct in enumerate(gpu.fans_pct):
             if pct is not None:
@@ -317,11 +138,7 @@ def snapshot_metrics(
     if fans.samples:
         families.append(fans)
 
-    throttle = GaugeMetricFamily(
-        "gpustation_throttle_reason",
-        "1 while the clocks event (throttle) reason is active, else 0.",
-        labels=(*GPU_LABELS, "reason"),
-    )
+    throttle = _family(THROTTLE_REASON)
     for gpu in live:
         if gpu.throttle_reasons is None:
             continue
@@ -331,43 +148,20 @@ def snapshot_metrics(
     if throttle.samples:
         families.append(throttle)
 
-    families.append(
-        GaugeMetricFamily(
-            "gpustation_gpus", "GPUs this exporter reads.", value=float(len(snap.gpus))
-        )
-    )
-    families.append(
-        GaugeMetricFamily(
-            "gpustation_snapshot_timestamp_seconds",
-            "When the exported values were sampled (Unix time).",
-            value=snap.time,
-        )
-    )
+    families.append(_family(GPUS, float(len(snap.gpus))))
+    families.append(_family(SNAPSHOT_TIME, snap.time))
     if snap.simulated:
-        families.append(
-            GaugeMetricFamily(
-                "gpustation_simulated", "1: these GPUs are simulated, not real.", value=1.0
-            )
-        )
+        families.append(_family(SIMULATED, 1.0))
     if profile:
-        fam = GaugeMetricFamily(
-            "gpustation_hardware_profile",
-            "The hardware profile last applied (value 1, name in the label).",
-            labels=("hostname", "profile"),
-        )
+        fam = _family(HARDWARE_PROFILE)
         fam.add_metric([snap.hostname, profile], 1.0)
         families.append(fam)
     if runs_by_status:
-        fam = GaugeMetricFamily(
-            "gpustation_runs", "Runs in the run history by status.", labels=("status",)
-        )
+        fam = _family(RUNS)
         for status, count in sorted(runs_by_status.items()):
             fam.add_metric([status], float(count))
         families.append(fam)
     return families
-
-
-# ---- what the other layers record -------------------------------------------
 
 
 # ---- collector and server ---------------------------------------------------
@@ -393,9 +187,7 @@ class SnapshotCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         latest = self._latest()
         ok = latest.snapshot is not None and latest.error is None
-        yield GaugeMetricFamily(
-            "gpustation_up", "1 when the last sampling attempt succeeded.", value=float(ok)
-        )
+        yield _family(UP, float(ok))
         if latest.snapshot is not None:
             yield from snapshot_metrics(
                 latest.snapshot,

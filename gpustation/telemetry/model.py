@@ -287,6 +287,9 @@ class GpuSample:
     xid_events: list[XidEvent] | None = gpu_field(EVENTS, label="XID")
     #: Each NVLink; [] when the GPU has none, None when it cannot say.
     nvlink: list[NvLinkInfo] | None = gpu_field(SLOW, label="NVLink")
+    #: NVLink throughput sent and received over every active link, where only that
+    #: sum is known (a host read from Prometheus); None where ``nvlink`` lists them.
+    nvlink_sum_mb_s: float | None = gpu_field(SLOW, unit="MB/s")
     #: MIG mode and instances (read only; gpustation never changes MIG mode).
     mig: MigInfo | None = gpu_field(SLOW, label="MIG")
     #: VRAM used minus what the listed processes hold (drivers' and other

@@ -569,6 +569,23 @@ def test_profiling_series_are_left_out_where_the_card_has_no_gpm() -> None:
     assert _gpu_series(m["DCGM_FI_DEV_XID_ERRORS"], 0) == 0.0
 
 
+def test_the_nvlink_total_sums_the_active_links_or_is_the_sum_read_back() -> None:
+    backend, sampler = _frozen(count=2, card="h200")
+    backend.poke(0, load=1.0)
+    snap = sampler.sample()
+    links = snap.gpus[0].nvlink
+    assert links is not None and len(links) == 18 and links[0].tx_kib_s
+    links[1].active = False  # a link down carries nothing
+    # a card read back from Prometheus: the sum alone, no links
+    snap.gpus[1].nvlink, snap.gpus[1].nvlink_sum_mb_s = None, 123.5
+    exporter = Exporter(lambda: snap, with_extras=False)
+    exporter.sample_once()
+    m = _scrape(exporter)
+    total = sum(x.tx_kib_s + x.rx_kib_s for x in links if x.active) * 1024 / 1e6
+    assert _gpu_series(m["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"], 0) == pytest.approx(total)
+    assert _gpu_series(m["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"], 1) == 123.5
+
+
 def test_active_alerts_are_exported_a_gpu_held_idle_among_them(tmp_path: Path) -> None:
     from gpustation.telemetry.model import GpuSample, ProcessInfo
 

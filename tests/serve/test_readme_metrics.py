@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpustation.serve.exporter import _DCGM_GAUGES
+from gpustation.telemetry.promnames import GPU_SERIES
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_every_dcgm_metric_the_exporter_emits_is_in_the_readme() -> None:
     text = README.read_text()
-    names = [name for name, _, _ in _DCGM_GAUGES]
+    names = [s.name for s in GPU_SERIES if s.exported and s.name.startswith("DCGM_")]
     assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" in names
     missing = [name for name in names if f"`{name}`" not in text]
     assert missing == []
