@@ -36,7 +36,12 @@ def queued_ids() -> list[str]:
 
 
 def has_queued() -> bool:
-    return bool(queued_ids())
+    """Runs wait in the queue, or were taken to start by a scheduler that may have died."""
+    try:
+        with os.scandir(queue_dir()) as found:
+            return any(e.name not in NOT_RUNS for e in found)
+    except OSError:
+        return False
 
 
 def claim(run_id: str) -> bool:
@@ -47,6 +52,39 @@ def claim(run_id: str) -> bool:
         return True
     except FileNotFoundError:
         return False
+
+
+STARTING = ".starting-"
+
+
+def take_for_start(run_id: str) -> bool:
+    """The scheduler takes ``run_id`` to start it: its marker becomes ``.starting-ID``
+    until the run's supervisor has it, so a scheduler killed in between leaves the run
+    to be put back (:func:`starting_ids`) rather than lost. True for the one who took it."""
+    try:
+        os.rename(queue_dir() / run_id, queue_dir() / f"{STARTING}{run_id}")
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def started(run_id: str) -> None:
+    """The run's supervisor has it: it has left the queue for good."""
+    (queue_dir() / f"{STARTING}{run_id}").unlink(missing_ok=True)
+
+
+def starting_ids() -> list[str]:
+    """Runs a scheduler took to start and did not see started (it was killed)."""
+    try:
+        names = os.listdir(queue_dir())
+    except OSError:
+        return []
+    return [n.removeprefix(STARTING) for n in names if n.startswith(STARTING)]
+
+
+def put_back(run_id: str) -> None:
+    """A run taken to start that never started goes back to its place in the queue."""
+    os.replace(queue_dir() / f"{STARTING}{run_id}", queue_dir() / run_id)
 
 
 def cancelled(directory: Path) -> RunState | None:

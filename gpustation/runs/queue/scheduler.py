@@ -29,7 +29,18 @@ from gpustation.runs import rundir
 from gpustation.runs.launch import start_prepared
 from gpustation.runs.queue import entries as queue
 from gpustation.runs.queue.choose import choose
-from gpustation.runs.queue.folder import LOCK, LOG, REQUEST_JSON, claim, has_queued, queue_dir
+from gpustation.runs.queue.folder import (
+    LOCK,
+    LOG,
+    REQUEST_JSON,
+    claim,
+    has_queued,
+    put_back,
+    queue_dir,
+    starting_ids,
+    take_for_start,
+)
+from gpustation.runs.queue.folder import started as started_run
 from gpustation.runs.queue.free import GpuWatch, QueueSettings, load_settings
 from gpustation.runs.reconcile import ActiveRun, list_active_runs
 from gpustation.runs.rundir import RunState
@@ -230,7 +241,7 @@ def one_pass(machines: dict[tuple[Any, ...], Machine], settings: QueueSettings) 
                 for gpu in entry.gpus:
                     taken[key].setdefault(gpu, f"queued run {entry.id} is first in line")
             continue
-        if not claim(entry.id):
+        if not take_for_start(entry.id):
             continue  # cancelled meanwhile
         for gpu in chosen:
             taken[key][gpu] = f"queued run {entry.id} starts on it"
@@ -242,6 +253,7 @@ def one_pass(machines: dict[tuple[Any, ...], Machine], settings: QueueSettings) 
         }
         try:
             start_prepared(request, chosen, entry.id, entry.run_dir, now, 5.0, queued)
+            started_run(entry.id)
             (entry.run_dir / REQUEST_JSON).unlink(missing_ok=True)
             started += 1
             print(f"started {entry.id} on GPU {','.join(map(str, chosen))}", flush=True)
@@ -250,8 +262,45 @@ def one_pass(machines: dict[tuple[Any, ...], Machine], settings: QueueSettings) 
     return started
 
 
+def recover() -> list[str]:
+    """Put back the runs a killed scheduler took to start and did not start: a run whose
+    supervisor never came is queued again, in its place; one that started has left."""
+    back: list[str] = []
+    taken = starting_ids()
+    if not taken:
+        return back
+    supervising = _supervised_dirs()
+    for run_id in taken:
+        directory = rundir.run_dir(run_id)
+        state = rundir.read_state(directory)
+        never_started = state is not None and (
+            state.status == rundir.QUEUED
+            or (state.status == "starting" and str(directory) not in supervising)
+        )
+        if never_started and (directory / REQUEST_JSON).exists():
+            rundir.write_state(directory, RunState(id=run_id, status=rundir.QUEUED))
+            put_back(run_id)
+            back.append(run_id)
+        else:
+            started_run(run_id)
+    return back
+
+
+def _supervised_dirs() -> set[str]:
+    """The run directories a supervisor process runs for now (its last argument)."""
+    import psutil
+
+    found = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info.get("cmdline") or []
+        if "gpustation.runs.supervisor" in cmdline:
+            found.add(cmdline[-1])
+    return found
+
+
 def _fail(entry: queue.Entry, reason: str) -> None:
     claim(entry.id)
+    started_run(entry.id)
     state = RunState(id=entry.id, status="failed", ended_at=time.time(), reason=reason)
     rundir.write_state(entry.run_dir, state)
     print(f"{entry.id}: {reason}", flush=True)
@@ -266,6 +315,8 @@ def serve(poll_s: float = POLL_S) -> int:
             with held_lock() as lock:
                 if lock is None:
                     return 0  # another scheduler has it
+                for run_id in recover():
+                    print(f"{run_id}: taken to start by a scheduler that died; queued again")
                 while has_queued():
                     one_pass(machines, settings)
                     time.sleep(poll_s)
