@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "energy": "gpustation.commands.energy",
     "record": "gpustation.commands.record",
     "replay": "gpustation.commands.replay",
+    "queue": "gpustation.commands.queue",
 }
 DASHBOARD = "gpustation.commands.dashboard"
 
@@ -123,6 +124,20 @@ def _refuse_negative_values(argv: Sequence[str]) -> None:
             )
 
 
+def _restart_queue() -> None:
+    """Runs wait in the queue and no scheduler holds it (a reboot, a kill): start one."""
+    from gpustation.runs.queue.folder import has_queued
+
+    if not has_queued():
+        return
+    from gpustation.runs.queue.scheduler import ensure_running
+
+    try:
+        ensure_running()
+    except OSError as err:
+        print(f"gpustation: warning: cannot start the queue's scheduler: {err}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command_in(argv)
@@ -132,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _refuse_negative_values(argv)
         if not ({"-h", "--help", "--version"} & set(argv)):
             paths.check_writable_dirs(only_read=command in _READERS)
+            if command not in _READERS:
+                _restart_queue()
     except GpustationError as err:
         print(f"gpustation: error: {err}", file=sys.stderr)
         return err.exit_code

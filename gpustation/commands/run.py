@@ -70,6 +70,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--detach", action="store_true", help="print the run id and return; the run goes on"
     )
+    queue = p.add_argument_group(
+        "the GPU queue",
+        "wait for free GPUs instead of starting now (`gpustation queue` lists the queue)",
+    )
+    queue.add_argument(
+        "--queue",
+        action="store_true",
+        help="put the run in the queue and print its id at once; it starts when its GPUs "
+        "are free (--gpus: those; --gpus-count N: any N, the least used or best connected)",
+    )
+    queue.add_argument(
+        "--gpus-count",
+        type=int,
+        metavar="N",
+        help="with --queue: any N free GPUs (default: the preset's count)",
+    )
+    queue.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --queue: higher starts first, from -100 to 100 (default 0)",
+    )
     p.add_argument(
         "--resume",
         metavar="RUN_ID",
@@ -198,6 +221,10 @@ def run(args: argparse.Namespace) -> int:
         if not 1 <= args.profile_steps <= 100:
             raise UsageError(f"--profile-steps: between 1 and 100, got {args.profile_steps}")
         preset = replace(preset, args={**preset.args, "profile_steps": args.profile_steps})
+    if args.queue:
+        return _queue(args, preset, wrap, node_options is not None, resumed_from is not None)
+    if args.gpus_count is not None or args.priority:
+        raise UsageError("--gpus-count and --priority go with --queue")
     # Catch Ctrl-C from here on: one pressed while the run starts must stop it
     # too, not leave it running behind an interrupted command.
     interrupts: list[float] = []
@@ -250,6 +277,60 @@ def run(args: argparse.Namespace) -> int:
     return follow(
         handle.run_dir, grace_s=args.grace, interrupts=interrupts, restore_handler=previous
     )
+
+
+def _queue(
+    args: argparse.Namespace, preset: Any, wrap: list[str], multinode: bool, resumed: bool
+) -> int:
+    """``run --queue``: check the run as a start would, queue it, print its id."""
+    from gpustation.runs.launch import prepare
+    from gpustation.runs.queue import entries as queue
+    from gpustation.runs.queue.scheduler import ensure_running
+
+    if multinode or resumed:
+        raise UsageError("--queue: a multi-node or resumed run cannot wait in the queue yet")
+    gpus = parse_gpu_list(getattr(args, "gpus", None))
+    if gpus is not None and args.gpus_count is not None:
+        raise UsageError("give --gpus (those GPUs) or --gpus-count (any N), not both")
+    request, device_count = prepare(
+        preset,
+        args.set,
+        simulate=getattr(args, "simulate", None),
+        sim_card=getattr(args, "sim_card", None),
+        stop_grace_s=args.grace,
+        wrap=wrap,
+    )
+    count = args.gpus_count
+    if gpus is None and count is None:
+        wanted = request.preset.gpus
+        if isinstance(wanted, list):
+            gpus = list(wanted)
+        else:
+            count = 1 if wanted is None else int(wanted)
+    if device_count is None:
+        raise UsageError("--queue: no NVIDIA driver here, so no GPU will ever be free")
+    if gpus is not None:
+        unknown = [g for g in gpus if not 0 <= g < device_count]
+        if unknown:
+            raise UsageError(
+                f"--gpus: GPU {','.join(map(str, unknown))} does not exist "
+                f"(this machine has {device_count}: 0-{device_count - 1})"
+            )
+    elif count is not None and not 0 <= count <= device_count:
+        raise UsageError(f"--gpus-count: from 0 to {device_count} (the GPUs here), got {count}")
+    entry = queue.submit(request, gpus=gpus, gpus_count=count, priority=args.priority)
+    ensure_running()
+    position = next((i for i, e in enumerate(queue.entries(), 1) if e.id == entry.id), None)
+    for warning in request.warnings:
+        print(f"gpustation: warning: {warning}", file=sys.stderr)
+    print(
+        f"gpustation: queued {entry.id} ({preset.display_title}) for {entry.wants()}"
+        + (f", position {position}" if position else "")
+        + "; `gpustation queue` shows what it waits for",
+        file=sys.stderr,
+    )
+    print(entry.id)
+    return EXIT_OK
 
 
 def _node_options(args: argparse.Namespace) -> Any:

@@ -163,6 +163,77 @@ def launch(
         warnings.append("no NVIDIA driver: the run starts without GPUs")
     created = time.time()
     run_id, directory = new_run_directory(preset.name, created)
+    return _start(
+        RunRequest(preset, parsed, warnings, workdir, backend_info, stop_grace_s, wrap),
+        chosen,
+        run_id,
+        directory,
+        created,
+        wait_started_s,
+        resumed_from,
+    )
+
+
+@dataclass
+class RunRequest:
+    """A run asked for, before its GPUs are chosen: what a queued run keeps until it starts."""
+
+    preset: RunPreset
+    overrides: dict[str, Any]
+    warnings: list[str]
+    cwd: str
+    backend: dict[str, Any]
+    stop_grace_s: float = DEFAULT_GRACE_S
+    wrap: Sequence[str] = ()
+
+
+def prepare(
+    preset: RunPreset,
+    overrides: Sequence[str] = (),
+    *,
+    simulate: int | None = None,
+    sim_card: str | None = None,
+    stop_grace_s: float = DEFAULT_GRACE_S,
+    cwd: str | os.PathLike[str] | None = None,
+    wrap: Sequence[str] = (),
+) -> tuple[RunRequest, int | None]:
+    """A run checked as :func:`launch` checks it, not started; and the GPU count."""
+    preset, parsed, warnings = apply_overrides(preset, list(overrides))
+    workdir = str(Path(cwd)) if cwd is not None else working_directory()
+    device_count, backend_info = _open_device_count(simulate, sim_card)
+    return RunRequest(preset, parsed, warnings, workdir, backend_info, stop_grace_s, wrap), (
+        device_count
+    )
+
+
+def start_prepared(
+    request: RunRequest,
+    chosen: list[int],
+    run_id: str,
+    directory: Path,
+    created: float,
+    wait_started_s: float = 10.0,
+    queued: dict[str, Any] | None = None,
+) -> RunHandle:
+    """Start a run prepared earlier (a queued one) on ``chosen`` in its own directory;
+    ``queued`` (when it was submitted, how long it waited) goes into ``run.json``."""
+    record_lost_runs()
+    return _start(request, chosen, run_id, directory, created, wait_started_s, None, queued)
+
+
+def _start(
+    request: RunRequest,
+    chosen: list[int],
+    run_id: str,
+    directory: Path,
+    created: float,
+    wait_started_s: float,
+    resumed_from: dict[str, Any] | None,
+    queued: dict[str, Any] | None = None,
+) -> RunHandle:
+    preset, parsed, warnings = request.preset, request.overrides, list(request.warnings)
+    backend_info, workdir, wrap = request.backend, request.cwd, request.wrap
+    stop_grace_s = request.stop_grace_s
     for other, common in _sharing(chosen, backend_info):
         warnings.append(
             f"GPU {','.join(map(str, common))} is in use by run {other.id} too: the two runs "
@@ -206,6 +277,8 @@ def launch(
     }
     if resumed_from:
         run["resumed_from"] = dict(resumed_from)
+    if queued:
+        run["queue"] = dict(queued)
     sup_env = {**os.environ, **private_env(preset, env)}
     if backend_info.get("simulated"):
         sup_env["GPUSTATION_SIMULATE"] = str(backend_info.get("simulate", -1))

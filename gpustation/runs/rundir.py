@@ -52,8 +52,10 @@ MAX_JSON_BYTES = 16 << 20
 ACTIVE_STATUSES = ("starting", "running")
 #: statuses of a run that has ended
 FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
+#: the status of a run waiting in the GPU queue (runs/queue/): not started, not ended
+QUEUED = "queued"
 #: every status a run can have
-STATUSES = ACTIVE_STATUSES + FINAL_STATUSES
+STATUSES = (QUEUED, *ACTIVE_STATUSES, *FINAL_STATUSES)
 
 
 @dataclass

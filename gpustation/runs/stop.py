@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gpustation.errors import UsageError
 from gpustation.runs import rundir
+from gpustation.runs.queue.folder import cancelled
 from gpustation.runs.reconcile import check_run, mark_ended, record_end
 from gpustation.runs.rundir import RunState
 
@@ -171,6 +172,8 @@ def stop_run(
     state = rundir.read_state(directory)
     if state is None:
         raise UsageError(f"no run directory {directory}")
+    if state.status == rundir.QUEUED:
+        return cancelled(directory) or rundir.read_state(directory)
     if not state.active:
         return state
     checked = check_run(directory)
