@@ -119,17 +119,15 @@ class Machine:
     """One kind of GPUs the queued runs ask for (the real ones, or a simulated machine)."""
 
     def __init__(self, key: tuple[Any, ...], settings: QueueSettings) -> None:
-        from gpustation.telemetry.backend import open_backend
+        from gpustation.telemetry.registry import open_backend
 
         self.key = key
         self.simulated = key[0] == "sim"
         if self.simulated:
             simulate = int(key[1]) if isinstance(key[1], int) else -1
             self.backend = open_backend(simulate=simulate, sim_card=key[2])
-        else:
-            from gpustation.telemetry.nvml import NvmlBackend
-
-            self.backend = NvmlBackend()
+        else:  # the scheduler starts without GPUSTATION_SIMULATE: the real GPUs
+            self.backend = open_backend()
         self.count = self.backend.device_count()
         self.watch = GpuWatch(settings)
         self.topology = None
