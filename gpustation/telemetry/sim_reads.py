@@ -118,6 +118,7 @@ READS: dict[str, Read | None] = {
     "dram_active_pct": None,  # SimBackend._deep
     "xid_events": None,  # SimBackend._deep
     "nvlink": None,  # SimBackend._deep
+    "nvlink_sum_mb_s": None,  # only a host read from Prometheus knows the sum alone
     "mig": None,  # SimBackend._deep
     "unowned_memory_mib": None,  # the sampler
     "device_holders": _holders,

@@ -95,6 +95,7 @@ READS: dict[str, NvmlRead | None] = {
     "dram_active_pct": None,  # deep.GpmReader
     "xid_events": None,  # deep.XidWatcher
     "nvlink": None,  # deep.NvLinkReader
+    "nvlink_sum_mb_s": None,  # only a host read from Prometheus knows the sum alone
     "mig": None,  # deep.read_mig
     "unowned_memory_mib": None,  # the sampler
     "device_holders": None,  # the sampler
