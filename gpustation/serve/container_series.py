@@ -11,29 +11,24 @@ from collections.abc import Callable
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpustation.telemetry.model import GpuSample, ProcessInfo
+from gpustation.telemetry.promnames import (
+    CONTAINER_MEMORY,
+    CONTAINER_POWER,
+    CONTAINER_PROCESSES,
+)
 
 #: the ``container`` label of processes in no container, systemd unit or Slurm job
 NO_CONTAINER = "-"
 
 
 def container_metrics(
-    live: list[GpuSample], gpu_labels: tuple[str, ...], labels_of: Callable[[GpuSample], list[str]]
+    live: list[GpuSample], labels_of: Callable[[GpuSample], list[str]]
 ) -> list[Metric]:
     """Each GPU's processes summed per container: the GPU's labels
     (``labels_of`` gives their values) and ``container``."""
-    labels = (*gpu_labels, "container")
-    power = GaugeMetricFamily(
-        "gpustation_container_power_watts",
-        "Estimated power of a container's processes on the GPU, from their SM shares (W).",
-        labels=labels,
-    )
-    memory = GaugeMetricFamily(
-        "gpustation_container_memory_used_mib",
-        "VRAM held by a container's processes on the GPU (MiB).",
-        labels=labels,
-    )
-    count = GaugeMetricFamily(
-        "gpustation_container_processes", "A container's processes on the GPU.", labels=labels
+    power, memory, count = (
+        GaugeMetricFamily(series.name, series.help, labels=series.labels)
+        for series in (CONTAINER_POWER, CONTAINER_MEMORY, CONTAINER_PROCESSES)
     )
     for gpu in live:
         groups: dict[str, list[ProcessInfo]] = {}

@@ -128,7 +128,7 @@ def snapshot_metrics(
                 left.add_metric((*gpu_labels(snap, gpu), limits_left[gpu.index]), 1.0)
         families.append(left)
 
-    families += container_metrics(live, GPU_LABELS, lambda g: gpu_labels(snap, g))
+    families += container_metrics(live, lambda g: gpu_labels(snap, g))
 
     fans = _family(FAN_SPEED)
     for gpu in live:
