@@ -9,9 +9,9 @@ from collections import defaultdict
 from typing import Any
 
 from gpustation.runs.cost import J_PER_KWH, load_price
-from gpustation.runs.history import parse_span
 from gpustation.runs.store import RunStore
 from gpustation.textsafe import safe
+from gpustation.timespec import parse_since
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,13 +21,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Sum the GPU energy of the runs in the history over a period, per day "
         "or per preset, with its cost when [energy] price_per_kwh is set in config.toml.",
     )
-    p.add_argument("--since", default="30d", metavar="SPAN", help="e.g. 12h, 7d, 4w (default 30d)")
+    p.add_argument(
+        "--since",
+        default="30d",
+        metavar="WHEN",
+        help="a span back from now (12h, 7d, 4w), a date (2026-12-01) or a relative time "
+        "(-5m) (default 30d)",
+    )
     p.add_argument("--by", choices=["day", "preset"], default="day")
     p.add_argument("--json", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
-    since = time.time() - parse_span(args.since, "--since")
+    since = parse_since(args.since, "--since")
     price = load_price()
     groups: dict[str, dict[str, Any]] = defaultdict(
         lambda: {"runs": 0, "energy_j": 0.0, "gpu_hours": 0.0, "unmeasured": 0}

@@ -51,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     delete = actions.add_parser("delete", help="delete runs: their directories and rows")
     delete.add_argument("ids", nargs="+", metavar="ID")
     prune = actions.add_parser("prune", help="delete the runs that ended before a span ago")
-    prune.add_argument("--older-than", required=True, metavar="SPAN", help="e.g. 12h, 30d, 4w")
+    prune.add_argument("--older-than", required=True, metavar="SPAN", help="e.g. 90s, 12h, 30d, 4w")
     prune.add_argument("--status", help="only runs with this status (failed, stopped ...)")
     prune.add_argument("--dry-run", action="store_true", help="list them; delete nothing")
     note = actions.add_parser("note", help="set a run's note (an empty text clears it)")
@@ -164,7 +164,8 @@ def _print_profile(out: object, r: RunSummary) -> None:
 
 
 def _tidy(store: RunStore, args: argparse.Namespace) -> int:
-    from gpustation.runs.history import annotate, delete_runs, parse_span, prune_candidates
+    from gpustation.runs.history import annotate, delete_runs, prune_candidates
+    from gpustation.timespec import parse_span
 
     if args.runs_action == "delete":
         for run_id in delete_runs(store, [store.resolve_id(i) for i in args.ids]):

@@ -89,7 +89,7 @@ class RunHandle:
 def _open_device_count(
     simulate: int | None, sim_card: str | None
 ) -> tuple[int | None, dict[str, Any]]:
-    from gpustation.telemetry.backend import open_backend
+    from gpustation.telemetry.backend import open_backend, simulate_from_env
 
     try:
         backend = open_backend(simulate=simulate, sim_card=sim_card)
@@ -101,8 +101,7 @@ def _open_device_count(
         backend.close()
     if backend.simulated:
         if simulate is None:
-            raw = os.environ.get("GPUSTATION_SIMULATE", "")
-            simulate = int(raw) if raw.lstrip("-").isdigit() else -1
+            simulate = simulate_from_env()
         return count, {
             "kind": "sim",
             "simulated": True,
