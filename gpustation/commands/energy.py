@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections import defaultdict
 from typing import Any
 
+from gpustation import timefmt
 from gpustation.runs.cost import J_PER_KWH, load_price
 from gpustation.runs.store import RunStore
 from gpustation.textsafe import safe
@@ -41,11 +41,7 @@ def run(args: argparse.Namespace) -> int:
     for r in RunStore().list_runs():
         if r.started_at is None or r.started_at < since:
             continue
-        key = (
-            time.strftime("%Y-%m-%d", time.localtime(r.started_at))
-            if args.by == "day"
-            else (r.preset or "-")
-        )
+        key = timefmt.day(r.started_at) if args.by == "day" else (r.preset or "-")
         g = groups[key]
         g["runs"] += 1
         if r.energy_j is None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import time
 
+from gpustation import timefmt
 from gpustation.errors import UsageError
 from gpustation.runs.compare import (
     Comparison,
@@ -231,7 +231,7 @@ def _price() -> Price | None:
 def _started(record: RunSummary) -> str:
     if record.started_at is None:
         return "-"
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(record.started_at))
+    return timefmt.stamp(record.started_at)
 
 
 def _print_list(records: list[RunSummary]) -> None:

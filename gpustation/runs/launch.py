@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpustation import paths, private, privs
+from gpustation import paths, private, privs, timefmt
 from gpustation.errors import GpustationError, NoDriverError, UsageError
 from gpustation.pyargv import python_argv
 from gpustation.redact import redact_env
@@ -38,7 +38,7 @@ from gpustation.runs.summary import RunSummary
 
 def new_run_id(name: str, now: float | None = None) -> str:
     """A sortable id: ``20261129-153012-resnet50-bf16-3f2a`` (UTC time)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now if now is not None else time.time()))
+    stamp = timefmt.file_stamp(now)
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")[:40] or "run"
     return f"{stamp}-{slug}-{secrets.token_hex(2)}"
 

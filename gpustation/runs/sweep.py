@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpustation import paths, privs
+from gpustation import paths, privs, timefmt
 from gpustation.control import lease
 from gpustation.control.power import apply_power, plan_power
 from gpustation.control.profiles import parse_power_value
@@ -105,7 +105,7 @@ class Sweep:
         """The status in words, with whether its process is gone and the limits it left."""
         if not self.dead:
             return self.status
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.created_at))
+        started = timefmt.full(self.created_at)
         text = f"dead: its process (pid {self.pid}, started {started}) is gone"
         if self.left_limits:
             text += f"; limits left changed: `gpustation sweeps restore {self.id}`"
@@ -240,13 +240,13 @@ def read_sweep_file(path: Path) -> Sweep:
 def load_sweep(sweep_id: str) -> Sweep:
     """A sweep by id or unique prefix (``last`` for the newest)."""
     root = sweeps_dir()
+    if sweep_id == "last" and (sweeps := list_sweeps()):
+        # by when it started: older ids were stamped in local time, newer ones in UTC
+        return sweeps[-1]
     ids = (
         sorted(p.name for p in root.glob("*") if (p / SWEEP_JSON).exists()) if root.exists() else []
     )
-    if sweep_id == "last" and ids:
-        match = [ids[-1]]
-    else:
-        match = [i for i in ids if i == sweep_id] or [i for i in ids if i.startswith(sweep_id)]
+    match = [i for i in ids if i == sweep_id] or [i for i in ids if i.startswith(sweep_id)]
     if len(match) != 1:
         what = "no sweep" if not match else f"{len(match)} sweeps"
         raise UsageError(f"{what} matches {sweep_id!r}; `gpustation sweeps list` shows them")
@@ -268,6 +268,7 @@ def scan_sweeps() -> tuple[list[Sweep], list[str]]:
             out.append(read_sweep_file(path))
         except UsageError as err:
             damaged.append(str(err))
+    out.sort(key=lambda sweep: (sweep.created_at, sweep.id))
     return out, damaged
 
 
@@ -514,7 +515,7 @@ def require_root_for(sweep: Sweep, simulated: bool) -> None:
 def new_sweep_id(preset: str, now: float | None = None) -> str:
     """``YYYYmmdd-HHMMSS-sweep-PRESET``, with ``-2``, ``-3``... when a sweep
     started in the same second already has it (never one directory for two)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now or time.time()))
+    stamp = timefmt.file_stamp(now)
     base = f"{stamp}-sweep-{preset}"
     root = sweeps_dir()
     n = 1

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -29,6 +28,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label
 
+from gpustation import timefmt
 from gpustation.errors import UsageError
 from gpustation.telemetry.alerts import AlertLog
 from gpustation.telemetry.recording import SPEEDS, Recording
@@ -293,7 +293,7 @@ class ReplayApp(DashboardApp):
         t.append(" REPLAY ", style="bold white on blue")
         shown = self.latest
         when = shown.time if shown is not None else rec.start
-        t.append(" " + datetime.fromtimestamp(when).astimezone().strftime("%Y-%m-%d %H:%M:%S %z"))
+        t.append(" " + timefmt.full(when, zone=True))
         state = f"▶ {self.source.speed:g}x" if self.source.playing else "⏸ paused"
         if shown is not None and when >= rec.end and not self.source.playing:
             state = "⏹ end"
