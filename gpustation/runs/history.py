@@ -21,6 +21,7 @@ from gpustation.runs.rundir import STATUSES
 from gpustation.runs.store import RunStore, sync_run
 from gpustation.runs.summary import RunSummary
 from gpustation.textsafe import valid_unicode
+from gpustation.timespec import parse_span as parse_span  # where the prune dialog reads it
 
 _TAG_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-+/")
 

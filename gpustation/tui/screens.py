@@ -8,6 +8,7 @@ visible again, so hidden screens cost nothing.
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
@@ -17,7 +18,6 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import Select
 
-from gpustation import timefmt
 from gpustation.telemetry.history import METRIC_KEYS, METRICS
 from gpustation.tui import render
 from gpustation.tui.linecache import KeepsLines
@@ -300,7 +300,7 @@ class AlertLogScreen(LiveScreen):
         if not log:
             t.append("No alerts so far.", style="green")
         for alert in reversed(log):
-            stamp = timefmt.clock(alert.time)
+            stamp = time.strftime("%H:%M:%S", time.localtime(alert.time))
             style = {"critical": "bold red", "cleared": "green"}.get(alert.severity, "yellow")
             t.append(f"{stamp}  ", style="dim")
             t.append(f"{alert.severity:<8} ", style=style)

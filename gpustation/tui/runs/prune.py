@@ -22,10 +22,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Select
 
 from gpustation.errors import UsageError
+from gpustation.runs.history import parse_span
 from gpustation.runs.rundir import FINAL_STATUSES
 from gpustation.runs.summary import RunSummary
 from gpustation.textsafe import safe
-from gpustation.timespec import parse_span
 from gpustation.tui.runs.model import RUNS_TITLE, RunView
 from gpustation.tui.runs.tidy import confirm_delete, in_worker
 

@@ -22,7 +22,6 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import DataTable, OptionList
 
-from gpustation import timefmt
 from gpustation.runs.compare import gpus_text
 from gpustation.runs.presets import RunPreset
 from gpustation.tui.readonly import refused
@@ -252,7 +251,9 @@ class RunsScreen(RunLogScreen):
 
     # -- the runs table -------------------------------------------------------------------
     def _cells(self, v: RunView, now: float) -> tuple[str, ...]:
-        started = timefmt.compact(v.started_at) if v.started_at else "-"
+        started = (
+            time.strftime("%m-%d %H:%M", time.localtime(v.started_at)) if v.started_at else "-"
+        )
         s = v.summary
         step = s.steps
         total = s.total_steps
