@@ -10,6 +10,7 @@ from typing import Any
 from gpustation import timefmt
 from gpustation.runs.cost import J_PER_KWH, load_price
 from gpustation.runs.store import RunStore
+from gpustation.telemetry.format import NA
 from gpustation.textsafe import safe
 from gpustation.timespec import parse_since
 
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     for r in RunStore().list_runs():
         if r.started_at is None or r.started_at < since:
             continue
-        key = timefmt.day(r.started_at) if args.by == "day" else (r.preset or "-")
+        key = timefmt.day(r.started_at) if args.by == "day" else (r.preset or NA)
         g = groups[key]
         g["runs"] += 1
         if r.energy_j is None:

@@ -28,6 +28,7 @@ from gpustation.runs.phases import phases_table
 from gpustation.runs.store import RunStore
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry import format as fmt
+from gpustation.telemetry.format import NA
 from gpustation.textsafe import safe
 
 
@@ -230,7 +231,7 @@ def _price() -> Price | None:
 
 def _started(record: RunSummary) -> str:
     if record.started_at is None:
-        return "-"
+        return NA
     return timefmt.stamp(record.started_at)
 
 
@@ -265,12 +266,12 @@ def _print_list(records: list[RunSummary]) -> None:
                 safe(c)
                 for c in (
                     r.id,
-                    r.preset or "-",
+                    r.preset or NA,
                     status_text(r),
                     _started(r),
                     fmt_duration(r.duration_s),
                     gpus_text(r),
-                    "-" if r.steps is None else str(r.steps),
+                    NA if r.steps is None else str(r.steps),
                     fmt_num(r.final_loss, 4),
                     fmt_num(r.best_throughput, 1, r.throughput_unit or ""),
                     energy_text(r),

@@ -23,6 +23,7 @@ from gpustation.runs import rundir
 from gpustation.runs.fold import finite_number
 from gpustation.runs.sweep import Point, Sweep
 from gpustation.runs.tail import parse_metric_line
+from gpustation.telemetry.format import NA
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -380,7 +381,7 @@ def point_rows(sweep: Sweep) -> list[list[str]]:
     """A row of text per point, in :func:`point_columns`' order (labels not yet made safe)."""
 
     def num(value: object, fmt: str) -> str:
-        return format(value, fmt) if isinstance(value, (int, float)) else "-"
+        return format(value, fmt) if isinstance(value, (int, float)) else NA
 
     rows = []
     for p in sweep.points:
@@ -397,7 +398,7 @@ def point_rows(sweep: Sweep) -> list[list[str]]:
                 num(f.get("peak_temp_c"), ".0f"),
                 num(f.get("throttled_s"), ".0f"),
                 num(f.get("peak_vram_mib"), ",.0f"),
-                p.run_id or "-",
+                p.run_id or NA,
             ]
         )
     return rows

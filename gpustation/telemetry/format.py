@@ -55,9 +55,9 @@ def kib_rate(kib_per_s: float | None) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    """``1:02:03`` or ``2:03``; ``-`` when unknown."""
+    """``1:02:03`` or ``2:03``; n/a when unknown."""
     if seconds is None or seconds < 0:
-        return "-"
+        return NA
     seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
