@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
+from gpustation import colour
 from gpustation.errors import UsageError
 from gpustation.timespec import parse_time
 
@@ -83,9 +83,8 @@ def run(args: argparse.Namespace) -> int:
             from gpustation.telemetry.model import Snapshot
             from gpustation.telemetry.table import render_snapshot
 
-            tty = sys.stdout.isatty()
             snap = Snapshot.from_dict(doc)
-            sys.stdout.write(render_snapshot(snap, color=tty and not os.environ.get("NO_COLOR")))
+            sys.stdout.write(render_snapshot(snap, color=colour.wanted(sys.stdout)))
             sys.stdout.write("\n")
         return 0
     if args.json:
