@@ -38,12 +38,15 @@ import re
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpustation import paths
 from gpustation.errors import UsageError
 from gpustation.files import NotRegularFile, read_text, say_skipped
 from gpustation.textsafe import safe_doc
+
+if TYPE_CHECKING:
+    from gpustation.runs.runner_args import RunnerArg
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -434,14 +437,39 @@ def _typed(key: str, text: str, default: ArgValue) -> ArgValue:
     )
 
 
+def _runner_option(runner: str | None, dest: str) -> RunnerArg | None:
+    """The runner's own option ``dest``, or None when it has none
+    or its parser cannot be read; the parser is read once, only for a key the
+    preset does not set."""
+    if runner is None:
+        return None
+    from gpustation.runs.runner_args import RunnerArgsError, runner_args
+
+    try:
+        options = runner_args(runner)
+    except RunnerArgsError:
+        return None
+    return next((o for o in options if o.dest == dest), None)
+
+
+def _typed_by_runner(raw_key: str, text: str, option: RunnerArg) -> ArgValue:
+    from gpustation.runs.runner_args import parse_text
+
+    try:
+        return parse_text(option.kind, text, option.choices)
+    except ValueError as err:
+        raise UsageError(f"--set {raw_key}={text}: {err} (the runner's {option.flag})") from None
+
+
 def apply_overrides(
     preset: RunPreset, overrides: list[str]
 ) -> tuple[RunPreset, dict[str, ArgValue], list[str]]:
     """Apply ``--set key=value`` to a preset's ``[args]``.
 
     Each value is typed by the preset's own default (int, float, bool, list or
-    string). A key the preset does not have is passed as a string, with a
-    warning. Returns the new preset, the parsed overrides and the warnings.
+    string), or for a key the preset does not set by the runner's own parser. A
+    key neither has is passed as a string, with a warning. Returns the new
+    preset, the parsed overrides and the warnings.
     """
     args = dict(preset.args)
     parsed: dict[str, ArgValue] = {}
@@ -463,19 +491,24 @@ def apply_overrides(
             key = raw_key.replace("-", "_")
             args[key] = parsed[key] = text
             continue
+        value: ArgValue
         if key is None:
             key = raw_key.replace("-", "_")
-            near = difflib.get_close_matches(key, list(args), n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            value: ArgValue = text
-            word = text.strip().lower()
-            if word in ("true", "false", "yes", "no", "on", "off"):
-                # a switch: --flag or --no-flag, as for the preset's own booleans
-                value = word in ("true", "yes", "on")
-            warnings.append(
-                f"--set {raw_key}: preset {preset.name!r} has no argument {raw_key!r}{hint}; "
-                f"passing it as {'a switch' if isinstance(value, bool) else 'a string'}"
-            )
+            option = _runner_option(preset.runner, key)
+            if option is not None:
+                value = _typed_by_runner(raw_key, text, option)
+            else:
+                near = difflib.get_close_matches(key, list(preset.args), n=1)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                value = text
+                word = text.strip().lower()
+                if word in ("true", "false", "yes", "no", "on", "off"):
+                    # a switch: --flag or --no-flag, as for the preset's own booleans
+                    value = word in ("true", "yes", "on")
+                warnings.append(
+                    f"--set {raw_key}: preset {preset.name!r} has no argument {raw_key!r}{hint}; "
+                    f"passing it as {'a switch' if isinstance(value, bool) else 'a string'}"
+                )
         else:
             value = _typed(raw_key, text, args[key])
         args[key] = value
