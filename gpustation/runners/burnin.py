@@ -180,7 +180,7 @@ def verdicts(
         f"peak {peak_t} °C (slowdown at {slow} °C); thermal or hardware slowdown for "
         f"{thermal_s:.0f} s" + (": check airflow, fans and the paste" if thermal_s > 0 else ""),
     ))  # fmt: skip
-    cap_s = mon.throttled_s.get("software power cap", 0.0)
+    cap_s = mon.throttled_s.get("sw_power_cap", 0.0)
     out.append(check(
         "power", "info",
         f"peak {mon.peak.get('power_w')} W of the {st.get('power_limit_w')} W limit; at the "
@@ -307,7 +307,7 @@ def _summary(
         "max_mem_clock_mhz": st.get("max_mem_clock_mhz"),
         "throttled_s": {k: round(v, 1) for k, v in mon.throttled_s.items()},
         "thermal_throttled_s": round(mon.thermal_s(), 1) if mon.available else None,
-        "power_capped_s": round(mon.throttled_s.get("software power cap", 0.0), 1)
+        "power_capped_s": round(mon.throttled_s.get("sw_power_cap", 0.0), 1)
         if mon.available else None,
         "power_violation_s": viol_s("violation_power_ns"),
         "thermal_violation_s": viol_s("violation_thermal_ns"),

@@ -15,18 +15,7 @@ from typing import Any
 
 import torch
 
-# Throttle ("clocks event") reason bits as NVML defines them, in words.
-THROTTLE_REASONS = {
-    0x1: "idle",
-    0x2: "application clocks setting",
-    0x4: "software power cap",
-    0x8: "hardware slowdown",
-    0x10: "sync boost",
-    0x20: "software thermal slowdown",
-    0x40: "hardware thermal slowdown",
-    0x80: "hardware power brake",
-    0x100: "display clock setting",
-}
+from gpustation.telemetry.model import THROTTLE_REASONS
 
 
 @dataclass
@@ -184,7 +173,7 @@ class Monitor:
             if v is not None:
                 self.peak[key] = max(self.peak.get(key, v), v)
         bits = s.get("throttle") or 0
-        for bit, name in THROTTLE_REASONS.items():
+        for bit, name in THROTTLE_REASONS:
             if bits & bit and bit not in (0x1,):
                 self.throttled_s[name] = self.throttled_s.get(name, 0.0) + dt
         if self.phase == "pcie" and s.get("pcie_gen") and s.get("pcie_width"):

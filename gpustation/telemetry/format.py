@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from gpustation.telemetry.model import THROTTLE_WORDS as THROTTLE_WORDS
+
 NA = "n/a"
 
 
@@ -72,19 +74,6 @@ def pcie_link(gen: int | None, width: int | None) -> str:
     if gen is None and width is None:
         return NA
     return f"Gen{num(gen)} x{num(width)}"
-
-
-THROTTLE_WORDS = {
-    "gpu_idle": "idle",
-    "applications_clocks_setting": "app clocks",
-    "sw_power_cap": "power cap",
-    "hw_slowdown": "HW slowdown",
-    "sync_boost": "sync boost",
-    "sw_thermal": "thermal (SW)",
-    "hw_thermal": "thermal (HW)",
-    "hw_power_brake": "power brake",
-    "display_clocks": "display clocks",
-}
 
 
 def throttle(reasons: list[str] | None) -> str:
