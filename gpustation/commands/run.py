@@ -61,12 +61,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="override an [args] value, typed by the preset's default (repeatable)",
     )
-    add_gpu_options(p)
-    for action in p._actions:
-        # Given before the command (`gpustation --simulate 2 run x`), the
-        # top-level value stands; the sub-parser's None must not replace it.
-        if action.dest in ("gpus", "simulate", "sim_card"):
-            action.default = argparse.SUPPRESS
+    add_gpu_options(p)  # unset defaults: `gpustation --simulate 2 run x` keeps the 2
     p.add_argument(
         "--detach", action="store_true", help="print the run id and return; the run goes on"
     )

@@ -68,9 +68,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "300W,350W (needs root; each card's limit is put back afterwards)",
     )
     add_gpu_options(p)
-    for action in p._actions:
-        if action.dest in ("gpus", "simulate", "sim_card"):
-            action.default = argparse.SUPPRESS
     p.add_argument("--repeat", type=int, default=1, metavar="N", help="runs per point (noise)")
     p.add_argument(
         "--warmup-s",

@@ -25,3 +25,15 @@ def test_a_wrong_flag_shows_the_usage_of_its_own_command(
     err = capsys.readouterr().err
     assert err.startswith(usage), err
     assert "unrecognized arguments: --bogus" in err
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "snapshot"])
+def test_gpu_options_before_the_command_stand(command: str) -> None:
+    from gpustation.cli import build_parser
+
+    args, _ = build_parser(only=command).parse_known_args(
+        ["--simulate", "3", "--gpus", "1", command, "x"]
+    )
+    assert (args.simulate, args.gpus) == (3, "1")
+    args, _ = build_parser(only=command).parse_known_args([command, "--simulate", "4", "x"])
+    assert args.simulate == 4
