@@ -92,7 +92,7 @@ def parse_hosts(text: str | None) -> list[HostSpec]:
         try:
             specs.append(parse_host(word))
         except UsageError as err:
-            raise UsageError(str(err).replace("--host:", "--hosts:", 1)) from None
+            raise UsageError(err.worded("--hosts")) from None
     seen: set[str] = set()
     for spec in specs:
         if spec.text in seen:

@@ -433,7 +433,9 @@ def _typed(key: str, text: str, default: ArgValue) -> ArgValue:
     else:
         return text
     raise UsageError(
-        f"--set {key}={text}: expected {expected} (the preset's default is {default!r})"
+        f"expected {expected} (the preset's default is {default!r})",
+        field="set",
+        subject=f"{key}={text}",
     )
 
 
@@ -458,7 +460,9 @@ def _typed_by_runner(raw_key: str, text: str, option: RunnerArg) -> ArgValue:
     try:
         return parse_text(option.kind, text, option.choices)
     except ValueError as err:
-        raise UsageError(f"--set {raw_key}={text}: {err} (the runner's {option.flag})") from None
+        raise UsageError(
+            f"{err} (the runner's {option.flag})", field="set", subject=f"{raw_key}={text}"
+        ) from None
 
 
 def apply_overrides(
@@ -477,11 +481,13 @@ def apply_overrides(
     by_norm = {k.replace("-", "_"): k for k in args}
     for item in overrides:
         if "=" not in item:
-            raise UsageError(f"--set {item!r}: expected key=value, e.g. --set batch_size=64")
+            raise UsageError(
+                "expected key=value, e.g. --set batch_size=64", field="set", subject=repr(item)
+            )
         raw_key, text = item.split("=", 1)
         raw_key = raw_key.strip()
         if not raw_key:
-            raise UsageError(f"--set {item!r}: the key is empty")
+            raise UsageError("the key is empty", field="set", subject=repr(item))
         key = by_norm.get(raw_key.replace("-", "_"))
         shared = preset.runner is not None and (
             "--" + raw_key.replace("_", "-") in _runners_package().SHARED_OPTIONS

@@ -438,9 +438,9 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
         self.query_one("#launch", Button).disabled = False
 
     @staticmethod
-    def _words(err: Exception) -> str:
-        # "--set" and "--gpus" are the command line's words; here they are fields.
-        return str(err).replace("--set ", "").replace("--gpus", "GPUs")
+    def _words(err: UsageError) -> str:
+        # the form's words for the fields the command line calls --set and --gpus
+        return err.worded({"set": "", "gpus": "GPUs"}.get(err.field or "", err.field or ""))
 
     # -- events ------------------------------------------------------------------------
     def on_input_changed(self, event: Input.Changed) -> None:
