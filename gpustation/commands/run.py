@@ -25,7 +25,7 @@ from typing import Any
 from gpustation.commands.options import add_gpu_options
 from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, UsageError
 from gpustation.runs import rundir
-from gpustation.runs.presets import command_preset
+from gpustation.runs.presets import command_preset, parse_sets
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.backend import parse_gpu_list
 from gpustation.telemetry.format import duration
@@ -161,12 +161,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give a preset (`gpustation presets list`) or a command after --")
     if not command and (args.name or args.env):
         raise UsageError("--name and --env go with a command given after --")
+    sets = parse_sets(args.set)  # read once: every layer below takes the values
     resumed_from = None
     resume_warnings: tuple[str, ...] = ()
     if args.resume:
         from gpustation.runs.resume import plan_resume
 
-        plan = plan_resume(args.resume, args.set, preset_name=args.preset)
+        plan = plan_resume(args.resume, sets, preset_name=args.preset)
         preset, resumed_from, resume_warnings = plan.preset, plan.resumed_from(), plan.warnings
     elif command:
         preset = command_preset(command, args.name, args.env)
@@ -201,11 +202,11 @@ def run(args: argparse.Namespace) -> int:
         if node_options is not None:
             from gpustation.runs.multinode import launch_multinode
 
-            handle = launch_multinode(preset, args.set, node_options)
+            handle = launch_multinode(preset, sets, node_options)
         else:
             handle = launch(
                 preset,
-                args.set,
+                sets,
                 parse_gpu_list(getattr(args, "gpus", None)),
                 simulate=getattr(args, "simulate", None),
                 sim_card=getattr(args, "sim_card", None),

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from gpustation.pyargv import python_argv
 from gpustation.redact import redact_env
 from gpustation.runs import rundir
 from gpustation.runs.argv import build_argv, build_env, private_env, recorded_env, resolve_gpus
-from gpustation.runs.presets import RunPreset, apply_overrides
+from gpustation.runs.presets import ArgValue, RunPreset, apply_values
 from gpustation.runs.reconcile import list_active_runs, record_lost_runs
 from gpustation.runs.rundir import RunState
 from gpustation.runs.stop import DEFAULT_GRACE_S
@@ -128,7 +128,7 @@ def _sharing(chosen: list[int], backend_info: dict[str, Any]) -> list[tuple[Any,
 
 def launch(
     preset: RunPreset,
-    overrides: Sequence[str] = (),
+    overrides: Mapping[str, ArgValue] | None = None,
     gpus: Sequence[int] | None = None,
     *,
     simulate: int | None = None,
@@ -143,13 +143,13 @@ def launch(
 ) -> RunHandle:
     """Start a run of ``preset`` and return once its supervisor has started it.
 
-    ``overrides`` are ``key=value`` strings for the preset's ``[args]``;
+    ``overrides`` are values for the preset's ``[args]`` (:func:`apply_values`);
     ``gpus`` the GPUs chosen on the command line (None: the preset's choice).
     The GPU count comes from the backend (``simulate`` as for every command)
     unless ``device_count``/``backend_info`` are given. ``resumed_from`` (the run
     and checkpoint step a resumed run continues) is recorded in ``run.json``.
     """
-    preset, parsed, warnings = apply_overrides(preset, list(overrides))
+    preset, parsed, warnings = apply_values(preset, overrides or {})
     # Before the run directory exists: a run that cannot start leaves none behind.
     workdir = str(Path(cwd)) if cwd is not None else working_directory()
     # The launcher is a writer: runs found lost since the last launch are

@@ -36,7 +36,7 @@ from gpustation.control.power import apply_power, plan_power
 from gpustation.control.profiles import parse_power_value
 from gpustation.errors import GpustationError, NeedsRootError, UsageError
 from gpustation.runs import rundir
-from gpustation.runs.presets import RunPreset, apply_overrides
+from gpustation.runs.presets import RunPreset, apply_values
 from gpustation.telemetry.backend import Backend
 
 SWEEP_JSON = "sweep.json"
@@ -337,7 +337,7 @@ def check_preset_takes(preset: RunPreset, axes: dict[str, list[str]]) -> None:
     """Every value of every axis is one the preset's own default can take."""
     for key, values in axes.items():
         for value in values:
-            _, _, warnings = apply_overrides(preset, [f"{key}={value}"])
+            _, _, warnings = apply_values(preset, {key: value})
             if warnings:
                 raise UsageError(f"--set {key}: " + "; ".join(warnings))
 
@@ -481,11 +481,10 @@ class SweepRunner:
             self._set_limit(point)
             self.say(f"  power limit {_limits_text(point.limits_w)} (read back)")
         preset = replace(self.preset, tags=[*self.preset.tags, f"{SWEEP_TAG}{self.sweep.id}"])
-        overrides = [f"{k}={v}" for k, v in point.overrides.items()]
         point.status = "running"
         handle = self.launch(
             preset,
-            overrides,
+            dict(point.overrides),
             self.sweep.gpus or None,
             simulate=self.simulate,
             sim_card=self.sim_card,

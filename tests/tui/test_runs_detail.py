@@ -150,7 +150,7 @@ async def test_a_live_run_s_telemetry_grows_and_the_plot_follows(
     preset_dir.mkdir(parents=True)
     (preset_dir / "a-live.toml").write_text(f'command = ["{sys.executable}", "{trainer}"]\n')
     presets, _ = load_presets()
-    handle = launch(presets["a-live"], [], [0], simulate=1)
+    handle = launch(presets["a-live"], {}, [0], simulate=1)
     try:
         app, _ = make_app(count=1)
         async with app.run_test(size=(160, 48)) as pilot:
