@@ -78,7 +78,8 @@ class _Parser(argparse.ArgumentParser):
         """The (sub)command's own parser for ``args``, so its usage is the one shown."""
         parser: argparse.ArgumentParser = self
         while isinstance(parser, _Parser) and parser.commands is not None:
-            chosen = parser.commands.choices.get(getattr(args, parser.commands.dest, None))
+            name = getattr(args, parser.commands.dest, None)
+            chosen = parser.commands.choices.get(name) if isinstance(name, str) else None
             if chosen is None:
                 break
             parser = chosen
