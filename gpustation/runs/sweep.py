@@ -283,13 +283,15 @@ def parse_axes(sets: Sequence[str]) -> dict[str, list[str]]:
         key = key.strip()
         if not sep or not key:
             raise UsageError(
-                f"--set {item!r}: expected key=value[,value...], e.g. batch_size=64,128"
+                "expected key=value[,value...], e.g. batch_size=64,128",
+                field="set",
+                subject=repr(item),
             )
         choices = [v.strip() for v in values.split(",")]
         if not all(choices):
-            raise UsageError(f"--set {item!r}: an empty value in the list")
+            raise UsageError("an empty value in the list", field="set", subject=repr(item))
         if key in axes:
-            raise UsageError(f"--set {key}: given twice; list every value in one --set")
+            raise UsageError("given twice; list every value in one --set", field="set", subject=key)
         axes[key] = choices
     return axes
 
@@ -301,17 +303,19 @@ def parse_power_axis(text: str | None) -> list[str]:
     values = [v.strip() for v in text.split(",")]
     for v in values:
         if not v:
-            raise UsageError(f"--power-limit {text!r}: an empty value in the list")
+            raise UsageError("an empty value in the list", field="power_limit", subject=repr(text))
         try:
             value = parse_power_value(v)
         except ValueError as err:
-            raise UsageError(f"--power-limit {v!r}: {err}") from None
+            raise UsageError(str(err), field="power_limit", subject=repr(v)) from None
         if value.kind != "default" and not math.isfinite(value.amount):
             raise UsageError(
-                f"--power-limit {v!r}: expected watts (300W) or a percentage of the default (80%)"
+                "expected watts (300W) or a percentage of the default (80%)",
+                field="power_limit",
+                subject=repr(v),
             )
     if len(set(values)) != len(values):
-        raise UsageError(f"--power-limit {text!r}: a value given twice")
+        raise UsageError("a value given twice", field="power_limit", subject=repr(text))
     return values
 
 
@@ -339,7 +343,7 @@ def check_preset_takes(preset: RunPreset, axes: dict[str, list[str]]) -> None:
         for value in values:
             _, _, warnings = apply_values(preset, {key: value})
             if warnings:
-                raise UsageError(f"--set {key}: " + "; ".join(warnings))
+                raise UsageError("; ".join(warnings), field="set", subject=key)
 
 
 def plan_limits(
