@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2, allow_nan=False))
         return 0
     if not rows:
-        print(f"no runs since {args.since} ago")
+        print(f"no runs since {timefmt.full(since)}")
         return 0
     head = f"{args.by:<24} {'runs':>5} {'GPU h':>8} {'kWh':>9}"
     print(head + (f" {'cost':>12}" if price else ""))
