@@ -15,6 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from gpustation import __version__, paths, privs
 from gpustation.errors import EXIT_INTERRUPTED, EXIT_USAGE, GpustationError, UsageError
@@ -62,12 +63,31 @@ def _command_in(argv: Sequence[str]) -> str | None:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands: argparse._SubParsersAction | None = None
+
+    def add_subparsers(self, **kwargs: Any) -> argparse._SubParsersAction:
+        self.commands = super().add_subparsers(**kwargs)
+        return self.commands
+
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"gpustation: error: {message}\n")
 
+    def innermost(self, args: argparse.Namespace) -> argparse.ArgumentParser:
+        """The (sub)command's own parser for ``args``, so its usage is the one shown."""
+        parser: argparse.ArgumentParser = self
+        while isinstance(parser, _Parser) and parser.commands is not None:
+            name = getattr(args, parser.commands.dest, None)
+            chosen = parser.commands.choices.get(name) if isinstance(name, str) else None
+            if chosen is None:
+                break
+            parser = chosen
+        return parser
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+
+def build_parser(only: str | None = None) -> _Parser:
     """The full parser, or one where only command ``only`` is fully defined."""
     from gpustation.commands.options import add_fleet_options, add_gpu_options
 
@@ -112,6 +132,26 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 # "-5W", "-80%": a negative value argparse would take for an unknown option.
 _NEGATIVE_VALUE = re.compile(r"-\d[\d.]*\s*[a-zA-Z%]+")
 
+# Options that take a time, where "-3s" is a time before another one.
+_TIME_OPTIONS = {"--at", "--start", "--since"}
+
+
+def _join_time_values(argv: list[str]) -> list[str]:
+    """``--at -3s`` as ``--at=-3s``, so argparse reads the value, not an unknown option."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return out + argv[i:]
+        if token in _TIME_OPTIONS and i + 1 < len(argv) and argv[i + 1].startswith(("-", "+")):
+            out.append(f"{token}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(token)
+        i += 1
+    return out
+
 
 def _refuse_negative_values(argv: Sequence[str]) -> None:
     for token in argv:
@@ -139,7 +179,7 @@ def _restart_queue() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _join_time_values(list(sys.argv[1:] if argv is None else argv))
     command = _command_in(argv)
     try:
         # Under sudo: the invoking user's from here on, root only for driver calls.
@@ -166,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:
         if "--" not in argv:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            parser.innermost(args).error(f"unrecognized arguments: {' '.join(extra)}")
         extra = [a for a in extra if a != "--"]
         parser.error(f"arguments after -- are only for `gpustation run`: {' '.join(extra)}")
     args.after_dashes = after

@@ -15,15 +15,44 @@ EXIT_UNREACHABLE = 6  # a remote host could not be read
 EXIT_INTERRUPTED = 130  # stopped by Ctrl-C
 
 
+def flag(field: str) -> str:
+    """The command-line option of a field: ``power_limit`` -> ``--power-limit``."""
+    return "--" + field.replace("_", "-")
+
+
 class GpustationError(Exception):
-    """An error with a message meant for the user and an exit code."""
+    """An error with a message meant for the user and an exit code.
+
+    An error about one input names its ``field`` (``gpus``, ``set``) and, where
+    the input has parts, the ``subject`` (``batch_size=big``) instead of a
+    command-line flag: the message reads ``--gpus: ...`` on the command line,
+    and :meth:`worded` names the field in another caller's words (a form's label,
+    a config key).
+    """
 
     exit_code = EXIT_FAILURE
 
-    def __init__(self, message: str, exit_code: int | None = None) -> None:
-        super().__init__(message)
+    def __init__(
+        self,
+        message: str,
+        exit_code: int | None = None,
+        *,
+        field: str | None = None,
+        subject: str | None = None,
+    ) -> None:
+        self.detail = message
+        self.field = field
+        self.subject = subject
+        super().__init__(self.worded(flag(field)) if field is not None else message)
         if exit_code is not None:
             self.exit_code = exit_code
+
+    def worded(self, name: str) -> str:
+        """The message with its field called ``name`` ("" leaves the name out)."""
+        if self.field is None:
+            return str(self)
+        head = " ".join(part for part in (name, self.subject) if part)
+        return f"{head}: {self.detail}" if head else self.detail
 
 
 class UsageError(GpustationError):

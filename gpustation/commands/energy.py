@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections import defaultdict
 from typing import Any
 
+from gpustation import timefmt
 from gpustation.runs.cost import J_PER_KWH, load_price
-from gpustation.runs.history import parse_span
 from gpustation.runs.store import RunStore
+from gpustation.telemetry.format import NA
 from gpustation.textsafe import safe
+from gpustation.timespec import parse_since
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,13 +22,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Sum the GPU energy of the runs in the history over a period, per day "
         "or per preset, with its cost when [energy] price_per_kwh is set in config.toml.",
     )
-    p.add_argument("--since", default="30d", metavar="SPAN", help="e.g. 12h, 7d, 4w (default 30d)")
+    p.add_argument(
+        "--since",
+        default="30d",
+        metavar="WHEN",
+        help="a span back from now (12h, 7d, 4w), a date (2026-12-01) or a relative time "
+        "(-5m) (default 30d)",
+    )
     p.add_argument("--by", choices=["day", "preset"], default="day")
     p.add_argument("--json", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
-    since = time.time() - parse_span(args.since, "--since")
+    since = parse_since(args.since, "--since")
     price = load_price()
     # Runs on simulated GPUs are summed apart: their energy is no energy anyone paid for.
     groups: dict[tuple[str, bool], dict[str, Any]] = defaultdict(
@@ -36,11 +43,7 @@ def run(args: argparse.Namespace) -> int:
     for r in RunStore().list_runs():
         if r.started_at is None or r.started_at < since:
             continue
-        key = (
-            time.strftime("%Y-%m-%d", time.localtime(r.started_at))
-            if args.by == "day"
-            else (r.preset or "-")
-        )
+        key = timefmt.day(r.started_at) if args.by == "day" else (r.preset or NA)
         g = groups[(key, r.simulated)]
         g["runs"] += 1
         if r.energy_j is None:
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2, allow_nan=False))
         return 0
     if not rows:
-        print(f"no runs since {args.since} ago")
+        print(f"no runs since {timefmt.full(since)}")
         return 0
     head = f"{args.by:<24} {'runs':>5} {'GPU h':>8} {'kWh':>9}"
     print(head + (f" {'cost':>12}" if price else ""))

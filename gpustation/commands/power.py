@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
+from gpustation import timefmt
 from gpustation.commands.options import (
     add_control_options,
     add_gpu_options,
@@ -215,7 +215,7 @@ def print_journal(args: argparse.Namespace) -> int:
         print(f"The control journal is empty ({journal.journal_path()}).")
         return 0
     for e in entries:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time))
+        stamp = timefmt.full(e.time)
         fan = f" fan {e.fan}" if e.fan is not None else ""
         sim = " [SIMULATED]" if e.simulated else ""
         outcome = "" if e.outcome == journal.MADE else f"  [{e.outcome.upper()}]"

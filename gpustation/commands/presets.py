@@ -11,9 +11,10 @@ from gpustation.runs.output import console
 from gpustation.runs.presets import (
     PresetProblem,
     RunPreset,
-    apply_overrides,
+    apply_values,
     find_preset,
     load_presets,
+    parse_sets,
     preset_dirs,
 )
 from gpustation.textsafe import safe
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     preset = find_preset(args.name, presets, problems)
-    preset, _parsed, warnings = apply_overrides(preset, args.set)
+    preset, _parsed, warnings = apply_values(preset, parse_sets(args.set))
     for warning in warnings:
         print(f"gpustation: warning: {warning}", file=sys.stderr)
     from gpustation.runs.argv import build_argv, format_args

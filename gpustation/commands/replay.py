@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
+from gpustation import colour
 from gpustation.errors import UsageError
+from gpustation.timespec import parse_time
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,8 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--at",
         metavar="TIME",
-        help="print the snapshot recorded at TIME (Unix seconds, or ISO 8601 such as "
-        "2026-12-01T09:30:00, local time unless it has an offset)",
+        help="print the snapshot recorded at TIME: a span into the recording (90s, 5m), "
+        "a clock time (20:02:46), a date (2026-12-01T20:02, local time unless it has an "
+        "offset), a time back from its end (-3s) or Unix seconds",
     )
     p.add_argument(
         "--json",
@@ -44,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="print JSON (with --at one document, without it every snapshot as JSON Lines)",
     )
     p.add_argument(
-        "--start", metavar="TIME", help="open the dashboard at TIME (default: the start)"
+        "--start", metavar="TIME", help="open the dashboard at TIME, as --at (default: the start)"
     )
     p.add_argument(
         "--speed",
@@ -55,26 +57,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
 
 
-def _time(text: str, option: str) -> float:
-    from gpustation.telemetry.recording import parse_time
-
-    try:
-        return parse_time(text)
-    except ValueError as err:
-        raise UsageError(f"{option}: {err}") from None
-
-
 def run(args: argparse.Namespace) -> int:
     from gpustation.telemetry.recording import SPEEDS, Recording
 
     speed = args.speed
     if not (math.isfinite(speed) and SPEEDS[0] <= speed <= SPEEDS[-1]):
         raise UsageError(f"--speed: between {SPEEDS[0]:g} and {SPEEDS[-1]:g}, got {speed:g}")
-    at = _time(args.at, "--at") if args.at is not None else None
-    start = _time(args.start, "--start") if args.start is not None else None
     recording = Recording(args.file)
     for problem in recording.problems:
         print(f"gpustation: {problem}", file=sys.stderr)
+    bounds = (recording.start, recording.end)
+    at = None if args.at is None else parse_time(args.at, "--at", recording.end, bounds)
+    start = None if args.start is None else parse_time(args.start, "--start", recording.end, bounds)
     for option, t, text in (("--at", at, args.at), ("--start", start, args.start)):
         if t is not None and not recording.start <= t <= recording.end:
             raise UsageError(
@@ -89,9 +83,8 @@ def run(args: argparse.Namespace) -> int:
             from gpustation.telemetry.model import Snapshot
             from gpustation.telemetry.table import render_snapshot
 
-            tty = sys.stdout.isatty()
             snap = Snapshot.from_dict(doc)
-            sys.stdout.write(render_snapshot(snap, color=tty and not os.environ.get("NO_COLOR")))
+            sys.stdout.write(render_snapshot(snap, color=colour.wanted(sys.stdout)))
             sys.stdout.write("\n")
         return 0
     if args.json:

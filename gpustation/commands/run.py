@@ -25,7 +25,7 @@ from typing import Any
 from gpustation.commands.options import add_gpu_options
 from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, UsageError
 from gpustation.runs import rundir
-from gpustation.runs.presets import command_preset
+from gpustation.runs.presets import command_preset, parse_sets
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.backend import parse_gpu_list
 from gpustation.telemetry.format import duration
@@ -61,12 +61,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="override an [args] value, typed by the preset's default (repeatable)",
     )
-    add_gpu_options(p)
-    for action in p._actions:
-        # Given before the command (`gpustation --simulate 2 run x`), the
-        # top-level value stands; the sub-parser's None must not replace it.
-        if action.dest in ("gpus", "simulate", "sim_card"):
-            action.default = argparse.SUPPRESS
+    add_gpu_options(p)  # unset defaults: `gpustation --simulate 2 run x` keeps the 2
     p.add_argument(
         "--detach", action="store_true", help="print the run id and return; the run goes on"
     )
@@ -189,12 +184,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give a preset (`gpustation presets list`) or a command after --")
     if not command and (args.name or args.env):
         raise UsageError("--name and --env go with a command given after --")
+    sets = parse_sets(args.set)  # read once: every layer below takes the values
     resumed_from = None
     resume_warnings: tuple[str, ...] = ()
     if args.resume:
         from gpustation.runs.resume import plan_resume
 
-        plan = plan_resume(args.resume, args.set, preset_name=args.preset)
+        plan = plan_resume(args.resume, sets, preset_name=args.preset)
         preset, resumed_from, resume_warnings = plan.preset, plan.resumed_from(), plan.warnings
     elif command:
         preset = command_preset(command, args.name, args.env)
@@ -222,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--profile-steps: between 1 and 100, got {args.profile_steps}")
         preset = replace(preset, args={**preset.args, "profile_steps": args.profile_steps})
     if args.queue:
-        return _queue(args, preset, wrap, node_options is not None, resumed_from is not None)
+        return _queue(args, preset, sets, wrap, node_options is not None, resumed_from is not None)
     if args.gpus_count is not None or args.priority:
         raise UsageError("--gpus-count and --priority go with --queue")
     # Catch Ctrl-C from here on: one pressed while the run starts must stop it
@@ -233,11 +229,11 @@ def run(args: argparse.Namespace) -> int:
         if node_options is not None:
             from gpustation.runs.multinode import launch_multinode
 
-            handle = launch_multinode(preset, args.set, node_options)
+            handle = launch_multinode(preset, sets, node_options)
         else:
             handle = launch(
                 preset,
-                args.set,
+                sets,
                 parse_gpu_list(getattr(args, "gpus", None)),
                 simulate=getattr(args, "simulate", None),
                 sim_card=getattr(args, "sim_card", None),
@@ -280,7 +276,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _queue(
-    args: argparse.Namespace, preset: Any, wrap: list[str], multinode: bool, resumed: bool
+    args: argparse.Namespace,
+    preset: Any,
+    sets: dict[str, str],
+    wrap: list[str],
+    multinode: bool,
+    resumed: bool,
 ) -> int:
     """``run --queue``: check the run as a start would, queue it, print its id."""
     from gpustation.runs.launch import prepare
@@ -294,7 +295,7 @@ def _queue(
         raise UsageError("give --gpus (those GPUs) or --gpus-count (any N), not both")
     request, device_count = prepare(
         preset,
-        args.set,
+        sets,
         simulate=getattr(args, "simulate", None),
         sim_card=getattr(args, "sim_card", None),
         stop_grace_s=args.grace,

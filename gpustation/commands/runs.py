@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import time
 
+from gpustation import timefmt
 from gpustation.errors import UsageError
 from gpustation.runs.compare import (
     Comparison,
@@ -29,6 +29,7 @@ from gpustation.runs.phases import phases_table
 from gpustation.runs.store import RunStore
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry import format as fmt
+from gpustation.telemetry.format import NA
 from gpustation.textsafe import safe
 
 
@@ -52,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     delete = actions.add_parser("delete", help="delete runs: their directories and rows")
     delete.add_argument("ids", nargs="+", metavar="ID")
     prune = actions.add_parser("prune", help="delete the runs that ended before a span ago")
-    prune.add_argument("--older-than", required=True, metavar="SPAN", help="e.g. 12h, 30d, 4w")
+    prune.add_argument("--older-than", required=True, metavar="SPAN", help="e.g. 90s, 12h, 30d, 4w")
     prune.add_argument("--status", help="only runs with this status (failed, stopped ...)")
     prune.add_argument("--dry-run", action="store_true", help="list them; delete nothing")
     note = actions.add_parser("note", help="set a run's note (an empty text clears it)")
@@ -165,7 +166,8 @@ def _print_profile(out: object, r: RunSummary) -> None:
 
 
 def _tidy(store: RunStore, args: argparse.Namespace) -> int:
-    from gpustation.runs.history import annotate, delete_runs, parse_span, prune_candidates
+    from gpustation.runs.history import annotate, delete_runs, prune_candidates
+    from gpustation.timespec import parse_span
 
     if args.runs_action == "delete":
         for run_id in delete_runs(store, [store.resolve_id(i) for i in args.ids]):
@@ -230,8 +232,8 @@ def _price() -> Price | None:
 
 def _started(record: RunSummary) -> str:
     if record.started_at is None:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(record.started_at))
+        return NA
+    return timefmt.stamp(record.started_at)
 
 
 def _print_list(records: list[RunSummary]) -> None:
@@ -265,12 +267,12 @@ def _print_list(records: list[RunSummary]) -> None:
                 safe(c)
                 for c in (
                     r.id,
-                    r.preset or "-",
+                    r.preset or NA,
                     status_text(r),
                     _started(r),
                     fmt_duration(r.duration_s),
                     gpus_text(r),
-                    "-" if r.steps is None else str(r.steps),
+                    NA if r.steps is None else str(r.steps),
                     fmt_num(r.final_loss, 4),
                     fmt_num(r.best_throughput, 1, r.throughput_unit or ""),
                     energy_text(r),

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
+from gpustation import colour
 from gpustation.commands import options
 from gpustation.commands.options import add_fleet_options, add_gpu_options
 from gpustation.errors import UsageError
@@ -142,7 +142,7 @@ def _emit(snap: Snapshot, as_json: bool, watching: bool = False, group: str | No
     from gpustation.telemetry.table import render_snapshot
 
     tty = out.isatty()
-    color = tty and not os.environ.get("NO_COLOR")
+    color = colour.wanted(out)
     if watching and tty:
         out.write("\x1b[H\x1b[2J")  # clear the screen, like watch(1)
     out.write(render_snapshot(snap, color=color, group=group))

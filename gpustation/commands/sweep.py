@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from gpustation import colour
 from gpustation.commands.options import add_gpu_options, backend_from_args
 from gpustation.errors import EXIT_INTERRUPTED, EXIT_OK, GpustationError, UsageError
 from gpustation.runs import rundir
@@ -67,9 +68,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "300W,350W (needs root; each card's limit is put back afterwards)",
     )
     add_gpu_options(p)
-    for action in p._actions:
-        if action.dest in ("gpus", "simulate", "sim_card"):
-            action.default = argparse.SUPPRESS
     p.add_argument("--repeat", type=int, default=1, metavar="N", help="runs per point (noise)")
     p.add_argument(
         "--warmup-s",
@@ -198,8 +196,13 @@ def _print_plan(sweep: Sweep, limits: dict[str, dict[int, float]]) -> None:
     )
     print(f"Dry run: sweep of {sweep.preset}, {len(sweep.points)} points; nothing is changed.")
     print(f"GPUs: {', '.join(map(str, sweep.gpus)) or 'none'}; estimated time: {total}")
+    from gpustation.runs.sweep_report import constants, point_label
+
+    shared = constants(sweep)
+    if shared:
+        print(safe("every point: " + " ".join(shared)))
     for p in sweep.points:
-        line = f"  {p.index + 1:>3}. {p.label}"
+        line = f"  {p.index + 1:>3}. {point_label(sweep, p)}"
         if p.power is not None:
             line += "  ->  " + ", ".join(
                 f"GPU {i} {w:g} W" for i, w in sorted(limits[p.power].items())
@@ -292,7 +295,7 @@ def _report(sweep: Sweep) -> None:
     from gpustation.runs.sweep_report import recommendation_text, svg_plot, terminal_plot
 
     print_points(sweep)
-    plot = terminal_plot(sweep)
+    plot = terminal_plot(sweep, colour=colour.wanted(sys.stdout))
     if plot:
         print(plot)
     path = sweep.directory / "plot.svg"
@@ -308,12 +311,20 @@ def print_points(sweep: Sweep) -> None:
     from rich.table import Table
 
     from gpustation.runs.output import console
-    from gpustation.runs.sweep_report import TEXT_COLUMNS, point_columns, point_rows
+    from gpustation.runs.sweep_report import TEXT_COLUMNS, constants, point_columns, point_rows
 
+    shared = constants(sweep)
+    if shared:
+        print(safe("every point: " + " ".join(shared)))
     table = Table(box=None, header_style="bold", pad_edge=False)
-    columns = point_columns(sweep)
-    for column in columns:
-        table.add_column(column, justify="left" if column in TEXT_COLUMNS else "right")
-    for row in point_rows(sweep):
-        table.add_row(*(safe(cell) for cell in row))
-    console(160).print(table)
+    rows = [[safe(cell) for cell in row] for row in point_rows(sweep, constants_apart=True)]
+    for column in point_columns(sweep):
+        if column in ("point", "run"):  # a run id is typed or pasted whole: never cut
+            index = 1 if column == "point" else -1
+            width = max((len(row[index]) for row in rows), default=len(column))
+            table.add_column(column, no_wrap=True, min_width=width)
+        else:
+            table.add_column(column, justify="left" if column in TEXT_COLUMNS else "right")
+    for row in rows:
+        table.add_row(*row)
+    console(240).print(table)

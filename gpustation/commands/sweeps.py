@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
+from gpustation import timefmt
 from gpustation.commands.options import add_gpu_options, backend_from_args
 from gpustation.errors import GpustationError
 from gpustation.runs.sweep import load_sweep, scan_sweeps
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         for s in sweeps:
             done = sum(p.status != "pending" for p in s.points)
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created_at))
+            when = timefmt.stamp(s.created_at)
             sim = "  [SIMULATED]" if s.simulated else ""
             print(
                 safe(f"{s.id}  {s.preset}  {done}/{len(s.points)} points  {s.state_text()}  {when}")

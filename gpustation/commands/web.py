@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from gpustation.commands.options import add_gpu_options
-from gpustation.errors import GpustationError, UsageError
+from gpustation.errors import UsageError
 from gpustation.telemetry.backend import parse_gpu_list
 
 DEFAULT_LISTEN = "127.0.0.1:8765"
@@ -30,7 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "connection gets a dashboard of its own. Every request needs the token printed "
         "in the URL on start. The served dashboard shows everything and changes nothing "
         "(no signals to processes, no power, fan or profile change, no launching or "
-        "stopping runs) unless --allow-control.",
+        "stopping runs) unless --allow-control. Needs the web extra: "
+        "pip install 'gpustation[web]'.",
     )
     add_gpu_options(p)
     p.add_argument(
@@ -171,8 +172,20 @@ def _warning(where: str, allow_control: bool) -> str:
     )
 
 
+def _check_web_extra() -> None:
+    """UsageError naming the extra to install when the web server's libraries are missing."""
+    try:
+        import gpustation.serve.web  # noqa: F401
+    except ModuleNotFoundError as err:
+        raise UsageError(
+            f"gpustation web needs the web extra ({err.name or err} is not installed): "
+            "pip install 'gpustation[web]'"
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted (Ctrl-C: 130, SIGTERM: 0)."""
+    _check_web_extra()
     from gpustation.serve.exporter import is_loopback, parse_listen
     from gpustation.serve.webguard import canonical_host, listen_names
 
@@ -191,19 +204,14 @@ def run(args: argparse.Namespace) -> int:
     sessions, connections, idle_s = _limits(args)
     loopback = is_loopback(host)
     token = _token(args, loopback)
-    try:
-        import asyncio
+    import asyncio
 
-        from gpustation.serve.web import (
-            DashboardServer,
-            dashboard_command,
-            serve_until_stopped,
-            url_host,
-        )
-    except ImportError as err:
-        raise GpustationError(
-            f"gpustation web needs textual-serve ({err.name or err}): pip install 'gpustation[web]'"
-        ) from None
+    from gpustation.serve.web import (
+        DashboardServer,
+        dashboard_command,
+        serve_until_stopped,
+        url_host,
+    )
 
     hostname = socket.gethostname()
     command = dashboard_command(options, read_only=not args.allow_control)

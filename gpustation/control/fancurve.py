@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from gpustation import private
+from gpustation import private, timefmt
 from gpustation.control import journal
 from gpustation.control.profiles import FanCurve
 from gpustation.errors import (
@@ -305,7 +305,7 @@ class FanController:
     def log(self, message: str) -> None:
         if self.out is None:
             return
-        stamp = time.strftime("%H:%M:%S")
+        stamp = timefmt.clock()
         print(f"{stamp} {message}", file=self.out, flush=True)
 
     # -- signals -----------------------------------------------------------

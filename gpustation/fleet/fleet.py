@@ -148,7 +148,7 @@ def load_fleet_config(path: Path | None = None) -> FleetConfig:
             try:
                 parse_host(h)
             except UsageError as err:
-                problems.append(str(err).replace("--host: ", "hosts: "))
+                problems.append(err.worded("hosts"))
     interval = table.get("interval", 1.0)
     if isinstance(interval, bool) or not isinstance(interval, (int, float)):
         problems.append("interval must be a number of seconds")

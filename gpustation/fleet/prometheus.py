@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpustation import timefmt
 from gpustation.fleet.fleet import FleetConfig, FleetRow, rows_from_states
 from gpustation.fleet.promapi import (
     TOTAL_TIMEOUT_S,
@@ -102,8 +103,7 @@ CLOSE_WAIT_S = 1.0
 
 
 def _clock(t: float) -> str:
-    fmt = "%H:%M:%S" if time.time() - t < 86400 else "%Y-%m-%d %H:%M:%S"
-    return time.strftime(fmt, time.localtime(t))
+    return timefmt.recent(t)
 
 
 # ---- the fleet ------------------------------------------------------------------------------

@@ -81,25 +81,28 @@ def parse_host(text: str) -> HostSpec:
     shell metacharacters, so a host string can only ever name a host.
     """
     if not isinstance(text, str) or not text:
-        raise UsageError("--host: empty host name")
+        raise UsageError("empty host name", field="host")
     if text.startswith("-"):
-        raise UsageError(f"--host: {text!r} starts with '-'; a host name cannot be an ssh option")
+        raise UsageError(
+            f"{text!r} starts with '-'; a host name cannot be an ssh option", field="host"
+        )
     bad = sorted({c for c in text if c.isspace() or c in "\"'`$;&|<>(){}*?!\\#~^,=\n"})
     if bad:
         shown = " ".join(repr(c) for c in bad)
         raise UsageError(
-            f"--host: {text!r} contains characters a host name cannot hold ({shown}); "
-            "expected [USER@]HOST[:PORT]"
+            f"{text!r} contains characters a host name cannot hold ({shown}); "
+            "expected [USER@]HOST[:PORT]",
+            field="host",
         )
     m = _HOST_RE.match(text)
     if not m:
         raise UsageError(
-            f"--host: {text!r} is not [USER@]HOST[:PORT] (an IPv6 address goes in brackets: "
-            "[::1]:22)"
+            f"{text!r} is not [USER@]HOST[:PORT] (an IPv6 address goes in brackets: [::1]:22)",
+            field="host",
         )
     port = int(m["port"]) if m["port"] else None
     if port is not None and not 0 < port < 65536:
-        raise UsageError(f"--host: port must be 1-65535 in {text!r}")
+        raise UsageError(f"port must be 1-65535 in {text!r}", field="host")
     host = m["host"]
     if host.startswith("["):
         host = host[1:-1]

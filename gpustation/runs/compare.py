@@ -25,13 +25,14 @@ from rich.text import Text
 from gpustation.runs import rundir
 from gpustation.runs.fold import finite_number
 from gpustation.runs.summary import RunSummary
+from gpustation.telemetry.format import NA
 from gpustation.telemetry.format import duration as fmt_duration
 from gpustation.textsafe import safe
 
 
 def fmt_num(value: float | None, digits: int = 1, unit: str = "") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
+        return NA
     if abs(value) >= 10000:
         text = f"{value:,.0f}"
     elif abs(value) < 0.01 and value != 0:
@@ -43,7 +44,7 @@ def fmt_num(value: float | None, digits: int = 1, unit: str = "") -> str:
 
 def fmt_energy(joules: float | None) -> str:
     if joules is None:
-        return "-"
+        return NA
     if joules >= 3.6e6:
         return f"{joules / 3.6e6:.2f} kWh"
     if joules >= 3600:
@@ -59,7 +60,7 @@ def status_text(record: RunSummary) -> str:
 SIMULATED = "SIMULATED"
 
 
-def gpus_text(record: RunSummary, none: str = "-") -> str:
+def gpus_text(record: RunSummary, none: str = NA) -> str:
     """The run's GPUs, ``0,1 SIMULATED`` when they were simulated ones."""
     text = ",".join(map(str, record.gpus)) or none
     return f"{text} {SIMULATED}" if record.simulated else text
@@ -67,7 +68,7 @@ def gpus_text(record: RunSummary, none: str = "-") -> str:
 
 def sim_marked(record: RunSummary, text: str) -> str:
     """``text``, a figure read from the run's GPUs, marked SIMULATED when they were."""
-    if text == "-" or not record.simulated:
+    if text in ("-", NA) or not record.simulated:
         return text
     return f"{text} {SIMULATED}"
 
@@ -115,11 +116,11 @@ def _decimals_kept(number: float) -> int:
 
 
 def fmt_fixed(value: Any, decimals: int) -> str:
-    """``value`` with thousands separators and ``decimals`` decimals (``-``: none), or more
+    """``value`` with thousands separators and ``decimals`` decimals (n/a: none), or more
     where ``decimals`` would cut it below :data:`SIGNIFICANT` figures."""
     number = finite_number(value)
     if number is None:
-        return "-" if value is None else safe(value)
+        return NA if value is None else safe(value)
     return f"{number:,.{max(decimals, _decimals_kept(number))}f}"
 
 
@@ -174,11 +175,11 @@ class CompareRow:
             decimals = row_decimals(self.values, self.digits)
             texts = [fmt_fixed(v, decimals) for v in self.values]
         else:
-            texts = ["-" if v is None else safe(self.fmt(v)) for v in self.values]
+            texts = [NA if v is None else safe(self.fmt(v)) for v in self.values]
         for extra in (self.units, self.marks):
             if extra is not None:
                 texts = [
-                    f"{t} {u}" if u and t != "-" else t for t, u in zip(texts, extra, strict=True)
+                    f"{t} {u}" if u and t != NA else t for t, u in zip(texts, extra, strict=True)
                 ]
         return texts
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gpustation.config import config_path, section
 from gpustation.errors import UsageError
+from gpustation.telemetry.format import NA
 
 J_PER_KWH = 3.6e6
 #: above any currency's price of a kWh (a few thousand dong or rupiah), so a
@@ -29,9 +30,9 @@ class Price:
         return None if energy_j is None else energy_j / J_PER_KWH * self.per_kwh
 
     def text(self, energy_j: float | None) -> str:
-        """The cost of ``energy_j`` as text ("-" when unknown)."""
+        """The cost of ``energy_j`` as text (n/a when unknown)."""
         value = self.cost(energy_j)
-        return "-" if value is None else self.money(value)
+        return NA if value is None else self.money(value)
 
     def money(self, value: float) -> str:
         text = f"{value:,.2f}" if value >= 0.01 or value == 0 else "<0.01"

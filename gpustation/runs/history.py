@@ -9,7 +9,6 @@ deleted; stop it first.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from gpustation.runs.rundir import STATUSES
 from gpustation.runs.store import RunStore, sync_run
 from gpustation.runs.summary import RunSummary
 from gpustation.textsafe import valid_unicode
+from gpustation.timespec import parse_span as parse_span  # where the prune dialog reads it
 
 _TAG_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-+/")
 
@@ -116,18 +116,6 @@ def _check_deletable(run_id: str, run_dir: str | None) -> None:
         )
     if path.exists() and not path.is_dir():
         raise UsageError(f"run {run_id}: {path} is not a directory; nothing was deleted")
-
-
-_SPAN = re.compile(r"(\d+(?:\.\d+)?)\s*([hdw])")
-_UNIT_S = {"h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_span(text: str, what: str = "the span") -> float:
-    """``12h``, ``30d``, ``4w`` -> seconds; a UsageError naming ``what`` otherwise."""
-    m = _SPAN.fullmatch(text.strip())
-    if not m:
-        raise UsageError(f"{what}: a span such as 12h, 7d or 4w, got {text!r}")
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
 
 
 def prune_candidates(

@@ -18,18 +18,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpustation import paths, private, privs
+from gpustation import paths, private, privs, timefmt
 from gpustation.errors import GpustationError, NoDriverError, UsageError
 from gpustation.pyargv import python_argv
 from gpustation.redact import redact_env
 from gpustation.runs import rundir
 from gpustation.runs.argv import build_argv, build_env, private_env, recorded_env, resolve_gpus
-from gpustation.runs.presets import RunPreset, apply_overrides
+from gpustation.runs.presets import ArgValue, RunPreset, apply_values
 from gpustation.runs.reconcile import list_active_runs, record_lost_runs
 from gpustation.runs.rundir import RunState
 from gpustation.runs.stop import DEFAULT_GRACE_S
@@ -38,7 +38,7 @@ from gpustation.runs.summary import RunSummary
 
 def new_run_id(name: str, now: float | None = None) -> str:
     """A sortable id: ``20261129-153012-resnet50-bf16-3f2a`` (UTC time)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now if now is not None else time.time()))
+    stamp = timefmt.file_stamp(now)
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")[:40] or "run"
     return f"{stamp}-{slug}-{secrets.token_hex(2)}"
 
@@ -89,6 +89,7 @@ class RunHandle:
 def _open_device_count(
     simulate: int | None, sim_card: str | None
 ) -> tuple[int | None, dict[str, Any]]:
+    from gpustation.telemetry.backend import simulate_from_env
     from gpustation.telemetry.registry import open_backend
 
     try:
@@ -101,8 +102,7 @@ def _open_device_count(
         backend.close()
     if backend.simulated:
         if simulate is None:
-            raw = os.environ.get("GPUSTATION_SIMULATE", "")
-            simulate = int(raw) if raw.lstrip("-").isdigit() else -1
+            simulate = simulate_from_env()
         return count, {
             "kind": "sim",
             "simulated": True,
@@ -129,7 +129,7 @@ def _sharing(chosen: list[int], backend_info: dict[str, Any]) -> list[tuple[Any,
 
 def launch(
     preset: RunPreset,
-    overrides: Sequence[str] = (),
+    overrides: Mapping[str, ArgValue] | None = None,
     gpus: Sequence[int] | None = None,
     *,
     simulate: int | None = None,
@@ -144,13 +144,13 @@ def launch(
 ) -> RunHandle:
     """Start a run of ``preset`` and return once its supervisor has started it.
 
-    ``overrides`` are ``key=value`` strings for the preset's ``[args]``;
+    ``overrides`` are values for the preset's ``[args]`` (:func:`apply_values`);
     ``gpus`` the GPUs chosen on the command line (None: the preset's choice).
     The GPU count comes from the backend (``simulate`` as for every command)
     unless ``device_count``/``backend_info`` are given. ``resumed_from`` (the run
     and checkpoint step a resumed run continues) is recorded in ``run.json``.
     """
-    preset, parsed, warnings = apply_overrides(preset, list(overrides))
+    preset, parsed, warnings = apply_values(preset, overrides or {})
     # Before the run directory exists: a run that cannot start leaves none behind.
     workdir = str(Path(cwd)) if cwd is not None else working_directory()
     # The launcher is a writer: runs found lost since the last launch are
@@ -189,7 +189,7 @@ class RunRequest:
 
 def prepare(
     preset: RunPreset,
-    overrides: Sequence[str] = (),
+    overrides: Mapping[str, ArgValue] | None = None,
     *,
     simulate: int | None = None,
     sim_card: str | None = None,
@@ -198,7 +198,7 @@ def prepare(
     wrap: Sequence[str] = (),
 ) -> tuple[RunRequest, int | None]:
     """A run checked as :func:`launch` checks it, not started; and the GPU count."""
-    preset, parsed, warnings = apply_overrides(preset, list(overrides))
+    preset, parsed, warnings = apply_values(preset, overrides or {})
     workdir = str(Path(cwd)) if cwd is not None else working_directory()
     device_count, backend_info = _open_device_count(simulate, sim_card)
     return RunRequest(preset, parsed, warnings, workdir, backend_info, stop_grace_s, wrap), (

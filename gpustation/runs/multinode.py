@@ -53,7 +53,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +66,7 @@ from gpustation.runs.argv import format_args, private_env, recorded_env
 from gpustation.runs.launch import RunHandle, new_run_directory, start_run, working_directory
 from gpustation.runs.metrics import RUN_ID_ENV
 from gpustation.runs.nodes import DEFAULT_START_TIMEOUT_S, node_dir
-from gpustation.runs.presets import RUNNER_PACKAGE, RunPreset, apply_overrides
+from gpustation.runs.presets import RUNNER_PACKAGE, ArgValue, RunPreset, apply_values
 from gpustation.runs.reconcile import record_lost_runs
 from gpustation.runs.stop import DEFAULT_GRACE_S
 
@@ -92,7 +92,7 @@ def parse_hosts(text: str | None) -> list[HostSpec]:
         try:
             specs.append(parse_host(word))
         except UsageError as err:
-            raise UsageError(str(err).replace("--host:", "--hosts:", 1)) from None
+            raise UsageError(err.worded("--hosts")) from None
     seen: set[str] = set()
     for spec in specs:
         if spec.text in seen:
@@ -215,7 +215,7 @@ class NodeOptions:
 
 def launch_multinode(
     preset: RunPreset,
-    overrides: Sequence[str],
+    overrides: Mapping[str, ArgValue],
     options: NodeOptions,
     wait_started_s: float = 10.0,
 ) -> RunHandle:
@@ -230,7 +230,7 @@ def launch_multinode(
         )
     if not 1 <= options.rdzv_port <= 65535:
         raise UsageError(f"--rdzv-port: a port 1-65535, got {options.rdzv_port}")
-    preset, parsed, warnings = apply_overrides(preset, list(overrides))
+    preset, parsed, warnings = apply_values(preset, overrides)
     ignored = [
         k for k in ("nnodes", "node_rank", "rdzv_endpoint", "master_addr") if getattr(preset, k)
     ]

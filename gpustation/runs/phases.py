@@ -26,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpustation.runs.fold import finite_number
+from gpustation.telemetry.format import NA
 from gpustation.textsafe import safe
 
 HEADERS = (
@@ -50,12 +51,12 @@ def read_phases(summary: Mapping[str, Any] | None) -> list[dict[str, Any]] | Non
 
 def _fmt(value: Any, digits: int) -> str:
     number = finite_number(value)
-    return "-" if number is None else f"{number:,.{digits}f}"
+    return NA if number is None else f"{number:,.{digits}f}"
 
 
 def _pair(a: Any, b: Any, digits: int) -> str:
     if finite_number(a) is None and finite_number(b) is None:
-        return "-"
+        return NA
     return f"{_fmt(a, digits)} / {_fmt(b, digits)}"
 
 
@@ -67,7 +68,7 @@ def _slowdown(row: Mapping[str, Any]) -> str:
     )
     if train is None and p99 is None:
         return ""
-    return " / ".join("-" if v is None else f"{v:.2f}x" for v in (train, p99))
+    return " / ".join(NA if v is None else f"{v:.2f}x" for v in (train, p99))
 
 
 def phase_cells(phases: Sequence[Mapping[str, Any]]) -> list[list[str]]:

@@ -36,14 +36,18 @@ import importlib
 import math
 import re
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpustation import paths
 from gpustation.errors import UsageError
 from gpustation.files import NotRegularFile, read_text, say_skipped
 from gpustation.textsafe import safe_doc
+
+if TYPE_CHECKING:
+    from gpustation.runs.runner_args import RunnerArg
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -430,57 +434,118 @@ def _typed(key: str, text: str, default: ArgValue) -> ArgValue:
     else:
         return text
     raise UsageError(
-        f"--set {key}={text}: expected {expected} (the preset's default is {default!r})"
+        f"expected {expected} (the preset's default is {default!r})",
+        field="set",
+        subject=f"{key}={text}",
     )
 
 
-def apply_overrides(
-    preset: RunPreset, overrides: list[str]
-) -> tuple[RunPreset, dict[str, ArgValue], list[str]]:
-    """Apply ``--set key=value`` to a preset's ``[args]``.
+def _runner_option(runner: str | None, dest: str) -> RunnerArg | None:
+    """The runner's own option ``dest``, or None when it has none
+    or its parser cannot be read; the parser is read once, only for a key the
+    preset does not set."""
+    if runner is None:
+        return None
+    from gpustation.runs.runner_args import RunnerArgsError, runner_args
 
-    Each value is typed by the preset's own default (int, float, bool, list or
-    string). A key the preset does not have is passed as a string, with a
-    warning. Returns the new preset, the parsed overrides and the warnings.
+    try:
+        options = runner_args(runner)
+    except RunnerArgsError:
+        return None
+    return next((o for o in options if o.dest == dest), None)
+
+
+def _typed_by_runner(raw_key: str, text: str, option: RunnerArg) -> ArgValue:
+    from gpustation.runs.runner_args import parse_text
+
+    try:
+        return parse_text(option.kind, text, option.choices)
+    except ValueError as err:
+        raise UsageError(
+            f"{err} (the runner's {option.flag})", field="set", subject=f"{raw_key}={text}"
+        ) from None
+
+
+def parse_sets(items: Sequence[str]) -> dict[str, str]:
+    """``--set key=value`` items as ``{key: text}`` (a later one wins), read once."""
+    out: dict[str, str] = {}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(
+                "expected key=value, e.g. --set batch_size=64", field="set", subject=repr(item)
+            )
+        raw_key, text = item.split("=", 1)
+        raw_key = raw_key.strip()
+        if not raw_key:
+            raise UsageError("the key is empty", field="set", subject=repr(item))
+        out[raw_key] = text
+    return out
+
+
+def apply_values(
+    preset: RunPreset, values: Mapping[str, ArgValue]
+) -> tuple[RunPreset, dict[str, ArgValue], list[str]]:
+    """Set ``values`` in a preset's ``[args]``: the one place values meet a preset.
+
+    A text (what ``--set`` gives) is typed by the preset's own default (int,
+    float, bool, list or string), or for a key the preset does not set by the
+    runner's own parser; a key neither has is passed as a string (``true`` and
+    the like as a switch), with a warning. A value already typed (the launch
+    form's, read by the runner's parser) is taken as it is. Returns the new
+    preset, the values as set and the warnings.
     """
     args = dict(preset.args)
     parsed: dict[str, ArgValue] = {}
     warnings: list[str] = []
     by_norm = {k.replace("-", "_"): k for k in args}
-    for item in overrides:
-        if "=" not in item:
-            raise UsageError(f"--set {item!r}: expected key=value, e.g. --set batch_size=64")
-        raw_key, text = item.split("=", 1)
-        raw_key = raw_key.strip()
-        if not raw_key:
-            raise UsageError(f"--set {item!r}: the key is empty")
+    for raw_key, given in values.items():
         key = by_norm.get(raw_key.replace("-", "_"))
-        shared = preset.runner is not None and (
-            "--" + raw_key.replace("_", "-") in _runners_package().SHARED_OPTIONS
-        )
-        if key is None and shared:
-            # every runner takes the shared options (--device, --seed ...)
-            key = raw_key.replace("-", "_")
-            args[key] = parsed[key] = text
-            continue
-        if key is None:
-            key = raw_key.replace("-", "_")
-            near = difflib.get_close_matches(key, list(args), n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            value: ArgValue = text
-            word = text.strip().lower()
-            if word in ("true", "false", "yes", "no", "on", "off"):
-                # a switch: --flag or --no-flag, as for the preset's own booleans
-                value = word in ("true", "yes", "on")
-            warnings.append(
-                f"--set {raw_key}: preset {preset.name!r} has no argument {raw_key!r}{hint}; "
-                f"passing it as {'a switch' if isinstance(value, bool) else 'a string'}"
-            )
+        value: ArgValue
+        if not isinstance(given, str):
+            value = given
+            key = key or raw_key.replace("-", "_")
+        elif key is not None:
+            value = _typed(raw_key, given, args[key])
         else:
-            value = _typed(raw_key, text, args[key])
+            key = raw_key.replace("-", "_")
+            value, warning = _typed_outside_the_preset(preset, raw_key, given)
+            if warning:
+                warnings.append(warning)
         args[key] = value
         parsed[key] = value
     return replace(preset, args=args), parsed, warnings
+
+
+def _typed_outside_the_preset(
+    preset: RunPreset, raw_key: str, text: str
+) -> tuple[ArgValue, str | None]:
+    """A value for a key the preset does not set, and the warning it needs (if any)."""
+    if preset.runner is not None and (
+        "--" + raw_key.replace("_", "-") in _runners_package().SHARED_OPTIONS
+    ):
+        return text, None  # every runner takes the shared options (--device, --seed ...)
+    key = raw_key.replace("-", "_")
+    option = _runner_option(preset.runner, key)
+    if option is not None:
+        return _typed_by_runner(raw_key, text, option), None
+    near = difflib.get_close_matches(key, list(preset.args), n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    value: ArgValue = text
+    word = text.strip().lower()
+    if word in ("true", "false", "yes", "no", "on", "off"):
+        # a switch: --flag or --no-flag, as for the preset's own booleans
+        value = word in ("true", "yes", "on")
+    return value, (
+        f"--set {raw_key}: preset {preset.name!r} has no argument {raw_key!r}{hint}; "
+        f"passing it as {'a switch' if isinstance(value, bool) else 'a string'}"
+    )
+
+
+def apply_overrides(
+    preset: RunPreset, overrides: Sequence[str]
+) -> tuple[RunPreset, dict[str, ArgValue], list[str]]:
+    """Apply ``--set key=value`` items to a preset's ``[args]`` (see :func:`apply_values`)."""
+    return apply_values(preset, parse_sets(overrides))
 
 
 def command_preset(command: list[str], name: str | None, env: list[str]) -> RunPreset:

@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpustation.runs import rundir
+from gpustation.telemetry.format import NA
 from gpustation.textsafe import safe
 
 PROFILE_DIR = "profile"
@@ -47,13 +48,13 @@ def read_top_ops(directory: Path) -> dict[str, Any] | None:
 def _share(value: Any) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{100 * value:.1f} %"
-    return "-"
+    return NA
 
 
 def _ms(value: Any) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{value:,.2f}"
-    return "-"
+    return NA
 
 
 def _count(value: Any) -> str:

@@ -11,6 +11,7 @@ resumed from.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from gpustation.errors import UsageError
 from gpustation.redact import REDACTED
 from gpustation.runs import rundir
 from gpustation.runs.checkpoints import CHECKPOINTS_DIR, Checkpoint, latest_checkpoint
-from gpustation.runs.presets import RunPreset, apply_overrides
+from gpustation.runs.presets import ArgValue, RunPreset, apply_values
 from gpustation.runs.store import RunStore
 
 #: runners whose runs leave checkpoints that ``--resume-from`` takes
@@ -50,7 +51,7 @@ class ResumePlan:
 
 def plan_resume(
     text: str,
-    overrides: list[str] | None = None,
+    overrides: Mapping[str, ArgValue] | None = None,
     preset_name: str | None = None,
     store: RunStore | None = None,
 ) -> ResumePlan:
@@ -87,7 +88,7 @@ def plan_resume(
     args = {k: v for k, v in preset.args.items() if k not in ("resume_from", "output_dir")}
     args["resume_from"] = str(ckpt.path)
     resumed = replace(preset, args=args)
-    steps = apply_overrides(resumed, list(overrides or []))[0].args.get("steps")
+    steps = apply_values(resumed, overrides or {})[0].args.get("steps")
     if steps is None:
         steps = _DEFAULT_STEPS.get(preset.runner or "", 0)
     if isinstance(steps, str) and steps.strip().isdigit():

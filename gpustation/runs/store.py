@@ -42,7 +42,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from gpustation import paths, private
+from gpustation import paths, private, timefmt
 from gpustation.errors import UsageError
 from gpustation.runs import rundir
 from gpustation.runs.fold import MetricsFold
@@ -229,7 +229,7 @@ class RunStore:
             missing = not path.exists()
             problem = None if missing else self._problem()
             if problem is not None:
-                aside = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%d-%H%M%S')}")
+                aside = path.with_name(f"{path.name}.bad-{timefmt.file_stamp()}")
                 os.replace(path, aside)
                 for extra in ("-wal", "-shm", "-journal"):
                     try:

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpustation import private
+from gpustation import private, timefmt
 from gpustation.files import NotRegularFile, read_bytes, say_skipped
 from gpustation.runs import rundir
 from gpustation.runs.argv import child_env
@@ -65,7 +65,7 @@ _CUDA_OOM = re.compile(
 
 
 def _log(message: str) -> None:
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    stamp = timefmt.full()
     try:
         print(f"{stamp} supervisor[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
     except (OSError, ValueError):

@@ -30,13 +30,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpustation import paths, privs
+from gpustation import paths, privs, timefmt
 from gpustation.control import lease
 from gpustation.control.power import apply_power, plan_power
 from gpustation.control.profiles import parse_power_value
 from gpustation.errors import GpustationError, NeedsRootError, UsageError
 from gpustation.runs import rundir
-from gpustation.runs.presets import RunPreset, apply_overrides
+from gpustation.runs.presets import RunPreset, apply_values
 from gpustation.telemetry.backend import Backend
 
 SWEEP_JSON = "sweep.json"
@@ -105,7 +105,7 @@ class Sweep:
         """The status in words, with whether its process is gone and the limits it left."""
         if not self.dead:
             return self.status
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.created_at))
+        started = timefmt.full(self.created_at)
         text = f"dead: its process (pid {self.pid}, started {started}) is gone"
         if self.left_limits:
             text += f"; limits left changed: `gpustation sweeps restore {self.id}`"
@@ -240,13 +240,13 @@ def read_sweep_file(path: Path) -> Sweep:
 def load_sweep(sweep_id: str) -> Sweep:
     """A sweep by id or unique prefix (``last`` for the newest)."""
     root = sweeps_dir()
+    if sweep_id == "last" and (sweeps := list_sweeps()):
+        # by when it started: older ids were stamped in local time, newer ones in UTC
+        return sweeps[-1]
     ids = (
         sorted(p.name for p in root.glob("*") if (p / SWEEP_JSON).exists()) if root.exists() else []
     )
-    if sweep_id == "last" and ids:
-        match = [ids[-1]]
-    else:
-        match = [i for i in ids if i == sweep_id] or [i for i in ids if i.startswith(sweep_id)]
+    match = [i for i in ids if i == sweep_id] or [i for i in ids if i.startswith(sweep_id)]
     if len(match) != 1:
         what = "no sweep" if not match else f"{len(match)} sweeps"
         raise UsageError(f"{what} matches {sweep_id!r}; `gpustation sweeps list` shows them")
@@ -268,6 +268,7 @@ def scan_sweeps() -> tuple[list[Sweep], list[str]]:
             out.append(read_sweep_file(path))
         except UsageError as err:
             damaged.append(str(err))
+    out.sort(key=lambda sweep: (sweep.created_at, sweep.id))
     return out, damaged
 
 
@@ -282,13 +283,15 @@ def parse_axes(sets: Sequence[str]) -> dict[str, list[str]]:
         key = key.strip()
         if not sep or not key:
             raise UsageError(
-                f"--set {item!r}: expected key=value[,value...], e.g. batch_size=64,128"
+                "expected key=value[,value...], e.g. batch_size=64,128",
+                field="set",
+                subject=repr(item),
             )
         choices = [v.strip() for v in values.split(",")]
         if not all(choices):
-            raise UsageError(f"--set {item!r}: an empty value in the list")
+            raise UsageError("an empty value in the list", field="set", subject=repr(item))
         if key in axes:
-            raise UsageError(f"--set {key}: given twice; list every value in one --set")
+            raise UsageError("given twice; list every value in one --set", field="set", subject=key)
         axes[key] = choices
     return axes
 
@@ -300,17 +303,19 @@ def parse_power_axis(text: str | None) -> list[str]:
     values = [v.strip() for v in text.split(",")]
     for v in values:
         if not v:
-            raise UsageError(f"--power-limit {text!r}: an empty value in the list")
+            raise UsageError("an empty value in the list", field="power_limit", subject=repr(text))
         try:
             value = parse_power_value(v)
         except ValueError as err:
-            raise UsageError(f"--power-limit {v!r}: {err}") from None
+            raise UsageError(str(err), field="power_limit", subject=repr(v)) from None
         if value.kind != "default" and not math.isfinite(value.amount):
             raise UsageError(
-                f"--power-limit {v!r}: expected watts (300W) or a percentage of the default (80%)"
+                "expected watts (300W) or a percentage of the default (80%)",
+                field="power_limit",
+                subject=repr(v),
             )
     if len(set(values)) != len(values):
-        raise UsageError(f"--power-limit {text!r}: a value given twice")
+        raise UsageError("a value given twice", field="power_limit", subject=repr(text))
     return values
 
 
@@ -336,9 +341,9 @@ def check_preset_takes(preset: RunPreset, axes: dict[str, list[str]]) -> None:
     """Every value of every axis is one the preset's own default can take."""
     for key, values in axes.items():
         for value in values:
-            _, _, warnings = apply_overrides(preset, [f"{key}={value}"])
+            _, _, warnings = apply_values(preset, {key: value})
             if warnings:
-                raise UsageError(f"--set {key}: " + "; ".join(warnings))
+                raise UsageError("; ".join(warnings), field="set", subject=key)
 
 
 def plan_limits(
@@ -480,11 +485,10 @@ class SweepRunner:
             self._set_limit(point)
             self.say(f"  power limit {_limits_text(point.limits_w)} (read back)")
         preset = replace(self.preset, tags=[*self.preset.tags, f"{SWEEP_TAG}{self.sweep.id}"])
-        overrides = [f"{k}={v}" for k, v in point.overrides.items()]
         point.status = "running"
         handle = self.launch(
             preset,
-            overrides,
+            dict(point.overrides),
             self.sweep.gpus or None,
             simulate=self.simulate,
             sim_card=self.sim_card,
@@ -514,7 +518,7 @@ def require_root_for(sweep: Sweep, simulated: bool) -> None:
 def new_sweep_id(preset: str, now: float | None = None) -> str:
     """``YYYYmmdd-HHMMSS-sweep-PRESET``, with ``-2``, ``-3``... when a sweep
     started in the same second already has it (never one directory for two)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now or time.time()))
+    stamp = timefmt.file_stamp(now)
     base = f"{stamp}-sweep-{preset}"
     root = sweeps_dir()
     n = 1

@@ -23,6 +23,7 @@ from gpustation.runs import rundir
 from gpustation.runs.fold import finite_number
 from gpustation.runs.sweep import Point, Sweep
 from gpustation.runs.tail import parse_metric_line
+from gpustation.telemetry.format import NA
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -308,8 +309,9 @@ def _span(values: list[float]) -> tuple[float, float]:
     return lo - margin, hi + margin
 
 
-def terminal_plot(sweep: Sweep, width: int = 80, height: int = 20) -> str:
-    """The same scatter drawn with plotext for the terminal, the recommended points marked."""
+def terminal_plot(sweep: Sweep, width: int = 80, height: int = 20, colour: bool = True) -> str:
+    """The same scatter drawn with plotext for the terminal, the recommended points
+    marked; without ``colour`` as plain text (a file, a pipe, ``NO_COLOR``)."""
     import plotext as plt
 
     points = measured(sweep)
@@ -345,7 +347,8 @@ def terminal_plot(sweep: Sweep, width: int = 80, height: int = 20) -> str:
     unit = points[0].figures.get("unit") or "/s"
     plt.xlabel(f"throughput ({unit})")
     plt.ylabel(f"J/{points[0].figures.get('work_unit') or 'unit'}")
-    return str(plt.build())
+    figure = str(plt.build())
+    return figure if colour else str(plt.uncolorize(figure))
 
 
 # ---- the points table ----------------------------------------------------------------
@@ -376,11 +379,28 @@ def point_columns(sweep: Sweep) -> list[str]:
 TEXT_COLUMNS = ("point", "status", "run")
 
 
-def point_rows(sweep: Sweep) -> list[list[str]]:
-    """A row of text per point, in :func:`point_columns`' order (labels not yet made safe)."""
+def constants(sweep: Sweep) -> list[str]:
+    """``KEY=VALUE`` for each setting every point shares (an axis of one value)."""
+    shared = [f"{k}={v[0]}" for k, v in sweep.axes.items() if len(v) == 1]
+    if len(sweep.power_limits) == 1:
+        shared.append(f"power={sweep.power_limits[0]}")
+    return shared
+
+
+def point_label(sweep: Sweep, point: Point) -> str:
+    """The point's settings less the ones every point shares."""
+    parts = [f"{k}={v}" for k, v in point.overrides.items() if len(sweep.axes.get(k, ())) != 1]
+    if point.power is not None and len(sweep.power_limits) != 1:
+        parts.append(f"power={point.power}")
+    return " ".join(parts) or ("(as above)" if constants(sweep) else "(defaults)")
+
+
+def point_rows(sweep: Sweep, constants_apart: bool = False) -> list[list[str]]:
+    """A row of text per point, in :func:`point_columns`' order (labels not yet made
+    safe); with ``constants_apart`` a point's label leaves out :func:`constants`."""
 
     def num(value: object, fmt: str) -> str:
-        return format(value, fmt) if isinstance(value, (int, float)) else "-"
+        return format(value, fmt) if isinstance(value, (int, float)) else NA
 
     rows = []
     for p in sweep.points:
@@ -388,7 +408,7 @@ def point_rows(sweep: Sweep) -> list[list[str]]:
         rows.append(
             [
                 str(p.index + 1),
-                p.label,
+                point_label(sweep, p) if constants_apart else p.label,
                 p.status + (" [SIMULATED]" if sweep.simulated else ""),
                 num(f.get("throughput"), ",.1f"),
                 num(f.get("energy_per_unit_j"), ".4g"),
@@ -397,7 +417,7 @@ def point_rows(sweep: Sweep) -> list[list[str]]:
                 num(f.get("peak_temp_c"), ".0f"),
                 num(f.get("throttled_s"), ".0f"),
                 num(f.get("peak_vram_mib"), ",.0f"),
-                p.run_id or "-",
+                p.run_id or NA,
             ]
         )
     return rows

@@ -149,14 +149,14 @@ def parse_gpu_list(text: str | None) -> list[int] | None:
             hi = int(hi_text) if dash else lo
         except ValueError:
             raise UsageError(
-                f"--gpus: {text!r} is not a list of GPU indices (expected e.g. 0,2 or 0-3)"
+                f"{text!r} is not a list of GPU indices (expected e.g. 0,2 or 0-3)", field="gpus"
             ) from None
         if lo < 0 or hi < 0:
-            raise UsageError(f"--gpus: GPU indices are 0 or more, got {text!r}")
+            raise UsageError(f"GPU indices are 0 or more, got {text!r}", field="gpus")
         if hi < lo:
-            raise UsageError(f"--gpus: {part!r} runs backwards; write {hi}-{lo}")
+            raise UsageError(f"{part!r} runs backwards; write {hi}-{lo}", field="gpus")
         if hi > MAX_GPU_INDEX:
-            raise UsageError(f"--gpus: {hi} is not a GPU index (at most {MAX_GPU_INDEX})")
+            raise UsageError(f"{hi} is not a GPU index (at most {MAX_GPU_INDEX})", field="gpus")
         result.extend(range(lo, hi + 1))
     return sorted(dict.fromkeys(result))
 
@@ -191,6 +191,6 @@ def select_gpus(backend: Backend, wanted: list[int] | None) -> list[int]:
     if missing:
         have = f"0-{count - 1}" if count > 1 else ("0" if count == 1 else "none")
         raise UsageError(
-            f"--gpus: no GPU {', '.join(map(str, missing))} on this machine (GPUs: {have})"
+            f"no GPU {', '.join(map(str, missing))} on this machine (GPUs: {have})", field="gpus"
         )
     return wanted

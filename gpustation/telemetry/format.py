@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from gpustation.telemetry.model import THROTTLE_WORDS as THROTTLE_WORDS
+
 NA = "n/a"
 
 
@@ -55,9 +57,9 @@ def kib_rate(kib_per_s: float | None) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    """``1:02:03`` or ``2:03``; ``-`` when unknown."""
+    """``1:02:03`` or ``2:03``; n/a when unknown."""
     if seconds is None or seconds < 0:
-        return "-"
+        return NA
     seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
@@ -72,19 +74,6 @@ def pcie_link(gen: int | None, width: int | None) -> str:
     if gen is None and width is None:
         return NA
     return f"Gen{num(gen)} x{num(width)}"
-
-
-THROTTLE_WORDS = {
-    "gpu_idle": "idle",
-    "applications_clocks_setting": "app clocks",
-    "sw_power_cap": "power cap",
-    "hw_slowdown": "HW slowdown",
-    "sync_boost": "sync boost",
-    "sw_thermal": "thermal (SW)",
-    "hw_thermal": "thermal (HW)",
-    "hw_power_brake": "power brake",
-    "display_clocks": "display clocks",
-}
 
 
 def throttle(reasons: list[str] | None) -> str:

@@ -23,17 +23,20 @@ from gpustation.telemetry.record import field, fields, record
 SCHEMA = "gpustation.snapshot/1"
 
 # Decoded clocks-event (throttle) reasons, in NVML bit order.
-THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
-    (0x001, "gpu_idle"),
-    (0x002, "applications_clocks_setting"),
-    (0x004, "sw_power_cap"),
-    (0x008, "hw_slowdown"),
-    (0x010, "sync_boost"),
-    (0x020, "sw_thermal"),
-    (0x040, "hw_thermal"),
-    (0x080, "hw_power_brake"),
-    (0x100, "display_clocks"),
+#: clocks-event ("throttle") reasons: NVML's bit, the name gpustation records, the words shown
+THROTTLE_TABLE: tuple[tuple[int, str, str], ...] = (
+    (0x001, "gpu_idle", "idle"),
+    (0x002, "applications_clocks_setting", "app clocks"),
+    (0x004, "sw_power_cap", "power cap"),
+    (0x008, "hw_slowdown", "HW slowdown"),
+    (0x010, "sync_boost", "sync boost"),
+    (0x020, "sw_thermal", "thermal (SW)"),
+    (0x040, "hw_thermal", "thermal (HW)"),
+    (0x080, "hw_power_brake", "power brake"),
+    (0x100, "display_clocks", "display clocks"),
 )
+THROTTLE_REASONS: tuple[tuple[int, str], ...] = tuple((b, n) for b, n, _ in THROTTLE_TABLE)
+THROTTLE_WORDS: dict[str, str] = {n: w for _, n, w in THROTTLE_TABLE}
 THERMAL_REASONS = frozenset({"sw_thermal", "hw_thermal"})
 POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake"})
 # Reasons that mean the card is being held back (gpu_idle and friends are benign).

@@ -20,7 +20,6 @@ oldest first.
 from __future__ import annotations
 
 import bisect
-import math
 import mmap
 import os
 import stat
@@ -49,27 +48,6 @@ SKIP_FIRST, SKIP_LAST = 0x184D2A50, 0x184D2A5F
 SPEEDS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 #: a recorded line longer than this is not a snapshot
 MAX_LINE_BYTES = 16 * 1024 * 1024
-
-
-def parse_time(text: str) -> float:
-    """Unix seconds from ``1764581400.5`` or ISO 8601 (local time unless an offset is given)."""
-    text = text.strip()
-    try:
-        value = float(text)
-    except ValueError:
-        pass
-    else:
-        if not math.isfinite(value):
-            raise ValueError(f"{text!r} is not a time")
-        return value
-    iso = text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text
-    try:
-        return datetime.fromisoformat(iso).timestamp()  # naive: local time
-    except ValueError:
-        raise ValueError(
-            f"{text!r} is neither Unix seconds nor an ISO 8601 time "
-            "(e.g. 2026-12-01T09:30:00 or 2026-12-01T09:30:00+01:00)"
-        ) from None
 
 
 def format_time(t: float) -> str:

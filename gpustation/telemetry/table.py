@@ -8,10 +8,10 @@ terminal and ``NO_COLOR`` is unset — so pipes, ssh and cron get clean text.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
+from gpustation import timefmt
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry import health
 from gpustation.telemetry.model import GpuSample, ProcessInfo, Snapshot, specs
@@ -224,7 +224,7 @@ def health_lines(snap: Snapshot, color: bool = False, command_width: int = 60) -
             continue
         if g.xid_events:
             last = g.xid_events[-1]
-            when = time.strftime("%H:%M:%S", time.localtime(last.time))
+            when = timefmt.clock(last.time)
             more = f" ({len(g.xid_events)} seen)" if len(g.xid_events) > 1 else ""
             text = (
                 f"GPU {g.index}: XID {last.code} at {when}: {last.meaning or 'unknown XID'}{more}"
@@ -264,7 +264,7 @@ def health_lines(snap: Snapshot, color: bool = False, command_width: int = 60) -
 
 
 def header_line(snap: Snapshot, color: bool = False) -> str:
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap.time))
+    when = timefmt.full(snap.time)
     text = safe(f"{snap.hostname}  {when}  driver {snap.driver_version or fmt.NA}")
     if snap.compute_runtime_version:
         text += safe(f"  {snap.compute_runtime_version}")

@@ -16,10 +16,8 @@ period. ``n``/``N`` jump to the next or previous mark.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -30,8 +28,11 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label
 
+from gpustation import timefmt
+from gpustation.errors import UsageError
 from gpustation.telemetry.alerts import AlertLog
-from gpustation.telemetry.recording import SPEEDS, Recording, parse_time
+from gpustation.telemetry.recording import SPEEDS, Recording
+from gpustation.timespec import parse_time
 from gpustation.tui.app import DashboardApp, FrameReady
 from gpustation.tui.modes import SCREENS_BY_MODE
 from gpustation.tui.poll import Poller
@@ -49,29 +50,14 @@ from gpustation.tui.screens import LiveScreen
 
 # ---- going to a time -------------------------------------------------------------
 
-_RELATIVE = re.compile(r"([+-])\s*(\d+(?:\.\d*)?)\s*([smh]?)")
-_CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}(?:\.\d*)?))?")
-
 
 def parse_goto(text: str, position: float, start: float, end: float) -> float:
-    """A time from what the user typed: ``+30s``, ``-10m``, ``09:20``, ``start``, ISO, Unix."""
+    """A time from what the user typed: ``start``, ``end`` or any form of
+    :func:`gpustation.timespec.parse_time` (relative ones from ``position``)."""
     text = text.strip()
     if text in ("start", "end"):
         return start if text == "start" else end
-    m = _RELATIVE.fullmatch(text)
-    if m:
-        sign = 1 if m.group(1) == "+" else -1
-        unit = {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(3)]
-        return position + sign * float(m.group(2)) * unit
-    m = _CLOCK.fullmatch(text)
-    if m:
-        day = datetime.fromtimestamp(position)
-        seconds = float(m.group(3) or 0)
-        at = day.replace(
-            hour=int(m.group(1)), minute=int(m.group(2)), second=int(seconds), microsecond=0
-        )
-        return at.timestamp() + seconds % 1
-    return parse_time(text)
+    return parse_time(text, "go to", position, (start, end))
 
 
 class GotoDialog(ModalScreen[str | None]):
@@ -256,7 +242,7 @@ class ReplayApp(DashboardApp):
                 return
             try:
                 t = parse_goto(text, self.position, rec.start, rec.end)
-            except ValueError as err:
+            except UsageError as err:
                 self.notify(str(err), title="Go to", severity="error")
                 return
             if not rec.start <= t <= rec.end:
@@ -307,7 +293,7 @@ class ReplayApp(DashboardApp):
         t.append(" REPLAY ", style="bold white on blue")
         shown = self.latest
         when = shown.time if shown is not None else rec.start
-        t.append(" " + datetime.fromtimestamp(when).astimezone().strftime("%Y-%m-%d %H:%M:%S %z"))
+        t.append(" " + timefmt.full(when, zone=True))
         state = f"▶ {self.source.speed:g}x" if self.source.playing else "⏸ paused"
         if shown is not None and when >= rec.end and not self.source.playing:
             state = "⏹ end"

@@ -66,6 +66,29 @@ def test_record_then_replay_at_unix_and_iso_times(
     assert [json.loads(line)["time"] for line in lines] == times
 
 
+def test_replay_at_takes_clock_times_spans_and_times_back_from_the_end(
+    recorded: tuple[Path, list[float]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, times = recorded
+
+    def at(text: str) -> float:
+        assert main(["replay", str(path), "--at", text, "--json"]) == 0, capsys.readouterr().err
+        return float(json.loads(capsys.readouterr().out)["time"])
+
+    def last_at_or_before(t: float) -> float:
+        return max(x for x in times if x <= t)
+
+    second = float(int(times[-1]))
+    assert at(time.strftime("%H:%M:%S", time.localtime(second))) == last_at_or_before(second)
+    assert at("-0.5s") == last_at_or_before(times[-1] - 0.5)
+    assert at("1s") == last_at_or_before(times[0] + 1)
+    # a value that is not a time names the option and shows the forms it takes
+    assert main(["replay", str(path), "--at", "soon"]) == 2
+    err = capsys.readouterr().err
+    assert "--at" in err and "20:02:46" in err and "-3s" in err and "2026-12-01" in err
+    assert "300W" not in err
+
+
 def test_a_time_outside_the_recording_exits_2_with_its_span(
     recorded: tuple[Path, list[float]], capsys: pytest.CaptureFixture[str]
 ) -> None:

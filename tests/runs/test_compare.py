@@ -270,7 +270,7 @@ def test_burn_ins_compare_card_result_and_each_check_as_words(tmp_path: Path) ->
     assert rows["check: memory patterns"] == ["pass", "fail"]
     assert rows["check: thermal"] == ["pass", "warn"]
     assert rows["check: power"] == ["info", "="]
-    assert rows["check: XID errors"] == ["-", "pass"]  # a check only the second run made
+    assert rows["check: XID errors"] == ["n/a", "pass"]  # a check only the second run made
     # Verdicts are words: no percentage between them.
     for name, cells_ in rows.items():
         if name.startswith("check: ") or name in ("card", "result"):
@@ -290,10 +290,10 @@ def test_no_verdict_rows_for_runs_that_checked_nothing(tmp_path: Path) -> None:
     names = [row.name for row in compare([resnet("a"), resnet("b")], [{}, {}]).rows]
     assert "result" not in names and "card" not in names
     assert not any(n.startswith("check: ") for n in names)
-    # A burn-in beside a training run: the training run reads "-" in the burn-in's rows.
+    # A burn-in beside a training run: the training run reads n/a in the burn-in's rows.
     burn = record_from_dir(burnin_run(tmp_path, "b1", "NVIDIA H200", GOOD, 610.5))
     rows = cells([burn, resnet("a")], [{}, {}])
-    assert rows["result"] == ["pass", "-"] and rows["card"] == ["NVIDIA H200", "-"]
+    assert rows["result"] == ["pass", "n/a"] and rows["card"] == ["NVIDIA H200", "n/a"]
 
 
 def test_runs_compare_prints_the_burn_ins_verdicts(gpustation_dirs: dict[str, Path]) -> None:

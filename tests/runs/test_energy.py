@@ -93,3 +93,18 @@ def test_a_bad_price_is_named_once_and_the_history_still_shows(
         assert code == 0, err
         assert "r1" in out and "EUR" not in out  # the run, without a made-up cost
         assert err.count("warning:") == 1 and "price_per_kwh" in err and str(config) in err
+
+
+def test_since_takes_a_span_a_date_or_a_relative_time(
+    gpustation_dirs: dict, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpustation.cli import main
+
+    assert main(["energy", "--since", "-5m"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("no runs since 20") and "ago" not in out
+    assert main(["energy", "--since", "2026-12-01"]) == 0
+    assert "no runs since 2026-12-01 00:00:00" in capsys.readouterr().out
+    assert main(["energy", "--since", "soon"]) == 2
+    err = capsys.readouterr().err
+    assert "--since: a span (90s, 5m, 2h, 3d, 1w) back from now" in err and "-5m" in err

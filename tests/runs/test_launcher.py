@@ -31,7 +31,7 @@ def test_normal_completion(runs_env: dict) -> None:
     runs_env["write_preset"](
         "ok", command_preset("ok", "train_ok", args='steps = 4\nsleep = 0.05\ntag = "a"')
     )
-    handle = launch(preset_named("ok"), ["tag=b"])
+    handle = launch(preset_named("ok"), {"tag": "b"})
     assert handle.state is not None and handle.state.child_pid
     state = wait_for_end(handle.run_dir, TIMEOUT)
     assert state is not None and state.status == "succeeded" and state.exit_code == 0

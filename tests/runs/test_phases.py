@@ -24,14 +24,14 @@ def render(renderable: object, width: int = 120) -> str:
 def test_each_phase_is_a_row_with_its_workloads_and_its_gpu() -> None:
     cells = phase_cells(CONTENTION_PHASES)
     assert cells == [
-        ["train", "9,812", "-", "411 / 452", "98", "96 / -", ""],
-        ["infer", "-", "38.5 / 41.0", "252 / 280", "61", "- / 42", ""],
+        ["train", "9,812", "n/a", "411 / 452", "98", "96 / n/a", ""],
+        ["infer", "n/a", "38.5 / 41.0", "252 / 280", "61", "n/a / 42", ""],
         ["both", "7,411", "92.3 / 160.8", "440 / 472", "99", "68 / 30", "1.32x / 3.92x"],
     ]
     assert phase_notes(CONTENTION_PHASES) == []
 
 
-def test_figures_not_measured_are_a_dash_and_the_notes_say_why() -> None:
+def test_figures_not_measured_are_n_a_and_the_notes_say_why() -> None:
     cpu = [
         {"phase": "train", "train_tokens_per_s": 812.0, "power_w_mean": None,
          "power_w_peak": None, "util_pct_mean": None, "sm_pct_train": None,
@@ -41,8 +41,8 @@ def test_figures_not_measured_are_a_dash_and_the_notes_say_why() -> None:
          "sm_pct_infer": None, "sm_note": "the driver does not report per-process utilisation"},
     ]  # fmt: skip
     cells = phase_cells(cpu)
-    assert cells[0][3:6] == ["-", "-", "-"] and "0" not in cells[0][3:6]
-    assert cells[1][3:6] == ["300 / 310", "90", "-"]
+    assert cells[0][3:6] == ["n/a", "n/a", "n/a"] and "0" not in cells[0][3:6]
+    assert cells[1][3:6] == ["300 / 310", "90", "n/a"]
     assert phase_notes(cpu) == [
         "power, utilisation and SM shares: no GPU",
         "SM shares: the driver does not report per-process utilisation",
@@ -62,7 +62,7 @@ def test_hostile_phase_text_is_made_safe_and_non_numbers_are_not_numbers() -> No
     assert "[red]x" in text  # shown as written, not taken as markup
     assert "[link=http://x]y" in text
     cells = phase_cells(hostile[:1])  # type: ignore[arg-type]
-    assert cells[0][1:5] == ["-", "-", "-", "-"]
+    assert cells[0][1:5] == ["n/a", "n/a", "n/a", "n/a"]
     assert read_phases({"phases": "both"}) is None and read_phases(None) is None
     assert phases_table({"train_slowdown": 1.2}) is None
 
@@ -86,4 +86,4 @@ def test_runs_show_prints_the_phases(gpustation_dirs: dict[str, Path]) -> None:
         "both", "7,411", "92.3", "/", "160.8", "440", "/", "472", "99", "68", "/", "30",
         "1.32x", "/", "3.92x",
     ]  # fmt: skip
-    assert "- / 42" in lines["infer"]
+    assert "n/a / 42" in lines["infer"]

@@ -272,3 +272,27 @@ def test_the_runners_shared_options_need_no_preset_argument() -> None:
     command = RunPreset(name="c", command=["x"], args={})
     _, _, warned = apply_overrides(command, ["device=cpu"])  # a command has no shared options
     assert warned
+
+
+def test_a_key_the_runners_parser_has_is_typed_by_it_without_a_warning() -> None:
+    from gpustation import paths
+
+    presets, _ = load_presets([("package", paths.package_dir() / "presets" / "runs")])
+    lora = find_preset("lora-tiny", presets)
+    assert "keep_checkpoints" not in lora.args and "merge" not in lora.args
+    items = ["checkpoint_every=50", "keep_checkpoints=2", "merge=true", "generate_prompt=A GPU"]
+    new, parsed, warnings = apply_overrides(lora, items)
+    assert warnings == []
+    assert parsed == {
+        "checkpoint_every": 50,
+        "keep_checkpoints": 2,
+        "merge": True,
+        "generate_prompt": "A GPU",
+    }
+    assert "--keep-checkpoints" in format_args(new.args)
+    with pytest.raises(UsageError, match="keep_checkpoints=two: expected a whole number"):
+        apply_overrides(lora, ["keep_checkpoints=two"])
+    # a key neither the preset nor its runner has is still passed on, with a warning
+    # that suggests only the preset's own names
+    _, _, warned = apply_overrides(lora, ["checkpoint_every=5", "keep_checkpoint=2"])
+    assert len(warned) == 1 and "'checkpoint_every'" not in warned[0]

@@ -63,7 +63,7 @@ def test_hostile_top_ops_json_reaches_the_terminal_as_plain_safe_text() -> None:
     # A name is shown as written, never read as markup.
     assert "[bold]evil[/bold]_kernel" in plain
     row = next(line for line in plain.splitlines() if "evil" in line)
-    assert row.split()[1:] == ["-", "?", "-"]
+    assert row.split()[1:] == ["n/a", "?", "n/a"]
 
 
 def _plain(data: dict[str, Any]) -> str:

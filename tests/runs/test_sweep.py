@@ -8,6 +8,8 @@ import json
 import os
 import signal
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -333,3 +335,37 @@ def test_two_sweeps_started_in_the_same_second_get_directories_of_their_own() ->
     sweep.Sweep(id=second_id, preset="p", axes={}, power_limits=[], gpus=[1]).save()
     assert sweep.new_sweep_id("p", now=1e9) == f"{first.id}-3"
     assert [s.gpus for s in sweep.list_sweeps()] == [[0], [1]]
+
+
+@pytest.fixture
+def tokyo_time(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A local zone nine hours ahead of UTC, so a local stamp and a UTC one differ."""
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_sweep_ids_are_stamped_in_utc_and_last_is_the_newest_whatever_its_id(
+    tokyo_time: None,
+) -> None:
+    assert sweep.new_sweep_id("p", now=1e9) == "20010909-014640-sweep-p"  # 1e9 s is 01:46:40 UTC
+    # a sweep of an older version, its id stamped in local time, an hour before a new one
+    old = sweep.Sweep(
+        id="20010909-104640-sweep-p", preset="p", axes={}, power_limits=[], gpus=[0], created_at=1e9
+    )
+    old.save()
+    new = sweep.Sweep(
+        id=sweep.new_sweep_id("p", now=1e9 + 3600),
+        preset="p",
+        axes={},
+        power_limits=[],
+        gpus=[1],
+        created_at=1e9 + 3600,
+    )
+    new.save()
+    assert new.id < old.id  # the names alone would put them the wrong way round
+    assert sweep.load_sweep("last").id == new.id
+    assert [s.id for s in sweep.list_sweeps()] == [old.id, new.id]
+    assert sweep.load_sweep("20010909-1046").id == old.id  # an old id still reads

@@ -183,7 +183,7 @@ async def test_go_to_a_time_and_the_end_of_the_recording(tmp_path: Path) -> None
         await go(_clock(START + 95.5))
         await wait_for(pilot, lambda: app.latest is not None and app.latest.time == START + 95)
         await go("yesterday")
-        await wait_for(pilot, lambda: any("neither" in n for n in notifications(app)))
+        await wait_for(pilot, lambda: any("a clock time (20:02" in n for n in notifications(app)))
         await go("+1h")
         await wait_for(pilot, lambda: any("outside the recording" in n for n in notifications(app)))
         assert app.latest is not None and app.latest.time == START + 95

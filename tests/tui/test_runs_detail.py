@@ -150,7 +150,7 @@ async def test_a_live_run_s_telemetry_grows_and_the_plot_follows(
     preset_dir.mkdir(parents=True)
     (preset_dir / "a-live.toml").write_text(f'command = ["{sys.executable}", "{trainer}"]\n')
     presets, _ = load_presets()
-    handle = launch(presets["a-live"], [], [0], simulate=1)
+    handle = launch(presets["a-live"], {}, [0], simulate=1)
     try:
         app, _ = make_app(count=1)
         async with app.run_test(size=(160, 48)) as pilot:
@@ -347,8 +347,8 @@ async def test_a_contention_run_shows_its_phases_in_place_of_the_loss_curve(
         assert "SM % train/infer" in text and "W avg/peak" in text
         # train alone, infer alone, both: each workload's figures and the GPU's
         assert "9,812" in lines["train"] and "411 / 452" in lines["train"]
-        assert "96 / -" in lines["train"]
-        assert "38.5 / 41.0" in lines["infer"] and "- / 42" in lines["infer"]
+        assert "96 / n/a" in lines["train"]
+        assert "38.5 / 41.0" in lines["infer"] and "n/a / 42" in lines["infer"]
         both = lines["both"]
         assert "7,411" in both and "92.3 / 160.8" in both and "440 / 472" in both
         assert "68 / 30" in both and "1.32x / 3.92x" in both

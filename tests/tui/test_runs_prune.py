@@ -54,7 +54,7 @@ async def test_prune_names_the_old_runs_and_deletes_only_them(
         # A span that is not one is said in the dialog, and nothing is looked up.
         app.screen.query_one("#prune-span", Input).value = "soon"
         await pilot.press("enter")
-        await wait_for(pilot, lambda: "a span such as" in label(pilot, "#prune-error"))
+        await wait_for(pilot, lambda: "a span (90s, 5m" in label(pilot, "#prune-error"))
         assert isinstance(app.screen, PruneDialog)
         # the user's own words in the error are shown as typed, never read as markup
         app.screen.query_one("#prune-span", Input).value = "[/]"

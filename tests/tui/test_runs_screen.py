@@ -353,7 +353,7 @@ async def test_reattaches_to_a_run_started_before_and_quit_can_leave_it(
     presets: dict[str, Any],
 ) -> None:
     preset = load_presets()[0]["a-train"]
-    handle = launch(preset, ["sleep=0.1"], None, simulate=2)
+    handle = launch(preset, {"sleep": "0.1"}, None, simulate=2)
     pids = run_pids(handle.run_dir)
     app, _ = make_app(count=2)
     async with app.run_test(size=(160, 48)) as pilot:
@@ -656,8 +656,8 @@ async def test_the_screen_reads_finished_and_lost_runs_without_writing(
     from tests.runs.test_readers import snapshot
 
     all_presets, _ = load_presets()
-    done = launch(all_presets["a-train"], ["steps=3", "sleep=0.01"])
-    lost = launch(all_presets["a-train"], ["steps=3", "sleep=0.01"])
+    done = launch(all_presets["a-train"], {"steps": "3", "sleep": "0.01"})
+    lost = launch(all_presets["a-train"], {"steps": "3", "sleep": "0.01"})
     for handle in (done, lost):
         final = wait_for_end(handle.run_dir, 40)
         assert final is not None and final.status == "succeeded"

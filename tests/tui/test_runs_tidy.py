@@ -130,7 +130,7 @@ async def test_a_run_still_going_is_not_deleted(
     root = gpustation_dirs["data"] / "runs"
     (done,) = past_runs(root, [("lora-tiny", {})])
     preset = sleeper(gpustation_dirs["config"] / "presets" / "runs", tmp_path / "release")
-    handle = launch(preset, [], None, simulate=2)
+    handle = launch(preset, {}, None, simulate=2)
     try:
         app = make_app()
         async with app.run_test(size=(160, 48)) as pilot:

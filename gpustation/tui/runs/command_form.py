@@ -137,7 +137,7 @@ class CommandDialog(ModalScreen[LaunchRequest | None]):
         preset = self.preset()
         gpus = self.gpus()
         resolve_gpus(preset, gpus, self.device_count)
-        return LaunchRequest(preset, [], gpus)
+        return LaunchRequest(preset, {}, gpus)
 
     def argv_text(self) -> str:
         """The environment the form adds and the argv, as a shell would read them."""

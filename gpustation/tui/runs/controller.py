@@ -24,7 +24,7 @@ from textual.message import Message
 
 from gpustation.errors import GpustationError
 from gpustation.runs.cost import Price
-from gpustation.runs.presets import PresetProblem, RunPreset
+from gpustation.runs.presets import ArgValue, PresetProblem, RunPreset
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary
 from gpustation.tui.poll import Poller
@@ -281,7 +281,9 @@ class RunsUI:
         self.problems = message.problems
 
     # -- launching ------------------------------------------------------------------
-    def launch(self, preset: RunPreset, overrides: list[str], gpus: list[int] | None) -> None:
+    def launch(
+        self, preset: RunPreset, overrides: dict[str, ArgValue], gpus: list[int] | None
+    ) -> None:
         """Launch ``preset`` in a worker; the run appears in the list once started."""
         if refused(self.app, "launching runs"):
             return

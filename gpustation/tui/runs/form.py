@@ -32,7 +32,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Select, Static, Swit
 
 from gpustation.errors import GpustationError, UsageError
 from gpustation.redact import REDACTED
-from gpustation.runs.presets import ArgValue, RunPreset, apply_overrides
+from gpustation.runs.presets import ArgValue, RunPreset, apply_values
 from gpustation.runs.runner_args import (
     RunnerArg,
     cached_runner_args,
@@ -47,7 +47,8 @@ from gpustation.tui.widgets import set_size_classes
 @dataclass
 class LaunchRequest:
     preset: RunPreset
-    overrides: list[str]
+    #: typed values for the preset's arguments, as :func:`apply_values` takes them
+    overrides: dict[str, ArgValue]
     gpus: list[int] | None
 
 
@@ -395,31 +396,25 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
 
     def request(self) -> LaunchRequest:
         """The launch the form describes; raises UsageError with what is wrong."""
-        values = self.values()
-        overrides: list[str] = []
-        extras: dict[str, ArgValue] = {}
-        for key, value in values.items():
-            if key not in self.preset.args:
-                # Added here: typed as its field, so it joins the preset's arguments.
-                extras[key] = value
-            elif value != self.preset.args[key]:
-                overrides.append(f"{key}={value_text(value)}")
-        preset = self.preset
-        if extras:
-            preset = replace(preset, args={**preset.args, **extras})
-        applied, _, _ = apply_overrides(preset, overrides)
+        # typed by the fields (the runner's parser): handed on as values, never as text
+        overrides = {
+            key: value
+            for key, value in self.values().items()
+            if key not in self.preset.args or value != self.preset.args[key]
+        }
+        applied, _, _ = apply_values(self.preset, overrides)
         gpus = self.gpus()
         from gpustation.runs.argv import resolve_gpus
 
         resolve_gpus(applied, gpus, self.device_count)
-        return LaunchRequest(preset, overrides, gpus)
+        return LaunchRequest(self.preset, overrides, gpus)
 
     def argv_text(self) -> str:
         """The argv the launch would run, as a shell would read it."""
         from gpustation.runs.argv import build_argv
 
         request = self.request()
-        applied, _, _ = apply_overrides(request.preset, request.overrides)
+        applied, _, _ = apply_values(request.preset, request.overrides)
         gpus = request.gpus if request.gpus is not None else []
         env = f"CUDA_VISIBLE_DEVICES={','.join(map(str, gpus))} " if self.device_count else ""
         return env + shown_argv(build_argv(applied, gpus))
@@ -438,9 +433,9 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
         self.query_one("#launch", Button).disabled = False
 
     @staticmethod
-    def _words(err: Exception) -> str:
-        # "--set" and "--gpus" are the command line's words; here they are fields.
-        return str(err).replace("--set ", "").replace("--gpus", "GPUs")
+    def _words(err: UsageError) -> str:
+        # the form's words for the fields the command line calls --set and --gpus
+        return err.worded({"set": "", "gpus": "GPUs"}.get(err.field or "", err.field or ""))
 
     # -- events ------------------------------------------------------------------------
     def on_input_changed(self, event: Input.Changed) -> None:
