@@ -18,12 +18,11 @@ from gpustation.tui.control import (
     JournalScreen,
     KeepChangeDialog,
     PowerCapDialog,
-    control_ui,
 )
 from gpustation.tui.source import DataSource
 from gpustation.tui.widgets import LiveText
 from tests.control.conftest import RecordingSim, journal_entries
-from tests.tui.conftest import notifications, record_notifications
+from tests.tui.conftest import control_ui, notifications, record_notifications
 
 TIMEOUT_S = 30.0
 

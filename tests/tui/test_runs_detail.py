@@ -20,12 +20,12 @@ from gpustation.runs.stop import stop_run
 from gpustation.runs.store import sync_run
 from gpustation.runs.sweep import Point, Sweep
 from gpustation.tui.app import DashboardApp
-from gpustation.tui.runs import LossPlot, RunsScreen, runs_ui
+from gpustation.tui.runs import LossPlot, RunsScreen
 from gpustation.tui.runs.profile import ProfilePane
 from gpustation.tui.runs.sweeps import SweepsScreen
 from gpustation.tui.runs.timeline import GpuPlot
 
-from .conftest import wait_for
+from .conftest import runs_ui, wait_for
 from .pastruns import CONTENTION_PHASES, write_phased_run, write_run
 from .test_runs_screen import make_app, open_runs, plain
 

@@ -41,11 +41,10 @@ from gpustation.tui.runs import (
     RunView,
     StopRunDialog,
     freeze_heap,
-    runs_ui,
 )
 from gpustation.tui.widgets import LiveText
 
-from .conftest import BUILTIN_SCREENS, wait_for
+from .conftest import BUILTIN_SCREENS, runs_ui, wait_for
 from .conftest import make_app as make_dashboard
 
 pytestmark = pytest.mark.timeout(120)

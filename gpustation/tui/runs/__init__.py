@@ -14,9 +14,11 @@ path (and the tests' imports) stay put.
 from __future__ import annotations
 
 from gpustation.tui.runs.compare import CompareScreen
-from gpustation.tui.runs.controller import RunsUI, runs_ui
-from gpustation.tui.runs.dialogs import LaunchDialog, LaunchRequest, QuitRunsDialog, StopRunDialog
+from gpustation.tui.runs.controller import RunsUI
+from gpustation.tui.runs.dialogs import QuitRunsDialog, StopRunDialog
+from gpustation.tui.runs.form import LaunchDialog
 from gpustation.tui.runs.heap import freeze_heap
+from gpustation.tui.runs.launch_request import LaunchRequest
 from gpustation.tui.runs.model import MAX_LOG_LINES, RunView
 from gpustation.tui.runs.screen import RunsScreen
 from gpustation.tui.runs.sweeps import SweepsScreen
@@ -38,5 +40,4 @@ __all__ = [
     "StopRunDialog",
     "SweepsScreen",
     "freeze_heap",
-    "runs_ui",
 ]

@@ -17,7 +17,7 @@ from textual.binding import Binding, BindingType
 from textual.widget import Widget
 from textual.widgets import DataTable
 
-from gpustation.tui.runs.controller import runs_ui
+from gpustation.tui.runs.controller import RunsUI
 from gpustation.tui.runs.model import RunView
 from gpustation.tui.runs.profile import ProfilePane
 from gpustation.tui.runs.sweeps import SweepsScreen, sweep_of
@@ -55,6 +55,9 @@ class RunDetailScreen(LiveScreen):
     RunDetailScreen.-narrow.-short #run-cursor { display: none; }
     """
 
+    #: the screen's runs (set by the screen)
+    ui: RunsUI
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._cursor = TimeCursor()
@@ -89,7 +92,7 @@ class RunDetailScreen(LiveScreen):
 
         ``columns``: the runs table's (label, key), the energy column's key ``energy``.
         """
-        priced = runs_ui(self.dash).price is not None
+        priced = self.ui.price is not None
         if priced == self._priced:
             return False
         self._priced = priced

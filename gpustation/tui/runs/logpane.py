@@ -19,7 +19,6 @@ from typing import Any
 from rich.text import Text
 from textual.timer import Timer
 
-from gpustation.tui.runs.controller import runs_ui
 from gpustation.tui.runs.detail import RunDetailScreen
 from gpustation.tui.runs.model import FLOOD_FLUSH_S, FLOOD_LINES, MAX_LOG_LINES, RunDelta, RunView
 from gpustation.tui.runs.widgets import RunLog
@@ -121,7 +120,7 @@ class RunLogScreen(RunDetailScreen):
             if self._unseen:
                 hint.append(f" {self._unseen:,} new lines", style="yellow")
         elif self._log_run is not None:
-            view = runs_ui(self.dash).views.get(self._log_run)
+            view = self.ui.views.get(self._log_run)
             if view is not None and view.active:
                 hint.append("following the log", style="dim")
         self.query_one("#run-log-hint", LiveText).show(hint)

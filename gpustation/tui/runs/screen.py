@@ -25,21 +25,23 @@ from textual.widgets import DataTable, OptionList
 from gpustation.runs.compare import gpus_text
 from gpustation.runs.presets import RunPreset
 from gpustation.tui.readonly import refused
-from gpustation.tui.runs import preset_pane, prune, tidy
+from gpustation.tui.runs import prune, tidy
 from gpustation.tui.runs.compare import CompareScreen
 from gpustation.tui.runs.controller import (
     AllStopped,
     Launched,
     LaunchFailed,
     PresetsLoaded,
+    QuitAsked,
+    RunsChanged,
     RunsUI,
     StopFailed,
     Stopped,
-    runs_ui,
 )
-from gpustation.tui.runs.dialogs import LaunchDialog, LaunchRequest, StopRunDialog
-from gpustation.tui.runs.form import Prefill, prefill_of, preset_of
+from gpustation.tui.runs.dialogs import QuitRunsDialog, StopRunDialog
+from gpustation.tui.runs.form import LaunchDialog, prefill_of, preset_of
 from gpustation.tui.runs.heap import freeze_heap
+from gpustation.tui.runs.launch_request import LaunchRequest, Prefill
 from gpustation.tui.runs.logpane import RunLogScreen
 from gpustation.tui.runs.model import (
     MAX_LOG_LINES,
@@ -51,6 +53,7 @@ from gpustation.tui.runs.model import (
 )
 from gpustation.tui.runs.overlay import too_many
 from gpustation.tui.runs.poller import RunsPolled
+from gpustation.tui.runs.preset_pane import PresetPane
 from gpustation.tui.runs.widgets import (
     LossPlot,
     QuietFooter,
@@ -144,6 +147,8 @@ class RunsScreen(RunLogScreen):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        #: the screen's runs: views, poller, launching and stopping (it outlives no screen)
+        self.ui = RunsUI(self.app)
         self._columns_ready = False
         self._row_ids: list[str] = []
         self._row_cells: dict[str, tuple[str, ...]] = {}
@@ -151,17 +156,11 @@ class RunsScreen(RunLogScreen):
         #: the runs table shows only the runs matching this (prune.matches); "" all
         self.run_filter = ""
 
-    @property
-    def ui(self) -> RunsUI:
-        return runs_ui(self.dash)
-
     def compose(self) -> ComposeResult:
         yield LiveText(id="banner")
         with Horizontal(id="runs-body"):
             with Vertical(id="runs-left"):
-                yield OptionList(id="runs-presets")
-                yield LiveText(id="runs-preset-info")
-                yield LiveText(id="runs-problems", wrap=True)
+                yield PresetPane(self.ui)
                 yield RunsTable(id="runs-table", cursor_type="row", zebra_stripes=False)
             with Vertical(id="runs-right"):
                 # Wrapped: a long title and run id go on to the next line, never cut.
@@ -177,7 +176,6 @@ class RunsScreen(RunLogScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        self.query_one("#runs-presets", OptionList).border_title = "Presets (l launches)"
         table = self.query_one("#runs-table", DataTable)
         table.border_title = RUNS_TITLE
         # Preset, step and loss first: a narrow table keeps them in view (the
@@ -186,7 +184,7 @@ class RunsScreen(RunLogScreen):
             table.add_column(label, key=key)
         self.query_one("#run-log", RunLog).border_title = "Log"
         self.ui.start(self)
-        preset_pane.show_presets(self)
+        self.query_one(PresetPane).show_presets()
         self.runs_changed(True, True)
         self.query_one("#runs-presets", OptionList).focus()
         # Once the screen has painted: its widgets are as long-lived as the app.
@@ -197,7 +195,7 @@ class RunsScreen(RunLogScreen):
 
     def on_resize(self, event: events.Resize) -> None:
         # The preset lines are cut to the list's width: cut them again for the new one.
-        self.call_after_refresh(preset_pane.show_presets, self)
+        self.call_after_refresh(self.query_one(PresetPane).show_presets)
 
     def on_screen_resume(self) -> None:
         super().on_screen_resume()
@@ -214,14 +212,17 @@ class RunsScreen(RunLogScreen):
     # -- what the poller and the workers post --------------------------------------------
     def on_runs_polled(self, message: RunsPolled) -> None:
         try:
-            table, selected = self.ui.apply(message.result)
-            self.runs_changed(table, selected)
+            applied = self.ui.apply(message.result)
+            view = self.ui.views.get(applied.log.id) if applied.log is not None else None
+            if view is not None and applied.log is not None:
+                self.log_append(view, applied.log)
+            self.runs_changed(applied.table, applied.selected)
         finally:
             self.ui.rearm()  # the next pass only once this one is on screen
 
     def on_presets_loaded(self, message: PresetsLoaded) -> None:
         self.ui.presets_loaded(message)
-        preset_pane.show_presets(self)
+        self.query_one(PresetPane).show_presets()
 
     def on_launched(self, message: Launched) -> None:
         view = self.ui.launched(message)
@@ -242,10 +243,18 @@ class RunsScreen(RunLogScreen):
     def on_all_stopped(self, message: AllStopped) -> None:
         self.app.exit()
 
-    # -- presets ------------------------------------------------------------------------
-    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
-        preset_pane.show_preset_info(self)
+    def on_runs_changed(self, message: RunsChanged) -> None:
+        self.runs_changed(message.table, message.selected)
 
+    def on_quit_asked(self, message: QuitAsked) -> None:
+        views = message.views
+
+        def answered(choice: str | None) -> None:
+            self.ui.quit_answered(choice, views)
+
+        self.app.push_screen(QuitRunsDialog(views), answered)
+
+    # -- presets ------------------------------------------------------------------------
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         self.action_launch()
 
@@ -369,7 +378,7 @@ class RunsScreen(RunLogScreen):
 
     # -- actions ---------------------------------------------------------------------------
     def action_launch(self) -> None:
-        preset = preset_pane.highlighted_preset(self)
+        preset = self.query_one(PresetPane).highlighted_preset()
         if preset is None:
             self.notify("No preset selected.", severity="warning")
             return
@@ -377,7 +386,7 @@ class RunsScreen(RunLogScreen):
 
     def open_form(self, preset: RunPreset, prefill: Prefill | None = None) -> None:
         """The launch form for ``preset`` (with a past run's settings, for run again)."""
-        if refused(self.dash, "launching runs"):
+        if refused(self.app, "launching runs"):
             return
         snap = self.dash.latest
         device_count: int | None = None
@@ -389,11 +398,12 @@ class RunsScreen(RunLogScreen):
                 self.ui.launch(request.preset, request.overrides, request.gpus)
                 self.runs_changed(False, True)
 
-        self.app.push_screen(LaunchDialog(preset, device_count, prefill), chosen)
+        dialog = LaunchDialog(preset, device_count, prefill, saved=self.ui.reload_presets)
+        self.app.push_screen(dialog, chosen)
 
     def action_run_again(self) -> None:
         """Open the launch form with the selected run's preset, arguments and GPUs."""
-        if refused(self.dash, "launching runs"):
+        if refused(self.app, "launching runs"):
             return
         view = self.current_view()
         if view is None:
@@ -418,7 +428,7 @@ class RunsScreen(RunLogScreen):
         self.open_form(preset, prefill_of(run))
 
     def action_stop(self) -> None:
-        if refused(self.dash, "stopping runs"):
+        if refused(self.app, "stopping runs"):
             return
         view = self.current_view()
         if view is None or not view.active:
@@ -456,29 +466,36 @@ class RunsScreen(RunLogScreen):
 
     # Tidying the history: the dialogs and the workers live in tidy.py.
     def action_delete(self) -> None:
-        if not refused(self.dash, "deleting runs"):
-            tidy.ask_delete(self)
+        if not refused(self.app, "deleting runs"):
+            tidy.ask_delete(self, tidy.targets(self.ui))
 
     def action_note(self) -> None:
-        if not refused(self.dash, "notes on runs"):
-            tidy.ask_note(self)
+        if not refused(self.app, "notes on runs"):
+            tidy.ask_note(self, self.current_view())
 
     def action_tag(self) -> None:
-        if not refused(self.dash, "tags on runs"):
-            tidy.ask_tags(self)
+        if not refused(self.app, "tags on runs"):
+            tidy.ask_tags(self, tidy.targets(self.ui), self.ui.presets)
 
     def on_tidied(self, message: tidy.Tidied) -> None:
-        tidy.tidied(self, message)
+        tidy.tidied(self, self.ui, message)
+        self.runs_changed(True, True)
 
     def action_prune(self) -> None:
-        if not refused(self.dash, "deleting runs"):
+        if not refused(self.app, "deleting runs"):
             prune.ask_prune(self)
 
     def on_prune_found(self, message: prune.PruneFound) -> None:
         prune.confirm_prune(self, message)
 
     def action_filter(self) -> None:
-        prune.ask_filter(self)
+        prune.ask_filter(self, self.run_filter, self.set_filter)
+
+    def set_filter(self, text: str) -> None:
+        """Show only the runs matching ``text`` ("" all); the table's title says so."""
+        self.run_filter = text
+        self.query_one("#runs-table", DataTable).border_title = prune.filter_title(text)
+        self.runs_changed(True, False)
 
     def action_cursor(self, delta: int) -> None:
         focused = self.focused
