@@ -255,6 +255,28 @@ def test_profiles_are_in_the_command_palette(sim: RecordingSim) -> None:
     asyncio.run(scenario())
 
 
+def test_a_profile_from_the_palette_is_applied_by_the_control_screen(sim: RecordingSim) -> None:
+    async def scenario() -> None:
+        app = make_app(sim)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_until(pilot, lambda: app.latest is not None, "the first sample")
+            assert app.current_mode == "dashboard"
+            (apply,) = [
+                c
+                for c in app.get_system_commands(app.screen)
+                if c.title == "Apply profile balanced"
+            ]
+            apply.callback()
+            await open_keep_dialog(pilot, app)
+            assert app.current_mode == "control"
+            ui = control_ui(app)
+            assert ui.pending is not None and "balanced" in ui.pending.description
+            await pilot.press("n")
+            await wait_until(pilot, lambda: limits(sim) == [450.0, 450.0], "the revert")
+
+    asyncio.run(scenario())
+
+
 def test_quitting_with_a_kept_curve_asks_and_can_leave_a_controller_running(
     sim: RecordingSim,
 ) -> None:

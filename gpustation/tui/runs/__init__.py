@@ -2,13 +2,15 @@
 
 A module per job: :mod:`.model` (a run as the screen shows it, no textual),
 :mod:`.poller` (reading run directories off the UI thread),
-:mod:`.controller` (the dashboard's runs: views, launching, stopping,
-quitting), :mod:`.widgets`, :mod:`.dialogs`, :mod:`.compare`, the selected
-run's detail (:mod:`.detail`: :mod:`.timeline`, :mod:`.profile`,
-:mod:`.sweeps`), the log pane (:mod:`.logpane`), the preset list
-(:mod:`.preset_pane`) and :mod:`.screen`. The app loads
-``gpustation.tui.runs:RunsScreen``; the names below are re-exported so that
-path (and the tests' imports) stay put.
+:mod:`.controller` (the screen's runs: views, launching, stopping, quitting;
+it posts messages to the screen and never imports it), :mod:`.widgets`,
+:mod:`.dialogs`, the launch forms (:mod:`.form`, :mod:`.command_form`, both
+dismissing with :mod:`.launch_request`'s request), :mod:`.compare`, and the
+panes, each a widget handed the screen's :class:`RunsUI`: the preset list
+(:mod:`.preset_pane`), the selected run's detail (:mod:`.detail`:
+:mod:`.timeline`, :mod:`.profile`; :mod:`.sweeps` over it) and its log
+(:mod:`.logpane`). :mod:`.screen` composes them and owns the RunsUI. The
+names below are re-exported for the tests' imports.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ collection walks only what was made since.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -38,13 +39,13 @@ from gpustation.tui.runs.controller import (
     StopFailed,
     Stopped,
 )
+from gpustation.tui.runs.detail import RunDetail
 from gpustation.tui.runs.dialogs import QuitRunsDialog, StopRunDialog
 from gpustation.tui.runs.form import LaunchDialog, prefill_of, preset_of
 from gpustation.tui.runs.heap import freeze_heap
 from gpustation.tui.runs.launch_request import LaunchRequest, Prefill
-from gpustation.tui.runs.logpane import RunLogScreen
+from gpustation.tui.runs.logpane import LogPane
 from gpustation.tui.runs.model import (
-    MAX_LOG_LINES,
     RUNS_TITLE,
     STATUS_STYLE,
     RunView,
@@ -54,15 +55,15 @@ from gpustation.tui.runs.model import (
 from gpustation.tui.runs.overlay import too_many
 from gpustation.tui.runs.poller import RunsPolled
 from gpustation.tui.runs.preset_pane import PresetPane
+from gpustation.tui.runs.sweeps import SweepsScreen, sweep_of
 from gpustation.tui.runs.widgets import (
-    LossPlot,
     QuietFooter,
-    RunLog,
     RunsTable,
     energy_cell,
     run_gpus,
     run_header,
 )
+from gpustation.tui.screens import LiveScreen
 from gpustation.tui.source import Frame
 from gpustation.tui.widgets import LiveText
 
@@ -93,7 +94,7 @@ STATUS_COLUMN = 4
 # ---- the screen -----------------------------------------------------------------------------
 
 
-class RunsScreen(RunLogScreen):
+class RunsScreen(LiveScreen):
     """Presets, runs and the selected run's progress, GPUs, loss curve and log."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -108,6 +109,13 @@ class RunsScreen(RunLogScreen):
         Binding("D", "prune", "Prune", id="runs.prune"),
         Binding("slash", "filter", "Filter", key_display="/", id="runs.filter"),
         Binding("end", "follow", "Follow log", priority=True, id="runs.follow"),
+        Binding("P", "profile", "Profile", show=False, id="runs.profile"),
+        Binding("S", "sweeps", "Sweeps", show=False, id="runs.sweeps"),
+        # the timeline's cursor: a sample back or on, a tenth of the run back or on
+        Binding("left_square_bracket", "time(-1)", "Earlier", show=False, id="runs.earlier"),
+        Binding("right_square_bracket", "time(1)", "Later", show=False, id="runs.later"),
+        Binding("left_curly_bracket", "jump(-1)", "Much earlier", show=False, id="runs.jump_back"),
+        Binding("right_curly_bracket", "jump(1)", "Much later", show=False, id="runs.jump_on"),
         Binding("j", "cursor(1)", "Down", show=False, id="runs.down"),
         Binding("k", "cursor(-1)", "Up", show=False, id="runs.up"),
         Binding("escape", "app.show_dashboard", "Back", id="runs.back"),
@@ -131,6 +139,13 @@ class RunsScreen(RunLogScreen):
     #run-log { height: 1fr; border: round $panel; }
     #run-log:focus { border: round $accent; }
     #run-log-hint { height: 1; padding: 0 1; }
+    #run-telemetry { height: 9; }
+    #run-cursor { height: 1; padding: 0 1; }
+    RunsScreen.-profile LogPane { display: none; }
+    RunsScreen.-short #run-telemetry { height: 6; }
+    RunsScreen.-tall #run-telemetry { height: 12; }
+    RunsScreen.-narrow.-short #run-telemetry { display: none; }
+    RunsScreen.-narrow.-short #run-cursor { display: none; }
     RunsScreen.-wide #runs-left { max-width: 84; }
     RunsScreen.-short #runs-presets { height: 8; }
     RunsScreen.-short #run-plot { height: 8; }
@@ -153,6 +168,8 @@ class RunsScreen(RunLogScreen):
         self._row_ids: list[str] = []
         self._row_cells: dict[str, tuple[str, ...]] = {}
         self._dirty = True
+        #: whether the energy column was last labelled with a cost
+        self._priced: bool | None = None
         #: the runs table shows only the runs matching this (prune.matches); "" all
         self.run_filter = ""
 
@@ -166,11 +183,8 @@ class RunsScreen(RunLogScreen):
                 # Wrapped: a long title and run id go on to the next line, never cut.
                 yield LiveText(id="run-header", wrap=True)
                 yield LiveText(id="run-gpus")
-                yield LossPlot(id="run-plot")
-                yield from self.compose_detail()
-                # One more than a run keeps: room for the "earlier lines" note.
-                yield RunLog(self._log_scrolled, max_lines=MAX_LOG_LINES + 1, id="run-log")
-                yield LiveText(id="run-log-hint")
+                yield RunDetail(self.ui)
+                yield LogPane(self.ui)
         yield LiveText(id="status")
         yield QuietFooter()
 
@@ -182,7 +196,6 @@ class RunsScreen(RunLogScreen):
         # selected run's status is in the run pane too).
         for label, key in RUN_COLUMNS:
             table.add_column(label, key=key)
-        self.query_one("#run-log", RunLog).border_title = "Log"
         self.ui.start(self)
         self.query_one(PresetPane).show_presets()
         self.runs_changed(True, True)
@@ -201,9 +214,9 @@ class RunsScreen(RunLogScreen):
         super().on_screen_resume()
         if self._dirty:
             self.runs_changed(True, True)
-        if self._log_dirty:
+        if self.query_one(LogPane).dirty:
             # Lines came while another screen or a dialog was on top.
-            self._reload_log()
+            self.query_one(LogPane).reload()
 
     def show_frame(self, frame: Frame) -> None:
         if self.is_mounted:
@@ -215,7 +228,7 @@ class RunsScreen(RunLogScreen):
             applied = self.ui.apply(message.result)
             view = self.ui.views.get(applied.log.id) if applied.log is not None else None
             if view is not None and applied.log is not None:
-                self.log_append(view, applied.log)
+                self.query_one(LogPane).append(view, applied.log)
             self.runs_changed(applied.table, applied.selected)
         finally:
             self.ui.rearm()  # the next pass only once this one is on screen
@@ -294,7 +307,24 @@ class RunsScreen(RunLogScreen):
             self._update_table(select)
         if selected or select:
             self._show_selected()
-            self._show_hint()
+            self.query_one(LogPane).show_hint()
+
+    def price_changed(self, columns: Sequence[tuple[str, str]]) -> bool:
+        """Label the energy column for the price known now; True: the rows must be made again.
+
+        ``columns``: the runs table's (label, key), the energy column's key ``energy``.
+        """
+        priced = self.ui.price is not None
+        if priced == self._priced:
+            return False
+        self._priced = priced
+        table = self.query_one("#runs-table", DataTable)
+        table.clear(columns=True)
+        for label, key in columns:
+            if key == "energy" and priced:
+                label = "energy · cost"
+            table.add_column(label, key=key)
+        return True
 
     def _update_table(self, select: str | None = None) -> None:
         table = self.query_one("#runs-table", DataTable)
@@ -347,7 +377,7 @@ class RunsScreen(RunLogScreen):
             run_id = self._row_ids[row] if row < len(self._row_ids) else None
         if run_id != self.ui.selected:
             self.ui.select(run_id)
-            self._reload_log()
+            self.query_one(LogPane).reload()
             self._show_selected()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -374,7 +404,7 @@ class RunsScreen(RunLogScreen):
         # No forced relayout: LiveText asks for one itself when its line count changes.
         self.query_one("#run-header", LiveText).show(header)
         self.query_one("#run-gpus", LiveText).show(gpus)
-        self.show_detail()
+        self.query_one(RunDetail).show()
 
     # -- actions ---------------------------------------------------------------------------
     def action_launch(self) -> None:
@@ -496,6 +526,25 @@ class RunsScreen(RunLogScreen):
         self.run_filter = text
         self.query_one("#runs-table", DataTable).border_title = prune.filter_title(text)
         self.runs_changed(True, False)
+
+    # The selected run's detail and log.
+    def action_follow(self) -> None:
+        self.query_one(LogPane).follow()
+
+    def action_time(self, samples: int) -> None:
+        self.query_one(RunDetail).step(samples)
+
+    def action_jump(self, direction: int) -> None:
+        self.query_one(RunDetail).jump(direction)
+
+    def action_profile(self) -> None:
+        detail = self.query_one(RunDetail)
+        detail.toggle_profile()
+        self.set_class(detail.profile, "-profile")  # the profile takes the log's place too
+
+    def action_sweeps(self) -> None:
+        view = self.current_view()
+        self.app.push_screen(SweepsScreen(sweep_of(view.summary.tags) if view else None))
 
     def action_cursor(self, delta: int) -> None:
         focused = self.focused
