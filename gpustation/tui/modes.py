@@ -5,8 +5,9 @@ the screen built when its mode is first shown.
 ``screen`` is a function returning the screen's class; for the runs and
 control screens it imports their module when called (the first time the
 screen is shown or its keys are listed), so start-up imports neither.
-``requires`` names that module: where it is missing the entry is left out,
-without importing anything at start-up.
+``requires`` names the screen's package: where it is missing the entry is
+left out, found without importing anything (a package's own submodule could
+not be looked for without importing the package).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class ScreenEntry:
     help: str
     #: the screen's class (imported when called, for the screens loaded late)
     screen: Callable[[], type[Screen[Any]]]
-    #: the module ``screen`` imports; the entry is left out where it is missing
+    #: the package ``screen`` imports from; the entry is left out where it is missing
     requires: str | None = None
     #: the screen's command-palette entries, offered on every screen
     commands: Commands | None = None
@@ -83,7 +84,7 @@ SCREENS_BY_MODE: list[ScreenEntry] = [
         "Control",
         "power limits, fan curve, hardware profiles (keys 1-9), journal",
         control_screen,
-        requires="gpustation.tui.control.screen",
+        requires="gpustation.tui.control",
         commands=control_commands,
     ),
     ScreenEntry(
@@ -92,7 +93,7 @@ SCREENS_BY_MODE: list[ScreenEntry] = [
         "Runs",
         "launch presets; follow, stop and compare runs",
         runs_screen,
-        requires="gpustation.tui.runs.screen",
+        requires="gpustation.tui.runs",
     ),
 ]
 
