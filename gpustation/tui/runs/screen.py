@@ -162,8 +162,12 @@ class RunsScreen(LiveScreen):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        #: the screen's runs: views, poller, launching and stopping (it outlives no screen)
+        #: the screen's runs: views, poller, launching and stopping (closed on unmount)
         self.ui = RunsUI(self.app)
+        # The panes, each handed the RunsUI: they read it and never reach back here.
+        self.preset_pane = PresetPane(self.ui)
+        self.detail = RunDetail(self.ui)
+        self.log_pane = LogPane(self.ui)
         self._columns_ready = False
         self._row_ids: list[str] = []
         self._row_cells: dict[str, tuple[str, ...]] = {}
@@ -177,14 +181,14 @@ class RunsScreen(LiveScreen):
         yield LiveText(id="banner")
         with Horizontal(id="runs-body"):
             with Vertical(id="runs-left"):
-                yield PresetPane(self.ui)
+                yield self.preset_pane
                 yield RunsTable(id="runs-table", cursor_type="row", zebra_stripes=False)
             with Vertical(id="runs-right"):
                 # Wrapped: a long title and run id go on to the next line, never cut.
                 yield LiveText(id="run-header", wrap=True)
                 yield LiveText(id="run-gpus")
-                yield RunDetail(self.ui)
-                yield LogPane(self.ui)
+                yield self.detail
+                yield self.log_pane
         yield LiveText(id="status")
         yield QuietFooter()
 
@@ -197,7 +201,7 @@ class RunsScreen(LiveScreen):
         for label, key in RUN_COLUMNS:
             table.add_column(label, key=key)
         self.ui.start(self)
-        self.query_one(PresetPane).show_presets()
+        self.preset_pane.show_presets()
         self.runs_changed(True, True)
         self.query_one("#runs-presets", OptionList).focus()
         # Once the screen has painted: its widgets are as long-lived as the app.
@@ -208,15 +212,15 @@ class RunsScreen(LiveScreen):
 
     def on_resize(self, event: events.Resize) -> None:
         # The preset lines are cut to the list's width: cut them again for the new one.
-        self.call_after_refresh(self.query_one(PresetPane).show_presets)
+        self.call_after_refresh(self.preset_pane.show_presets)
 
     def on_screen_resume(self) -> None:
         super().on_screen_resume()
         if self._dirty:
             self.runs_changed(True, True)
-        if self.query_one(LogPane).dirty:
+        if self.log_pane.dirty:
             # Lines came while another screen or a dialog was on top.
-            self.query_one(LogPane).reload()
+            self.log_pane.reload()
 
     def show_frame(self, frame: Frame) -> None:
         if self.is_mounted:
@@ -228,14 +232,14 @@ class RunsScreen(LiveScreen):
             applied = self.ui.apply(message.result)
             view = self.ui.views.get(applied.log.id) if applied.log is not None else None
             if view is not None and applied.log is not None:
-                self.query_one(LogPane).append(view, applied.log)
+                self.log_pane.append(view, applied.log)
             self.runs_changed(applied.table, applied.selected)
         finally:
             self.ui.rearm()  # the next pass only once this one is on screen
 
     def on_presets_loaded(self, message: PresetsLoaded) -> None:
         self.ui.presets_loaded(message)
-        self.query_one(PresetPane).show_presets()
+        self.preset_pane.show_presets()
 
     def on_launched(self, message: Launched) -> None:
         view = self.ui.launched(message)
@@ -307,7 +311,7 @@ class RunsScreen(LiveScreen):
             self._update_table(select)
         if selected or select:
             self._show_selected()
-            self.query_one(LogPane).show_hint()
+            self.log_pane.show_hint()
 
     def price_changed(self, columns: Sequence[tuple[str, str]]) -> bool:
         """Label the energy column for the price known now; True: the rows must be made again.
@@ -377,7 +381,7 @@ class RunsScreen(LiveScreen):
             run_id = self._row_ids[row] if row < len(self._row_ids) else None
         if run_id != self.ui.selected:
             self.ui.select(run_id)
-            self.query_one(LogPane).reload()
+            self.log_pane.reload()
             self._show_selected()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -404,11 +408,11 @@ class RunsScreen(LiveScreen):
         # No forced relayout: LiveText asks for one itself when its line count changes.
         self.query_one("#run-header", LiveText).show(header)
         self.query_one("#run-gpus", LiveText).show(gpus)
-        self.query_one(RunDetail).show()
+        self.detail.show()
 
     # -- actions ---------------------------------------------------------------------------
     def action_launch(self) -> None:
-        preset = self.query_one(PresetPane).highlighted_preset()
+        preset = self.preset_pane.highlighted_preset()
         if preset is None:
             self.notify("No preset selected.", severity="warning")
             return
@@ -529,16 +533,16 @@ class RunsScreen(LiveScreen):
 
     # The selected run's detail and log.
     def action_follow(self) -> None:
-        self.query_one(LogPane).follow()
+        self.log_pane.follow()
 
     def action_time(self, samples: int) -> None:
-        self.query_one(RunDetail).step(samples)
+        self.detail.step(samples)
 
     def action_jump(self, direction: int) -> None:
-        self.query_one(RunDetail).jump(direction)
+        self.detail.jump(direction)
 
     def action_profile(self) -> None:
-        detail = self.query_one(RunDetail)
+        detail = self.detail
         detail.toggle_profile()
         self.set_class(detail.profile, "-profile")  # the profile takes the log's place too
 
