@@ -2,7 +2,9 @@
 
 Keys 1-9 apply a profile, ``w`` opens the power-cap dialog, ``f`` hands the
 fans back, ``j`` shows the journal. The screen draws and dispatches; the
-control calls and their messages are :mod:`gpustation.tui.control.ui`'s.
+control calls and their messages are its own
+:class:`~gpustation.tui.control.ui.ControlUI`'s. The command palette's
+entries (:func:`system_commands`) act through this screen.
 """
 
 from __future__ import annotations
