@@ -108,7 +108,7 @@ async def wait_until(pilot: Any, what: str, condition: Callable[[], bool], timeo
 async def shoot_runs(out: Path) -> None:
     from textual.widgets import OptionList
 
-    from gpustation.tui.runs import LossPlot, runs_ui
+    from gpustation.tui.runs import LossPlot, RunsScreen
 
     backend = SimBackend(count=2, card="rtx4090", seed=0, state_path=None)
     source = DataSource(lambda: backend, host_source=host, hostname="workstation")
@@ -116,7 +116,9 @@ async def shoot_runs(out: Path) -> None:
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_until(pilot, "the first frame", lambda: app.frame is not None, 30)
         await pilot.press("r")
-        ui = runs_ui(app)
+        await wait_until(pilot, "the runs screen", lambda: isinstance(app.screen, RunsScreen), 30)
+        assert isinstance(app.screen, RunsScreen)
+        ui = app.screen.ui
         await wait_until(pilot, "the presets", lambda: ui.presets is not None, 30)
         assert ui.presets is not None
         # The preset list's cursor on the preset that runs, as after launching it with l.

@@ -15,8 +15,8 @@ Extension points (for new screens: runs, hardware control, fleet):
 
 * ``SCREENS_BY_MODE`` (:mod:`gpustation.tui.modes`): one :class:`ScreenEntry` per screen. Each is a
   Textual mode with its own key, footer label, command-palette entry and help
-  line; ``factory`` is a class or a ``"module:Class"`` string imported when the
-  screen is first shown (a missing module leaves the entry out).
+  line; ``screen`` is a function returning its class, importing it when the
+  screen is first shown (a missing ``requires`` module leaves the entry out).
   ``DashboardApp(screens=[...])`` runs with a subset (the tests use the
   built-in four, so their pictures do not change when a screen is added).
 * Screens showing live data subclass :class:`~gpustation.tui.screens.LiveScreen`
@@ -67,7 +67,6 @@ from gpustation.tui.modes import (
     ScreenEntry,
     available,
     mode_binding,
-    resolve,
     screen_maker,
 )
 from gpustation.tui.poll import Poller
@@ -80,6 +79,7 @@ from gpustation.tui.source import DataSource, Frame
 
 if TYPE_CHECKING:
     from gpustation.telemetry.recorder import Recorder
+    from gpustation.tui.dash import Dashboard
 
 #: refresh intervals ``+``/``-`` step through, in seconds
 REFRESH_STEPS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
@@ -182,7 +182,7 @@ class DashboardApp(ProcessActions):
         #: asked before each pass whether the GPM readings are wanted (a live run)
         self.gpm_hooks: list[Callable[[], bool]] = []
         entries = SCREENS_BY_MODE if screens is None else screens
-        self._modes_in_use = [e for e in entries if available(e.factory)]
+        self._modes_in_use = [e for e in entries if available(e)]
         self.MODES = {e.mode: screen_maker(e) for e in self._modes_in_use}  # type: ignore[misc]
         #: the [keys] table of config.toml, applied on mount
         self.keymap_config = keymap if keymap is not None else load_keymap()
@@ -503,8 +503,7 @@ class DashboardApp(ProcessActions):
         for entry in self._modes_in_use:
             if entry.mode in BUILTIN_MODES:
                 continue
-            cls = resolve(entry.factory)
-            bindings = getattr(cls, "BINDINGS", None) or []
+            bindings = entry.screen().BINDINGS
             keys = [self.remapped(b) for b in bindings if isinstance(b, Binding) and b.show]
             if keys:
                 out.append((entry.title, keys))
@@ -517,9 +516,9 @@ class DashboardApp(ProcessActions):
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        control_commands = resolve("gpustation.tui.control.ui:system_commands")  # type: ignore[arg-type]
-        if control_commands is not None:
-            yield from control_commands(self, screen)  # type: ignore[call-arg]
+        for entry in self._modes_in_use:
+            if entry.commands is not None:
+                yield from entry.commands(self, screen)
         for entry in self._modes_in_use:
             yield SystemCommand(
                 f"Show {entry.title.lower()}",
@@ -591,3 +590,9 @@ def run_dashboard(
     if source.record_error:
         print(f"gpustation: recording stopped: {source.record_error}", file=sys.stderr)
     return int(result or 0)
+
+
+if TYPE_CHECKING:
+
+    def _is_a_dashboard(app: DashboardApp) -> Dashboard:
+        return app  # mypy checks the app has what its screens and controllers read

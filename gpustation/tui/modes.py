@@ -2,24 +2,30 @@
 (its mode name, key, footer label and help line), the key that shows it, and
 the screen built when its mode is first shown.
 
-``factory`` is a class or a ``"module:Class"`` string imported when the screen
-is first shown; a missing module leaves the entry out without importing
-anything at start-up.
+``screen`` is a function returning the screen's class; for the runs and
+control screens it imports their module when called (the first time the
+screen is shown or its keys are listed), so start-up imports neither.
+``requires`` names the screen's package: where it is missing the entry is
+left out, found without importing anything (a package's own submodule could
+not be looked for without importing the package).
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
 from gpustation.errors import GpustationError
 from gpustation.tui.screens import AlertLogScreen, DashboardScreen, HelpScreen, TopologyScreen
+
+#: command-palette entries a screen adds: (app, the screen the palette is over) -> commands
+Commands = Callable[[App[Any], Screen[Any]], Iterable[SystemCommand]]
 
 
 @dataclass(frozen=True)
@@ -30,29 +36,64 @@ class ScreenEntry:
     key: str
     title: str
     help: str
-    factory: type[Screen[Any]] | str
+    #: the screen's class (imported when called, for the screens loaded late)
+    screen: Callable[[], type[Screen[Any]]]
+    #: the package ``screen`` imports from; the entry is left out where it is missing
+    requires: str | None = None
+    #: the screen's command-palette entries, offered on every screen
+    commands: Commands | None = None
+
+
+def runs_screen() -> type[Screen[Any]]:
+    # Imported on first use, for start-up time: the runs screen pulls in the run store.
+    from gpustation.tui.runs.screen import RunsScreen
+
+    return RunsScreen
+
+
+def control_screen() -> type[Screen[Any]]:
+    # Imported on first use, for start-up time: the control screen pulls in control/.
+    from gpustation.tui.control.screen import ControlScreen
+
+    return ControlScreen
+
+
+def control_commands(app: App[Any], screen: Screen[Any]) -> Iterable[SystemCommand]:
+    # Imported when the palette opens, for start-up time (as control_screen).
+    from gpustation.tui.control.screen import system_commands
+
+    return system_commands(app, screen)
 
 
 SCREENS_BY_MODE: list[ScreenEntry] = [
     ScreenEntry(
-        "dashboard", "d", "Dashboard", "GPU cards, history, host, processes", DashboardScreen
+        "dashboard",
+        "d",
+        "Dashboard",
+        "GPU cards, history, host, processes",
+        lambda: DashboardScreen,
     ),
-    ScreenEntry("topology", "t", "Topology", "GPU matrix, P2P, NUMA, PCIe links", TopologyScreen),
-    ScreenEntry("alerts", "a", "Alerts", "the alert log", AlertLogScreen),
-    ScreenEntry("help", "question_mark", "Help", "keys and what they do", HelpScreen),
+    ScreenEntry(
+        "topology", "t", "Topology", "GPU matrix, P2P, NUMA, PCIe links", lambda: TopologyScreen
+    ),
+    ScreenEntry("alerts", "a", "Alerts", "the alert log", lambda: AlertLogScreen),
+    ScreenEntry("help", "question_mark", "Help", "keys and what they do", lambda: HelpScreen),
     ScreenEntry(
         "control",
         "c",
         "Control",
         "power limits, fan curve, hardware profiles (keys 1-9), journal",
-        "gpustation.tui.control.screen:ControlScreen",
+        control_screen,
+        requires="gpustation.tui.control",
+        commands=control_commands,
     ),
     ScreenEntry(
         "runs",
         "r",
         "Runs",
         "launch presets; follow, stop and compare runs",
-        "gpustation.tui.runs:RunsScreen",
+        runs_screen,
+        requires="gpustation.tui.runs",
     ),
 ]
 
@@ -65,13 +106,12 @@ def mode_binding(entry: ScreenEntry) -> Binding:
     return Binding(entry.key, f"switch_to('{entry.mode}')", entry.title, id=f"app.{entry.mode}")
 
 
-def available(factory: type[Screen[Any]] | str) -> bool:
-    """Whether a screen's module exists, without importing it (start-up stays quick)."""
-    if not isinstance(factory, str):
+def available(entry: ScreenEntry) -> bool:
+    """Whether an entry's screen module exists, without importing it (start-up stays quick)."""
+    if entry.requires is None:
         return True
-    module = factory.partition(":")[0]
     try:
-        return importlib.util.find_spec(module) is not None
+        return importlib.util.find_spec(entry.requires) is not None
     except (ImportError, ValueError):
         return False
 
@@ -80,20 +120,10 @@ def screen_maker(entry: ScreenEntry) -> Callable[[], Screen[Any]]:
     """Build the entry's screen when its mode is first shown (imports it then)."""
 
     def make() -> Screen[Any]:
-        cls = resolve(entry.factory)
-        if cls is None:
-            raise GpustationError(f"the {entry.title} screen could not be loaded")
+        try:
+            cls = entry.screen()
+        except ImportError as err:
+            raise GpustationError(f"the {entry.title} screen could not be loaded: {err}") from err
         return cls()
 
     return make
-
-
-def resolve(factory: type[Screen[Any]] | str) -> Any:
-    """The class (or function) a ``"module:attr"`` string names; None if missing."""
-    if not isinstance(factory, str):
-        return factory
-    module, _, name = factory.partition(":")
-    try:
-        return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
-    except (ImportError, AttributeError):
-        return None

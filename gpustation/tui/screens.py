@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from rich.text import Text
 from textual import events
@@ -20,6 +20,7 @@ from textual.widgets import Select
 
 from gpustation.telemetry.history import METRIC_KEYS, METRICS
 from gpustation.tui import render
+from gpustation.tui.dash import Dashboard, dashboard
 from gpustation.tui.linecache import KeepsLines
 from gpustation.tui.procrows import process_rows
 from gpustation.tui.source import Frame
@@ -39,16 +40,13 @@ from gpustation.tui.widgets import (
     set_size_classes,
 )
 
-if TYPE_CHECKING:
-    from gpustation.tui.app import DashboardApp
-
 
 class LiveScreen(KeepsLines, Screen[None]):
     """A screen fed with frames by the app; shows the banner and status line."""
 
     @property
-    def dash(self) -> DashboardApp:
-        return self.app  # type: ignore[return-value]
+    def dash(self) -> Dashboard:
+        return dashboard(self.app)
 
     _chrome: tuple[LiveText | None, LiveText | None] | None = None
 

@@ -18,12 +18,11 @@ from gpustation.tui.control import (
     JournalScreen,
     KeepChangeDialog,
     PowerCapDialog,
-    control_ui,
 )
 from gpustation.tui.source import DataSource
 from gpustation.tui.widgets import LiveText
 from tests.control.conftest import RecordingSim, journal_entries
-from tests.tui.conftest import notifications, record_notifications
+from tests.tui.conftest import control_ui, notifications, record_notifications
 
 TIMEOUT_S = 30.0
 
@@ -252,6 +251,28 @@ def test_profiles_are_in_the_command_palette(sim: RecordingSim) -> None:
             for name in ("stock", "quiet", "balanced", "performance"):
                 assert f"Apply profile {name}" in titles
             assert "Set power cap" in titles and "Show control journal" in titles
+
+    asyncio.run(scenario())
+
+
+def test_a_profile_from_the_palette_is_applied_by_the_control_screen(sim: RecordingSim) -> None:
+    async def scenario() -> None:
+        app = make_app(sim)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_until(pilot, lambda: app.latest is not None, "the first sample")
+            assert app.current_mode == "dashboard"
+            (apply,) = [
+                c
+                for c in app.get_system_commands(app.screen)
+                if c.title == "Apply profile balanced"
+            ]
+            apply.callback()
+            await open_keep_dialog(pilot, app)
+            assert app.current_mode == "control"
+            ui = control_ui(app)
+            assert ui.pending is not None and "balanced" in ui.pending.description
+            await pilot.press("n")
+            await wait_until(pilot, lambda: limits(sim) == [450.0, 450.0], "the revert")
 
     asyncio.run(scenario())
 

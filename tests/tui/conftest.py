@@ -14,7 +14,9 @@ from textual.pilot import Pilot
 from gpustation.telemetry.model import HostSample
 from gpustation.telemetry.sim import SimBackend
 from gpustation.tui.app import DashboardApp
+from gpustation.tui.control import ControlScreen, ControlUI
 from gpustation.tui.modes import SCREENS_BY_MODE
+from gpustation.tui.runs import RunsScreen, RunsUI
 from gpustation.tui.source import DataSource
 
 START = 1_000_000.0
@@ -143,3 +145,19 @@ async def first_frame(pilot: Pilot[Any]) -> None:
 @pytest.fixture
 def app_factory() -> Callable[..., tuple[DashboardApp, SimBackend]]:
     return make_app
+
+
+def runs_ui(app: Any) -> RunsUI:
+    """The runs screen's own RunsUI (the screen is in the app's stack once r is pressed)."""
+    for screen in reversed(app.screen_stack):
+        if isinstance(screen, RunsScreen):
+            return screen.ui
+    raise AssertionError(f"no runs screen in {app.screen_stack}")
+
+
+def control_ui(app: Any) -> ControlUI:
+    """The control screen's own ControlUI (the screen is in the app's stack once c is pressed)."""
+    for screen in reversed(app.screen_stack):
+        if isinstance(screen, ControlScreen):
+            return screen.ui
+    raise AssertionError(f"no control screen in {app.screen_stack}")

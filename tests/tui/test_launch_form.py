@@ -13,9 +13,9 @@ from textual.widgets import Button, Checkbox, DataTable, Input, Label, Select, S
 from gpustation.runs.presets import RunPreset, load_preset_file
 from gpustation.runs.runner_args import RunnerArg, read_parser
 from gpustation.tui.modes import SCREENS_BY_MODE
-from gpustation.tui.runs import LaunchDialog, LaunchRequest, runs_ui
+from gpustation.tui.runs import LaunchDialog, LaunchRequest
 
-from .conftest import BUILTIN_SCREENS, make_app, wait_for
+from .conftest import BUILTIN_SCREENS, make_app, runs_ui, wait_for
 from .pastruns import write_run
 
 pytestmark = pytest.mark.timeout(120)

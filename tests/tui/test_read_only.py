@@ -19,20 +19,23 @@ from gpustation.runs.launch import launch
 from gpustation.runs.presets import load_presets
 from gpustation.runs.stop import stop_run
 from gpustation.tui.app import DashboardApp
-from gpustation.tui.control import ControlScreen, KeepChangeDialog, PowerCapDialog, control_ui
+from gpustation.tui.control import ControlScreen, KeepChangeDialog, PowerCapDialog
 from gpustation.tui.dialogs import KillDialog
 from gpustation.tui.modes import SCREENS_BY_MODE
-from gpustation.tui.runs import RunsScreen, runs_ui
-from gpustation.tui.runs.dialogs import LaunchDialog, QuitRunsDialog, StopRunDialog
+from gpustation.tui.runs import RunsScreen
+from gpustation.tui.runs.dialogs import QuitRunsDialog, StopRunDialog
+from gpustation.tui.runs.form import LaunchDialog
 from gpustation.tui.widgets import LiveText, ProcessTable
 from tests.control.conftest import RecordingSim
 
 from .conftest import (
     BUILTIN_SCREENS,
     RealLookingSim,
+    control_ui,
     first_frame,
     make_app,
     notifications,
+    runs_ui,
     wait_for,
 )
 

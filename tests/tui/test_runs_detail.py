@@ -20,12 +20,13 @@ from gpustation.runs.stop import stop_run
 from gpustation.runs.store import sync_run
 from gpustation.runs.sweep import Point, Sweep
 from gpustation.tui.app import DashboardApp
-from gpustation.tui.runs import LossPlot, RunsScreen, runs_ui
+from gpustation.tui.runs import LossPlot, RunsScreen
+from gpustation.tui.runs.logpane import LogPane
 from gpustation.tui.runs.profile import ProfilePane
 from gpustation.tui.runs.sweeps import SweepsScreen
 from gpustation.tui.runs.timeline import GpuPlot
 
-from .conftest import wait_for
+from .conftest import runs_ui, wait_for
 from .pastruns import CONTENTION_PHASES, write_phased_run, write_run
 from .test_runs_screen import make_app, open_runs, plain
 
@@ -200,7 +201,7 @@ async def test_the_profile_pane_shows_the_top_kernels_or_how_to_record_them(
         await pilot.press("P")
         pane = app.screen.query_one("#run-profile", ProfilePane)
         await wait_for(pilot, lambda: "cudnn::bn_fw_tr_1C11_kernel" in pane.plain)
-        assert pane.display and not app.screen.query_one("#run-log").display
+        assert pane.display and not app.screen.query_one(LogPane).display
         text = pane.plain
         assert "GPU idle 23.4 %" in text and "21.9 %" in text, text
         assert "sm90_xmma_gemm_bf16" in text and "16.3 %" in text, text
@@ -212,7 +213,7 @@ async def test_the_profile_pane_shows_the_top_kernels_or_how_to_record_them(
         # P again: the plots and the log come back.
         await pilot.press("P")
         await pilot.pause()
-        assert not pane.display and app.screen.query_one("#run-log").display
+        assert not pane.display and app.screen.query_one(LogPane).display
 
 
 def write_price(gpustation_dirs: dict[str, Path]) -> None:

@@ -41,11 +41,10 @@ from gpustation.tui.runs import (
     RunView,
     StopRunDialog,
     freeze_heap,
-    runs_ui,
 )
 from gpustation.tui.widgets import LiveText
 
-from .conftest import BUILTIN_SCREENS, wait_for
+from .conftest import BUILTIN_SCREENS, runs_ui, wait_for
 from .conftest import make_app as make_dashboard
 
 pytestmark = pytest.mark.timeout(120)
@@ -394,6 +393,25 @@ async def test_quit_can_stop_the_runs(presets: dict[str, Any]) -> None:
         view = await launch_by_key(pilot, "a-train")
         await wait_for(pilot, lambda: view.status == "running", timeout=30)
         pids = run_pids(view.run_dir)
+        await pilot.press("q")
+        await wait_for(pilot, lambda: isinstance(app.screen, QuitRunsDialog))
+        await pilot.press("s")
+        await wait_for(pilot, lambda: not app.is_running, timeout=60)
+    state = rundir.read_state(view.run_dir)
+    assert state is not None and state.status == "stopped"
+    wait_gone(pids)
+
+
+async def test_quit_asks_from_another_screen_too(presets: dict[str, Any]) -> None:
+    app, _ = make_app(count=2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await open_runs(pilot)
+        view = await launch_by_key(pilot, "a-train")
+        await wait_for(pilot, lambda: view.status == "running", timeout=30)
+        pids = run_pids(view.run_dir)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.current_mode == "dashboard")
+        # The runs screen is not shown: it still asks, over the dashboard.
         await pilot.press("q")
         await wait_for(pilot, lambda: isinstance(app.screen, QuitRunsDialog))
         await pilot.press("s")

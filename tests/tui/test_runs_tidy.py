@@ -16,10 +16,10 @@ from gpustation.runs.launch import launch
 from gpustation.runs.presets import RunPreset, load_presets
 from gpustation.runs.stop import stop_run
 from gpustation.runs.store import RunStore
-from gpustation.tui.runs import RunsScreen, runs_ui
+from gpustation.tui.runs import RunsScreen
 from gpustation.tui.runs.tidy import DeleteRunsDialog, NoteDialog, TagDialog
 
-from .conftest import BUILTIN_SCREENS, notifications, wait_for
+from .conftest import BUILTIN_SCREENS, notifications, runs_ui, wait_for
 from .conftest import make_app as make_dashboard
 from .pastruns import write_run
 
@@ -49,7 +49,7 @@ async def open_runs(pilot: Pilot[Any], history: int) -> Any:
     app = pilot.app
     await wait_for(pilot, lambda: app.frame is not None)  # type: ignore[attr-defined]
     await pilot.press("r")
-    ui = runs_ui(app)  # type: ignore[arg-type]
+    ui = runs_ui(app)
     await wait_for(pilot, lambda: ui.presets is not None and len(ui.history_ids) == history)
     await wait_for(pilot, lambda: isinstance(app.screen, RunsScreen))
     app.screen.query_one("#runs-table", DataTable).focus()
@@ -59,7 +59,7 @@ async def open_runs(pilot: Pilot[Any], history: int) -> Any:
 
 async def select(pilot: Pilot[Any], run_id: str) -> None:
     table = pilot.app.screen.query_one("#runs-table", DataTable)
-    ui = runs_ui(pilot.app)  # type: ignore[arg-type]
+    ui = runs_ui(pilot.app)
     table.move_cursor(row=table.get_row_index(run_id))
     await wait_for(pilot, lambda: ui.selected == run_id)
 

@@ -21,11 +21,11 @@ from gpustation.runs.presets import load_presets
 from gpustation.telemetry.sim import SimBackend
 from gpustation.tui.fleet import FleetApp, FleetScreen
 from gpustation.tui.modes import SCREENS_BY_MODE
-from gpustation.tui.runs import LossPlot, runs_ui
+from gpustation.tui.runs import LossPlot
 from gpustation.tui.runs.timeline import GpuPlot
 from gpustation.tui.source import DataSource
 
-from .conftest import BUILTIN_SCREENS, Clock, first_frame, fixed_host, make_app, wait_for
+from .conftest import BUILTIN_SCREENS, Clock, first_frame, fixed_host, make_app, runs_ui, wait_for
 from .pastruns import write_run
 
 pytestmark = pytest.mark.timeout(180)
@@ -118,7 +118,7 @@ async def on_runs(pilot: Pilot[Any]) -> None:
     await settle(pilot)
     app = pilot.app
     await pilot.press("r")
-    ui = runs_ui(app)  # type: ignore[arg-type]
+    ui = runs_ui(app)
     await wait_for(pilot, lambda: ui.presets is not None and len(ui.history_ids) == 3)
     # the newest run is selected: its log and curve are read
     await wait_for(pilot, lambda: ui.selected is not None and ui.views[ui.selected].loaded)
@@ -248,7 +248,7 @@ async def on_compare(pilot: Pilot[Any]) -> None:
         await pilot.press("space")
     # the last row's run is now selected: the screen behind the overlay (its GPU
     # plot shows at the edge) is drawn for it before the overlay opens
-    ui = runs_ui(app)  # type: ignore[arg-type]
+    ui = runs_ui(app)
     await wait_for(pilot, lambda: ui.selected is not None and ui.views[ui.selected].loaded)
     view = ui.views[ui.selected]  # type: ignore[index]
     plots = [app.screen.query_one(LossPlot), app.screen.query_one(GpuPlot)]

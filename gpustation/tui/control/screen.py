@@ -2,17 +2,21 @@
 
 Keys 1-9 apply a profile, ``w`` opens the power-cap dialog, ``f`` hands the
 fans back, ``j`` shows the journal. The screen draws and dispatches; the
-control calls and their messages are :mod:`gpustation.tui.control.ui`'s.
+control calls and their messages are its own
+:class:`~gpustation.tui.control.ui.ControlUI`'s. The command palette's
+entries (:func:`system_commands`) act through this screen.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 from rich.text import Text
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
 
 from gpustation.control.live import PollReport
 from gpustation.telemetry.model import GpuSample
@@ -27,7 +31,7 @@ from gpustation.tui.control.ui import (
     ControlUI,
     CurvePolled,
     FansHandedBack,
-    control_ui,
+    ordered_profiles,
 )
 from gpustation.tui.readonly import refused
 from gpustation.tui.screens import LiveScreen
@@ -67,10 +71,8 @@ class ControlScreen(LiveScreen):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.selected = 0
-
-    @property
-    def ui(self) -> ControlUI:
-        return control_ui(self.dash)
+        #: the screen's control: its calls, their messages, shutdown
+        self.ui = ControlUI(self.app)
 
     def compose(self) -> ComposeResult:
         self.ui.attach(self)
@@ -202,7 +204,7 @@ class ControlScreen(LiveScreen):
             self.redraw()
 
     def action_power_dialog(self) -> None:
-        if refused(self.dash, "power-limit changes"):
+        if refused(self.app, "power-limit changes"):
             return
         sample = next((g for g in self._gpus() if g.index == self.selected), None)
         if sample is None:
@@ -226,3 +228,41 @@ class ControlScreen(LiveScreen):
 
     def action_journal(self) -> None:
         self.app.push_screen(JournalScreen())
+
+
+# ---- the command palette ----------------------------------------------------------
+
+
+def system_commands(app: App[Any], screen: Screen[Any]) -> Iterable[SystemCommand]:
+    """Command-palette entries: one per profile, the power cap, the journal."""
+
+    def on_control(action: Callable[[ControlScreen], None]) -> Callable[[], None]:
+        # Through the control screen, so that its unmount stops a running curve.
+        def run() -> None:
+            if app.current_mode != "control":
+                app.switch_mode("control")
+            app.call_later(_on_control_screen, app, action)
+
+        return run
+
+    for n, profile in enumerate(ordered_profiles(), start=1):
+        yield SystemCommand(
+            f"Apply profile {profile.name}",
+            f"{profile.description or 'hardware profile'} (key {n} on the control screen)",
+            on_control(lambda s, name=profile.name: s.ui.apply_profile(name)),  # type: ignore[misc]
+        )
+    yield SystemCommand(
+        "Set power cap",
+        "power-limit dialog for the selected GPU (w on the control screen)",
+        on_control(lambda s: s.action_power_dialog()),
+    )
+    yield SystemCommand(
+        "Show control journal",
+        "every power and fan change gpustation made (j on the control screen)",
+        lambda: app.push_screen(JournalScreen()),
+    )
+
+
+def _on_control_screen(app: App[Any], action: Callable[[ControlScreen], None]) -> None:
+    if app.current_mode == "control" and isinstance(app.screen, ControlScreen):
+        action(app.screen)

@@ -15,26 +15,22 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from textual.app import SystemCommand
+from textual.app import App
 from textual.message import Message
 from textual.message_pump import MessagePump
-from textual.screen import Screen
 
 from gpustation.control.confirm import CONFIRM_TIMEOUT_S, Outcome
 from gpustation.control.live import Change, LiveControl
 from gpustation.control.profiles import Profile, list_profiles
 from gpustation.errors import GpustationError
 from gpustation.tui.control.dialogs import KeepChangeDialog, QuitFansDialog
-from gpustation.tui.control.journal import JournalScreen
+from gpustation.tui.dash import dashboard
 from gpustation.tui.readonly import refused
 
-if TYPE_CHECKING:
-    from gpustation.tui.app import DashboardApp
-
-__all__ = ["CONFIRM_TIMEOUT_S", "ControlUI", "control_ui", "ordered_profiles", "system_commands"]
+__all__ = ["CONFIRM_TIMEOUT_S", "ControlUI", "ordered_profiles"]
 
 #: the order shipped profiles get their keys in; others follow by name
 PROFILE_ORDER = ("stock", "quiet", "balanced", "performance")
@@ -90,8 +86,9 @@ class FansHandedBack(Message):
 class ControlUI:
     """Owns the dashboard's :class:`LiveControl`; turns its results into messages."""
 
-    def __init__(self, app: DashboardApp) -> None:
+    def __init__(self, app: App[Any]) -> None:
         self.app = app
+        self.dash = dashboard(app)
         self.live: LiveControl | None = None
         #: seconds a new change waits to be kept before the hardware layer reverts it
         self.confirm_timeout_s = CONFIRM_TIMEOUT_S
@@ -142,8 +139,8 @@ class ControlUI:
 
     def _live(self) -> LiveControl | None:
         if self.live is None:
-            backend = self.app.backend
-            snap = self.app.latest
+            backend = self.dash.backend
+            snap = self.dash.latest
             if backend is None or snap is None:
                 return None
             self.live = LiveControl(
@@ -333,49 +330,3 @@ class ControlUI:
                 except (ValueError, OSError):
                     pass
             self._signals_installed.clear()
-
-
-def control_ui(app: DashboardApp) -> ControlUI:
-    """The app's ControlUI, made on first use."""
-    ui = getattr(app, "_control_ui", None)
-    if ui is None:
-        ui = ControlUI(app)
-        app._control_ui = ui  # type: ignore[attr-defined]
-    return ui
-
-
-def system_commands(app: DashboardApp, screen: Screen[Any]) -> Iterable[SystemCommand]:
-    """Command-palette entries: one per profile, the power cap, the journal."""
-    ui = control_ui(app)
-
-    def on_control(action: Callable[[], None]) -> Callable[[], None]:
-        # Through the control screen, so that its unmount stops a running curve.
-        def run() -> None:
-            if app.current_mode != "control":
-                app.switch_mode("control")
-            app.call_later(action)
-
-        return run
-
-    for n, profile in enumerate(ui.profiles, start=1):
-        yield SystemCommand(
-            f"Apply profile {profile.name}",
-            f"{profile.description or 'hardware profile'} (key {n} on the control screen)",
-            on_control(lambda name=profile.name: ui.apply_profile(name)),  # type: ignore[misc]
-        )
-    yield SystemCommand(
-        "Set power cap",
-        "power-limit dialog for the selected GPU (w on the control screen)",
-        on_control(lambda: _control_screen_action(app, "power_dialog")),
-    )
-    yield SystemCommand(
-        "Show control journal",
-        "every power and fan change gpustation made (j on the control screen)",
-        lambda: app.push_screen(JournalScreen()),
-    )
-
-
-def _control_screen_action(app: DashboardApp, action: str) -> None:
-    method = getattr(app.screen, f"action_{action}", None)
-    if method is not None and app.current_mode == "control":
-        method()

@@ -4,7 +4,7 @@ Opened from the launch form ("Any command…"). The command line is split as a
 shell would split it (no shell runs it), the name and the ``KEY=VALUE`` lines
 are checked as ``--name`` and ``--env`` are, the GPUs are checkboxes, and the
 argv the run would get is shown as the fields change. It dismisses with the
-same :class:`~gpustation.tui.runs.form.LaunchRequest` as the launch form, so
+same :class:`~gpustation.tui.runs.launch_request.LaunchRequest` as the launch form, so
 the run starts the same way: :func:`gpustation.runs.launch.launch` in a worker.
 """
 
@@ -23,7 +23,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Static, TextArea
 
 from gpustation.errors import UsageError
 from gpustation.runs.presets import RunPreset, command_preset
-from gpustation.tui.runs.form import GpuChoice, LaunchRequest, shown_argv
+from gpustation.tui.runs.launch_request import GpuChoice, LaunchRequest, shown_argv
 from gpustation.tui.widgets import set_size_classes
 
 #: the command line's words in messages, and the form's

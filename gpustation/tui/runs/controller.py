@@ -17,26 +17,26 @@ stop them or leave them running.
 from __future__ import annotations
 
 import time
-import weakref
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from textual.app import App
 from textual.message import Message
+from textual.message_pump import MessagePump
 
 from gpustation.errors import GpustationError
 from gpustation.runs.cost import Price
 from gpustation.runs.presets import ArgValue, PresetProblem, RunPreset
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary
+from gpustation.tui.dash import dashboard
 from gpustation.tui.poll import Poller
 from gpustation.tui.readonly import refused
-from gpustation.tui.runs.dialogs import QuitRunsDialog
-from gpustation.tui.runs.model import IDLE_POLL_S, POLL_S, PassResult, RunView
+from gpustation.tui.runs.model import IDLE_POLL_S, POLL_S, PassResult, RunDelta, RunView
 from gpustation.tui.runs.poller import RunsPass
 
 if TYPE_CHECKING:
     from gpustation.runs.launch import RunHandle
-    from gpustation.tui.app import DashboardApp
-    from gpustation.tui.runs.screen import RunsScreen
 
 
 # ---- what the workers post (to the screen) --------------------------------------------------
@@ -80,14 +80,42 @@ class AllStopped(Message):
     """The runs stopped on quitting have ended: the dashboard may exit."""
 
 
+class RunsChanged(Message):
+    """The views changed outside a pass (a run is stopping): draw them again."""
+
+    def __init__(self, table: bool, selected: bool) -> None:
+        super().__init__()
+        self.table = table
+        self.selected = selected
+
+
+class QuitAsked(Message):
+    """Quitting with these runs going: ask whether to stop them or leave them."""
+
+    def __init__(self, views: list[RunView]) -> None:
+        super().__init__()
+        self.views = views
+
+
+@dataclass
+class Applied:
+    """What a pass changed: the table, the selected run, and the selected run's new lines."""
+
+    table: bool
+    selected: bool
+    #: the selected run's delta (its new log lines), None when the pass had none for it
+    log: RunDelta | None = None
+
+
 # ---- the runs state of one dashboard ---------------------------------------------------------
 
 
 class RunsUI:
     """Owns the dashboard's runs: the views, the poll pass, launching and stopping."""
 
-    def __init__(self, app: DashboardApp) -> None:
+    def __init__(self, app: App[Any]) -> None:
         self.app = app
+        self.dash = dashboard(app)
         self.views: dict[str, RunView] = {}
         self.history_ids: list[str] = []
         self.presets: dict[str, RunPreset] | None = None
@@ -95,13 +123,16 @@ class RunsUI:
         self.selected: str | None = None
         #: ``[energy]`` of config.toml (None: no price, no cost shown)
         self.price: Price | None = None
-        self.screen: RunsScreen | None = None
+        #: where the workers' messages go (the runs screen, once it has started this)
+        self.screen: MessagePump | None = None
         #: presets being launched (shown in the run pane until the run appears)
         self.launching: list[str] = []
         self.work = RunsPass()
         self.poller: Poller | None = None
         self._started = False
         self._quitting = False
+        #: the quit question is on screen
+        self.asking = False
         app_hooks = getattr(app, "quit_hooks", None)
         if isinstance(app_hooks, list):
             app_hooks.append(self.before_quit)
@@ -110,7 +141,7 @@ class RunsUI:
             gpm_hooks.append(self.runs_live)  # SM and tensor activity beside a live run
 
     # -- the poller ----------------------------------------------------------------------
-    def start(self, screen: RunsScreen) -> None:
+    def start(self, screen: MessagePump) -> None:
         """Start following (once): re-attach to active runs, read the history and presets."""
         self.screen = screen
         if self._started:
@@ -146,8 +177,8 @@ class RunsUI:
             screen.post_message(message)  # thread-safe
 
     # -- applying a pass (UI thread) ------------------------------------------------------
-    def apply(self, result: PassResult) -> tuple[bool, bool]:
-        """Fold a pass into the views; returns (table changed, selected run changed)."""
+    def apply(self, result: PassResult) -> Applied:
+        """Fold a pass into the views; says what changed."""
         now = time.time()
         table_changed = False
         for message in result.errors:
@@ -161,6 +192,7 @@ class RunsUI:
                 view.live = True
                 table_changed = True
         changed_selected = False
+        log: RunDelta | None = None
         for delta in result.deltas:
             view = self.views.get(delta.id)
             if view is None:
@@ -191,15 +223,14 @@ class RunsUI:
                 table_changed = True
             if delta.id == self.selected:
                 changed_selected = True
-                if self.screen is not None:
-                    self.screen.log_append(view, delta)
+                log = delta
         if result.price_read and result.price != self.price:
             self.price = result.price
             table_changed = changed_selected = True
         if result.history is not None:
             self._take_history(result.history, now)
             table_changed = True
-        return table_changed, changed_selected
+        return Applied(table_changed, changed_selected, log)
 
     def _take_history(self, history: list[RunSummary], now: float) -> None:
         self.history_ids = [r.id for r in history]
@@ -287,7 +318,7 @@ class RunsUI:
         """Launch ``preset`` in a worker; the run appears in the list once started."""
         if refused(self.app, "launching runs"):
             return
-        backend = self.app.backend
+        backend = self.dash.backend
         simulate: int | None = None
         sim_card: str | None = None
         if backend is not None and backend.simulated:
@@ -357,8 +388,7 @@ class RunsUI:
             self._post(Stopped(run_id, state))
 
         self._worker(job, "stop run")
-        if self.screen is not None:
-            self.screen.runs_changed(True, view.id == self.selected)
+        self._post(RunsChanged(True, view.id == self.selected))
 
     def stop_failed(self, message: StopFailed) -> None:
         view = self.views.get(message.run_id)
@@ -381,7 +411,7 @@ class RunsUI:
     # -- quitting -------------------------------------------------------------------
     def before_quit(self) -> bool:
         """Asked by the app on ``q``: True when runs are going and the question was asked."""
-        if isinstance(self.app.screen, QuitRunsDialog):
+        if self.asking:
             return True  # already asking
         if getattr(self.app, "read_only", False):
             return False  # nothing to ask: a read-only dashboard never stops runs
@@ -389,21 +419,25 @@ class RunsUI:
         if not active or self._quitting:
             return False
 
-        def answered(choice: str | None) -> None:
-            if choice == "leave":
-                self.app.exit()
-            elif choice == "stop":
-                self._quitting = True
-                self._stop_all_then_exit(active)
-
-        self.app.push_screen(QuitRunsDialog(active), answered)
+        if self.screen is None:
+            return False  # nothing here to ask with
+        self.asking = True
+        self._post(QuitAsked(active))
         return True
+
+    def quit_answered(self, choice: str | None, views: list[RunView]) -> None:
+        """The answer to :class:`QuitAsked`: leave the runs, stop them, or go on (None)."""
+        self.asking = False
+        if choice == "leave":
+            self.app.exit()
+        elif choice == "stop":
+            self._quitting = True
+            self._stop_all_then_exit(views)
 
     def _stop_all_then_exit(self, views: list[RunView]) -> None:
         for view in views:
             view.stopping = True
-        if self.screen is not None:
-            self.screen.runs_changed(True, True)
+        self._post(RunsChanged(True, True))
         self.app.notify(
             f"Stopping {len(views)} run{'s' if len(views) != 1 else ''}… (q again: leave them)",
             title="Runs",
@@ -420,14 +454,3 @@ class RunsUI:
                 self._post(AllStopped())
 
         self._worker(job, "stop all")
-
-
-_UIS: weakref.WeakKeyDictionary[DashboardApp, RunsUI] = weakref.WeakKeyDictionary()
-
-
-def runs_ui(app: DashboardApp) -> RunsUI:
-    """The app's RunsUI, made on first use."""
-    ui = _UIS.get(app)
-    if ui is None:
-        ui = _UIS[app] = RunsUI(app)
-    return ui

@@ -1,121 +1,88 @@
-"""The selected run's detail on the runs screen: its timeline, its profile, its sweep.
+"""The selected run's detail on the runs screen: its loss curve, timeline and profile.
 
-:class:`RunDetailScreen` is what :class:`~gpustation.tui.runs.screen.RunsScreen`
-adds under the loss curve and the keys for it: the GPU plot on the loss
-curve's time axis and the line of values at the cursor (``[`` ``]`` ``{``
-``}``), the top kernels in place of the plots and log (``P``), and the
-sweeps over the screen (``S``). Everything shown was read by the poller or a
+:class:`RunDetail` is the pane under the run header: the loss curve, the GPU
+plot on the loss curve's time axis and the line of values at the cursor
+(the screen's ``[`` ``]`` ``{`` ``}`` move it), and the top kernels in place
+of the plots and log (``P``). Everything shown was read by the poller or a
 worker: nothing here reads a file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
-from textual.binding import Binding, BindingType
-from textual.widget import Widget
-from textual.widgets import DataTable
+from textual.app import ComposeResult
+from textual.containers import Vertical
 
-from gpustation.tui.runs.controller import runs_ui
+from gpustation.tui.runs.controller import RunsUI
 from gpustation.tui.runs.model import RunView
 from gpustation.tui.runs.profile import ProfilePane
-from gpustation.tui.runs.sweeps import SweepsScreen, sweep_of
 from gpustation.tui.runs.timeline import GpuPlot, TimeCursor, cursor_line
 from gpustation.tui.runs.widgets import LossPlot
-from gpustation.tui.screens import LiveScreen
 from gpustation.tui.widgets import LiveText
 
 
-class RunDetailScreen(LiveScreen):
-    """The runs screen's detail of the selected run (the screen supplies ``current_view``)."""
+class RunDetail(Vertical):
+    """The selected run's plots on one time axis, the values at the cursor, its profile."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("P", "profile", "Profile", show=False, id="runs.profile"),
-        Binding("S", "sweeps", "Sweeps", show=False, id="runs.sweeps"),
-        # the timeline's cursor: a sample back or on, a tenth of the run back or on
-        Binding("left_square_bracket", "time(-1)", "Earlier", show=False, id="runs.earlier"),
-        Binding("right_square_bracket", "time(1)", "Later", show=False, id="runs.later"),
-        Binding("left_curly_bracket", "jump(-1)", "Much earlier", show=False, id="runs.jump_back"),
-        Binding("right_curly_bracket", "jump(1)", "Much later", show=False, id="runs.jump_on"),
-    ]
     # The GPU plot takes the rows under the loss curve; the profile takes the
-    # plots' and the log's place. 80x24 has room for neither plot nor cursor.
+    # plots' place (the screen hides the log then). The screen's size classes
+    # give the plots their heights; 80x24 has room for neither plot nor cursor.
     DEFAULT_CSS = """
-    RunDetailScreen #run-telemetry { height: 9; }
-    RunDetailScreen #run-cursor { height: 1; padding: 0 1; }
-    RunDetailScreen #run-profile { display: none; height: 1fr; }
-    RunDetailScreen.-profile #run-profile { display: block; }
-    RunDetailScreen.-profile #run-plot, RunDetailScreen.-profile #run-telemetry,
-    RunDetailScreen.-profile #run-cursor, RunDetailScreen.-profile #run-log,
-    RunDetailScreen.-profile #run-log-hint { display: none; }
-    RunDetailScreen.-short #run-telemetry { height: 6; }
-    RunDetailScreen.-tall #run-telemetry { height: 12; }
-    RunDetailScreen.-narrow.-short #run-telemetry { display: none; }
-    RunDetailScreen.-narrow.-short #run-cursor { display: none; }
+    RunDetail { height: auto; }
+    RunDetail.-profile { height: 1fr; }
+    RunDetail #run-profile { display: none; height: 1fr; }
+    RunDetail.-profile #run-profile { display: block; }
+    RunDetail.-profile #run-plot, RunDetail.-profile #run-telemetry,
+    RunDetail.-profile #run-cursor { display: none; }
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._cursor = TimeCursor()
-        #: whether the energy column was last labelled with a cost
-        self._priced: bool | None = None
+    def __init__(self, ui: RunsUI, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.ui = ui
+        self.cursor = TimeCursor()
 
-    def current_view(self) -> RunView | None:  # pragma: no cover - the screen's
-        raise NotImplementedError
-
-    def compose_detail(self) -> Iterator[Widget]:
-        """The widgets under the loss curve."""
-        yield GpuPlot(id="run-telemetry")
+    def compose(self) -> ComposeResult:
+        yield LossPlot(redraw=self.show, id="run-plot")
+        yield GpuPlot(redraw=self.show, id="run-telemetry")
         yield LiveText(id="run-cursor")
         yield ProfilePane(id="run-profile")
 
-    def show_detail(self) -> None:
+    @property
+    def profile(self) -> bool:
+        """Whether the profile is shown in place of the plots."""
+        return self.has_class("-profile")
+
+    def toggle_profile(self) -> None:
+        self.toggle_class("-profile")
+        self.show()
+
+    def view(self) -> RunView | None:
+        selected = self.ui.selected
+        return self.ui.views.get(selected) if selected else None
+
+    def show(self) -> None:
         """The selected run's plots on its time axis, the values at the cursor, its profile."""
         if not self.is_mounted:
             return
-        view = self.current_view()
-        self._cursor.for_run(view.id if view else None)
-        at = self._cursor.at_s  # None at the end: no line drawn
+        view = self.view()
+        self.cursor.for_run(view.id if view else None)
+        at = self.cursor.at_s  # None at the end: no line drawn
         self.query_one("#run-plot", LossPlot).show(view, at)
         self.query_one("#run-telemetry", GpuPlot).show(view, at)
         readout = self.query_one("#run-cursor", LiveText)
-        readout.show(cursor_line(view, self._cursor, readout.content_region.width))
-        if self.has_class("-profile"):
+        readout.show(cursor_line(view, self.cursor, readout.content_region.width))
+        if self.profile:
             self.query_one("#run-profile", ProfilePane).show(view)
 
-    def price_changed(self, columns: Sequence[tuple[str, str]]) -> bool:
-        """Label the energy column for the price known now; True: the rows must be made again.
+    def step(self, samples: int) -> None:
+        """Move the cursor ``samples`` samples back (<0) or on."""
+        view = self.view()
+        if view is not None and self.cursor.step(view.timeline, samples):
+            self.show()
 
-        ``columns``: the runs table's (label, key), the energy column's key ``energy``.
-        """
-        priced = runs_ui(self.dash).price is not None
-        if priced == self._priced:
-            return False
-        self._priced = priced
-        table = self.query_one("#runs-table", DataTable)
-        table.clear(columns=True)
-        for label, key in columns:
-            if key == "energy" and priced:
-                label = "energy · cost"
-            table.add_column(label, key=key)
-        return True
-
-    # -- keys ------------------------------------------------------------------------
-    def action_time(self, samples: int) -> None:
-        view = self.current_view()
-        if view is not None and self._cursor.step(view.timeline, samples):
-            self.show_detail()
-
-    def action_jump(self, direction: int) -> None:
-        view = self.current_view()
-        if view is not None and self._cursor.jump(view.timeline, direction):
-            self.show_detail()
-
-    def action_profile(self) -> None:
-        self.toggle_class("-profile")
-        self.show_detail()
-
-    def action_sweeps(self) -> None:
-        view = self.current_view()
-        self.app.push_screen(SweepsScreen(sweep_of(view.summary.tags) if view else None))
+    def jump(self, direction: int) -> None:
+        """Move the cursor a tenth of the run back (<0) or on."""
+        view = self.view()
+        if view is not None and self.cursor.jump(view.timeline, direction):
+            self.show()

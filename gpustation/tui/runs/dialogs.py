@@ -1,4 +1,4 @@
-"""The runs screen's dialogs: launch a preset (:mod:`.form`), stop a run, quit with runs going."""
+"""The runs screen's dialogs: stop a run, quit with runs going (the launch forms: :mod:`.form`)."""
 
 from __future__ import annotations
 
@@ -13,18 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label
 
 from gpustation.tui.dialogs import ChoiceDialog
-from gpustation.tui.runs.form import LaunchDialog, LaunchRequest, Prefill, default_gpus
 from gpustation.tui.runs.model import RunView
-
-__all__ = [
-    "LaunchDialog",
-    "LaunchRequest",
-    "Prefill",
-    "QuitRunsDialog",
-    "StopRunDialog",
-    "default_gpus",
-]
-
 
 # ---- dialogs --------------------------------------------------------------------------------
 

@@ -13,10 +13,8 @@ command…" opens :mod:`.command_form` instead, for a command of the user's.
 
 from __future__ import annotations
 
-import shlex
-import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -40,34 +38,14 @@ from gpustation.runs.runner_args import (
     parse_text,
     value_text,
 )
-from gpustation.textsafe import safe
+from gpustation.tui.runs.launch_request import (
+    GpuChoice,
+    LaunchRequest,
+    Prefill,
+    default_gpus,
+    shown_argv,
+)
 from gpustation.tui.widgets import set_size_classes
-
-
-@dataclass
-class LaunchRequest:
-    preset: RunPreset
-    #: typed values for the preset's arguments, as :func:`apply_values` takes them
-    overrides: dict[str, ArgValue]
-    gpus: list[int] | None
-
-
-@dataclass
-class Prefill:
-    """Settings to open the form with (a past run's): argument values and GPUs."""
-
-    args: dict[str, ArgValue] = field(default_factory=dict)
-    gpus: list[int] | None = None
-
-
-def default_gpus(preset: RunPreset, device_count: int | None) -> list[int] | None:
-    """The GPUs a launch would take without a choice (None when it cannot be said)."""
-    from gpustation.runs.argv import resolve_gpus
-
-    try:
-        return resolve_gpus(preset, None, device_count)
-    except UsageError:
-        return None
 
 
 @dataclass
@@ -138,40 +116,6 @@ class ArgsRead(Message):
         self.error = error
 
 
-class GpuChoice(Horizontal):
-    """A form's GPUs as checkboxes (``#gpu-N``), or a line saying there are none."""
-
-    DEFAULT_CSS = "GpuChoice Checkbox { width: auto; margin-right: 1; }"
-
-    def __init__(self, device_count: int | None, chosen: Sequence[int], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.device_count = device_count or 0
-        self.initial = list(chosen)
-
-    def compose(self) -> ComposeResult:
-        for i in range(self.device_count):
-            yield Checkbox(f"GPU {i}", i in self.initial, id=f"gpu-{i}", compact=True)
-        if not self.device_count:
-            yield Label(Text("no GPU on this machine: a CPU run", style="dim"))
-
-    def chosen(self) -> list[int] | None:
-        """The GPUs checked (None where the machine has none to choose)."""
-        if not self.device_count:
-            return None
-        return [i for i in range(self.device_count) if self.query_one(f"#gpu-{i}", Checkbox).value]
-
-
-def shown_argv(argv: list[str]) -> str:
-    """``argv`` as a shell would read it, safe for the screen (a value can come from a
-    past run's run.json)."""
-    # The interpreter's full path says nothing the reader needs, nor its -P
-    # (every Python child starts with the working directory off its path).
-    shown = ["python" if a == sys.executable else a for a in argv]
-    if shown[:2] == ["python", "-P"]:
-        del shown[1]
-    return safe(shlex.join(shown))
-
-
 class LaunchDialog(ModalScreen[LaunchRequest | None]):
     """The preset's arguments (from its runner's parser), the GPUs and the argv; Enter launches."""
 
@@ -214,8 +158,11 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
         device_count: int | None,
         prefill: Prefill | None = None,
         options: list[RunnerArg] | None = None,
+        saved: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
+        #: called once the form's settings are saved as a preset (the list reads them again)
+        self.saved = saved
         self.preset = preset
         self.device_count = device_count
         self.prefill = prefill
@@ -531,9 +478,8 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
             self.query_one("#launch-error", Label).update(f"not saved: {message.error}")
             return
         self.app.notify(f"Saved preset {message.name} ({message.path}).", title="Runs")
-        from gpustation.tui.runs.controller import runs_ui
-
-        runs_ui(self.app).reload_presets()  # type: ignore[arg-type]
+        if self.saved is not None:
+            self.saved()
 
 
 def prefill_of(run: dict[str, Any]) -> Prefill:

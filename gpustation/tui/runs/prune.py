@@ -10,16 +10,16 @@ deletes them through the same writer as Del. ``/`` filters the runs table as
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Input, Label, Select
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Button, Input, Label, Select
 
 from gpustation.errors import UsageError
 from gpustation.runs.history import parse_span
@@ -28,9 +28,6 @@ from gpustation.runs.summary import RunSummary
 from gpustation.textsafe import safe
 from gpustation.tui.runs.model import RUNS_TITLE, RunView
 from gpustation.tui.runs.tidy import confirm_delete, in_worker
-
-if TYPE_CHECKING:
-    from gpustation.tui.runs.screen import RunsScreen
 
 ANY_STATUS = "any"
 
@@ -99,7 +96,7 @@ class PruneDialog(ModalScreen[tuple[float, str, str | None] | None]):
         self.dismiss(None)
 
 
-def ask_prune(screen: RunsScreen) -> None:
+def ask_prune(screen: Screen[Any]) -> None:
     """Ask what to prune; a worker looks the runs up and posts :class:`PruneFound`."""
 
     def answered(answer: tuple[float, str, str | None] | None) -> None:
@@ -123,7 +120,7 @@ def ask_prune(screen: RunsScreen) -> None:
     screen.app.push_screen(PruneDialog(), answered)
 
 
-def confirm_prune(screen: RunsScreen, message: PruneFound) -> None:
+def confirm_prune(screen: Screen[Any], message: PruneFound) -> None:
     """Name the runs found and delete them once the user says so."""
     if message.error is not None:
         screen.notify(message.error, title="Could not prune", severity="error")
@@ -165,21 +162,20 @@ def filtered(views: Sequence[RunView], text: str) -> list[RunView]:
     return [v for v in views if matches(v, text, v.annotations[0] if v.annotations else ())]
 
 
-def ask_filter(screen: RunsScreen) -> None:
-    """Ask for the filter; the table and its title follow the answer."""
+def filter_title(text: str) -> str | Text:
+    """The runs table's title under the filter ``text`` ("" none)."""
+    # The user's words, shown as they are (never read as markup).
+    return Text(f"Runs (filter: {safe(text)} · / changes it)") if text else RUNS_TITLE
 
-    def answered(text: str | None) -> None:
-        if text is None:
-            return
-        screen.run_filter = text
-        table = screen.query_one("#runs-table", DataTable)
-        # The user's words, shown as they are (never read as markup).
-        table.border_title = (
-            Text(f"Runs (filter: {safe(text)} · / changes it)") if text else RUNS_TITLE
-        )
-        screen.runs_changed(True, False)
 
-    screen.app.push_screen(FilterDialog(screen.run_filter), answered)
+def ask_filter(screen: Screen[Any], current: str, answered: Callable[[str], None]) -> None:
+    """Ask for the filter (``current`` to start with); ``answered`` gets the new one."""
+
+    def done(text: str | None) -> None:
+        if text is not None:
+            answered(text)
+
+    screen.app.push_screen(FilterDialog(current), done)
 
 
 class FilterDialog(ModalScreen[str | None]):

@@ -1,14 +1,15 @@
 """A plot of the selected run, redrawn only when its data, size or cursor changed.
 
 New data for the same run arriving faster than ``PLOT_EVERY_S`` is drawn a bit
-later, once, by the screen's ``show_detail`` (which knows the run and cursor
-then); a cursor moved by a key is drawn at once. The loss curve and the GPU
+later, once, by the owner's ``redraw`` (which knows the run and cursor then);
+a cursor moved by a key is drawn at once. The loss curve and the GPU
 plot under it are both such plots; each says only how it draws.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from textual.timer import Timer
@@ -18,8 +19,10 @@ from gpustation.tui.runs.model import PLOT_EVERY_S, RunView
 
 
 class RunPlot(Static):
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, redraw: Callable[[], None] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        #: draws the current run (and cursor) again, for a draw put off
+        self._redraw = redraw
         self._key: object = None
         self._drawn_at = 0.0
         self._timer: Timer | None = None
@@ -60,10 +63,9 @@ class RunPlot(Static):
 
     def _later(self, view: RunView | None) -> None:
         self._timer = None
-        # The screen's current run (and cursor), which may have changed since this was asked.
-        refresh = getattr(self.screen, "show_detail", None)
-        if callable(refresh):
-            refresh()
+        # The owner's current run (and cursor), which may have changed since this was asked.
+        if self._redraw is not None:
+            self._redraw()
         else:
             self.show(view)
 

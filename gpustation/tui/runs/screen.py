@@ -12,6 +12,7 @@ collection walks only what was made since.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -25,24 +26,26 @@ from textual.widgets import DataTable, OptionList
 from gpustation.runs.compare import gpus_text
 from gpustation.runs.presets import RunPreset
 from gpustation.tui.readonly import refused
-from gpustation.tui.runs import preset_pane, prune, tidy
+from gpustation.tui.runs import prune, tidy
 from gpustation.tui.runs.compare import CompareScreen
 from gpustation.tui.runs.controller import (
     AllStopped,
     Launched,
     LaunchFailed,
     PresetsLoaded,
+    QuitAsked,
+    RunsChanged,
     RunsUI,
     StopFailed,
     Stopped,
-    runs_ui,
 )
-from gpustation.tui.runs.dialogs import LaunchDialog, LaunchRequest, StopRunDialog
-from gpustation.tui.runs.form import Prefill, prefill_of, preset_of
+from gpustation.tui.runs.detail import RunDetail
+from gpustation.tui.runs.dialogs import QuitRunsDialog, StopRunDialog
+from gpustation.tui.runs.form import LaunchDialog, prefill_of, preset_of
 from gpustation.tui.runs.heap import freeze_heap
-from gpustation.tui.runs.logpane import RunLogScreen
+from gpustation.tui.runs.launch_request import LaunchRequest, Prefill
+from gpustation.tui.runs.logpane import LogPane
 from gpustation.tui.runs.model import (
-    MAX_LOG_LINES,
     RUNS_TITLE,
     STATUS_STYLE,
     RunView,
@@ -51,15 +54,16 @@ from gpustation.tui.runs.model import (
 )
 from gpustation.tui.runs.overlay import too_many
 from gpustation.tui.runs.poller import RunsPolled
+from gpustation.tui.runs.preset_pane import PresetPane
+from gpustation.tui.runs.sweeps import SweepsScreen, sweep_of
 from gpustation.tui.runs.widgets import (
-    LossPlot,
     QuietFooter,
-    RunLog,
     RunsTable,
     energy_cell,
     run_gpus,
     run_header,
 )
+from gpustation.tui.screens import LiveScreen
 from gpustation.tui.source import Frame
 from gpustation.tui.widgets import LiveText
 
@@ -90,7 +94,7 @@ STATUS_COLUMN = 4
 # ---- the screen -----------------------------------------------------------------------------
 
 
-class RunsScreen(RunLogScreen):
+class RunsScreen(LiveScreen):
     """Presets, runs and the selected run's progress, GPUs, loss curve and log."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -105,6 +109,13 @@ class RunsScreen(RunLogScreen):
         Binding("D", "prune", "Prune", id="runs.prune"),
         Binding("slash", "filter", "Filter", key_display="/", id="runs.filter"),
         Binding("end", "follow", "Follow log", priority=True, id="runs.follow"),
+        Binding("P", "profile", "Profile", show=False, id="runs.profile"),
+        Binding("S", "sweeps", "Sweeps", show=False, id="runs.sweeps"),
+        # the timeline's cursor: a sample back or on, a tenth of the run back or on
+        Binding("left_square_bracket", "time(-1)", "Earlier", show=False, id="runs.earlier"),
+        Binding("right_square_bracket", "time(1)", "Later", show=False, id="runs.later"),
+        Binding("left_curly_bracket", "jump(-1)", "Much earlier", show=False, id="runs.jump_back"),
+        Binding("right_curly_bracket", "jump(1)", "Much later", show=False, id="runs.jump_on"),
         Binding("j", "cursor(1)", "Down", show=False, id="runs.down"),
         Binding("k", "cursor(-1)", "Up", show=False, id="runs.up"),
         Binding("escape", "app.show_dashboard", "Back", id="runs.back"),
@@ -128,6 +139,13 @@ class RunsScreen(RunLogScreen):
     #run-log { height: 1fr; border: round $panel; }
     #run-log:focus { border: round $accent; }
     #run-log-hint { height: 1; padding: 0 1; }
+    #run-telemetry { height: 9; }
+    #run-cursor { height: 1; padding: 0 1; }
+    RunsScreen.-profile LogPane { display: none; }
+    RunsScreen.-short #run-telemetry { height: 6; }
+    RunsScreen.-tall #run-telemetry { height: 12; }
+    RunsScreen.-narrow.-short #run-telemetry { display: none; }
+    RunsScreen.-narrow.-short #run-cursor { display: none; }
     RunsScreen.-wide #runs-left { max-width: 84; }
     RunsScreen.-short #runs-presets { height: 8; }
     RunsScreen.-short #run-plot { height: 8; }
@@ -144,49 +162,46 @@ class RunsScreen(RunLogScreen):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        #: the screen's runs: views, poller, launching and stopping (closed on unmount)
+        self.ui = RunsUI(self.app)
+        # The panes, each handed the RunsUI: they read it and never reach back here.
+        self.preset_pane = PresetPane(self.ui)
+        self.detail = RunDetail(self.ui)
+        self.log_pane = LogPane(self.ui)
         self._columns_ready = False
         self._row_ids: list[str] = []
         self._row_cells: dict[str, tuple[str, ...]] = {}
         self._dirty = True
+        #: whether the energy column was last labelled with a cost
+        self._priced: bool | None = None
         #: the runs table shows only the runs matching this (prune.matches); "" all
         self.run_filter = ""
-
-    @property
-    def ui(self) -> RunsUI:
-        return runs_ui(self.dash)
 
     def compose(self) -> ComposeResult:
         yield LiveText(id="banner")
         with Horizontal(id="runs-body"):
             with Vertical(id="runs-left"):
-                yield OptionList(id="runs-presets")
-                yield LiveText(id="runs-preset-info")
-                yield LiveText(id="runs-problems", wrap=True)
+                yield self.preset_pane
                 yield RunsTable(id="runs-table", cursor_type="row", zebra_stripes=False)
             with Vertical(id="runs-right"):
                 # Wrapped: a long title and run id go on to the next line, never cut.
                 yield LiveText(id="run-header", wrap=True)
                 yield LiveText(id="run-gpus")
-                yield LossPlot(id="run-plot")
-                yield from self.compose_detail()
-                # One more than a run keeps: room for the "earlier lines" note.
-                yield RunLog(self._log_scrolled, max_lines=MAX_LOG_LINES + 1, id="run-log")
-                yield LiveText(id="run-log-hint")
+                yield self.detail
+                yield self.log_pane
         yield LiveText(id="status")
         yield QuietFooter()
 
     def on_mount(self) -> None:
         super().on_mount()
-        self.query_one("#runs-presets", OptionList).border_title = "Presets (l launches)"
         table = self.query_one("#runs-table", DataTable)
         table.border_title = RUNS_TITLE
         # Preset, step and loss first: a narrow table keeps them in view (the
         # selected run's status is in the run pane too).
         for label, key in RUN_COLUMNS:
             table.add_column(label, key=key)
-        self.query_one("#run-log", RunLog).border_title = "Log"
         self.ui.start(self)
-        preset_pane.show_presets(self)
+        self.preset_pane.show_presets()
         self.runs_changed(True, True)
         self.query_one("#runs-presets", OptionList).focus()
         # Once the screen has painted: its widgets are as long-lived as the app.
@@ -197,15 +212,15 @@ class RunsScreen(RunLogScreen):
 
     def on_resize(self, event: events.Resize) -> None:
         # The preset lines are cut to the list's width: cut them again for the new one.
-        self.call_after_refresh(preset_pane.show_presets, self)
+        self.call_after_refresh(self.preset_pane.show_presets)
 
     def on_screen_resume(self) -> None:
         super().on_screen_resume()
         if self._dirty:
             self.runs_changed(True, True)
-        if self._log_dirty:
+        if self.log_pane.dirty:
             # Lines came while another screen or a dialog was on top.
-            self._reload_log()
+            self.log_pane.reload()
 
     def show_frame(self, frame: Frame) -> None:
         if self.is_mounted:
@@ -214,14 +229,17 @@ class RunsScreen(RunLogScreen):
     # -- what the poller and the workers post --------------------------------------------
     def on_runs_polled(self, message: RunsPolled) -> None:
         try:
-            table, selected = self.ui.apply(message.result)
-            self.runs_changed(table, selected)
+            applied = self.ui.apply(message.result)
+            view = self.ui.views.get(applied.log.id) if applied.log is not None else None
+            if view is not None and applied.log is not None:
+                self.log_pane.append(view, applied.log)
+            self.runs_changed(applied.table, applied.selected)
         finally:
             self.ui.rearm()  # the next pass only once this one is on screen
 
     def on_presets_loaded(self, message: PresetsLoaded) -> None:
         self.ui.presets_loaded(message)
-        preset_pane.show_presets(self)
+        self.preset_pane.show_presets()
 
     def on_launched(self, message: Launched) -> None:
         view = self.ui.launched(message)
@@ -242,10 +260,18 @@ class RunsScreen(RunLogScreen):
     def on_all_stopped(self, message: AllStopped) -> None:
         self.app.exit()
 
-    # -- presets ------------------------------------------------------------------------
-    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
-        preset_pane.show_preset_info(self)
+    def on_runs_changed(self, message: RunsChanged) -> None:
+        self.runs_changed(message.table, message.selected)
 
+    def on_quit_asked(self, message: QuitAsked) -> None:
+        views = message.views
+
+        def answered(choice: str | None) -> None:
+            self.ui.quit_answered(choice, views)
+
+        self.app.push_screen(QuitRunsDialog(views), answered)
+
+    # -- presets ------------------------------------------------------------------------
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         self.action_launch()
 
@@ -285,7 +311,24 @@ class RunsScreen(RunLogScreen):
             self._update_table(select)
         if selected or select:
             self._show_selected()
-            self._show_hint()
+            self.log_pane.show_hint()
+
+    def price_changed(self, columns: Sequence[tuple[str, str]]) -> bool:
+        """Label the energy column for the price known now; True: the rows must be made again.
+
+        ``columns``: the runs table's (label, key), the energy column's key ``energy``.
+        """
+        priced = self.ui.price is not None
+        if priced == self._priced:
+            return False
+        self._priced = priced
+        table = self.query_one("#runs-table", DataTable)
+        table.clear(columns=True)
+        for label, key in columns:
+            if key == "energy" and priced:
+                label = "energy · cost"
+            table.add_column(label, key=key)
+        return True
 
     def _update_table(self, select: str | None = None) -> None:
         table = self.query_one("#runs-table", DataTable)
@@ -338,7 +381,7 @@ class RunsScreen(RunLogScreen):
             run_id = self._row_ids[row] if row < len(self._row_ids) else None
         if run_id != self.ui.selected:
             self.ui.select(run_id)
-            self._reload_log()
+            self.log_pane.reload()
             self._show_selected()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -365,11 +408,11 @@ class RunsScreen(RunLogScreen):
         # No forced relayout: LiveText asks for one itself when its line count changes.
         self.query_one("#run-header", LiveText).show(header)
         self.query_one("#run-gpus", LiveText).show(gpus)
-        self.show_detail()
+        self.detail.show()
 
     # -- actions ---------------------------------------------------------------------------
     def action_launch(self) -> None:
-        preset = preset_pane.highlighted_preset(self)
+        preset = self.preset_pane.highlighted_preset()
         if preset is None:
             self.notify("No preset selected.", severity="warning")
             return
@@ -377,7 +420,7 @@ class RunsScreen(RunLogScreen):
 
     def open_form(self, preset: RunPreset, prefill: Prefill | None = None) -> None:
         """The launch form for ``preset`` (with a past run's settings, for run again)."""
-        if refused(self.dash, "launching runs"):
+        if refused(self.app, "launching runs"):
             return
         snap = self.dash.latest
         device_count: int | None = None
@@ -389,11 +432,12 @@ class RunsScreen(RunLogScreen):
                 self.ui.launch(request.preset, request.overrides, request.gpus)
                 self.runs_changed(False, True)
 
-        self.app.push_screen(LaunchDialog(preset, device_count, prefill), chosen)
+        dialog = LaunchDialog(preset, device_count, prefill, saved=self.ui.reload_presets)
+        self.app.push_screen(dialog, chosen)
 
     def action_run_again(self) -> None:
         """Open the launch form with the selected run's preset, arguments and GPUs."""
-        if refused(self.dash, "launching runs"):
+        if refused(self.app, "launching runs"):
             return
         view = self.current_view()
         if view is None:
@@ -418,7 +462,7 @@ class RunsScreen(RunLogScreen):
         self.open_form(preset, prefill_of(run))
 
     def action_stop(self) -> None:
-        if refused(self.dash, "stopping runs"):
+        if refused(self.app, "stopping runs"):
             return
         view = self.current_view()
         if view is None or not view.active:
@@ -456,29 +500,55 @@ class RunsScreen(RunLogScreen):
 
     # Tidying the history: the dialogs and the workers live in tidy.py.
     def action_delete(self) -> None:
-        if not refused(self.dash, "deleting runs"):
-            tidy.ask_delete(self)
+        if not refused(self.app, "deleting runs"):
+            tidy.ask_delete(self, tidy.targets(self.ui))
 
     def action_note(self) -> None:
-        if not refused(self.dash, "notes on runs"):
-            tidy.ask_note(self)
+        if not refused(self.app, "notes on runs"):
+            tidy.ask_note(self, self.current_view())
 
     def action_tag(self) -> None:
-        if not refused(self.dash, "tags on runs"):
-            tidy.ask_tags(self)
+        if not refused(self.app, "tags on runs"):
+            tidy.ask_tags(self, tidy.targets(self.ui), self.ui.presets)
 
     def on_tidied(self, message: tidy.Tidied) -> None:
-        tidy.tidied(self, message)
+        tidy.tidied(self, self.ui, message)
+        self.runs_changed(True, True)
 
     def action_prune(self) -> None:
-        if not refused(self.dash, "deleting runs"):
+        if not refused(self.app, "deleting runs"):
             prune.ask_prune(self)
 
     def on_prune_found(self, message: prune.PruneFound) -> None:
         prune.confirm_prune(self, message)
 
     def action_filter(self) -> None:
-        prune.ask_filter(self)
+        prune.ask_filter(self, self.run_filter, self.set_filter)
+
+    def set_filter(self, text: str) -> None:
+        """Show only the runs matching ``text`` ("" all); the table's title says so."""
+        self.run_filter = text
+        self.query_one("#runs-table", DataTable).border_title = prune.filter_title(text)
+        self.runs_changed(True, False)
+
+    # The selected run's detail and log.
+    def action_follow(self) -> None:
+        self.log_pane.follow()
+
+    def action_time(self, samples: int) -> None:
+        self.detail.step(samples)
+
+    def action_jump(self, direction: int) -> None:
+        self.detail.jump(direction)
+
+    def action_profile(self) -> None:
+        detail = self.detail
+        detail.toggle_profile()
+        self.set_class(detail.profile, "-profile")  # the profile takes the log's place too
+
+    def action_sweeps(self) -> None:
+        view = self.current_view()
+        self.app.push_screen(SweepsScreen(sweep_of(view.summary.tags) if view else None))
 
     def action_cursor(self, delta: int) -> None:
         focused = self.focused

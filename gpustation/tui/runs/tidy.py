@@ -18,7 +18,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Input, Label
 
 from gpustation.runs.presets import RunPreset
@@ -28,7 +28,7 @@ from gpustation.tui.dialogs import ChoiceDialog
 from gpustation.tui.runs.model import RunView
 
 if TYPE_CHECKING:
-    from gpustation.tui.runs.screen import RunsScreen
+    from gpustation.tui.runs.controller import RunsUI
 
 #: characters of a note's first line shown in the runs table
 NOTE_CELL = 32
@@ -210,22 +210,22 @@ class TagDialog(ModalScreen[tuple[str, list[str]] | None]):
 # ---- asking, then the work off the UI thread ------------------------------------------------
 
 
-def targets(screen: RunsScreen) -> list[RunView]:
+def targets(ui: RunsUI) -> list[RunView]:
     """The marked runs, or else the selected one."""
-    marked = [v for v in screen.ui.ordered() if v.marked]
+    marked = [v for v in ui.ordered() if v.marked]
     if marked:
         return marked
-    view = screen.current_view()
+    view = ui.views.get(ui.selected) if ui.selected else None
     return [view] if view is not None else []
 
 
-def in_worker(screen: RunsScreen, job: Any, name: str) -> None:
+def in_worker(screen: Screen[Any], job: Any, name: str) -> None:
     screen.app.run_worker(job, thread=True, exit_on_error=False, group="runs", name=name)
 
 
-def ask_delete(screen: RunsScreen) -> None:
-    """Delete the marked (or selected) runs after a confirmation; never a run still going."""
-    views = targets(screen)
+def ask_delete(screen: Screen[Any], views: Sequence[RunView]) -> None:
+    """Delete ``views`` (the marked or selected runs) after a confirmation; never a run
+    still going. The worker posts :class:`Tidied` to ``screen``."""
     if not views:
         screen.notify("Select a run first.", severity="warning")
         return
@@ -241,7 +241,9 @@ def ask_delete(screen: RunsScreen) -> None:
     confirm_delete(screen, views)
 
 
-def confirm_delete(screen: RunsScreen, views: Sequence[RunView], name: str = "delete runs") -> None:
+def confirm_delete(
+    screen: Screen[Any], views: Sequence[RunView], name: str = "delete runs"
+) -> None:
     """Name ``views`` in a confirmation; once given, a worker deletes them (Tidied)."""
     run_ids = [v.id for v in views]
 
@@ -264,7 +266,7 @@ def confirm_delete(screen: RunsScreen, views: Sequence[RunView], name: str = "de
 
 
 def _annotate(
-    screen: RunsScreen,
+    screen: Screen[Any],
     action: str,
     run_ids: list[str],
     note: str | None = None,
@@ -286,9 +288,8 @@ def _annotate(
     in_worker(screen, job, f"{action} runs")
 
 
-def ask_note(screen: RunsScreen) -> None:
+def ask_note(screen: Screen[Any], view: RunView | None) -> None:
     """Edit the selected run's note."""
-    view = screen.current_view()
     if view is None:
         screen.notify("Select a run first.", severity="warning")
         return
@@ -300,9 +301,10 @@ def ask_note(screen: RunsScreen) -> None:
     screen.app.push_screen(NoteDialog(view), answered)
 
 
-def ask_tags(screen: RunsScreen) -> None:
-    """Add or remove tags of the marked (or selected) runs."""
-    views = targets(screen)
+def ask_tags(
+    screen: Screen[Any], views: Sequence[RunView], presets: dict[str, RunPreset] | None
+) -> None:
+    """Add or remove tags of ``views`` (the marked or selected runs)."""
     if not views:
         screen.notify("Select a run first.", severity="warning")
         return
@@ -314,12 +316,12 @@ def ask_tags(screen: RunsScreen) -> None:
         add, remove = (tags, []) if choice == "add" else ([], tags)
         _annotate(screen, "tag", [v.id for v in views], add=add, remove=remove)
 
-    screen.app.push_screen(TagDialog(views, screen.ui.presets), answered)
+    screen.app.push_screen(TagDialog(views, presets), answered)
 
 
-def tidied(screen: RunsScreen, message: Tidied) -> None:
-    """Fold a worker's result into the views, then read the history again."""
-    ui = screen.ui
+def tidied(screen: Screen[Any], ui: RunsUI, message: Tidied) -> None:
+    """Fold a worker's result into ``ui``'s views, then read the history again (the
+    screen draws them again)."""
     if message.error is not None:
         screen.notify(message.error, title=f"Could not {message.action}", severity="error")
     elif message.action == "delete":
@@ -339,4 +341,3 @@ def tidied(screen: RunsScreen, message: Tidied) -> None:
                 view.annotate(record.tags, record.note)
     ui.work.want_history()
     ui.poll_soon()
-    screen.runs_changed(True, True)
