@@ -43,14 +43,6 @@ PACKAGE = REPO / "gpustation"
 #: modules; an entry goes once its circle does
 KNOWN_CYCLES: list[frozenset[str]] = [
     frozenset(
-        {
-            "gpustation.telemetry.backend",
-            "gpustation.telemetry.nvml",
-            "gpustation.telemetry.nvml.backend",
-            "gpustation.telemetry.sim",
-        }
-    ),
-    frozenset(
         {"gpustation.runs.sweep", "gpustation.runs.sweep_owner", "gpustation.runs.sweep_report"}
     ),
 ]

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from gpustation import paths
 from gpustation.errors import UsageError
 from gpustation.files import NotRegularFile, read_text, say_skipped
+from gpustation.runs.argvalue import RUNNER_PACKAGE, ArgValue, parse_bool
 from gpustation.textsafe import safe_doc
 
 if TYPE_CHECKING:
@@ -55,9 +56,6 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 LAUNCHERS = ("python", "torchrun", "accelerate")
-RUNNER_PACKAGE = "gpustation.runners"
-
-ArgValue = str | int | float | bool | list[str | int | float | bool]
 
 
 @dataclass
@@ -395,15 +393,6 @@ def find_preset(
     else:
         hint = "no presets found; see `gpustation presets list`"
     raise UsageError(f"no run preset named {name!r}; {hint}")
-
-
-def parse_bool(text: str) -> bool | None:
-    low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    return None
 
 
 def _typed(key: str, text: str, default: ArgValue) -> ArgValue:

@@ -22,7 +22,7 @@ from typing import Any
 from gpustation import privs
 from gpustation.errors import GpustationError
 from gpustation.pyargv import python_argv
-from gpustation.runs.presets import RUNNER_PACKAGE, ArgValue, parse_bool
+from gpustation.runs.argvalue import RUNNER_PACKAGE, ArgValue, parse_bool
 
 #: the child: import the module, call build_parser(), print each option as JSON
 _DUMP = r"""
