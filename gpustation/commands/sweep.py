@@ -20,18 +20,16 @@ from gpustation import colour
 from gpustation.commands.options import add_gpu_options, backend_from_args
 from gpustation.errors import EXIT_INTERRUPTED, EXIT_OK, GpustationError, UsageError
 from gpustation.runs import rundir
-from gpustation.runs.sweep import (
+from gpustation.runs.sweep.model import (
     Sweep,
-    SweepRunner,
     check_preset_takes,
     grid,
     new_sweep_id,
     parse_axes,
     parse_power_axis,
     plan_limits,
-    require_root_for,
 )
-from gpustation.runs.sweep_owner import (
+from gpustation.runs.sweep.owner import (
     holding_sweeps,
     leftovers_text,
     restore_leftovers,
@@ -40,6 +38,7 @@ from gpustation.runs.sweep_owner import (
     unrestored,
     wait_for_runs,
 )
+from gpustation.runs.sweep.runner import SweepRunner, require_root_for
 from gpustation.telemetry.backend import Backend, parse_gpu_list
 from gpustation.textsafe import safe
 
@@ -196,7 +195,7 @@ def _print_plan(sweep: Sweep, limits: dict[str, dict[int, float]]) -> None:
     )
     print(f"Dry run: sweep of {sweep.preset}, {len(sweep.points)} points; nothing is changed.")
     print(f"GPUs: {', '.join(map(str, sweep.gpus)) or 'none'}; estimated time: {total}")
-    from gpustation.runs.sweep_report import constants, point_label
+    from gpustation.runs.sweep.report import constants, point_label
 
     shared = constants(sweep)
     if shared:
@@ -292,7 +291,7 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _report(sweep: Sweep) -> None:
-    from gpustation.runs.sweep_report import recommendation_text, svg_plot, terminal_plot
+    from gpustation.runs.sweep.report import recommendation_text, svg_plot, terminal_plot
 
     print_points(sweep)
     plot = terminal_plot(sweep, colour=colour.wanted(sys.stdout))
@@ -311,7 +310,7 @@ def print_points(sweep: Sweep) -> None:
     from rich.table import Table
 
     from gpustation.runs.output import console
-    from gpustation.runs.sweep_report import TEXT_COLUMNS, constants, point_columns, point_rows
+    from gpustation.runs.sweep.report import TEXT_COLUMNS, constants, point_columns, point_rows
 
     shared = constants(sweep)
     if shared:

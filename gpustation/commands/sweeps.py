@@ -9,8 +9,8 @@ import sys
 from gpustation import timefmt
 from gpustation.commands.options import add_gpu_options, backend_from_args
 from gpustation.errors import GpustationError
-from gpustation.runs.sweep import load_sweep, scan_sweeps
-from gpustation.runs.sweep_owner import restore_limits
+from gpustation.runs.sweep.model import load_sweep, scan_sweeps
+from gpustation.runs.sweep.owner import restore_limits
 from gpustation.textsafe import safe
 
 

@@ -19,7 +19,7 @@ from gpustation.errors import EXIT_NEEDS_ROOT, NeedsRootError
 from gpustation.runs import rundir, sweep, sweep_owner
 from gpustation.runs.store import RunStore
 from gpustation.runs.summary import RunSummary
-from gpustation.runs.sweep_report import measured, recommend
+from gpustation.runs.sweep.report import measured, recommend
 from gpustation.telemetry.sim import SimBackend
 from tests.conftest import child_env, gpustation_cmd, run_gpustation
 from tests.runs.conftest import sim_limits, sweep_preset, wait_until

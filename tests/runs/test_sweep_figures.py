@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from gpustation.runs import rundir
-from gpustation.runs.sweep_report import point_figures
+from gpustation.runs.sweep.report import point_figures
 
 
 def write_point(directory: Path, readings_w: list[float], counter_w: float) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 
 from gpustation.runs import sweep, sweep_owner
-from gpustation.runs.sweep_report import pareto_front, recommend
+from gpustation.runs.sweep.report import pareto_front, recommend
 from gpustation.telemetry.sim import SimBackend
 
 

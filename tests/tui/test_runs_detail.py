@@ -18,7 +18,7 @@ from gpustation.runs.launch import launch
 from gpustation.runs.presets import load_presets
 from gpustation.runs.stop import stop_run
 from gpustation.runs.store import sync_run
-from gpustation.runs.sweep import Point, Sweep
+from gpustation.runs.sweep.model import Point, Sweep
 from gpustation.tui.app import DashboardApp
 from gpustation.tui.runs import LossPlot, RunsScreen
 from gpustation.tui.runs.logpane import LogPane

@@ -6,7 +6,7 @@ sweep; the list shows them newest first, and the highlighted one's points
 table (the columns of ``gpustation sweeps show``), its plot of throughput
 against energy per unit (the Pareto front drawn, the fastest and the
 recommended point marked) and the recommendation come from
-:mod:`gpustation.runs.sweep_report`, the same figures the command prints.
+:mod:`gpustation.runs.sweep.report`, the same figures the command prints.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
 
-from gpustation.runs.sweep import SWEEP_TAG, Sweep
-from gpustation.runs.sweep_report import (
+from gpustation.runs.sweep.model import SWEEP_TAG, Sweep
+from gpustation.runs.sweep.report import (
     TEXT_COLUMNS,
     point_columns,
     point_rows,
@@ -101,7 +101,7 @@ class SweepsScreen(ModalScreen[None]):
         self.run_worker(self._load, thread=True, exit_on_error=False, name="read sweeps")
 
     def _load(self) -> None:
-        from gpustation.runs.sweep import list_sweeps
+        from gpustation.runs.sweep.model import list_sweeps
 
         try:
             sweeps = list_sweeps()

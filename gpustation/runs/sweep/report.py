@@ -21,7 +21,7 @@ from typing import Any
 
 from gpustation.runs import rundir
 from gpustation.runs.fold import finite_number
-from gpustation.runs.sweep import Point, Sweep
+from gpustation.runs.sweep.model import Point, Sweep
 from gpustation.runs.tail import parse_metric_line
 from gpustation.telemetry.format import NA
 
