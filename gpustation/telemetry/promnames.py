@@ -412,24 +412,23 @@ RUNS = Series("gpustation_runs", "Runs in the run history by status.", ("status"
 UP = Series("gpustation_up", "1 when the last sampling attempt succeeded.", (), _NOT_MODEL)
 # A GPU's processes summed per container, systemd unit or Slurm job: never per PID (a
 # PID label would make a new series for every process ever started).
-_PER_CONTAINER = "sums of the processes, which the fleet does not list"
 CONTAINER_POWER = Series(
     "gpustation_container_power_watts",
     "Estimated power of a container's processes on the GPU, from their SM shares (W).",
     (*GPU_LABELS, "container"),
-    _PER_CONTAINER,
+    UNREAD_COUNT,
 )
 CONTAINER_MEMORY = Series(
     "gpustation_container_memory_used_mib",
     "VRAM held by a container's processes on the GPU (MiB).",
     (*GPU_LABELS, "container"),
-    _PER_CONTAINER,
+    UNREAD_COUNT,
 )
 CONTAINER_PROCESSES = Series(
     "gpustation_container_processes",
     "A container's processes on the GPU.",
     (*GPU_LABELS, "container"),
-    _PER_CONTAINER,
+    UNREAD_COUNT,
 )
 
 #: every series that is not in :data:`GPU_SERIES`
