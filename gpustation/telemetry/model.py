@@ -73,7 +73,8 @@ HOST = "host"
 class NvmlRead:
     """How NVML reads one field: names only, no pynvml here.
 
-    ``function(handle, *args)`` where ``args`` name pynvml constants;
+    ``function(handle, *args)`` where ``args`` name pynvml constants
+    (for ``nvmlDeviceGetFieldValues`` they name field ids, asked as a list);
     ``part`` picks an attribute (str) or item (int) of the answer; ``convert``
     names a converter of the NVML backend (``float``, ``int``, ``milli`` for
     mW -> W and mJ -> J, ``mib`` for bytes -> MiB, ``text``...). Versioned
@@ -285,6 +286,30 @@ class GpuSample:
         _R("nvmlDeviceGetTemperatureThreshold", ("NVML_TEMPERATURE_THRESHOLD_SHUTDOWN",)),
         unit="°C",
     )
+    #: The highest temperature the driver allows the GPU (a later driver's
+    #: threshold; None where the driver refuses it).
+    temperature_gpu_max_c: float | None = gpu_field(
+        STATIC,
+        _R("nvmlDeviceGetTemperatureThreshold", ("NVML_TEMPERATURE_THRESHOLD_GPU_MAX",)),
+        unit="°C",
+    )
+    #: How far the GPU is from its slowdown limit as the driver counts it
+    #: (``nvidia-smi -q``'s "T.Limit").
+    temperature_margin_c: float | None = gpu_field(
+        FAST, _R("nvmlDeviceGetMarginTemperature"), label="T.Limit", unit="°C"
+    )
+    #: HBM temperature (a field value); None on cards that do not report it (GDDR).
+    memory_temperature_c: float | None = gpu_field(
+        FAST,
+        _R("nvmlDeviceGetFieldValues", ("NVML_FI_DEV_MEMORY_TEMP",), convert="field_value"),
+        label="MemT",
+        unit="°C",
+    )
+    memory_temperature_max_c: float | None = gpu_field(
+        STATIC,
+        _R("nvmlDeviceGetTemperatureThreshold", ("NVML_TEMPERATURE_THRESHOLD_MEM_MAX",)),
+        unit="°C",
+    )
     power_w: float | None = gpu_field(
         FAST, _R("nvmlDeviceGetPowerUsage", convert="milli"), label="Power", unit="W"
     )
@@ -404,6 +429,12 @@ class GpuSample:
         if self.temperature_c is None or self.temperature_slowdown_c is None:
             return None
         return self.temperature_slowdown_c - self.temperature_c
+
+    @property
+    def memory_temperature_margin_c(self) -> float | None:
+        if self.memory_temperature_c is None or self.memory_temperature_max_c is None:
+            return None
+        return self.memory_temperature_max_c - self.memory_temperature_c
 
     @property
     def thermal_throttled(self) -> bool:

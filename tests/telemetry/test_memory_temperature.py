@@ -1,0 +1,112 @@
+"""Memory (HBM) temperature and the newer temperature sensors: read through the
+field declarations by the NVML backend and the simulator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from gpustation.telemetry.model import GpuSample
+from gpustation.telemetry.nvml import NvmlBackend
+
+
+@pytest.fixture
+def open_backend(fake_nvml: ModuleType) -> Iterator[Callable[..., NvmlBackend]]:
+    opened: list[NvmlBackend] = []
+
+    def make(**kwargs: Any) -> NvmlBackend:
+        kwargs.setdefault("sysfs_pci_root", "/nonexistent/pci")
+        backend = NvmlBackend(nvml=fake_nvml, **kwargs)
+        opened.append(backend)
+        return backend
+
+    yield make
+    for backend in opened:
+        backend.close()
+
+
+def read(backend: NvmlBackend) -> list[GpuSample]:
+    return backend.read_gpus(range(backend.device_count()), slow=False)
+
+
+def test_hbm_card_reports_memory_temperature_and_its_maximum(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    rtx, h200 = read(open_backend())
+    assert (h200.memory_temperature_c, h200.memory_temperature_max_c) == (40, 95)
+    assert h200.memory_temperature_margin_c == 55
+    # GDDR6X: NVML has no such field; nothing is guessed.
+    assert (rtx.memory_temperature_c, rtx.memory_temperature_max_c) == (None, None)
+    assert rtx.memory_temperature_margin_c is None
+    asked = fake_nvml.calls_of("nvmlDeviceGetFieldValues")
+    assert (1,) in asked
+
+
+def test_memory_temperature_follows_the_card(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    backend = open_backend()
+    assert read(backend)[1].memory_temperature_c == 40
+    fake_nvml.DRIVER.devices[1]["memory_temp"] = 71
+    assert read(backend)[1].memory_temperature_c == 71
+
+
+def test_a_card_without_the_field_is_not_asked_again(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    backend = open_backend()
+    for _ in range(3):
+        rtx, h200 = read(backend)
+        assert rtx.memory_temperature_c is None and h200.memory_temperature_c == 40
+    asked = fake_nvml.calls_of("nvmlDeviceGetFieldValues")
+    assert asked.count((0,)) == 1 and asked.count((1,)) == 3
+    # NotSupported is an answer, not an error to show.
+    assert backend.errors == {}
+
+
+def test_margin_to_the_slowdown_limit_and_a_refused_gpu_maximum(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    fake_nvml.DRIVER.devices[0]["gpu_max"] = 90  # a later driver that has it
+    rtx, h200 = read(open_backend())
+    assert (rtx.temperature_margin_c, h200.temperature_margin_c) == (23, 53)
+    assert rtx.temperature_gpu_max_c == 90
+    assert h200.temperature_gpu_max_c is None  # refused by this driver, as measured
+
+
+def test_an_older_driver_without_the_margin_function(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    fake_nvml.function_not_found("nvmlDeviceGetMarginTemperature")
+    backend = open_backend()
+    for _ in range(2):
+        rtx, h200 = read(backend)
+        assert rtx.temperature_margin_c is None and h200.temperature_margin_c is None
+        assert h200.memory_temperature_c == 40
+    assert len(fake_nvml.calls_of("nvmlDeviceGetMarginTemperature")) == 1
+    assert backend.errors == {}
+
+
+def test_an_old_pynvml_without_the_margin_function_or_the_field_id(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    fake_nvml.remove_function("nvmlDeviceGetMarginTemperature")
+    fake_nvml.remove_function("NVML_FI_DEV_MEMORY_TEMP")
+    rtx, h200 = read(open_backend())
+    assert h200.temperature_margin_c is None and h200.memory_temperature_c is None
+    assert h200.temperature_c == 36 and h200.memory_temperature_max_c == 95
+    assert fake_nvml.calls_of("nvmlDeviceGetFieldValues") == []
+
+
+def test_a_field_error_other_than_not_supported_is_kept_and_retried(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    fake_nvml.fail(1, "nvmlDeviceGetFieldValues", fake_nvml.NVML_ERROR_UNKNOWN)
+    backend = open_backend()
+    assert read(backend)[1].memory_temperature_c is None
+    assert (1, "memory_temperature_c") in backend.errors
+    fake_nvml.heal(1, "nvmlDeviceGetFieldValues")
+    assert read(backend)[1].memory_temperature_c == 40
