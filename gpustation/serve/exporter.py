@@ -73,6 +73,7 @@ def _flag(value: bool | None) -> float | None:
 # (metric name, help text, how to read the value from a GpuSample)
 _DCGM_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | None]], ...] = (
     ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda g: g.temperature_c),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", lambda g: g.memory_temperature_c),
     ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda g: g.power_w),
     ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda g: g.clock_sm_mhz),
     ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", lambda g: g.clock_mem_mhz),
@@ -185,6 +186,16 @@ _OWN_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | None]], ...] = 
         "gpustation_temperature_slowdown_celsius",
         "Temperature at which the card slows itself down (C).",
         lambda g: g.temperature_slowdown_c,
+    ),
+    (
+        "gpustation_memory_temperature_max_celsius",
+        "Highest temperature the card allows its memory (C).",
+        lambda g: g.memory_temperature_max_c,
+    ),
+    (
+        "gpustation_temperature_margin_celsius",
+        "Degrees below the slowdown limit, as the driver counts them (T.Limit).",
+        lambda g: g.temperature_margin_c,
     ),
     ("gpustation_sm_clock_max_mhz", "Highest SM clock (MHz).", lambda g: g.clock_sm_max_mhz),
     ("gpustation_pcie_link_gen", "Current PCIe link generation.", lambda g: g.pcie.gen),

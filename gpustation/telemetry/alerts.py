@@ -24,6 +24,7 @@ REPEAT_QUIET_S = 60.0
 
 RULES: dict[str, str] = {
     "temp_near_slowdown": "temperature near slowdown",
+    "memory_temp_near_max": "memory temperature near its maximum",
     "thermal_throttle": "thermal throttling",
     "power_cap": "power-cap throttling",
     "pcie_below_max": "PCIe link below maximum under load",
@@ -64,6 +65,7 @@ class Alert:
         """A few words for a status line: ``GPU0 power cap``."""
         words = {
             "temp_near_slowdown": "hot",
+            "memory_temp_near_max": "memory hot",
             "thermal_throttle": "thermal throttle",
             "power_cap": "power cap",
             "pcie_below_max": "PCIe slow",
@@ -92,6 +94,17 @@ def _gpu_conditions(gpu: GpuSample, t: float) -> list[Alert]:
                 i,
                 f"GPU {i} at {gpu.temperature_c:.0f} C, {max(margin, 0):.0f} C from its "
                 f"slowdown temperature {gpu.temperature_slowdown_c:.0f} C",
+                t,
+            )
+        )
+    mem_margin = gpu.memory_temperature_margin_c
+    if mem_margin is not None and health.memory_near_max(gpu):
+        out.append(
+            Alert(
+                "memory_temp_near_max",
+                i,
+                f"GPU {i} memory at {gpu.memory_temperature_c:.0f} C, {max(mem_margin, 0):.0f} C "
+                f"from its maximum {gpu.memory_temperature_max_c:.0f} C",
                 t,
             )
         )

@@ -35,6 +35,10 @@ class CardSpec:
     #: profiling metrics (GPM: Hopper and later), MIG and row remapping (datacenter cards)
     gpm: bool = False
     mig: bool = False
+    #: HBM cards report their memory's temperature: this many degrees above the
+    #: GPU's share of the heat at idle, and its maximum (None: GDDR, no sensor)
+    memory_temp_offset_c: float | None = None
+    memory_temp_max_c: float | None = None
 
 
 CARDS: dict[str, CardSpec] = {
@@ -87,6 +91,8 @@ CARDS: dict[str, CardSpec] = {
         nvlinks=18,
         gpm=True,
         mig=True,
+        memory_temp_offset_c=5.0,
+        memory_temp_max_c=95.0,
     ),
 }
 

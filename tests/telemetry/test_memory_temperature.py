@@ -110,3 +110,90 @@ def test_a_field_error_other_than_not_supported_is_kept_and_retried(
     assert (1, "memory_temperature_c") in backend.errors
     fake_nvml.heal(1, "nvmlDeviceGetFieldValues")
     assert read(backend)[1].memory_temperature_c == 40
+
+
+# ---- the simulator -------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _settle(sim: Any, clock: Clock, load: float | None, seconds: float = 600.0) -> GpuSample:
+    sim.poke(0, load=load)
+    clock.t += seconds
+    return sim.read_gpus([0], slow=False)[0]
+
+
+def test_simulated_hbm_rises_with_power_and_dram_load() -> None:
+    from gpustation.telemetry.sim import SimBackend
+
+    clock = Clock()
+    sim = SimBackend(count=1, card="h200", clock=clock)
+    idle = _settle(sim, clock, 0.0)
+    busy = _settle(sim, clock, 1.0)
+    assert idle.memory_temperature_c is not None and busy.memory_temperature_c is not None
+    assert 36 <= idle.memory_temperature_c <= 44  # as an idle H200 reads
+    assert busy.memory_temperature_c > idle.memory_temperature_c + 20
+    assert busy.memory_temperature_c < 95 == busy.memory_temperature_max_c
+    assert busy.temperature_c is not None
+    assert busy.temperature_margin_c == pytest.approx(89 - busy.temperature_c, abs=0.11)
+
+
+def test_simulated_gddr_card_reports_no_memory_temperature() -> None:
+    from gpustation.telemetry.sim import SimBackend
+
+    clock = Clock()
+    g = _settle(SimBackend(count=1, card="rtx4090", clock=clock), clock, 1.0)
+    assert g.memory_temperature_c is None and g.memory_temperature_max_c is None
+    assert g.temperature_margin_c is not None
+
+
+# ---- the health rule and its alert ------------------------------------------------------
+
+
+def _hbm(temp: float | None, max_c: float | None = 95.0) -> GpuSample:
+    return GpuSample(
+        index=0,
+        temperature_c=60.0,
+        temperature_slowdown_c=89.0,
+        memory_temperature_c=temp,
+        memory_temperature_max_c=max_c,
+    )
+
+
+@pytest.mark.parametrize(
+    ("temp", "band"),
+    [(40.0, "cool"), (71.0, "warm"), (86.0, "hot"), (90.0, "critical"), (97.0, "critical")],
+)
+def test_memory_band_by_distance_to_the_memory_maximum(temp: float, band: str) -> None:
+    from gpustation.telemetry import health
+
+    assert health.memory_temperature_band(_hbm(temp)) == band
+
+
+def test_no_band_without_a_reading_or_a_maximum() -> None:
+    from gpustation.telemetry import health
+
+    assert health.memory_temperature_band(_hbm(None)) is None
+    assert health.memory_temperature_band(_hbm(90.0, None)) is None
+
+
+def test_memory_near_its_maximum_is_an_alert_raised_once() -> None:
+    from gpustation.telemetry.alerts import conditions, evaluate
+    from gpustation.telemetry.model import Snapshot
+
+    def snap(temp: float, t: float) -> Snapshot:
+        return Snapshot(hostname="h", time=t, gpus=[_hbm(temp)])
+
+    cool, hot, hotter = snap(70.0, 1.0), snap(91.0, 2.0), snap(93.0, 3.0)
+    assert [a.rule for a in conditions(cool)] == []
+    raised = evaluate(cool, hot)
+    assert [a.rule for a in raised] == ["memory_temp_near_max"]
+    assert raised[0].message == "GPU 0 memory at 91 C, 4 C from its maximum 95 C"
+    assert raised[0].short == "GPU0 memory hot"
+    assert evaluate(hot, hotter) == []
