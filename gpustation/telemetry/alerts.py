@@ -49,6 +49,8 @@ class Alert:
     time: float
     #: the log's record that a condition stopped holding (not an alert of its own)
     cleared: bool = False
+    #: a fact about a card said once in the log (not an alert, never notified)
+    note: bool = False
 
     @property
     def key(self) -> tuple[str, int]:
@@ -58,6 +60,8 @@ class Alert:
     def severity(self) -> str:
         if self.cleared:
             return "cleared"
+        if self.note:
+            return "note"
         return "critical" if self.rule in CRITICAL else "warning"
 
     @property
@@ -370,6 +374,10 @@ class AlertLog:
         #: conditions whose start is in the log (their end is logged too)
         self._logged_episodes: set[tuple[str, int]] = set()
         self._xid_events: dict[int, Alert] = {}
+        #: facts about the cards, each said once (a sensor a card lacks), apart
+        #: from the alerts
+        self.notes: list[Alert] = []
+        self._noted: set[str] = set()
 
     def update(self, snapshot: Snapshot, extra: Sequence[Alert] = ()) -> list[Alert]:
         """Take the next snapshot; return the alerts newly written to the log.
@@ -419,7 +427,28 @@ class AlertLog:
                 )
         # keep the first alert of an ongoing condition (its start time)
         self._active = {k: self._active.get(k, a) for k, a in now.items()}
+        self._note_sensors(snapshot)
         return logged
+
+    def _note_sensors(self, snapshot: Snapshot) -> None:
+        """Say once per card that it has no memory temperature sensor (GDDR), so
+        the card need not show a gap on every refresh."""
+        for gpu in snapshot.gpus:
+            key = gpu.uuid or str(gpu.index)
+            if gpu.lost or key in self._noted or not memory_temperature_unreported(gpu):
+                continue
+            self._noted.add(key)
+            self.notes.append(
+                Alert(
+                    "memory_temp_not_reported",
+                    gpu.index,
+                    f"GPU {gpu.index} ({health.short_name(gpu.name)}): memory temperature "
+                    "not reported by this card",
+                    snapshot.time,
+                    note=True,
+                )
+            )
+
 
     @property
     def active(self) -> list[Alert]:
@@ -432,6 +461,12 @@ class AlertLog:
             *self._xid_events.values(),
         ]
         return sorted(out, key=lambda a: (a.severity != "critical", a.gpu, a.rule))
+
+
+def memory_temperature_unreported(gpu: GpuSample) -> bool:
+    """The card has no memory temperature at all (neither a reading nor a
+    maximum): GDDR cards, where NVML has no such field."""
+    return gpu.memory_temperature_c is None and gpu.memory_temperature_max_c is None
 
 
 def topology_findings(snapshot: Snapshot) -> list[str]:
