@@ -337,6 +337,10 @@ def _print_show(r: RunSummary) -> None:
             None if r.tensor_active_pct is None else fmt_num(r.tensor_active_pct, 1, "%"),
         ),
         ("peak temperature", fmt_num(r.peak_temp_c, 0, "°C")),
+        (
+            "peak memory temperature",
+            None if r.peak_memory_temp_c is None else fmt_num(r.peak_memory_temp_c, 0, "°C"),
+        ),
         ("throttled", fmt_num(r.throttled_s, 0, "s")),
         ("malformed metric lines", str(r.malformed_metrics) if r.malformed_metrics else None),
         ("run directory", r.run_dir),
