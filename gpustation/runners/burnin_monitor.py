@@ -79,7 +79,12 @@ class Monitor:
             "pcie_gen_max": q(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
             "pcie_width_max": q(nv.nvmlDeviceGetMaxPcieLinkWidth, h),
             "ecc_enabled": _ecc_on(q(nv.nvmlDeviceGetEccMode, h)),
-        }
+            # HBM cards only: GDDR cards have neither the threshold nor the reading
+            "memory_max_c": q(
+                nv.nvmlDeviceGetTemperatureThreshold, h,
+                getattr(nv, "NVML_TEMPERATURE_THRESHOLD_MEM_MAX", -1),
+            ),
+        }  # fmt: skip
         try:
             self._events = nv.nvmlEventSetCreate()
             nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, self._events)
@@ -140,6 +145,7 @@ class Monitor:
         util = q(nv.nvmlDeviceGetUtilizationRates, h)
         return {
             "temp_c": q(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
+            "memory_temp_c": self._memory_temp(),
             "power_w": _milli(q(nv.nvmlDeviceGetPowerUsage, h)),
             "sm_clock_mhz": q(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
             "mem_clock_mhz": q(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM),
@@ -148,6 +154,16 @@ class Monitor:
             "pcie_width": q(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
             "util_pct": getattr(util, "gpu", None),
         }
+
+    def _memory_temp(self) -> float | None:
+        """HBM temperature (a field value with its own status); None where the card has none."""
+        fid = getattr(self.nv, "NVML_FI_DEV_MEMORY_TEMP", None)
+        if fid is None or self.static.get("memory_max_c") is None:
+            return None
+        values = self._q(self.nv.nvmlDeviceGetFieldValues, self.handle, [fid])
+        if not values or int(getattr(values[0], "nvmlReturn", 1)) != 0:
+            return None
+        return float(values[0].value.uiVal)
 
     def start(self) -> None:
         self.before = self.counters()
@@ -179,7 +195,7 @@ class Monitor:
     def _add(self, s: dict[str, Any], dt: float) -> None:
         self.samples += 1
         self.last = s
-        for key in ("temp_c", "power_w", "sm_clock_mhz", "mem_clock_mhz"):
+        for key in ("temp_c", "memory_temp_c", "power_w", "sm_clock_mhz", "mem_clock_mhz"):
             v = s.get(key)
             if v is not None:
                 self.peak[key] = max(self.peak.get(key, v), v)

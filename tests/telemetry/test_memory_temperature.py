@@ -197,3 +197,24 @@ def test_memory_near_its_maximum_is_an_alert_raised_once() -> None:
     assert raised[0].message == "GPU 0 memory at 91 C, 4 C from its maximum 95 C"
     assert raised[0].short == "GPU0 memory hot"
     assert evaluate(hot, hotter) == []
+
+
+# ---- recorded and replayed -------------------------------------------------------------
+
+
+def test_a_recording_replays_the_memory_temperature(tmp_path: Any) -> None:
+    from gpustation.telemetry.recorder import Recorder
+    from gpustation.telemetry.recording import Recording
+    from gpustation.telemetry.sampler import Sampler
+    from gpustation.telemetry.sim import SimBackend
+
+    clock = Clock()
+    sampler = Sampler(SimBackend(count=1, card="h200", state_path=None, clock=clock), clock=clock)
+    path = tmp_path / "r.zst"
+    with Recorder(path, clock=clock, flush_s=0.0) as rec:
+        live = sampler.sample()
+        rec.add(live)
+    replayed = Recording(path).snapshot_at(live.time).gpus[0]
+    assert replayed.memory_temperature_c == live.gpus[0].memory_temperature_c is not None
+    assert replayed.memory_temperature_max_c == 95
+    assert replayed.temperature_margin_c == live.gpus[0].temperature_margin_c
