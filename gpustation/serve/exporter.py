@@ -33,6 +33,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpustation.control import journal, lease
+from gpustation.control.drift import mark_drift
 from gpustation.control.fans import unattended_manual_fans
 from gpustation.errors import UsageError
 from gpustation.runs import store
@@ -301,6 +302,19 @@ def snapshot_metrics(
         if alone.samples:
             families.append(alone)
 
+    drifted = [g for g in live if g.limit_drift]
+    if drifted:
+        family = GaugeMetricFamily(
+            "gpustation_limit_drifted",
+            "1 while the power limit or fans differ from what the control journal says was "
+            "applied last, with no entry to explain it (the note says what, and how to apply "
+            "it again).",
+            labels=(*GPU_LABELS, "note"),
+        )
+        for gpu in drifted:
+            family.add_metric((*gpu_labels(snap, gpu), gpu.limit_drift or ""), 1.0)
+        families.append(family)
+
     if limits_left:
         left = GaugeMetricFamily(
             "gpustation_power_limit_left",
@@ -476,6 +490,8 @@ class Exporter:
         except Exception as err:  # keep serving the last values, and say so
             self._latest = replace(previous, error=str(err) or repr(err))
             return
+        if self._with_extras:
+            mark_drift(snap)  # the journal is read again only when it changed
         raised = self._alerts.update(snap)
         if self._alert_notifier is not None and raised:
             self._alert_notifier.take(raised, snap.hostname)  # it only queues, never raises

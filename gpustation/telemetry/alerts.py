@@ -35,6 +35,7 @@ RULES: dict[str, str] = {
     "xid": "new XID error from the driver",
     "row_remap_pending": "memory row remap pending: reset the GPU",
     "row_remap_failure": "memory row remap failed: the card needs service",
+    "limit_drifted": "power limit or fans no longer what was applied",
 }
 CRITICAL = frozenset(
     {"gpu_lost", "ecc_uncorrected", "thermal_throttle", "xid", "row_remap_failure"}
@@ -81,6 +82,7 @@ class Alert:
             "row_remap_pending": "remap pending",
             "row_remap_failure": "remap failed",
             "limit_left": "limit left",
+            "limit_drifted": "limit drifted",
         }
         return f"GPU{self.gpu} {words.get(self.rule, self.rule)}"
 
@@ -112,6 +114,8 @@ def _gpu_conditions(gpu: GpuSample, t: float) -> list[Alert]:
                 t,
             )
         )
+    if gpu.limit_drift:
+        out.append(Alert("limit_drifted", i, f"GPU {i}: {gpu.limit_drift}", t))
     if gpu.thermal_throttled:
         out.append(Alert("thermal_throttle", i, f"GPU {i} is slowing its clocks: too hot", t))
     if gpu.power_throttled:

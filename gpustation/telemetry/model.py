@@ -67,6 +67,9 @@ GPM = "gpm"
 EVENTS = "events"
 #: Read from the host (``/proc``), not from the driver, by the sampler.
 HOST = "host"
+#: Filled by the control layer from its journal (``control/drift.py``), by
+#: the views that show it; None elsewhere.
+CONTROL = "control"
 
 
 @record(frozen=True)
@@ -411,6 +414,10 @@ class GpuSample:
     #: Processes holding /dev/nvidia<minor> open without being in NVML's list
     #: (the ones this user may look at); None where /proc cannot be read.
     device_holders: list[ProcessInfo] | None = gpu_field(HOST)
+    #: The power limit (or fans) differ from what the control journal says was
+    #: applied last, with no entry to explain it: what drifted and the command
+    #: that applies it again; None when nothing drifted or nobody looked.
+    limit_drift: str | None = gpu_field(CONTROL, label="drift")
 
     @property
     def memory_pct(self) -> float | None:

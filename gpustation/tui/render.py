@@ -183,6 +183,8 @@ def card_text(gpu: GpuSample, width: int, focused: bool = False) -> Text:
     t.append("\nThrottle ")
     t.append_text(throttle_text(gpu))
     t.append_text(health_text(gpu))
+    if gpu.limit_drift:
+        t.append("  limit drifted: profile apply --again", style="bold black on yellow")
     t.append_text(mig_text(gpu))
     return t
 
