@@ -14,19 +14,26 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gpustation.control import journal
+from gpustation.paths import state_dir
 from gpustation.telemetry.model import GpuSample, Snapshot
+from gpustation.telemetry.record import field, record
+
+if TYPE_CHECKING:
+    from gpustation.control.journal import JournalEntry
 
 #: the command that applies the journalled values again
 AGAIN = "gpustation profile apply --again"
 #: power limits closer than this are the same limit (the driver rounds to mW)
 SAME_W = 0.5
+#: ``journal.JOURNAL_NAME``: named here so that a snapshot with no journal on
+#: disk never imports the journal (and ``dataclasses`` with it)
+JOURNAL_NAME = "control-journal.jsonl"
 
 
-@dataclass(slots=True)
+@record
 class Applied:
     """What the journal says was applied last to one card."""
 
@@ -38,7 +45,7 @@ class Applied:
     fan_command: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Drift:
     """One card whose settings differ from the journal's last."""
 
@@ -75,10 +82,10 @@ def _fans(fans: Sequence[int]) -> str:
     return ",".join(str(f) for f in fans)
 
 
-def last_applied(
-    entries: Sequence[journal.JournalEntry], simulated: bool
-) -> dict[str, Applied]:
+def last_applied(entries: Sequence[JournalEntry], simulated: bool) -> dict[str, Applied]:
     """UUID -> what was applied to that card last, from the journal's entries."""
+    from gpustation.control import journal
+
     out: dict[str, Applied] = {}
     for e in entries:
         if not e.uuid or e.simulated != simulated or e.outcome == journal.REFUSED:
@@ -148,11 +155,13 @@ _cache: dict[tuple[str, bool], tuple[tuple[int, int, int], dict[str, Applied]]] 
 def applied_now(simulated: bool, path: Path | None = None) -> dict[str, Applied]:
     """:func:`last_applied` of the journal on disk; read again only when the file
     changed (a dashboard asks every refresh, the journal grows rarely)."""
-    path = path or journal.journal_path()
+    path = path or state_dir() / JOURNAL_NAME
     try:
         st = os.stat(path)
     except OSError:
         return {}
+    from gpustation.control import journal
+
     stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
     key = (str(path), simulated)
     with _cache_lock:

@@ -136,3 +136,9 @@ def test_drift_is_an_alert_and_on_the_card(sim_h200: RecordingSim, capsys) -> No
     names = {m.name: m for m in snapshot_metrics(snap)}
     (sample,) = names["gpustation_limit_drifted"].samples
     assert sample.value == 1.0 and "400 W" in sample.labels["note"]
+
+
+def test_the_journal_file_drift_reads_is_the_journal() -> None:
+    from gpustation.control import drift
+
+    assert drift.JOURNAL_NAME == journal.JOURNAL_NAME
