@@ -43,9 +43,7 @@ def apply_again(args: argparse.Namespace) -> int:
         drifted = find_drift(samples, applied_now(backend.simulated))
         by_index = {s.index: s for s in samples}
         # Every change is checked before any is made.
-        changes = [
-            _change(by_index[i], d.power_w) for i, d in sorted(drifted.items()) if d.power_w
-        ]
+        changes = [_change(by_index[i], d.power_w) for i, d in sorted(drifted.items()) if d.power_w]
         to_auto = sorted(i for i, d in drifted.items() if d.fans_taken)
         simulated_banner(backend)
         if not drifted:

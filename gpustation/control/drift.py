@@ -185,4 +185,3 @@ def mark_drift(snapshot: Snapshot, path: Path | None = None) -> dict[int, Drift]
         drift = found.get(gpu.index)
         gpu.limit_drift = None if drift is None else drift.text()
     return found
-

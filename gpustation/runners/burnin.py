@@ -181,13 +181,14 @@ def verdicts(
     thermal_s = mon.thermal_s()
     peak_t, slow = mon.peak.get("temp_c"), st.get("slowdown_temp_c")
     peak_mem, mem_max = mon.peak.get("memory_temp_c"), st.get("memory_max_c")
-    mem_hot = peak_mem is not None and mem_max is not None and (
-        peak_mem >= mem_max - MEMORY_NEAR_MAX_C
+    mem_hot = (
+        peak_mem is not None and mem_max is not None and (peak_mem >= mem_max - MEMORY_NEAR_MAX_C)
     )
     memory = (
         f"; memory peak {peak_mem:.0f} °C (max {mem_max} °C)"
         + (": the HBM neared its limit, check the airflow" if mem_hot else "")
-        if peak_mem is not None else ""
+        if peak_mem is not None
+        else ""
     )
     out.append(check(
         "thermal", "warn" if thermal_s > 0 or mem_hot else "pass",

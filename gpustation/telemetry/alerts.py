@@ -453,7 +453,6 @@ class AlertLog:
                 )
             )
 
-
     @property
     def active(self) -> list[Alert]:
         """Conditions holding now, plus ECC errors and the last XID of each GPU

@@ -66,6 +66,7 @@ def test_cards_are_matched_by_uuid_not_index(
     fake_nvml.DRIVER.devices.reverse()
     reboot(fake_nvml, 1)
     code, out, _ = cli(capsys, "power", "show", "--json")
+    assert code == 0
     gpus = json.loads(out)["gpus"]
     assert gpus[0]["limit_drift"] is None and "300 W" in gpus[1]["limit_drift"]
 

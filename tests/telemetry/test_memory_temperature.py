@@ -95,7 +95,7 @@ def test_an_old_pynvml_without_the_margin_function_or_the_field_id(
 ) -> None:
     fake_nvml.remove_function("nvmlDeviceGetMarginTemperature")
     fake_nvml.remove_function("NVML_FI_DEV_MEMORY_TEMP")
-    rtx, h200 = read(open_backend())
+    _, h200 = read(open_backend())
     assert h200.temperature_margin_c is None and h200.memory_temperature_c is None
     assert h200.temperature_c == 36 and h200.memory_temperature_max_c == 95
     assert fake_nvml.calls_of("nvmlDeviceGetFieldValues") == []

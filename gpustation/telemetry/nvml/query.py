@@ -223,9 +223,7 @@ class Query:
             int(code) for code in (getattr(self.nvml, n, None) for n in names) if code is not None
         }
 
-    def _failed(
-        self, device: Device, field: str, name: str, err: BaseException, mark: str
-    ) -> None:
+    def _failed(self, device: Device, field: str, name: str, err: BaseException, mark: str) -> None:
         code = getattr(err, "value", None)
         nvml = self.nvml
         if code == nvml.NVML_ERROR_GPU_IS_LOST:
