@@ -390,6 +390,11 @@ class GpuSample:
             convert="int",
         ),
     )
+    #: The driver stays loaded with no client (``nvidia-smi -pm``): without it a
+    #: headless card re-initialises for every process that opens it.
+    persistence_mode: bool | None = gpu_field(
+        SLOW, _R("nvmlDeviceGetPersistenceMode", convert="bool")
+    )
     # Records of their own, read by the backend's process code.
     processes: list[ProcessInfo] = gpu_field(FAST, factory=list)
     #: The device node's number (``/dev/nvidia<minor>``), to find its holders.

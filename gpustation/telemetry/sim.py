@@ -472,6 +472,9 @@ class SimBackend(Backend):
         sample.mig = MigInfo(enabled=False, pending=False) if spec.mig else None
         if spec.ecc:
             sample.remapped_rows = RemappedRows(0, 0, False, False)
+        # A datacenter card's driver is kept loaded (nvidia-persistenced); a
+        # desktop card's display keeps it loaded anyway.
+        sample.persistence_mode = spec.fans == 0
 
     def topology(self, indices: Sequence[int]) -> Topology:
         topo = Topology()

@@ -215,6 +215,7 @@ _CARDS: dict[str, dict[str, Any]] = {
         "gpu_max": None,
         # nvmlDeviceGetMarginTemperature ("T.Limit" in nvidia-smi -q)
         "margin": 23,
+        "persistence": 0,  # a desktop card: the display keeps the driver loaded
         "power_mw": 285_500,
         "power_limit_mw": 450_000,
         "power_default_mw": 450_000,
@@ -283,6 +284,7 @@ _CARDS: dict[str, dict[str, Any]] = {
         "memory_temp_max": 95,
         "gpu_max": None,
         "margin": 53,
+        "persistence": 1,
         "power_mw": 80_789,
         "power_limit_mw": 700_000,
         "power_default_mw": 700_000,
@@ -670,6 +672,11 @@ def nvmlDeviceGetTemperatureThreshold(handle: Handle, threshold: int) -> int:
     if value is None:
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
     return value
+
+
+def nvmlDeviceGetPersistenceMode(handle: Handle) -> int:
+    _enter("nvmlDeviceGetPersistenceMode", handle)
+    return _dev(handle)["persistence"]
 
 
 def nvmlDeviceGetMarginTemperature(handle: Handle) -> int:
