@@ -156,10 +156,11 @@ def _version(name: str) -> str | None:
 def diagnose(
     open_backend: Callable[[], Backend],
     runs_dir: Path,
-    torch_probe: Callable[[], dict[str, Any] | None] = probe_torch,
-    kernel_log: Callable[[], list[str] | None] = read_kernel_log,
+    torch_probe: Callable[[], dict[str, Any] | None] | None = None,
+    kernel_log: Callable[[], list[str] | None] | None = None,
 ) -> Findings:
-    """Every check, in the order a person fixes them."""
+    """Every check, in the order a person fixes them; ``torch_probe`` and
+    ``kernel_log`` default to :func:`probe_torch` and :func:`read_kernel_log`."""
     found = Findings()
     out = found.checks
     try:
@@ -175,13 +176,13 @@ def diagnose(
             backend.close()
         found.snapshot = snap
         out += _gpu_checks(snap)
-    found.torch = torch_probe()
+    found.torch = (torch_probe or probe_torch)()
     out += _torch_checks(found.torch, found.snapshot)
     if found.snapshot is not None:
         snap = found.snapshot
         out += _permission_checks(snap)
         out += _health_checks(snap)
-        found.kernel_lines = kernel_log()
+        found.kernel_lines = (kernel_log or read_kernel_log)()
         out.append(_xid_check(found.kernel_lines, snap))
         out += _link_checks(snap)
         out += _drift_checks(snap)
