@@ -138,10 +138,12 @@ def write_bundle(path: Path, files: dict[str, bytes]) -> None:
         else:
             import zstandard
 
-            with zstandard.ZstdCompressor().stream_writer(fh, closefd=False) as zw:
-                with tarfile.open(fileobj=zw, mode="w|") as tf:
-                    for name, data in files.items():
-                        info = tarfile.TarInfo(f"gpustation-support/{name}")
-                        info.size, info.mtime, info.mode = len(data), int(now), 0o600
-                        tf.addfile(info, io.BytesIO(data))
+            with (
+                zstandard.ZstdCompressor().stream_writer(fh, closefd=False) as zw,
+                tarfile.open(fileobj=zw, mode="w|") as tf,
+            ):
+                for name, data in files.items():
+                    info = tarfile.TarInfo(f"gpustation-support/{name}")
+                    info.size, info.mtime, info.mode = len(data), int(now), 0o600
+                    tf.addfile(info, io.BytesIO(data))
     os.replace(tmp, path)

@@ -35,8 +35,8 @@ def probe() -> dict[str, Any]:
         nccl = getattr(torch.cuda, "nccl", None)
         if nccl is not None and out["cuda_available"]:
             version = nccl.version()
-            out["nccl"] = ".".join(str(v) for v in version) if isinstance(version, tuple) else (
-                str(version)
+            out["nccl"] = (
+                ".".join(str(v) for v in version) if isinstance(version, tuple) else (str(version))
             )
     except Exception as err:  # a broken CUDA install is an answer, not a crash
         out["error"] = f"{type(err).__name__}: {err}"
