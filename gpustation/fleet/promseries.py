@@ -65,6 +65,7 @@ def _fan(g: GpuSample, v: float, labels: dict[str, str]) -> None:
 #: Both exporters export W, MHz, MiB, °C and %; energy is mJ, PCIe throughput bytes/s.
 GPU_SERIES: dict[str, Callable[[GpuSample, float, dict[str, str]], None]] = {
     "DCGM_FI_DEV_GPU_TEMP": _set("temperature_c"),
+    "DCGM_FI_DEV_MEMORY_TEMP": _set("memory_temperature_c"),
     "DCGM_FI_DEV_SLOWDOWN_TEMP": _set("temperature_slowdown_c"),
     "DCGM_FI_DEV_SHUTDOWN_TEMP": _set("temperature_shutdown_c"),
     "DCGM_FI_DEV_POWER_USAGE": _set("power_w"),
@@ -91,6 +92,8 @@ GPU_SERIES: dict[str, Callable[[GpuSample, float, dict[str, str]], None]] = {
     "gpustation_power_min_limit_watts": _set("power_min_w"),
     "gpustation_power_max_limit_watts": _set("power_max_w"),
     "gpustation_temperature_slowdown_celsius": _set("temperature_slowdown_c"),
+    "gpustation_memory_temperature_max_celsius": _set("memory_temperature_max_c"),
+    "gpustation_temperature_margin_celsius": _set("temperature_margin_c"),
     "gpustation_sm_clock_max_mhz": _set("clock_sm_max_mhz"),
     "gpustation_pcie_link_gen": _set_pcie_int("gen"),
     "gpustation_pcie_link_width": _set_pcie_int("width"),
@@ -118,6 +121,7 @@ STATIC_SERIES = (
     "gpustation_power_min_limit_watts",
     "gpustation_power_max_limit_watts",
     "gpustation_temperature_slowdown_celsius",
+    "gpustation_memory_temperature_max_celsius",
     "gpustation_sm_clock_max_mhz",
     "gpustation_pcie_link_gen_max",
     "gpustation_pcie_link_width_max",
