@@ -39,6 +39,8 @@ class CardSpec:
     #: GPU's share of the heat at idle, and its maximum (None: GDDR, no sensor)
     memory_temp_offset_c: float | None = None
     memory_temp_max_c: float | None = None
+    #: the driver's GPU maximum threshold (None: not given)
+    gpu_max_c: float | None = None
 
 
 CARDS: dict[str, CardSpec] = {
@@ -93,6 +95,7 @@ CARDS: dict[str, CardSpec] = {
         mig=True,
         memory_temp_offset_c=5.0,
         memory_temp_max_c=95.0,
+        gpu_max_c=87.0,
     ),
 }
 

@@ -278,11 +278,12 @@ _CARDS: dict[str, dict[str, Any]] = {
         "temperature": 36,
         "slowdown": 89,
         "shutdown": 95,
-        # As measured on an H200: field 82 reads 40 C idle, the memory maximum 95 C,
-        # and the GPU maximum threshold is refused.
+        # As measured on an H200 (driver 580.159.04): field 82 (an unsigned int)
+        # reads 35-40 C idle, the memory maximum 95 C, the GPU maximum 87 C
+        # (refused by some drivers: set it to None).
         "memory_temp": 40,
         "memory_temp_max": 95,
-        "gpu_max": None,
+        "gpu_max": 87,
         "margin": 53,
         "persistence": 1,
         "power_mw": 80_789,

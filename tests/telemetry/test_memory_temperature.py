@@ -35,6 +35,8 @@ def read(backend: NvmlBackend) -> list[GpuSample]:
 def test_hbm_card_reports_memory_temperature_and_its_maximum(
     fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
 ) -> None:
+    # A driver that refuses the GPU maximum threshold still gives the memory's.
+    fake_nvml.DRIVER.devices[1]["gpu_max"] = None
     rtx, h200 = read(open_backend())
     assert (h200.memory_temperature_c, h200.memory_temperature_max_c) == (40, 95)
     assert h200.memory_temperature_margin_c == 55
@@ -70,11 +72,11 @@ def test_a_card_without_the_field_is_not_asked_again(
 def test_margin_to_the_slowdown_limit_and_a_refused_gpu_maximum(
     fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
 ) -> None:
-    fake_nvml.DRIVER.devices[0]["gpu_max"] = 90  # a later driver that has it
+    fake_nvml.DRIVER.devices[0]["gpu_max"] = None  # a driver that refuses it
     rtx, h200 = read(open_backend())
     assert (rtx.temperature_margin_c, h200.temperature_margin_c) == (23, 53)
-    assert rtx.temperature_gpu_max_c == 90
-    assert h200.temperature_gpu_max_c is None  # refused by this driver, as measured
+    assert rtx.temperature_gpu_max_c is None
+    assert h200.temperature_gpu_max_c == 87  # as an H200 on driver 580.159.04 answers
 
 
 def test_an_older_driver_without_the_margin_function(
@@ -140,6 +142,7 @@ def test_simulated_hbm_rises_with_power_and_dram_load() -> None:
     assert 36 <= idle.memory_temperature_c <= 44  # as an idle H200 reads
     assert busy.memory_temperature_c > idle.memory_temperature_c + 20
     assert busy.memory_temperature_c < 95 == busy.memory_temperature_max_c
+    assert busy.temperature_gpu_max_c == 87  # as an H200 reads
     assert busy.temperature_c is not None
     assert busy.temperature_margin_c == pytest.approx(89 - busy.temperature_c, abs=0.11)
 
