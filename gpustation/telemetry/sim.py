@@ -49,14 +49,13 @@ from gpustation.telemetry.sim_cards import (
     IDLE_HOLDER_PID,
     JOB_NAMES,
     CardSpec,
+    memory_temperature,
 )
 from gpustation.telemetry.sim_state import gpu_state_ok, new_gpu_state, serials_ok
 
 THERMAL_TAU_S = 20.0
 JOB_SLOT_S = 45.0  # the synthetic job schedule changes every this many seconds
 MAX_CATCH_UP_S = 900.0  # after a long gap the model is at steady state anyway
-MEMORY_LOAD_C = 6.0  # the HBM's own rise at full DRAM load
-MEMORY_SHARE = 0.6  # how much of the GPU's rise over ambient the HBM sees
 
 
 def _fan_auto_pct(spec: CardSpec, temp_c: float) -> float:
@@ -379,7 +378,10 @@ class SimBackend(Backend):
         sample.temperature_shutdown_c = spec.shutdown_c
         if sample.temperature_c is not None:
             sample.temperature_margin_c = round(spec.slowdown_c - sample.temperature_c, 1)
-        sample.memory_temperature_c = self._memory_temperature(g, load)
+        if not g.get("temperature_fails"):
+            sample.memory_temperature_c = memory_temperature(
+                spec, float(g["ambient_c"]), float(g["temperature_c"]), load
+            )
         sample.memory_temperature_max_c = spec.memory_temp_max_c
         sample.temperature_gpu_max_c = spec.gpu_max_c
         sample.power_w = round(float(g["power_w"]), 1)
@@ -424,17 +426,6 @@ class SimBackend(Backend):
         ]
         self._deep(index, g, sample, load, now)
         return sample
-
-    def _memory_temperature(self, g: dict[str, Any], load: float) -> float | None:
-        """HBM sits beside the GPU on one package: it follows the GPU's temperature
-        (and so its power) at a lower slope, a little above it at idle and below
-        it under load, as an H200 reads, plus a rise of its own under DRAM load."""
-        offset = self.spec.memory_temp_offset_c
-        if offset is None or g.get("temperature_fails"):
-            return None
-        ambient = float(g["ambient_c"])
-        heat = float(g["temperature_c"]) - ambient
-        return round(ambient + MEMORY_SHARE * heat + offset + MEMORY_LOAD_C * load, 1)
 
     def _deep(
         self, index: int, g: dict[str, Any], sample: GpuSample, load: float, now: float
