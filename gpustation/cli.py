@@ -37,12 +37,13 @@ COMMANDS: dict[str, str] = {
     "record": "gpustation.commands.record",
     "replay": "gpustation.commands.replay",
     "queue": "gpustation.commands.queue",
+    "doctor": "gpustation.commands.doctor",
 }
 DASHBOARD = "gpustation.commands.dashboard"
 
 # Commands that only read: they start on a read-only data or state directory
 # (ProtectHome=read-only, a read-only container) and say what they cannot keep.
-_READERS = {"snapshot", "serve"}
+_READERS = {"snapshot", "serve", "doctor"}
 
 # Commands that take a command of the user's after `--`.
 _TAKES_A_COMMAND = {"run"}

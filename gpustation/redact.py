@@ -79,6 +79,31 @@ def secret_name(name: str) -> bool:
     return bool(_SECRET_SETTING.search(name)) and not name.lower().endswith(("_file", "_path"))
 
 
+def redact_words(text: str) -> str:
+    """A command line or log line with its secrets hidden: URLs' credentials,
+    ``NAME=VALUE`` and ``--name VALUE`` where the name says secret (``--api-key``,
+    ``HF_TOKEN=``), and long token-like words."""
+    words = redact_text(text).split(" ")
+    out: list[str] = []
+    hide_next = False
+    for word in words:
+        name, eq, _ = word.partition("=")
+        if hide_next and word:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        if eq and secret_name(name.lstrip("-")):
+            out.append(f"{name}={REDACTED}")
+        elif word.startswith("-") and secret_name(word.lstrip("-").replace("-", "_")):
+            out.append(word)
+            hide_next = True
+        elif _TOKENISH.fullmatch(word):
+            out.append(REDACTED)
+        else:
+            out.append(word)
+    return " ".join(out)
+
+
 def redact_env(env: Mapping[str, str], keep: Iterable[str] = ()) -> dict[str, str]:
     """``env`` with every value but those of ``keep`` replaced by ``***``."""
     kept = set(keep)

@@ -246,3 +246,16 @@ def test_a_runs_directory_an_older_version_left_open_is_made_private(
     assert result.returncode == 0, result.stderr
     assert _mode(runs) == 0o700  # nobody else reaches the old run's files through it
     assert _mode(old) == 0o755  # what is inside is left as it was
+
+
+def test_words_of_a_command_line_lose_their_secrets() -> None:
+    from gpustation.redact import redact_words
+
+    line = (
+        "python train.py --api-key sk-live --lr 0.1 HF_TOKEN=hf_x --out /data/run1 "
+        "https://user:pw@example.org/x ghp_16charsAndDigits0123"
+    )
+    assert redact_words(line) == (
+        "python train.py --api-key *** --lr 0.1 HF_TOKEN=*** --out /data/run1 "
+        "https://user:***@example.org/x ***"
+    )

@@ -17,6 +17,7 @@ from gpustation.commands.options import (
     simulated_banner,
 )
 from gpustation.control import journal, lease
+from gpustation.control.drift import applied_now, find_drift
 from gpustation.control.power import NOT_PERSISTENT, PowerChange, apply_power, plan_power
 from gpustation.control.profiles import PowerValue, parse_power_value
 from gpustation.errors import GpustationError, UsageError
@@ -84,6 +85,7 @@ def _show(args: argparse.Namespace) -> int:
     with open_gpus(args) as (backend, indices):
         samples = backend.read_gpus(indices, slow=False)
         left = lease.left_notes([(s.index, s.uuid) for s in samples], backend.simulated)
+        drifted = find_drift(samples, applied_now(backend.simulated))
         if args.json:
             print_json(
                 {
@@ -101,6 +103,7 @@ def _show(args: argparse.Namespace) -> int:
                             "power_min_w": s.power_min_w,
                             "power_max_w": s.power_max_w,
                             "limit_note": left.get(s.index),
+                            "limit_drift": d.text() if (d := drifted.get(s.index)) else None,
                         }
                         for s in samples
                     ],
@@ -137,6 +140,8 @@ def _show(args: argparse.Namespace) -> int:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip())
         for index, note in sorted(left.items()):
             print(safe(f"WARNING: GPU {index}: {note}"))
+        for index, drift in sorted(drifted.items()):
+            print(safe(f"WARNING: GPU {index}: {drift.text()}"))
         print(NOT_PERSISTENT)
     return 0
 

@@ -16,11 +16,12 @@ from gpustation.commands.options import (
     simulated_banner,
 )
 from gpustation.commands.power import print_planned
+from gpustation.commands.profile_again import apply_again
 from gpustation.control.fancurve import FanController, stop_controllers
 from gpustation.control.fans import fan_gpus, set_fans_auto
 from gpustation.control.power import NOT_PERSISTENT, apply_power, plan_power
 from gpustation.control.profiles import Profile, list_profiles, load_profile
-from gpustation.errors import NotSupportedError
+from gpustation.errors import NotSupportedError, UsageError
 from gpustation.paths import user_profiles_dir
 from gpustation.textsafe import safe
 
@@ -45,7 +46,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(the fans then go back to automatic; the power limit stays). `profile apply stock` "
         "restores the default power limit and automatic fans.",
     )
-    apply.add_argument("name", metavar="NAME", help="profile name or path to a .toml file")
+    apply.add_argument(
+        "name", metavar="NAME", nargs="?", help="profile name or path to a .toml file"
+    )
+    apply.add_argument(
+        "--again",
+        action="store_true",
+        help="apply again what the control journal says was applied last, on the cards "
+        "whose power limit or fans drifted from it (after a reboot or a driver reload)",
+    )
     add_control_options(apply)
     apply.add_argument(
         "--power-only", action="store_true", help="apply only the power limit; leave the fans"
@@ -127,6 +136,18 @@ def _show(profile: Profile) -> int:
 
 
 def _apply(args: argparse.Namespace) -> int:
+    if args.again:
+        if args.name:
+            raise UsageError(
+                "profile apply --again takes no NAME: it applies what was applied last; "
+                f"to apply a profile: gpustation profile apply {args.name}"
+            )
+        return apply_again(args)
+    if not args.name:
+        raise UsageError(
+            "profile apply needs a NAME (see `gpustation profile list`), or --again to apply "
+            "what was applied last where it drifted"
+        )
     check_interval(args)
     profile = load_profile(args.name)  # invalid profiles stop here, before any reading
     command = command_text("profile apply", args.name, gpus_suffix(args))

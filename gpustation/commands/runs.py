@@ -349,6 +349,12 @@ def _print_show(r: RunSummary) -> None:
             else sim_marked(r, fmt_num(r.tensor_active_pct, 1, "%")),
         ),
         ("peak temperature", sim_marked(r, fmt_num(r.peak_temp_c, 0, "°C"))),
+        (
+            "peak memory temperature",
+            None
+            if r.peak_memory_temp_c is None
+            else sim_marked(r, fmt_num(r.peak_memory_temp_c, 0, "°C")),
+        ),
         ("throttled", sim_marked(r, fmt_num(r.throttled_s, 0, "s"))),
         ("malformed metric lines", str(r.malformed_metrics) if r.malformed_metrics else None),
         ("run directory", r.run_dir),

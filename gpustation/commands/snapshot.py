@@ -124,8 +124,10 @@ def _say_if_cache_read_only() -> None:
 
 
 def _emit(snap: Snapshot, as_json: bool, watching: bool = False, group: str | None = None) -> None:
+    from gpustation.control.drift import mark_drift
     from gpustation.control.lease import left_notes
 
+    mark_drift(snap)  # each GPU's limit_drift, from the control journal
     out = sys.stdout
     # Limits a killed sweep left changed (the control layer's leases; telemetry
     # knows nothing of them).
@@ -156,6 +158,9 @@ def _emit(snap: Snapshot, as_json: bool, watching: bool = False, group: str | No
                 f"WARNING: GPU {index} fan {which} on manual control with no fan controller "
                 f"running: they will not follow the temperature ({UNATTENDED_HINT})\n"
             )
+    for gpu in snap.gpus:
+        if gpu.limit_drift:
+            out.write(safe(f"WARNING: GPU {gpu.index}: {gpu.limit_drift}") + "\n")
     for index, note in sorted(left.items()):
         out.write(safe(f"WARNING: GPU {index}: {note}") + "\n")
     out.write("\n" if watching and not tty else "")

@@ -55,6 +55,7 @@ EXIT_OOM = 75
 LIBRARY_MODULES = frozenset(
     {
         "common",
+        "torchprobe",
         "profiling",
         "llm",
         "integrations",

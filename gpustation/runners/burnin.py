@@ -92,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
 # ----------------------------------------------------------------------------- verdicts
 
 
+#: the memory's peak this close to its maximum makes the thermal check a warning
+#: (the dashboard's memory alert uses the same distance)
+MEMORY_NEAR_MAX_C = 5.0
+
+
 def check(name: str, status: str, detail: str) -> dict[str, str]:
     return {"name": name, "status": status, "detail": detail}
 
@@ -175,10 +180,21 @@ def verdicts(
         )
     thermal_s = mon.thermal_s()
     peak_t, slow = mon.peak.get("temp_c"), st.get("slowdown_temp_c")
+    peak_mem, mem_max = mon.peak.get("memory_temp_c"), st.get("memory_max_c")
+    mem_hot = (
+        peak_mem is not None and mem_max is not None and (peak_mem >= mem_max - MEMORY_NEAR_MAX_C)
+    )
+    memory = (
+        f"; memory peak {peak_mem:.0f} °C (max {mem_max} °C)"
+        + (": the HBM neared its limit, check the airflow" if mem_hot else "")
+        if peak_mem is not None
+        else ""
+    )
     out.append(check(
-        "thermal", "warn" if thermal_s > 0 else "pass",
+        "thermal", "warn" if thermal_s > 0 or mem_hot else "pass",
         f"peak {peak_t} °C (slowdown at {slow} °C); thermal or hardware slowdown for "
-        f"{thermal_s:.0f} s" + (": check airflow, fans and the paste" if thermal_s > 0 else ""),
+        f"{thermal_s:.0f} s" + (": check airflow, fans and the paste" if thermal_s > 0 else "")
+        + memory,
     ))  # fmt: skip
     cap_s = mon.throttled_s.get("sw_power_cap", 0.0)
     out.append(check(
@@ -305,6 +321,8 @@ def _summary(
         "xids": sorted(set(mon.xids)),
         "peak_temp_c": mon.peak.get("temp_c"),
         "slowdown_temp_c": st.get("slowdown_temp_c"),
+        "peak_memory_temp_c": mon.peak.get("memory_temp_c"),
+        "memory_temp_max_c": st.get("memory_max_c"),
         "peak_power_w": mon.peak.get("power_w"),
         "power_limit_w": st.get("power_limit_w"),
         "max_sm_clock_reached_mhz": mon.peak.get("sm_clock_mhz"),

@@ -154,6 +154,9 @@ class Monitor:
             "pcie_gen_max": c("pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
             "pcie_width_max": c("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth"),
             "ecc_enabled": _ecc_on(c("ecc_enabled", "nvmlDeviceGetEccMode")),
+            # HBM cards only: GDDR cards have neither the threshold nor the reading
+            "memory_max_c": c("memory_max_c", "nvmlDeviceGetTemperatureThreshold",
+                              "NVML_TEMPERATURE_THRESHOLD_MEM_MAX"),
         }  # fmt: skip
         xid_type = self._const("nvmlEventTypeXidCriticalError")
         if xid_type is None:
@@ -211,6 +214,7 @@ class Monitor:
         util = c("util_pct", "nvmlDeviceGetUtilizationRates")
         return {
             "temp_c": c("temp_c", "nvmlDeviceGetTemperature", "NVML_TEMPERATURE_GPU"),
+            "memory_temp_c": self._memory_temp(),
             "power_w": _milli(c("power_w", "nvmlDeviceGetPowerUsage")),
             "sm_clock_mhz": c("sm_clock_mhz", "nvmlDeviceGetClockInfo", "NVML_CLOCK_SM"),
             "mem_clock_mhz": c("mem_clock_mhz", "nvmlDeviceGetClockInfo", "NVML_CLOCK_MEM"),
@@ -219,6 +223,16 @@ class Monitor:
             "pcie_width": c("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth"),
             "util_pct": getattr(util, "gpu", None),
         }
+
+    def _memory_temp(self) -> float | None:
+        """HBM temperature (a field value with its own status); None where the card has none."""
+        field = self._const("NVML_FI_DEV_MEMORY_TEMP")
+        if field is None or self.static.get("memory_max_c") is None:
+            return None
+        values = self.q(self.gpu, "memory_temp_c", "nvmlDeviceGetFieldValues", [field])
+        if not values or int(getattr(values[0], "nvmlReturn", 1)) != 0:
+            return None
+        return float(values[0].value.uiVal)
 
     def start(self) -> None:
         self.before = self.counters()
@@ -255,7 +269,7 @@ class Monitor:
     def _add(self, s: dict[str, Any], dt: float) -> None:
         self.samples += 1
         self.last = s
-        for key in ("temp_c", "power_w", "sm_clock_mhz", "mem_clock_mhz"):
+        for key in ("temp_c", "memory_temp_c", "power_w", "sm_clock_mhz", "mem_clock_mhz"):
             v = s.get(key)
             if v is not None:
                 self.peak[key] = max(self.peak.get(key, v), v)

@@ -94,6 +94,8 @@ def compact_sample(snapshot: Snapshot, t: float, pids: set[int] | None = None) -
                 "index": gpu.index,
                 "power_w": gpu.power_w,
                 "temperature_c": gpu.temperature_c,
+                # HBM cards only (None on GDDR cards, which have no memory sensor)
+                "memory_temperature_c": gpu.memory_temperature_c,
                 "memory_used_mib": gpu.memory_used_mib,
                 "utilization_gpu_pct": gpu.utilization_gpu_pct,
                 "energy_j": gpu.energy_j,
@@ -160,6 +162,7 @@ class TelemetrySummary:
     avg_power_w: float | None = None
     peak_power_w: float | None = None
     peak_temp_c: float | None = None
+    peak_memory_temp_c: float | None = None
     peak_vram_mib: float | None = None
     throttled_s: float | None = None
     #: some of the energy was split by the run's share of its GPU (see the module)
@@ -267,6 +270,9 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
                 counter_first.setdefault(index, float(energy))
                 counter_last[index] = float(energy)
             summary.peak_temp_c = _max(summary.peak_temp_c, gpu.get("temperature_c"))
+            summary.peak_memory_temp_c = _max(
+                summary.peak_memory_temp_c, gpu.get("memory_temperature_c")
+            )
             tensor = gpu.get("tensor_active_pct")
             if isinstance(tensor, (int, float)) and not isinstance(tensor, bool):
                 tensor_values.append(float(tensor))

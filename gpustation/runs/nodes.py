@@ -91,7 +91,7 @@ def combined_telemetry(energies: list[NodeEnergy]) -> TelemetrySummary:
     combined.energy_j = total_energy(energies)
     if summaries and all(s.avg_power_w is not None for s in summaries):
         combined.avg_power_w = sum(float(s.avg_power_w or 0.0) for s in summaries)
-    for name in ("peak_power_w", "peak_temp_c", "peak_vram_mib"):
+    for name in ("peak_power_w", "peak_temp_c", "peak_memory_temp_c", "peak_vram_mib"):
         values = [getattr(s, name) for s in summaries if getattr(s, name) is not None]
         setattr(combined, name, max(values) if values else None)
     throttled = [s.throttled_s for s in summaries if s.throttled_s is not None]

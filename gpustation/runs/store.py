@@ -550,6 +550,7 @@ def apply_telemetry(record: RunSummary, tele: TelemetrySummary, directory: Path)
     record.avg_power_w = tele.avg_power_w
     record.peak_power_w = tele.peak_power_w
     record.peak_temp_c = tele.peak_temp_c
+    record.peak_memory_temp_c = tele.peak_memory_temp_c
     record.tensor_active_pct = tele.tensor_active_pct
     record.throttled_s = tele.throttled_s
     # A simulated GPU's memory is no figure of the run: only the run's own peak counts there.

@@ -72,6 +72,8 @@ class RunSummary:
     avg_power_w: float | None = None
     peak_power_w: float | None = None
     peak_temp_c: float | None = None
+    #: the hottest memory (HBM) of the run's GPUs; None on cards without the sensor
+    peak_memory_temp_c: float | None = None
     #: mean tensor-pipe activity of the run's GPUs (GPM), beside its MFU
     tensor_active_pct: float | None = None
     throttled_s: float | None = None

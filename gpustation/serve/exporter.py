@@ -35,6 +35,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpustation.control import journal, lease
+from gpustation.control.drift import mark_drift
 from gpustation.control.fans import unattended_manual_fans
 from gpustation.errors import UsageError
 from gpustation.runs import store
@@ -50,6 +51,7 @@ from gpustation.telemetry.promnames import (
     GPU_SERIES,
     GPUS,
     HARDWARE_PROFILE,
+    LIMIT_DRIFTED,
     POWER_LIMIT_LEFT,
     RUNS,
     SIMULATED,
@@ -120,6 +122,13 @@ def snapshot_metrics(
                 alone.add_metric((*gpu_labels(snap, gpu), str(fan)), flag)
         if alone.samples:
             families.append(alone)
+
+    drifted = [g for g in live if g.limit_drift]
+    if drifted:
+        family = _family(LIMIT_DRIFTED)
+        for gpu in drifted:
+            family.add_metric((*gpu_labels(snap, gpu), gpu.limit_drift or ""), 1.0)
+        families.append(family)
 
     if limits_left:
         left = _family(POWER_LIMIT_LEFT)
@@ -260,6 +269,8 @@ class Exporter:
         except Exception as err:  # keep serving the last values, and say so
             self._latest = replace(previous, error=str(err) or repr(err))
             return
+        if self._with_extras:
+            mark_drift(snap)  # the journal is read again only when it changed
         raised = self._alerts.update(snap)
         if self._alert_notifier is not None and raised:
             self._alert_notifier.take(raised, snap.hostname)  # it only queues, never raises

@@ -24,6 +24,7 @@ REPEAT_QUIET_S = 60.0
 
 RULES: dict[str, str] = {
     "temp_near_slowdown": "temperature near slowdown",
+    "memory_temp_near_max": "memory temperature near its maximum",
     "thermal_throttle": "thermal throttling",
     "power_cap": "power-cap throttling",
     "pcie_below_max": "PCIe link below maximum under load",
@@ -34,6 +35,7 @@ RULES: dict[str, str] = {
     "xid": "new XID error from the driver",
     "row_remap_pending": "memory row remap pending: reset the GPU",
     "row_remap_failure": "memory row remap failed: the card needs service",
+    "limit_drifted": "power limit or fans no longer what was applied",
 }
 CRITICAL = frozenset(
     {"gpu_lost", "ecc_uncorrected", "thermal_throttle", "xid", "row_remap_failure"}
@@ -48,6 +50,8 @@ class Alert:
     time: float
     #: the log's record that a condition stopped holding (not an alert of its own)
     cleared: bool = False
+    #: a fact about a card said once in the log (not an alert, never notified)
+    note: bool = False
 
     @property
     def key(self) -> tuple[str, int]:
@@ -57,6 +61,8 @@ class Alert:
     def severity(self) -> str:
         if self.cleared:
             return "cleared"
+        if self.note:
+            return "note"
         return "critical" if self.rule in CRITICAL else "warning"
 
     @property
@@ -64,6 +70,7 @@ class Alert:
         """A few words for a status line: ``GPU0 power cap``."""
         words = {
             "temp_near_slowdown": "hot",
+            "memory_temp_near_max": "memory hot",
             "thermal_throttle": "thermal throttle",
             "power_cap": "power cap",
             "pcie_below_max": "PCIe slow",
@@ -75,6 +82,7 @@ class Alert:
             "row_remap_pending": "remap pending",
             "row_remap_failure": "remap failed",
             "limit_left": "limit left",
+            "limit_drifted": "limit drifted",
         }
         return f"GPU{self.gpu} {words.get(self.rule, self.rule)}"
 
@@ -95,6 +103,19 @@ def _gpu_conditions(gpu: GpuSample, t: float) -> list[Alert]:
                 t,
             )
         )
+    mem_margin = gpu.memory_temperature_margin_c
+    if mem_margin is not None and health.memory_near_max(gpu):
+        out.append(
+            Alert(
+                "memory_temp_near_max",
+                i,
+                f"GPU {i} memory at {gpu.memory_temperature_c:.0f} C, {max(mem_margin, 0):.0f} C "
+                f"from its maximum {gpu.memory_temperature_max_c:.0f} C",
+                t,
+            )
+        )
+    if gpu.limit_drift:
+        out.append(Alert("limit_drifted", i, f"GPU {i}: {gpu.limit_drift}", t))
     if gpu.thermal_throttled:
         out.append(Alert("thermal_throttle", i, f"GPU {i} is slowing its clocks: too hot", t))
     if gpu.power_throttled:
@@ -357,6 +378,10 @@ class AlertLog:
         #: conditions whose start is in the log (their end is logged too)
         self._logged_episodes: set[tuple[str, int]] = set()
         self._xid_events: dict[int, Alert] = {}
+        #: facts about the cards, each said once (a sensor a card lacks), apart
+        #: from the alerts
+        self.notes: list[Alert] = []
+        self._noted: set[str] = set()
 
     def update(self, snapshot: Snapshot, extra: Sequence[Alert] = ()) -> list[Alert]:
         """Take the next snapshot; return the alerts newly written to the log.
@@ -406,7 +431,27 @@ class AlertLog:
                 )
         # keep the first alert of an ongoing condition (its start time)
         self._active = {k: self._active.get(k, a) for k, a in now.items()}
+        self._note_sensors(snapshot)
         return logged
+
+    def _note_sensors(self, snapshot: Snapshot) -> None:
+        """Say once per card that it has no memory temperature sensor (GDDR), so
+        the card need not show a gap on every refresh."""
+        for gpu in snapshot.gpus:
+            key = gpu.uuid or str(gpu.index)
+            if gpu.lost or key in self._noted or not memory_temperature_unreported(gpu):
+                continue
+            self._noted.add(key)
+            self.notes.append(
+                Alert(
+                    "memory_temp_not_reported",
+                    gpu.index,
+                    f"GPU {gpu.index} ({health.short_name(gpu.name)}): memory temperature "
+                    "not reported by this card",
+                    snapshot.time,
+                    note=True,
+                )
+            )
 
     @property
     def active(self) -> list[Alert]:
@@ -419,6 +464,12 @@ class AlertLog:
             *self._xid_events.values(),
         ]
         return sorted(out, key=lambda a: (a.severity != "critical", a.gpu, a.rule))
+
+
+def memory_temperature_unreported(gpu: GpuSample) -> bool:
+    """The card has no memory temperature at all (neither a reading nor a
+    maximum): GDDR cards, where NVML has no such field."""
+    return gpu.memory_temperature_c is None and gpu.memory_temperature_max_c is None
 
 
 def topology_findings(snapshot: Snapshot) -> list[str]:

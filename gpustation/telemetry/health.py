@@ -29,6 +29,12 @@ PCIE_BUSY_UTIL_PCT = 20.0
 UNOWNED_NOTE_MIB = 1024.0
 UNOWNED_NOTE_SHARE = 0.01
 
+#: the memory (HBM) bands, by the distance to the memory's own maximum: its
+#: ceiling is near its working range, so the bands are narrower
+MEMORY_CRITICAL_MARGIN_C = 5.0
+MEMORY_HOT_MARGIN_C = 10.0
+MEMORY_WARM_MARGIN_C = 25.0
+
 CRITICAL = "critical"
 HOT = "hot"
 WARM = "warm"
@@ -48,6 +54,25 @@ def temperature_band(gpu: GpuSample) -> str | None:
     if margin <= WARM_MARGIN_C:
         return WARM
     return COOL
+
+
+def memory_temperature_band(gpu: GpuSample) -> str | None:
+    """The memory temperature's band by its distance to the memory maximum;
+    None where the card reports no memory temperature (GDDR) or no maximum."""
+    margin = gpu.memory_temperature_margin_c
+    if margin is None:
+        return None
+    if margin <= MEMORY_CRITICAL_MARGIN_C:
+        return CRITICAL
+    if margin <= MEMORY_HOT_MARGIN_C:
+        return HOT
+    if margin <= MEMORY_WARM_MARGIN_C:
+        return WARM
+    return COOL
+
+
+def memory_near_max(gpu: GpuSample) -> bool:
+    return memory_temperature_band(gpu) == CRITICAL
 
 
 def near_slowdown(gpu: GpuSample) -> bool:

@@ -71,6 +71,9 @@ GPM = "gpm"
 EVENTS = "events"
 #: Read from the host (``/proc``), not from the driver, by the sampler.
 HOST = "host"
+#: Filled by the control layer from its journal (``control/drift.py``), by
+#: the views that show it; None elsewhere.
+CONTROL = "control"
 
 
 @record(frozen=True)
@@ -250,6 +253,15 @@ class GpuSample:
     temperature_c: float | None = gpu_field(FAST, label="Temp", unit="°C")
     temperature_slowdown_c: float | None = gpu_field(STATIC, unit="°C")
     temperature_shutdown_c: float | None = gpu_field(STATIC, unit="°C")
+    #: The highest temperature the driver allows the GPU (a later driver's
+    #: threshold; None where the driver refuses it).
+    temperature_gpu_max_c: float | None = gpu_field(STATIC, unit="°C")
+    #: How far the GPU is from its slowdown limit as the driver counts it
+    #: (``nvidia-smi -q``'s "T.Limit").
+    temperature_margin_c: float | None = gpu_field(FAST, label="T.Limit", unit="°C")
+    #: HBM temperature; None on cards that do not report it (GDDR).
+    memory_temperature_c: float | None = gpu_field(FAST, label="MemT", unit="°C")
+    memory_temperature_max_c: float | None = gpu_field(STATIC, unit="°C")
     power_w: float | None = gpu_field(FAST, label="Power", unit="W")
     power_limit_w: float | None = gpu_field(FAST, unit="W")
     power_default_w: float | None = gpu_field(STATIC, unit="W")
@@ -274,6 +286,9 @@ class GpuSample:
     # The link's own fields are declared in PcieInfo.
     pcie: PcieInfo = gpu_field(FAST, label="PCIe", factory=PcieInfo)
     ecc_uncorrected: int | None = gpu_field(FAST)
+    #: The driver stays loaded with no client (``nvidia-smi -pm``): without it a
+    #: headless card re-initialises for every process that opens it.
+    persistence_mode: bool | None = gpu_field(SLOW)
     # Records of their own, read by each backend's process code.
     processes: list[ProcessInfo] = gpu_field(FAST, factory=list)
     #: The device node's number (``/dev/nvidia<minor>``), to find its holders.
@@ -301,6 +316,10 @@ class GpuSample:
     #: Processes holding /dev/nvidia<minor> open without being in NVML's list
     #: (the ones this user may look at); None where /proc cannot be read.
     device_holders: list[ProcessInfo] | None = gpu_field(HOST)
+    #: The power limit (or fans) differ from what the control journal says was
+    #: applied last, with no entry to explain it: what drifted and the command
+    #: that applies it again; None when nothing drifted or nobody looked.
+    limit_drift: str | None = gpu_field(CONTROL, label="drift")
 
     @property
     def memory_pct(self) -> float | None:
@@ -319,6 +338,12 @@ class GpuSample:
         if self.temperature_c is None or self.temperature_slowdown_c is None:
             return None
         return self.temperature_slowdown_c - self.temperature_c
+
+    @property
+    def memory_temperature_margin_c(self) -> float | None:
+        if self.memory_temperature_c is None or self.memory_temperature_max_c is None:
+            return None
+        return self.memory_temperature_max_c - self.memory_temperature_c
 
     @property
     def thermal_throttled(self) -> bool:

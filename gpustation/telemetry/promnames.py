@@ -166,6 +166,7 @@ _F = field_series
 #: Every per-GPU series, dcgm-exporter's names first, in the exporter's order.
 GPU_SERIES: tuple[GpuSeries, ...] = (
     _F("DCGM_FI_DEV_GPU_TEMP", "temperature_c", "GPU temperature (in C)."),
+    _F("DCGM_FI_DEV_MEMORY_TEMP", "memory_temperature_c", "Memory temperature (in C)."),
     _F("DCGM_FI_DEV_POWER_USAGE", "power_w", "Power draw (in W)."),
     _F("DCGM_FI_DEV_SM_CLOCK", "clock_sm_mhz", "SM clock frequency (in MHz)."),
     _F("DCGM_FI_DEV_MEM_CLOCK", "clock_mem_mhz", "Memory clock frequency (in MHz)."),
@@ -289,6 +290,16 @@ GPU_SERIES: tuple[GpuSeries, ...] = (
         "temperature_slowdown_c",
         "Temperature at which the card slows itself down (C).",
     ),
+    _F(
+        "gpustation_memory_temperature_max_celsius",
+        "memory_temperature_max_c",
+        "Highest temperature the card allows its memory (C).",
+    ),
+    _F(
+        "gpustation_temperature_margin_celsius",
+        "temperature_margin_c",
+        "Degrees below the slowdown limit, as the driver counts them (T.Limit).",
+    ),
     _F("gpustation_sm_clock_max_mhz", "clock_sm_max_mhz", "Highest SM clock (MHz)."),
     _F("gpustation_pcie_link_gen", "pcie.gen", "Current PCIe link generation."),
     _F("gpustation_pcie_link_width", "pcie.width", "Current PCIe link width (lanes)."),
@@ -408,6 +419,13 @@ HARDWARE_PROFILE = Series(
     ("hostname", "profile"),
     unread=_NOT_MODEL,
 )
+LIMIT_DRIFTED = Series(
+    "gpustation_limit_drifted",
+    "1 while a card's power limit (or fans) differ from what was applied last, with no "
+    "journal entry to explain it (the note says what, and the command that applies it again).",
+    (*GPU_LABELS, "note"),
+    unread="the control state of the exporter's host",
+)
 RUNS = Series("gpustation_runs", "Runs in the run history by status.", ("status",), _NOT_MODEL)
 UP = Series("gpustation_up", "1 when the last sampling attempt succeeded.", (), _NOT_MODEL)
 # A GPU's processes summed per container, systemd unit or Slurm job: never per PID (a
@@ -438,6 +456,7 @@ SERIES: tuple[Series, ...] = (
     THROTTLE_REASON,
     FAN_UNATTENDED,
     POWER_LIMIT_LEFT,
+    LIMIT_DRIFTED,
     ALERT,
     FB_RESERVED,
     GPUS,

@@ -35,6 +35,12 @@ class CardSpec:
     #: profiling metrics (GPM: Hopper and later), MIG and row remapping (datacenter cards)
     gpm: bool = False
     mig: bool = False
+    #: HBM cards report their memory's temperature: this many degrees above the
+    #: GPU's share of the heat at idle, and its maximum (None: GDDR, no sensor)
+    memory_temp_offset_c: float | None = None
+    memory_temp_max_c: float | None = None
+    #: the driver's GPU maximum threshold (None: not given)
+    gpu_max_c: float | None = None
 
 
 CARDS: dict[str, CardSpec] = {
@@ -87,8 +93,27 @@ CARDS: dict[str, CardSpec] = {
         nvlinks=18,
         gpm=True,
         mig=True,
+        memory_temp_offset_c=5.0,
+        memory_temp_max_c=95.0,
+        gpu_max_c=87.0,
     ),
 }
+
+MEMORY_LOAD_C = 6.0  # the HBM's own rise at full DRAM load
+MEMORY_SHARE = 0.6  # how much of the GPU's rise over ambient the HBM sees
+
+
+def memory_temperature(spec: CardSpec, ambient_c: float, gpu_c: float, load: float) -> float | None:
+    """HBM sits beside the GPU on one package: it follows the GPU's temperature
+    (and so its power) at a lower slope, a little above it at idle and below it
+    under load, as an H200 reads, plus a rise of its own under DRAM load. None
+    for a card without the sensor (GDDR)."""
+    if spec.memory_temp_offset_c is None:
+        return None
+    heat = gpu_c - ambient_c
+    rise = MEMORY_SHARE * heat + spec.memory_temp_offset_c + MEMORY_LOAD_C * load
+    return round(ambient_c + rise, 1)
+
 
 DEFAULT_COUNT = 2
 DEFAULT_CARD = "rtx4090"

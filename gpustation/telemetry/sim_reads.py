@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpustation.telemetry.model import ProcessInfo
-from gpustation.telemetry.sim_cards import CardSpec
+from gpustation.telemetry.sim_cards import CardSpec, memory_temperature
 
 #: a card at or above this load counts as busy (clocks up, PCIe at full speed)
 BUSY_LOAD = 0.05
@@ -46,6 +46,17 @@ def _temperature(v: SimView) -> float | None:
     return None if v.g.get("temperature_fails") else round(float(v.g["temperature_c"]), 1)
 
 
+def _margin(v: SimView) -> float | None:
+    temperature = _temperature(v)
+    return None if temperature is None else round(v.spec.slowdown_c - temperature, 1)
+
+
+def _memory_temperature(v: SimView) -> float | None:
+    if v.g.get("temperature_fails"):
+        return None
+    return memory_temperature(v.spec, float(v.g["ambient_c"]), float(v.g["temperature_c"]), v.load)
+
+
 def _pstate(v: SimView) -> int:
     if not v.spec.fans:  # a datacenter card stays in P0
         return 0
@@ -73,6 +84,10 @@ READS: dict[str, Read | None] = {
     "temperature_c": _temperature,
     "temperature_slowdown_c": lambda v: v.spec.slowdown_c,
     "temperature_shutdown_c": lambda v: v.spec.shutdown_c,
+    "temperature_gpu_max_c": lambda v: v.spec.gpu_max_c,
+    "temperature_margin_c": _margin,
+    "memory_temperature_c": _memory_temperature,
+    "memory_temperature_max_c": lambda v: v.spec.memory_temp_max_c,
     "power_w": lambda v: round(float(v.g["power_w"]), 1),
     "power_limit_w": lambda v: float(v.g["power_limit_w"]),
     "power_default_w": lambda v: v.spec.power_default_w,
@@ -106,6 +121,9 @@ READS: dict[str, Read | None] = {
     "pcie.rx_kib_s": lambda v: v.pcie_slow[1],
     "pcie.replay_errors": lambda v: v.pcie_slow[2],
     "ecc_uncorrected": lambda v: v.g["ecc_uncorrected"] if v.read_ecc else None,
+    # A datacenter card's driver is kept loaded (nvidia-persistenced); a desktop
+    # card's display keeps it loaded anyway.
+    "persistence_mode": lambda v: v.spec.fans == 0,
     "processes": lambda v: v.processes,
     "minor_number": lambda v: v.index,
     "remapped_rows.correctable": _remapped(0),
@@ -122,4 +140,5 @@ READS: dict[str, Read | None] = {
     "mig": None,  # SimBackend._deep
     "unowned_memory_mib": None,  # the sampler
     "device_holders": _holders,
+    "limit_drift": None,  # the control layer, from its journal
 }

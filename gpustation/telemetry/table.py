@@ -126,19 +126,39 @@ COLUMNS: tuple[Column, ...] = (
 )
 
 
-def _gpu_row(g: GpuSample) -> list[Cell]:
+def _memory_temperature(g: GpuSample) -> Cell:
+    if g.memory_temperature_c is None and g.memory_temperature_max_c is None:
+        return ("not reported", "dim")
+    band = health.memory_temperature_band(g)
+    style = "" if band is None else _TEMPERATURE_STYLES.get(band, "green")
+    return (fmt.pair(g.memory_temperature_c, g.memory_temperature_max_c), style)
+
+
+#: Shown beside the GPU temperature when a card of the machine reports its
+#: memory's (HBM); a machine of GDDR cards is spared a column that says nothing.
+MEMORY_COLUMN = Column("memory_temperature_c", _memory_temperature)
+
+
+def columns_for(snap: Snapshot) -> tuple[Column, ...]:
+    if any(g.memory_temperature_c is not None for g in snap.gpus):
+        return (COLUMNS[0], MEMORY_COLUMN, *COLUMNS[1:])
+    return COLUMNS
+
+
+def _gpu_row(g: GpuSample, columns: tuple[Column, ...] = COLUMNS) -> list[Cell]:
     name: Cell = (f"{g.index} {g.name or fmt.NA}", "")
     if g.lost:
         # The GPU's name, then the news across the columns' place.
-        blank: list[Cell] = [("", "")] * (len(COLUMNS) - 1)
+        blank: list[Cell] = [("", "")] * (len(columns) - 1)
         return [name, *blank, ("GPU LOST (fell off the bus)", "red")]
-    return [name] + [column.cell(g) for column in COLUMNS]
+    return [name] + [column.cell(g) for column in columns]
 
 
 def gpu_lines(snap: Snapshot, color: bool = False) -> list[str]:
-    header = ["GPU"] + [column.header for column in COLUMNS]
-    rows = [_gpu_row(g) for g in snap.gpus]
-    right = {i + 1 for i, column in enumerate(COLUMNS) if column.right}
+    columns = columns_for(snap)
+    header = ["GPU"] + [column.header for column in columns]
+    rows = [_gpu_row(g, columns) for g in snap.gpus]
+    right = {i + 1 for i, column in enumerate(columns) if column.right}
     return _table(header, rows, right=right, color=color)
 
 

@@ -42,6 +42,19 @@ def temp_style(gpu: GpuSample) -> str:
     return _TEMP_STYLES[band]
 
 
+def memory_temperature_text(gpu: GpuSample) -> Text:
+    """``  Mem 41 C (max 95)`` coloured by its distance to the memory maximum;
+    nothing on a card without a memory sensor (the alert log says so once)."""
+    if gpu.memory_temperature_c is None:
+        return Text()
+    band = health.memory_temperature_band(gpu)
+    t = Text("  Mem ")
+    t.append(f"{fmt.num(gpu.memory_temperature_c)} C", style=_TEMP_STYLES.get(band or "", "bold"))
+    if gpu.memory_temperature_max_c is not None:
+        t.append(f" (max {gpu.memory_temperature_max_c:.0f})", style="dim")
+    return t
+
+
 def pct_style(pct: float | None) -> str:
     if pct is None:
         return "dim"
@@ -131,6 +144,7 @@ def card_text(gpu: GpuSample, width: int, focused: bool = False) -> Text:
     t.append(f"{fmt.num(gpu.temperature_c)} C", style=temp_style(gpu))
     if gpu.temperature_slowdown_c is not None:
         t.append(f" (slowdown {gpu.temperature_slowdown_c:.0f} C)", style="dim")
+    t.append_text(memory_temperature_text(gpu))
     t.append("  Fans ")
     t.append(fans_text(gpu), style="dim" if not gpu.fans_pct else "")
     t.append("\nPower ")
@@ -169,6 +183,8 @@ def card_text(gpu: GpuSample, width: int, focused: bool = False) -> Text:
     t.append("\nThrottle ")
     t.append_text(throttle_text(gpu))
     t.append_text(health_text(gpu))
+    if gpu.limit_drift:
+        t.append("  limit drifted: profile apply --again", style="bold black on yellow")
     t.append_text(mig_text(gpu))
     return t
 

@@ -293,13 +293,15 @@ class AlertLogScreen(LiveScreen):
     def show_frame(self, frame: Frame) -> None:
         if not self.is_mounted:
             return
-        log = list(self.dash.alerts.log)
+        log = sorted([*self.dash.alerts.log, *self.dash.alerts.notes], key=lambda a: a.time)
         t = Text()
         if not log:
             t.append("No alerts so far.", style="green")
         for alert in reversed(log):
             stamp = time.strftime("%H:%M:%S", time.localtime(alert.time))
-            style = {"critical": "bold red", "cleared": "green"}.get(alert.severity, "yellow")
+            style = {"critical": "bold red", "cleared": "green", "note": "dim"}.get(
+                alert.severity, "yellow"
+            )
             t.append(f"{stamp}  ", style="dim")
             t.append(f"{alert.severity:<8} ", style=style)
             t.append(alert.message + "\n")

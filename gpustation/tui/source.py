@@ -121,7 +121,10 @@ class DataSource:
             from gpustation.control.fans import unattended_manual_fans
 
             unattended = unattended_manual_fans(snap.gpus, self.backend.simulated)
+        from gpustation.control.drift import mark_drift
         from gpustation.control.lease import left_notes
+
+        mark_drift(snap)
 
         left = left_notes([(g.index, g.uuid) for g in snap.gpus], self.backend.simulated)
         return Frame(snap, procs, time.perf_counter() - t0, unattended, left)

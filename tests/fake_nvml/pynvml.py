@@ -66,6 +66,8 @@ NVML_ERROR_UNKNOWN = 999
 NVML_TEMPERATURE_GPU = 0
 NVML_TEMPERATURE_THRESHOLD_SHUTDOWN = 0
 NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1
+NVML_TEMPERATURE_THRESHOLD_MEM_MAX = 2
+NVML_TEMPERATURE_THRESHOLD_GPU_MAX = 3
 NVML_CLOCK_GRAPHICS = 0
 NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
@@ -113,6 +115,9 @@ NVML_GPM_METRICS_GET_VERSION = 1
 NVML_GPM_SUPPORT_VERSION = 1
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+NVML_FI_DEV_MEMORY_TEMP = 82
+NVML_VALUE_TYPE_DOUBLE = 0
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
 NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 NVML_NVLINK_ERROR_DL_REPLAY = 0
 NVML_NVLINK_ERROR_DL_RECOVERY = 1
@@ -203,6 +208,14 @@ _CARDS: dict[str, dict[str, Any]] = {
         "temperature": 64,
         "slowdown": 87,
         "shutdown": 92,
+        # GDDR6X: no memory temperature field, no memory maximum
+        "memory_temp": None,
+        "memory_temp_max": None,
+        # the GPU maximum threshold: refused by today's drivers
+        "gpu_max": None,
+        # nvmlDeviceGetMarginTemperature ("T.Limit" in nvidia-smi -q)
+        "margin": 23,
+        "persistence": 0,  # a desktop card: the display keeps the driver loaded
         "power_mw": 285_500,
         "power_limit_mw": 450_000,
         "power_default_mw": 450_000,
@@ -265,6 +278,14 @@ _CARDS: dict[str, dict[str, Any]] = {
         "temperature": 36,
         "slowdown": 89,
         "shutdown": 95,
+        # As measured on an H200 (driver 580.159.04): field 82 (an unsigned int)
+        # reads 35-40 C idle, the memory maximum 95 C, the GPU maximum 87 C
+        # (refused by some drivers: set it to None).
+        "memory_temp": 40,
+        "memory_temp_max": 95,
+        "gpu_max": 87,
+        "margin": 53,
+        "persistence": 1,
         "power_mw": 80_789,
         "power_limit_mw": 700_000,
         "power_default_mw": 700_000,
@@ -645,7 +666,27 @@ def nvmlDeviceGetTemperatureThreshold(handle: Handle, threshold: int) -> int:
         return _dev(handle)["slowdown"]
     if threshold == NVML_TEMPERATURE_THRESHOLD_SHUTDOWN:
         return _dev(handle)["shutdown"]
-    raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    value = {
+        NVML_TEMPERATURE_THRESHOLD_MEM_MAX: _dev(handle)["memory_temp_max"],
+        NVML_TEMPERATURE_THRESHOLD_GPU_MAX: _dev(handle)["gpu_max"],
+    }.get(threshold)
+    if value is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return value
+
+
+def nvmlDeviceGetPersistenceMode(handle: Handle) -> int:
+    _enter("nvmlDeviceGetPersistenceMode", handle)
+    return _dev(handle)["persistence"]
+
+
+def nvmlDeviceGetMarginTemperature(handle: Handle) -> int:
+    """Degrees below the slowdown limit; absent from drivers before 550 (FunctionNotFound)."""
+    _enter("nvmlDeviceGetMarginTemperature", handle)
+    margin = _dev(handle)["margin"]
+    if margin is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return margin
 
 
 def nvmlDeviceGetPowerUsage(handle: Handle) -> int:
@@ -1102,15 +1143,33 @@ def nvmlDeviceGetNvLinkErrorCounter(handle: Handle, link: int, counter: int) -> 
 
 
 def nvmlDeviceGetFieldValues(handle: Handle, field_ids: list[Any]) -> list[SimpleNamespace]:
-    """NVLink data counters (KiB so far), moving on by their rates a second per call."""
+    """NVLink data counters (KiB so far), moving on by their rates a second per call
+    that asks for them; the memory temperature where the card has one."""
     _enter("nvmlDeviceGetFieldValues", handle)
-    DRIVER.clock_us += 1_000_000
+    nvlink = (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)
+    if any((i[0] if isinstance(i, tuple) else i) in nvlink for i in field_ids):
+        DRIVER.clock_us += 1_000_000
     dev = _dev(handle)
     seconds = (DRIVER.clock_us - 1_700_000_000_000_000) / 1e6
     out = []
     for item in field_ids:
         fid, scope = item if isinstance(item, tuple) else (item, 0)
         rates = dev["nvlink_rates"]
+        if fid == NVML_FI_DEV_MEMORY_TEMP:
+            temp = dev["memory_temp"]
+            ret = NVML_SUCCESS if temp is not None else NVML_ERROR_NOT_SUPPORTED
+            out.append(
+                SimpleNamespace(
+                    fieldId=fid,
+                    scopeId=scope,
+                    timestamp=DRIVER.clock_us,
+                    latencyUsec=0,
+                    valueType=NVML_VALUE_TYPE_UNSIGNED_INT,
+                    nvmlReturn=ret,
+                    value=SimpleNamespace(uiVal=temp or 0),
+                )
+            )
+            continue
         if fid in (
             NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
             NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,

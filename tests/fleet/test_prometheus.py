@@ -476,3 +476,25 @@ def test_fleet_option_reads_the_configured_prometheus(
     (gpustation_dirs["config"] / "config.toml").write_text(f'[fleet]\nprometheus = "{url}"\n')
     assert cli.main(["snapshot", "--fleet"]) == EXIT_UNREACHABLE
     assert f"Prometheus at {url} has no DCGM_FI_*" in capsys.readouterr().err
+
+
+def test_memory_temperature_series_fill_the_model() -> None:
+    labels = {"instance": "h200:9400", "job": "gpu", "gpu": "0", "UUID": "GPU-1"}
+    results = [
+        {"metric": {**labels, "__name__": "DCGM_FI_DEV_MEMORY_TEMP"}, "value": [1.0, "41"]},
+        {
+            "metric": {**labels, "__name__": "gpustation_memory_temperature_max_celsius"},
+            "value": [1.0, "95"],
+        },
+        {
+            "metric": {**labels, "__name__": "gpustation_temperature_margin_celsius"},
+            "value": [1.0, "52"],
+        },
+    ]
+    g = snapshots_from_series(results)["h200:9400"].gpu(0)
+    assert g is not None
+    assert (g.memory_temperature_c, g.memory_temperature_max_c, g.temperature_margin_c) == (
+        41,
+        95,
+        52,
+    )

@@ -83,3 +83,38 @@ def test_split_must_be_three_shares(run_inprocess) -> None:
     assert r.returncode == 2 and "--split" in r.stderr
     assert burnin.parse_split("2,1,1") == [0.5, 0.25, 0.25]
     assert isinstance(burnin.build_parser().parse_args([]), argparse.Namespace)
+
+
+def test_the_thermal_check_names_the_memory_peak_and_warns_near_its_maximum() -> None:
+    mon = burnin_monitor.Monitor(torch.device("cpu"))
+    mon.available = True
+    mon.static = {"slowdown_temp_c": 89, "memory_max_c": 95, "xid_events_supported": True}
+    for temp in (60.0, 82.0, 79.0):
+        mon._add({"temp_c": 70, "memory_temp_c": temp, "throttle": 0}, 0.5)
+    thermal = {c["name"]: c for c in burnin.verdicts(*_results(), mon)}["thermal"]
+    assert thermal["status"] == "pass" and "memory peak 82 °C (max 95 °C)" in thermal["detail"]
+    mon._add({"temp_c": 70, "memory_temp_c": 91.0, "throttle": 0}, 0.5)
+    thermal = {c["name"]: c for c in burnin.verdicts(*_results(), mon)}["thermal"]
+    assert thermal["status"] == "warn" and "HBM neared its limit" in thermal["detail"]
+
+
+def test_a_gddr_card_has_no_memory_words_in_the_thermal_check() -> None:
+    mon = burnin_monitor.Monitor(torch.device("cpu"))
+    mon.available = True
+    mon.static = {"slowdown_temp_c": 87, "memory_max_c": None}
+    mon._add({"temp_c": 70, "memory_temp_c": None, "throttle": 0}, 0.5)
+    thermal = {c["name"]: c for c in burnin.verdicts(*_results(), mon)}["thermal"]
+    assert thermal["status"] == "pass" and "memory" not in thermal["detail"]
+
+
+def test_the_monitor_reads_hbm_temperature_as_a_field_value(fake_nvml) -> None:
+    fake_nvml.nvmlInit()
+    try:
+        mon = burnin_monitor.Monitor(torch.device("cpu"))
+        mon.nv = fake_nvml
+        for index, want in ((1, 40.0), (0, None)):  # an H200, then an RTX 4090
+            mon.handle = fake_nvml.nvmlDeviceGetHandleByIndex(index)
+            mon.static = {"memory_max_c": 95}  # the field's own status decides
+            assert mon._memory_temp() == want
+    finally:
+        fake_nvml.nvmlShutdown()

@@ -648,3 +648,26 @@ def test_a_missing_tls_file_is_named_with_its_option(tmp_path: Path) -> None:
         assert result.returncode == EXIT_USAGE, result.stderr
         assert named in result.stderr and "No such file" in result.stderr
         assert "None" not in result.stderr
+
+
+def test_memory_temperature_follows_dcgm_and_is_left_out_on_gddr_cards() -> None:
+    backend, sampler = _frozen(count=2, card="h200")
+    backend.poke(0, load=1.0)
+    exporter = Exporter(sampler.sample, with_extras=False)
+    exporter.sample_once()
+    m = _scrape(exporter)
+    snap = sampler.sample()
+    for gpu in snap.gpus:
+        assert gpu.memory_temperature_c is not None
+        assert _gpu_series(m["DCGM_FI_DEV_MEMORY_TEMP"], gpu.index) == gpu.memory_temperature_c
+        assert _gpu_series(m["gpustation_memory_temperature_max_celsius"], gpu.index) == 95.0
+        assert (
+            _gpu_series(m["gpustation_temperature_margin_celsius"], gpu.index)
+            == gpu.temperature_margin_c
+        )
+    _, gddr = _frozen(count=1, card="rtx4090")
+    exporter = Exporter(gddr.sample, with_extras=False)
+    exporter.sample_once()
+    m = _scrape(exporter)
+    assert "DCGM_FI_DEV_MEMORY_TEMP" not in m
+    assert "gpustation_memory_temperature_max_celsius" not in m

@@ -64,6 +64,17 @@ from gpustation.telemetry.nvml.topology import TopologyReader, text
 LOST_RETRY_S = 10.0
 
 _MIB = 1024.0 * 1024.0
+_FIELD_VALUES = "nvmlDeviceGetFieldValues"
+#: NVML_VALUE_TYPE_<name> -> the member of nvmlValue_t that holds it.
+_VALUE_MEMBERS = (
+    ("DOUBLE", "dVal"),
+    ("UNSIGNED_INT", "uiVal"),
+    ("UNSIGNED_LONG", "ulVal"),
+    ("UNSIGNED_LONG_LONG", "ullVal"),
+    ("SIGNED_LONG_LONG", "sllVal"),
+    ("SIGNED_INT", "siVal"),
+    ("UNSIGNED_SHORT", "usVal"),
+)
 # NVML's "value not available" for unsigned long long fields (usedGpuMemory).
 _NOT_AVAILABLE_ULL = (1 << 64) - 1
 
@@ -140,6 +151,21 @@ class NvmlBackend(Backend):
             raise NoDriverError(no_driver_message(err)) from None
         self._args = {a: self._const(a) for f in FIELDS for a in f.read.args}
         self._convert = converters(self._const)
+        self._success = self._const("NVML_SUCCESS") or 0
+        self._field_refused = {
+            c
+            for c in (
+                self._const("NVML_ERROR_NOT_SUPPORTED"),
+                self._const("NVML_ERROR_INVALID_ARGUMENT"),
+            )
+            if c is not None
+        }
+        # A field value's type -> the member of its union that holds it.
+        self._value_members = {
+            c: member
+            for name, member in _VALUE_MEMBERS
+            if (c := self._const(f"NVML_VALUE_TYPE_{name}")) is not None
+        }
         self._driver = text(self.q(None, "driver_version", "nvmlSystemGetDriverVersion"))
         self._nvml_version = text(self.q(None, "nvml_version", "nvmlSystemGetNVMLVersion"))
         cuda = self.q(None, "cuda_driver_version", "nvmlSystemGetCudaDriverVersion")
@@ -196,14 +222,39 @@ class NvmlBackend(Backend):
         if r.per_fan:
             values = [self.q(gpu, f.key, r.function, *args, fan) for fan in range(gpu.num_fans)]
             return [convert(v) for v in values if v is not None]
+        if r.function == _FIELD_VALUES:
+            return self._field_value(gpu, f, args)
         call = (r.function, *args)
         if call in memo:  # one call answers several fields (memory used and total...)
             raw = memo[call]
         else:
-            raw = memo[call] = self.q(gpu, f.key, r.function, *args)
+            raw = memo[call] = self.q(gpu, f.key, r.function, *args, per_args=bool(args))
         if raw is not None and r.part is not None:
             raw = raw[r.part] if isinstance(r.part, int) else getattr(raw, r.part, None)
         return None if raw is None else convert(raw)
+
+    def _field_value(self, gpu: Gpu, f: Field, ids: tuple[Any, ...]) -> Any:
+        """A field value (``nvmlDeviceGetFieldValues``): the call succeeds while each
+        value carries its own status, so a field the card lacks is remembered
+        per GPU and not asked again."""
+        tag = f"{_FIELD_VALUES}:{ids[0]}"
+        if tag in gpu.unsupported:
+            return None
+        values = self.q(gpu, f.key, _FIELD_VALUES, list(ids))
+        if not values:
+            return None
+        value = values[0]
+        status = int(getattr(value, "nvmlReturn", 0))
+        if status != self._success:
+            if status in self._field_refused:
+                gpu.unsupported.add(tag)
+            else:
+                self.q.error(gpu.index, f.key, f"{_FIELD_VALUES}({ids[0]}): NVML error {status}")
+            return None
+        member = self._value_members.get(int(getattr(value, "valueType", -1)))
+        if member is None:
+            return None
+        return self._convert[f.read.convert](getattr(value.value, member))
 
     # ---- opening a GPU: handle, identity and static values --------------------
 

@@ -186,6 +186,7 @@ class Query:
         *args: Any,
         expected: tuple[str, ...] = (),
         failed: Any = None,
+        per_args: bool = False,
     ) -> Any:
         """``name(handle, *args)`` (no handle for ``gpu=None``) for ``field``; ``failed``
         (default ``None``) when it cannot be read. Raises :class:`GpuLost`.
@@ -193,11 +194,14 @@ class Query:
         ``expected`` names NVML error codes (``NVML_ERROR_TIMEOUT``...) that are
         an answer, not a failure ("nothing happened", "no samples"): they give
         ``None``, are not recorded and do not mark the function unsupported.
+        ``per_args``: NotSupported is remembered for these arguments only (a
+        temperature threshold one sensor lacks says nothing of the others).
         """
         device = self._system if gpu is None else gpu
         lead = () if gpu is None else (gpu.handle,)
         for version in FALLBACKS.get(name, (name,)):
-            if version in device.unsupported or version in MISSING:
+            mark = f"{version}{args!r}" if per_args else version
+            if mark in device.unsupported or version in MISSING:
                 continue
             keywords: dict[str, Any] = {}
             plain = VERSION_KEYWORDS.get(version)
@@ -213,7 +217,7 @@ class Query:
             except self.error_type as err:
                 if expected and getattr(err, "value", None) in self._codes(expected):
                     return None
-                self._failed(device, field, version, err)
+                self._failed(device, field, version, err, mark)
             except TypeError as err:
                 if keywords:  # an old nvidia-ml-py without the keyword
                     device.unsupported.add(version)
@@ -228,7 +232,7 @@ class Query:
             int(code) for code in (getattr(self.nvml, n, None) for n in names) if code is not None
         }
 
-    def _failed(self, device: Device, field: str, name: str, err: BaseException) -> None:
+    def _failed(self, device: Device, field: str, name: str, err: BaseException, mark: str) -> None:
         code = getattr(err, "value", None)
         nvml = self.nvml
         if code == nvml.NVML_ERROR_GPU_IS_LOST:
@@ -236,7 +240,7 @@ class Query:
         if code == nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
             self.forget(name)
         elif code in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH):
-            device.unsupported.add(name)
+            device.unsupported.add(mark)
         else:
             self.error(device.index, field, f"{name}: {err}")
 

@@ -21,7 +21,8 @@ from gpustation.telemetry.record import record
 class NvmlRead:
     """How NVML reads one field: names only, resolved when the backend opens.
 
-    ``function(handle, *args)`` where ``args`` name pynvml constants;
+    ``function(handle, *args)`` where ``args`` name pynvml constants
+    (for ``nvmlDeviceGetFieldValues`` they name field ids, asked as a list);
     ``part`` picks an attribute (str) or item (int) of the answer; ``convert``
     names one of :func:`converters`. Versioned variants of ``function`` are
     tried through the fallback table of ``query.py``. ``per_fan`` calls it
@@ -49,6 +50,16 @@ READS: dict[str, NvmlRead | None] = {
     ),
     "temperature_shutdown_c": _R(
         "nvmlDeviceGetTemperatureThreshold", ("NVML_TEMPERATURE_THRESHOLD_SHUTDOWN",)
+    ),
+    "temperature_gpu_max_c": _R(
+        "nvmlDeviceGetTemperatureThreshold", ("NVML_TEMPERATURE_THRESHOLD_GPU_MAX",)
+    ),
+    "temperature_margin_c": _R("nvmlDeviceGetMarginTemperature"),
+    "memory_temperature_c": _R(
+        "nvmlDeviceGetFieldValues", ("NVML_FI_DEV_MEMORY_TEMP",), convert="field_value"
+    ),
+    "memory_temperature_max_c": _R(
+        "nvmlDeviceGetTemperatureThreshold", ("NVML_TEMPERATURE_THRESHOLD_MEM_MAX",)
     ),
     "power_w": _R("nvmlDeviceGetPowerUsage", convert="milli"),
     "power_limit_w": _R("nvmlDeviceGetEnforcedPowerLimit", convert="milli"),
@@ -83,6 +94,7 @@ READS: dict[str, NvmlRead | None] = {
         ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"),
         convert="int",
     ),
+    "persistence_mode": _R("nvmlDeviceGetPersistenceMode", convert="bool"),
     "processes": None,  # the backend's process code
     "minor_number": _R("nvmlDeviceGetMinorNumber", convert="int"),
     "remapped_rows.correctable": _R("nvmlDeviceGetRemappedRows", part=0, convert="int"),
@@ -99,6 +111,7 @@ READS: dict[str, NvmlRead | None] = {
     "mig": None,  # deep.read_mig
     "unowned_memory_mib": None,  # the sampler
     "device_holders": None,  # the sampler
+    "limit_drift": None,  # the control layer, from its journal
 }
 
 
@@ -117,4 +130,5 @@ def converters(const: Callable[[str], int | None]) -> dict[str, Callable[[Any], 
         "pstate": lambda v: None if int(v) == pstate_unknown else int(v),
         "fan_policy": lambda v: "manual" if v == manual else "auto",
         "bool": lambda v: bool(int(v)),
+        "field_value": float,  # the member of nvmlValue_t its type names, read by the backend
     }
