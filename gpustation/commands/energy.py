@@ -14,7 +14,7 @@ from gpustation.runs.store import RunStore
 from gpustation.textsafe import safe
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "energy",
         help="the GPU energy and cost of the runs, per day or per preset",

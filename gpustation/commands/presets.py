@@ -19,7 +19,7 @@ from gpustation.runs.presets import (
 from gpustation.textsafe import safe
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "presets",
         help="list run presets or show one",

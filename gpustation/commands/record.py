@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 60.0
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "record",
         help="record the GPUs' telemetry to a compressed file for `gpustation replay`",

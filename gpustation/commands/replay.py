@@ -20,7 +20,7 @@ from pathlib import Path
 from gpustation.errors import UsageError
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "replay",
         help="replay a recording made by `gpustation record` (or print one moment of it)",

@@ -31,7 +31,7 @@ from gpustation.telemetry.backend import parse_gpu_list
 from gpustation.telemetry.format import duration
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "run",
         help="start a run from a preset and follow its log",

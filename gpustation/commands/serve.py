@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 DEFAULT_LISTEN = "127.0.0.1:9400"
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``serve`` and its options."""
     from gpustation.serve.server import (
         DEFAULT_IDLE_TIMEOUT_S,

@@ -21,7 +21,7 @@ from gpustation.telemetry.model import Snapshot
 from gpustation.textsafe import safe
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "snapshot",
         help="print the GPUs' state once (or every N seconds) as a table or JSON",

@@ -43,7 +43,7 @@ from gpustation.telemetry.backend import Backend, parse_gpu_list
 from gpustation.textsafe import safe
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "sweep",
         help="run a preset over a grid of settings and find the cheapest one",

@@ -14,7 +14,7 @@ from gpustation.runs.sweep_owner import restore_limits
 from gpustation.textsafe import safe
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("sweeps", help="the sweeps run so far, their points and findings")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     ls = verbs.add_parser("list", help="every sweep, newest last")

@@ -21,7 +21,7 @@ from gpustation.telemetry.backend import parse_gpu_list
 DEFAULT_LISTEN = "127.0.0.1:8765"
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``web`` and its options."""
     p = sub.add_parser(
         "web",

@@ -107,7 +107,10 @@ def _dataset(args: argparse.Namespace) -> torch.utils.data.Dataset:  # type: ign
         from torchvision.transforms import v2
 
         tf = v2.Compose([v2.ToImage(), _train_transform(args.image_size)])
-        return torchvision.datasets.ImageFolder(args.data, transform=tf)
+        images: torch.utils.data.Dataset[Any] = torchvision.datasets.ImageFolder(
+            args.data, transform=tf
+        )
+        return images
     return JpegImages(64, args.source_size, args.image_size, args.num_classes, args.seed)
 
 
@@ -122,7 +125,8 @@ def _model(args: argparse.Namespace) -> nn.Module:
         )
     import torchvision
 
-    return torchvision.models.get_model(args.model, num_classes=args.num_classes)
+    model: nn.Module = torchvision.models.get_model(args.model, num_classes=args.num_classes)
+    return model
 
 
 def _bool_list(text: str) -> list[bool]:
@@ -156,7 +160,7 @@ def main(args: argparse.Namespace) -> int:
     prec.apply_backend_flags()
     torch.backends.cudnn.benchmark = True
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
-    model = _model(args).to(device).to(memory_format=fmt)  # type: ignore[call-overload]
+    model = _model(args).to(device).to(memory_format=fmt)
     if args.compile:
         model = torch.compile(model)  # type: ignore[assignment]
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -179,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
         x = x.to(device, non_blocking=True, memory_format=fmt)
         y = y.to(device, non_blocking=True)
         with prec.autocast():
-            loss = loss_fn(model(x), y)
+            loss: torch.Tensor = loss_fn(model(x), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()

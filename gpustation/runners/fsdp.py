@@ -240,7 +240,9 @@ def process_group(device_name: str | None) -> Iterator[common.Dist]:
         if not d.enabled and not dist.is_initialized():
             use_cuda = device_name == "cuda" or (device_name is None and torch.cuda.is_available())
             backend = "nccl" if use_cuda and torch.cuda.is_available() else "gloo"
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            # torch re-exports HashStore without marking it so.
+            store = dist.HashStore()  # type: ignore[attr-defined]
+            dist.init_process_group(backend, store=store, rank=0, world_size=1)
             own = True
         try:
             yield d

@@ -157,7 +157,7 @@ class _TrackerImpl:
     main_process_only = True
 
     def __init__(self, writer: MetricsWriter | None = None, total_steps: int | None = None) -> None:
-        super().__init__()  # type: ignore[call-arg]
+        super().__init__()
         self.writer = writer if writer is not None else MetricsWriter.from_env()
         self.total_steps = total_steps
 

@@ -379,8 +379,8 @@ class BatchSampler:
 def matmul_params(model: Any) -> int:
     """Parameters that take part in matmuls: everything but the input embedding table."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    total = sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n)
-    emb = base.get_input_embeddings().weight
+    total: int = sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n)
+    emb: torch.Tensor = base.get_input_embeddings().weight
     out = base.get_output_embeddings()
     tied = out is not None and out.weight is emb
     return total - emb.numel() + (emb.numel() if tied else 0)
@@ -395,5 +395,5 @@ def train_flops_per_token(model: Any, seq_len: int) -> float:
     """
     cfg = model.config
     n = matmul_params(model)
-    attn = cfg.num_hidden_layers * seq_len * cfg.hidden_size
+    attn: int = cfg.num_hidden_layers * seq_len * cfg.hidden_size
     return 4.0 * n + 6.0 * attn

@@ -163,7 +163,7 @@ def prepare_model(args: argparse.Namespace, device: torch.device) -> tuple[Any, 
 
 
 def lr_lambda(args: argparse.Namespace) -> Any:
-    warm = max(0, args.lr_warmup_steps)
+    warm: int = max(0, args.lr_warmup_steps)
 
     def f(step: int) -> float:
         if step < warm:
@@ -419,7 +419,9 @@ def _check_args(args: argparse.Namespace) -> None:
 def _checkpoint_due(args: argparse.Namespace, step: int) -> bool:
     if args.keep_checkpoints == 0:
         return False
-    return step == args.steps or (args.checkpoint_every > 0 and step % args.checkpoint_every == 0)
+    steps: int = args.steps
+    every: int = args.checkpoint_every
+    return step == steps or (every > 0 and step % every == 0)
 
 
 def compile_layers(model: Any) -> int:
@@ -449,7 +451,7 @@ def _logits(model: Any, x: torch.Tensor, prec: common.Precision) -> torch.Tensor
     stance = getattr(torch.compiler, "set_stance", None)
     eager = stance("force_eager") if stance else contextlib.nullcontext()
     with eager, prec.autocast():
-        out = model(input_ids=x).logits.float()
+        out: torch.Tensor = model(input_ids=x).logits.float()
     model.train(was_training)
     return out
 

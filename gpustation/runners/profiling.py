@@ -129,7 +129,7 @@ def summarize_profile(
 ) -> dict[str, Any]:
     """Top CUDA kernels and CPU ops by self time, their share of the profiled steps,
     and on CUDA the time the GPU sat idle between kernels."""
-    from torch.autograd import DeviceType
+    from torch.profiler import DeviceType
 
     total_us = max(wall_us, 1e-9)
     cpu_ops = []

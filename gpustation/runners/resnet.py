@@ -127,7 +127,7 @@ def make_trainer(
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
 
     model: nn.Module = torchvision.models.get_model(args.model, num_classes=args.num_classes)
-    model = model.to(device).to(memory_format=memory_format)  # type: ignore[call-overload]
+    model = model.to(device).to(memory_format=memory_format)
     raw = model
     if dist is not None:
         model = common.data_parallel(model, dist, device)

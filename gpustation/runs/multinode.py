@@ -125,7 +125,7 @@ def endpoint_host(spec: HostSpec, ssh_config: str | None = None) -> str:
     ssh_config = ssh_config or os.environ.get("GPUSTATION_SSH_CONFIG") or None
     argv = ["ssh", *(["-F", ssh_config] if ssh_config else []), "-G", "--", spec.destination]
     try:
-        out = subprocess.run(
+        out: subprocess.CompletedProcess[str] = subprocess.run(
             argv,
             capture_output=True,
             text=True,

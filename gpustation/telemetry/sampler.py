@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from gpustation.telemetry.backend import Backend, select_gpus
 from gpustation.telemetry.holders import device_node_holders
@@ -32,7 +32,7 @@ class Sampler:
         slow_interval_s: float = 5.0,
         with_host: bool = True,
         with_topology: bool = True,
-        clock=time.time,
+        clock: Callable[[], float] = time.time,
         proc_root: str = "/proc",
         host: HostSampler | None = None,
     ) -> None:

@@ -499,7 +499,8 @@ class SimBackend(Backend):
     def _gpu_state(self, state: dict[str, Any], index: int) -> dict[str, Any]:
         if not 0 <= index < self.count:
             raise UsageError(f"no GPU {index} (simulated GPUs: 0-{self.count - 1})")
-        return state["gpus"][index]
+        gpu: dict[str, Any] = state["gpus"][index]
+        return gpu
 
     def set_power_limit(self, index: int, watts: float) -> None:
         self._check_root("setting the power limit")

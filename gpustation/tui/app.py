@@ -516,20 +516,20 @@ class DashboardApp(ProcessActions):
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        control_commands = resolve("gpustation.tui.control.ui:system_commands")  # type: ignore[arg-type]
+        control_commands = resolve("gpustation.tui.control.ui:system_commands")
         if control_commands is not None:
-            yield from control_commands(self, screen)  # type: ignore[call-arg]
+            yield from control_commands(self, screen)
         for entry in self._modes_in_use:
             yield SystemCommand(
                 f"Show {entry.title.lower()}",
                 entry.help,
-                lambda mode=entry.mode: self.switch_mode(mode),  # type: ignore[misc]
+                lambda mode=entry.mode: self.switch_mode(mode),
             )
         for key in METRIC_KEYS:
             yield SystemCommand(
                 f"Graph {METRICS[key].label}",
                 "change the metric of the history graphs",
-                lambda key=key: self.set_metric(key),  # type: ignore[misc]
+                lambda key=key: self.set_metric(key),
             )
         yield SystemCommand(
             "Refresh slower", "lengthen the refresh interval (+)", self.action_slower

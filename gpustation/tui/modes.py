@@ -83,7 +83,8 @@ def screen_maker(entry: ScreenEntry) -> Callable[[], Screen[Any]]:
         cls = resolve(entry.factory)
         if cls is None:
             raise GpustationError(f"the {entry.title} screen could not be loaded")
-        return cls()
+        screen: Screen[Any] = cls()
+        return screen
 
     return make
 
@@ -94,6 +95,6 @@ def resolve(factory: type[Screen[Any]] | str) -> Any:
         return factory
     module, _, name = factory.partition(":")
     try:
-        return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+        return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError):
         return None
