@@ -48,7 +48,7 @@ class KeepsLines(_WidgetBase):
     ) -> Self:
         if repaint:
             self._kept = None
-        return super().refresh(  
+        return super().refresh(
             *regions, repaint=repaint, layout=layout, recompose=recompose
         )
 
