@@ -48,9 +48,7 @@ class KeepsLines(_WidgetBase):
     ) -> Self:
         if repaint:
             self._kept = None
-        return super().refresh(
-            *regions, repaint=repaint, layout=layout, recompose=recompose
-        )
+        return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
 
     def render_lines(self, crop: Region) -> list[Strip]:
         filters = tuple(self.get_line_filters())
