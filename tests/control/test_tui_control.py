@@ -35,7 +35,7 @@ def make_app(sim: RecordingSim) -> DashboardApp:
     return app
 
 
-async def wait_until(pilot: Pilot[object], condition: Callable[[], bool], what: str) -> None:
+async def wait_until(pilot: Pilot[int], condition: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + TIMEOUT_S
     while time.monotonic() < deadline:
         if condition():
@@ -58,13 +58,13 @@ def curve_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("gpustation-fan-curve")]
 
 
-async def open_control(pilot: Pilot[object], app: DashboardApp) -> None:
+async def open_control(pilot: Pilot[int], app: DashboardApp) -> None:
     await wait_until(pilot, lambda: app.latest is not None, "the first sample")
     await pilot.press("c")
     await wait_until(pilot, lambda: isinstance(app.screen, ControlScreen), "the control screen")
 
 
-async def open_keep_dialog(pilot: Pilot[object], app: DashboardApp) -> KeepChangeDialog:
+async def open_keep_dialog(pilot: Pilot[int], app: DashboardApp) -> KeepChangeDialog:
     """Wait until the keep dialog is mounted and counting down: its keys work from then."""
 
     def ready() -> bool:

@@ -27,13 +27,15 @@ from gpustation.runs.store import RunStore, db_path, record_from_dir
 from gpustation.runs.tail import MetricsReader, parse_metric_line
 from tests.conftest import REPO, child_env, gpustation_cmd
 from tests.runs.children import bad_metrics_lines
-from tests.runs.conftest import command_preset, runs_environment, wait_until
+from tests.runs.conftest import RunsEnv, command_preset, runs_environment, wait_until
 
 TIMEOUT = 60.0
 
 
 @pytest.fixture
-def runs_env(gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[dict]:
+def runs_env(
+    gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[RunsEnv]:
     yield from runs_environment(gpustation_dirs, monkeypatch)
 
 
@@ -70,7 +72,7 @@ def run_preset(name: str) -> object:
 # ---- 1. metrics lines ---------------------------------------------------------------
 
 
-def test_every_bad_metrics_line_is_counted_and_skipped(runs_env: dict) -> None:
+def test_every_bad_metrics_line_is_counted_and_skipped(runs_env: RunsEnv) -> None:
     runs_env["write_preset"]("bad", command_preset("bad", "bad_metrics", "30"))
     result = gs("run", "bad", timeout=120)
     assert result.returncode == 0, result.stderr
@@ -171,7 +173,7 @@ def test_the_follower_takes_a_long_line_in_bites(tmp_path: Path) -> None:
     assert reader.tailer.offset == path.stat().st_size
 
 
-def test_bad_telemetry_lines_do_not_stop_the_summary(runs_env: dict) -> None:
+def test_bad_telemetry_lines_do_not_stop_the_summary(runs_env: RunsEnv) -> None:
     runs_env["write_preset"]("ok", command_preset("ok", "train_ok", args="steps = 2"))
     handle = launch(run_preset("ok"))  # type: ignore[arg-type]
     assert wait_for_end(handle.run_dir, TIMEOUT).status == "succeeded"  # type: ignore[union-attr]
@@ -192,7 +194,7 @@ def test_bad_telemetry_lines_do_not_stop_the_summary(runs_env: dict) -> None:
 # ---- 2. runs.db is an index -----------------------------------------------------------
 
 
-def _two_runs(runs_env: dict) -> list[str]:
+def _two_runs(runs_env: RunsEnv) -> list[str]:
     runs_env["write_preset"]("ok", command_preset("ok", "train_ok", args="steps = 2"))
     ids = []
     for _ in range(2):
@@ -219,7 +221,7 @@ def _damage(how: str) -> None:
 
 @pytest.mark.parametrize("how", ["deleted", "garbage", "truncated"])
 def test_a_lost_or_damaged_index_is_rebuilt_from_the_run_directories(
-    runs_env: dict, how: str
+    runs_env: RunsEnv, how: str
 ) -> None:
     ids = _two_runs(runs_env)
     _damage(how)
@@ -243,7 +245,7 @@ def test_a_lost_or_damaged_index_is_rebuilt_from_the_run_directories(
         assert list(db_path().parent.glob("runs.db.bad-*")), "the bad file is kept aside"
 
 
-def test_a_run_starts_while_the_index_is_locked_and_is_recorded_after(runs_env: dict) -> None:
+def test_a_run_starts_while_the_index_is_locked_and_is_recorded_after(runs_env: RunsEnv) -> None:
     (first, _second) = _two_runs(runs_env)
     locker = sqlite3.connect(db_path(), timeout=1, isolation_level=None)
     locker.execute("BEGIN EXCLUSIVE")
@@ -266,7 +268,7 @@ def test_a_run_starts_while_the_index_is_locked_and_is_recorded_after(runs_env: 
     wait_until(lambda: db_rows().get(run_id) == "succeeded", TIMEOUT, "the row after the lock")
 
 
-def test_concurrent_runs_lose_no_row(runs_env: dict) -> None:
+def test_concurrent_runs_lose_no_row(runs_env: RunsEnv) -> None:
     runs_env["write_preset"]("ok", command_preset("ok", "train_ok", args="steps = 2"))
     procs = [
         subprocess.Popen(
@@ -303,7 +305,7 @@ for n in range(int(sys.argv[2])):
 """
 
 
-def test_concurrent_writers_lose_no_row(runs_env: dict) -> None:
+def test_concurrent_writers_lose_no_row(runs_env: RunsEnv) -> None:
     writers = [
         subprocess.Popen([sys.executable, "-c", WRITER, f"w{n}", "30"], env=child_env(), cwd=REPO)
         for n in range(6)
@@ -317,7 +319,7 @@ def test_concurrent_writers_lose_no_row(runs_env: dict) -> None:
 
 
 def test_a_stopped_run_whose_supervisor_was_killed_is_stopped_not_lost(
-    runs_env: dict, tmp_path: Path
+    runs_env: RunsEnv, tmp_path: Path
 ) -> None:
     runs_env["write_preset"]("wait", command_preset("wait", "wait_file", str(tmp_path / "never")))
     handle = launch(run_preset("wait"))  # type: ignore[arg-type]
@@ -349,7 +351,7 @@ def test_a_stopped_run_whose_supervisor_was_killed_is_stopped_not_lost(
 
 
 @pytest.mark.parametrize("module", ["common", "data", "llm", "integrations"])
-def test_a_library_module_is_refused_as_a_runner(runs_env: dict, module: str) -> None:
+def test_a_library_module_is_refused_as_a_runner(runs_env: RunsEnv, module: str) -> None:
     path = runs_env["write_preset"](f"lib-{module}", f'runner = "{module}"\ngpus = 0\n')
     for argv in (("presets", "show", f"lib-{module}"), ("run", f"lib-{module}")):
         result = gs(*argv)
@@ -363,7 +365,7 @@ def test_a_library_module_is_refused_as_a_runner(runs_env: dict, module: str) ->
 # ---- 7. simulated runs say so --------------------------------------------------------
 
 
-def test_simulated_runs_say_simulated_everywhere(runs_env: dict) -> None:
+def test_simulated_runs_say_simulated_everywhere(runs_env: RunsEnv) -> None:
     from gpustation.tui.runs.model import RunView
     from gpustation.tui.runs.widgets import run_header
 
@@ -386,7 +388,7 @@ def test_simulated_runs_say_simulated_everywhere(runs_env: dict) -> None:
 # ---- 8. two runs on one GPU ----------------------------------------------------------
 
 
-def test_two_runs_on_one_gpu_warn_and_share_the_energy(runs_env: dict, tmp_path: Path) -> None:
+def test_two_runs_on_one_gpu_warn_and_share_the_energy(runs_env: RunsEnv, tmp_path: Path) -> None:
     release = tmp_path / "release"
     runs_env["write_preset"]("wait", command_preset("wait", "wait_file", str(release)))
     first = gs("run", "wait", "--detach")
@@ -431,7 +433,7 @@ def test_a_log_line_too_long_keeps_its_end(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "[1.0, nan]"])
-def test_a_preset_with_a_non_finite_number_is_refused(runs_env: dict, value: str) -> None:
+def test_a_preset_with_a_non_finite_number_is_refused(runs_env: RunsEnv, value: str) -> None:
     from gpustation.runs.presets import load_preset_file
 
     path = runs_env["write_preset"]("nan", command_preset("nan", "train_ok", args=f"lr = {value}"))

@@ -73,6 +73,7 @@ def test_replay_draws_a_shared_recording_s_host_and_gpu_names_harmless(
 # command line (the run's title) carries it as an argument.
 CHILD = """
 import json, os, sys
+from tests.runs.conftest import RunsEnv
 planted = sys.argv[1]
 print(f"loss line {planted} end", flush=True)
 with open(os.environ["GPUSTATION_METRICS_FILE"], "a") as metrics:
@@ -89,7 +90,7 @@ def hostile_command(tmp_path: Path) -> list[str]:
 
 
 def test_run_and_runs_follow_print_the_run_s_log_title_and_unit_harmless(
-    runs_env: dict, tmp_path: Path, programs: list[PtyProgram]
+    runs_env: RunsEnv, tmp_path: Path, programs: list[PtyProgram]
 ) -> None:
     run = start(programs, *hostile_command(tmp_path), cwd=tmp_path)
     assert run.wait_exit() == 0, run.screen()
@@ -108,7 +109,7 @@ def toml_string(text: str) -> str:
 
 
 def test_the_runs_screen_draws_a_run_s_title_unit_and_log_and_a_preset_s_words_harmless(
-    runs_env: dict, tmp_path: Path, programs: list[PtyProgram]
+    runs_env: RunsEnv, tmp_path: Path, programs: list[PtyProgram]
 ) -> None:
     made = subprocess.run(
         gpustation_cmd(*hostile_command(tmp_path)),

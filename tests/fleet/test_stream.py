@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,7 @@ def _snapshot_line(hostname: str = "remote", gpus: int = 2, t: float = 1000.0) -
 
 
 @pytest.fixture
-def streams() -> list[HostStream]:
+def streams() -> Iterator[list[HostStream]]:
     made: list[HostStream] = []
     yield made
     for s in made:

@@ -11,6 +11,7 @@ import gpustation.runners
 from gpustation.errors import UsageError
 from gpustation.runs.argv import build_argv, build_env, format_args, resolve_gpus
 from gpustation.runs.presets import (
+    PresetProblem,
     RunPreset,
     apply_overrides,
     find_preset,
@@ -53,7 +54,7 @@ def test_good_and_bad_presets_load_side_by_side(tmp_path: Path, fake_runner: str
     assert sorted(presets) == ["cmd", "good"]
     assert presets["good"].display_title == "Good one"
     assert presets["cmd"].gpus == [0, 1] and presets["cmd"].env == {"FOO": "1"}
-    by_file: dict[str, list] = {}
+    by_file: dict[str, list[PresetProblem]] = {}
     for p in problems:
         by_file.setdefault(Path(p.path).stem, []).append(p)
     assert set(by_file) == {

@@ -67,7 +67,9 @@ def _scrape(exporter: Exporter) -> dict[str, dict[tuple[tuple[str, str], ...], f
     return out
 
 
-def _gpu_series(series: dict, gpu: int, **extra: str) -> float | None:
+def _gpu_series(
+    series: dict[tuple[tuple[str, str], ...], float], gpu: int, **extra: str
+) -> float | None:
     for labels, value in series.items():
         d = dict(labels)
         if d.get("gpu") == str(gpu) and all(d.get(k) == v for k, v in extra.items()):

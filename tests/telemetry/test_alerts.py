@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpustation.telemetry.alerts import AlertLog, IdleRule, evaluate, topology_findings
 from gpustation.telemetry.model import (
     GpuLink,
@@ -232,7 +234,7 @@ def test_small_holders_and_busy_gpus_are_not_idle_held() -> None:
         assert log.update(_held(t, util=50)) == []  # the GPU works
 
 
-def test_the_idle_rule_comes_from_the_alerts_table(gpustation_dirs: dict) -> None:
+def test_the_idle_rule_comes_from_the_alerts_table(gpustation_dirs: dict[str, Any]) -> None:
     import pytest
 
     from gpustation.errors import UsageError

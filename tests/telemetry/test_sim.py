@@ -79,7 +79,7 @@ def test_hot_card_throttles_near_slowdown() -> None:
     assert g.clock_sm_mhz < CARDS["rtx4090"].clock_sm_max_mhz
 
 
-def test_state_is_shared_between_backends_through_the_file(tmp_path) -> None:
+def test_state_is_shared_between_backends_through_the_file(tmp_path: Path) -> None:
     path = tmp_path / "sim.json"
     a = SimBackend(count=2, state_path=path)
     b = SimBackend(count=2, state_path=path)
@@ -256,7 +256,7 @@ def test_orphaned_memory_and_holders_are_simulated_only_when_poked() -> None:
     assert g.unowned_memory_mib == 0 and g.device_holders == []
 
 
-def test_a_saved_state_with_malformed_holders_starts_afresh(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_saved_state_with_malformed_holders_starts_afresh(tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     import json
 
     path = tmp_path / "sim.json"
@@ -284,7 +284,7 @@ def test_a_saved_state_with_malformed_holders_starts_afresh(tmp_path) -> None:  
         ("xid", [[1.0]]),
     ],
 )
-def test_a_saved_state_with_a_value_out_of_range_starts_afresh(tmp_path, key, value) -> None:  # type: ignore[no-untyped-def]
+def test_a_saved_state_with_a_value_out_of_range_starts_afresh(tmp_path: Path, key, value) -> None:  # type: ignore[no-untyped-def]
     """A hand-edited state file's values are checked where they are read: a
     bad XID entry never crashes a read, and an impossible limit, temperature,
     load or fan speed is never shown as given."""
@@ -307,7 +307,7 @@ def test_a_saved_state_with_a_value_out_of_range_starts_afresh(tmp_path, key, va
     assert g.xid_events == []  # afresh: the poked XID went with the bad state
 
 
-def test_a_saved_state_in_range_is_kept(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_saved_state_in_range_is_kept(tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "sim.json"
     clock = Clock()
     SimBackend(count=1, card="rtx4090", clock=clock, state_path=path).set_power_limit(0, 300)
