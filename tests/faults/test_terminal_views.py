@@ -23,6 +23,7 @@ from gpustation.telemetry.recording import Recording
 from tests.conftest import child_env, gpustation_cmd
 from tests.ptyterm import HOSTILE, PtyProgram, assert_harmless
 from tests.telemetry.recording_tools import make_recording
+from tests.runs.conftest import RunsEnv
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -73,7 +74,6 @@ def test_replay_draws_a_shared_recording_s_host_and_gpu_names_harmless(
 # command line (the run's title) carries it as an argument.
 CHILD = """
 import json, os, sys
-from tests.runs.conftest import RunsEnv
 planted = sys.argv[1]
 print(f"loss line {planted} end", flush=True)
 with open(os.environ["GPUSTATION_METRICS_FILE"], "a") as metrics:
