@@ -22,8 +22,8 @@ import zstandard
 from gpustation.telemetry.recording import Recording
 from tests.conftest import child_env, gpustation_cmd
 from tests.ptyterm import HOSTILE, PtyProgram, assert_harmless
-from tests.telemetry.recording_tools import make_recording
 from tests.runs.conftest import RunsEnv
+from tests.telemetry.recording_tools import make_recording
 
 pytestmark = pytest.mark.timeout(180)
 
