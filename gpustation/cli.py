@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from gpustation import __version__, paths, privs
+from gpustation.commands.options import add_fleet_options, add_gpu_options
 from gpustation.errors import EXIT_INTERRUPTED, EXIT_USAGE, GpustationError, UsageError
 
 # subcommand -> module that implements it
@@ -68,7 +69,6 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, or one where only command ``only`` is fully defined."""
-    from gpustation.commands.options import add_fleet_options, add_gpu_options
 
     parser = _Parser(
         prog="gpustation",

@@ -15,6 +15,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from gpustation import paths
+from gpustation.errors import UsageError
+from gpustation.fleet.fleet import load_fleet_config
+from gpustation.fleet.promapi import check_url
 from gpustation.telemetry.backend import Backend, open_backend, parse_gpu_list, select_gpus
 
 
@@ -78,10 +82,6 @@ class _FleetAction(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
-        from gpustation import paths
-        from gpustation.errors import UsageError
-        from gpustation.fleet.fleet import load_fleet_config
-
         try:
             config = load_fleet_config()
         except UsageError as err:
@@ -101,9 +101,6 @@ class _FleetAction(argparse.Action):
 
 
 def _prometheus_url(text: str) -> str:
-    from gpustation.errors import UsageError
-    from gpustation.fleet.promapi import check_url
-
     try:
         return check_url(text)
     except UsageError as err:
@@ -201,8 +198,6 @@ def gpus_suffix(args: argparse.Namespace) -> str:
 
 
 def check_interval(args: argparse.Namespace) -> None:
-    from gpustation.errors import UsageError
-
     interval = getattr(args, "interval", None)
     if interval is not None and not 0.05 <= interval <= 60:
         raise UsageError(f"--interval: between 0.05 and 60 seconds, got {interval:g}")

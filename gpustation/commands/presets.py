@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from gpustation.runs.argv import build_argv, format_args
 from gpustation.runs.output import console
 from gpustation.runs.presets import (
     PresetProblem,
@@ -90,7 +91,6 @@ def run(args: argparse.Namespace) -> int:
     preset, _parsed, warnings = apply_overrides(preset, args.set)
     for warning in warnings:
         print(f"gpustation: warning: {warning}", file=sys.stderr)
-    from gpustation.runs.argv import build_argv, format_args
 
     # The GPUs a launch would pick when the machine has enough (for nproc).
     if isinstance(preset.gpus, list):

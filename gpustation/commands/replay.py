@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 
 from gpustation.errors import UsageError
+from gpustation.telemetry.model import Snapshot
+from gpustation.telemetry.recording import SPEEDS, Recording, parse_time
+from gpustation.telemetry.table import render_snapshot
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,8 +59,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _time(text: str, option: str) -> float:
-    from gpustation.telemetry.recording import parse_time
-
     try:
         return parse_time(text)
     except ValueError as err:
@@ -65,8 +66,6 @@ def _time(text: str, option: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpustation.telemetry.recording import SPEEDS, Recording
-
     speed = args.speed
     if not (math.isfinite(speed) and SPEEDS[0] <= speed <= SPEEDS[-1]):
         raise UsageError(f"--speed: between {SPEEDS[0]:g} and {SPEEDS[-1]:g}, got {speed:g}")
@@ -86,9 +85,6 @@ def run(args: argparse.Namespace) -> int:
             json.dump(doc, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:
-            from gpustation.telemetry.model import Snapshot
-            from gpustation.telemetry.table import render_snapshot
-
             tty = sys.stdout.isatty()
             snap = Snapshot.from_dict(doc)
             sys.stdout.write(render_snapshot(snap, color=tty and not os.environ.get("NO_COLOR")))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -24,8 +25,21 @@ from typing import Any
 
 from gpustation.commands.options import add_gpu_options
 from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, UsageError
+from gpustation.fleet.fleet import load_fleet_config
+from gpustation.notify import notify_warnings
 from gpustation.runs import rundir
-from gpustation.runs.presets import command_preset
+from gpustation.runs.follow import RunFollower
+from gpustation.runs.launch import launch
+from gpustation.runs.multinode import (
+    DEFAULT_RDZV_PORT,
+    NodeOptions,
+    launch_multinode,
+    parse_hosts,
+    resolve_remote_python,
+)
+from gpustation.runs.nodes import DEFAULT_START_TIMEOUT_S
+from gpustation.runs.presets import command_preset, find_preset, load_presets
+from gpustation.runs.stop import stop_run
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.backend import parse_gpu_list
 from gpustation.telemetry.format import duration
@@ -152,9 +166,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpustation.runs.launch import launch
-    from gpustation.runs.presets import find_preset, load_presets
-
     if args.grace < 0:
         raise UsageError(f"--grace: 0 or more seconds, got {args.grace:g}")
     command: list[str] = list(getattr(args, "after_dashes", None) or [])
@@ -182,8 +193,6 @@ def run(args: argparse.Namespace) -> int:
     node_options = _node_options(args)
     wrap: list[str] = []
     if args.launcher == "nsys":
-        import shutil
-
         nsys = shutil.which("nsys")
         if nsys is None:
             raise UsageError(
@@ -204,8 +213,6 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGINT, lambda *_: interrupts.append(time.monotonic()))
     try:
         if node_options is not None:
-            from gpustation.runs.multinode import launch_multinode
-
             handle = launch_multinode(preset, args.set, node_options)
         else:
             handle = launch(
@@ -221,7 +228,6 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         signal.signal(signal.SIGINT, previous)
         raise
-    from gpustation.notify import notify_warnings
 
     # the run's end is notified by its supervisor, which can only log a bad URL
     for warning in (*resume_warnings, *handle.warnings, *notify_warnings()):
@@ -269,13 +275,6 @@ def _node_options(args: argparse.Namespace) -> Any:
         if given:
             raise UsageError(f"{', '.join(given)} go with --hosts (a multi-node run)")
         return None
-    from gpustation.fleet.fleet import load_fleet_config
-    from gpustation.runs.multinode import (
-        DEFAULT_RDZV_PORT,
-        NodeOptions,
-        parse_hosts,
-        resolve_remote_python,
-    )
 
     hosts = parse_hosts(args.hosts)
     for flag, value in (
@@ -305,8 +304,6 @@ def _node_options(args: argparse.Namespace) -> Any:
 
 
 def _start_timeout(value: float | None) -> float:
-    from gpustation.runs.nodes import DEFAULT_START_TIMEOUT_S
-
     if value is None:
         return DEFAULT_START_TIMEOUT_S
     if not (math.isfinite(value) and 1 <= value <= 3600):
@@ -428,8 +425,6 @@ def follow(
     With ``stop_on_interrupt`` Ctrl-C stops the run (graceful, then firm);
     without it Ctrl-C only stops following and the run goes on.
     """
-    from gpustation.runs.follow import RunFollower
-    from gpustation.runs.stop import stop_run
 
     run = rundir.read_run(directory) or {}
     title = (run.get("preset") or {}).get("name") or directory.name

@@ -12,20 +12,35 @@ import argparse
 import shlex
 import sys
 import time
+from pathlib import Path
 
+from gpustation.commands.run import follow
 from gpustation.errors import UsageError
+from gpustation.runs import rundir
 from gpustation.runs.compare import (
     Comparison,
     compare,
     energy_text,
+    fmt_energy,
     fmt_num,
     gpus_text,
     status_text,
 )
 from gpustation.runs.cost import Price, price_or_none
+from gpustation.runs.history import (
+    annotate,
+    check_status,
+    delete_runs,
+    parse_span,
+    prune_candidates,
+)
+from gpustation.runs.nodes import nodes_energy
 from gpustation.runs.output import console, strict_json
 from gpustation.runs.phases import phases_table
-from gpustation.runs.store import RunStore
+from gpustation.runs.profile import profile_tables, read_top_ops
+from gpustation.runs.reconcile import check_run
+from gpustation.runs.stop import stop_run
+from gpustation.runs.store import RunStore, record_from_dir
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry import format as fmt
 from gpustation.textsafe import safe
@@ -92,8 +107,6 @@ def run(args: argparse.Namespace) -> int:
     action = getattr(args, "runs_action", None) or "list"
     store = RunStore()
     if action == "list":
-        from gpustation.runs.history import check_status
-
         preset, tag = getattr(args, "preset", None), getattr(args, "tag", None)
         status = getattr(args, "status", None)
         check_status(status, "--status")
@@ -121,8 +134,6 @@ def run(args: argparse.Namespace) -> int:
     if action in ("delete", "prune", "note", "tag"):
         return _tidy(store, args)
     if action == "stop":
-        from gpustation.runs.stop import stop_run
-
         run_id = store.resolve_id(args.id)
         state = stop_run(run_id, grace_s=args.grace)
         record = _get(store, run_id)
@@ -133,9 +144,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"{run_id}: {(state.reason if state else None) or status}")
         return 0
     if action == "follow":
-        from gpustation.commands.run import follow
-        from gpustation.runs import rundir
-
         run_id = store.resolve_id(args.id)
         return follow(rundir.run_dir(run_id), grace_s=None, stop_on_interrupt=args.stop_on_ctrl_c)
     if action == "compare":
@@ -150,9 +158,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_profile(out: object, r: RunSummary) -> None:
     """The top kernels and ops of a run recorded with ``--profile``, if it has them."""
-    from pathlib import Path
-
-    from gpustation.runs.profile import profile_tables, read_top_ops
 
     if not r.run_dir:
         return
@@ -164,8 +169,6 @@ def _print_profile(out: object, r: RunSummary) -> None:
 
 
 def _tidy(store: RunStore, args: argparse.Namespace) -> int:
-    from gpustation.runs.history import annotate, delete_runs, parse_span, prune_candidates
-
     if args.runs_action == "delete":
         for run_id in delete_runs(store, [store.resolve_id(i) for i in args.ids]):
             print(f"deleted {run_id}")
@@ -199,11 +202,6 @@ def _fresh(record: RunSummary) -> RunSummary:
     Its state is checked, so a run whose supervisor died reads ``lost``.
     """
     if record.status in ("starting", "running") and record.run_dir:
-        from pathlib import Path
-
-        from gpustation.runs.reconcile import check_run
-        from gpustation.runs.store import record_from_dir
-
         directory = Path(record.run_dir)
         return record_from_dir(directory, check_run(directory))
     return record
@@ -362,11 +360,6 @@ def _print_show(r: RunSummary) -> None:
 
 def _node_rows(r: RunSummary) -> list[tuple[str, str | None]]:
     """A multi-node run's nodes: each one's end and GPU energy; its torchrun command."""
-    from pathlib import Path
-
-    from gpustation.runs import rundir
-    from gpustation.runs.compare import fmt_energy
-    from gpustation.runs.nodes import nodes_energy
 
     directory = Path(r.run_dir) if r.run_dir else None
     energies = nodes_energy(directory) if directory is not None else []

@@ -17,8 +17,15 @@ import time
 from pathlib import Path
 
 from gpustation.commands.options import add_gpu_options, backend_from_args
+from gpustation.control import lease
 from gpustation.errors import EXIT_INTERRUPTED, EXIT_OK, GpustationError, UsageError
+from gpustation.notify import notify_warnings
 from gpustation.runs import rundir
+from gpustation.runs.argv import resolve_gpus
+from gpustation.runs.launch import launch
+from gpustation.runs.output import console
+from gpustation.runs.presets import find_preset, load_presets
+from gpustation.runs.stop import stop_run
 from gpustation.runs.sweep import (
     Sweep,
     SweepRunner,
@@ -38,6 +45,14 @@ from gpustation.runs.sweep_owner import (
     runs_text,
     unrestored,
     wait_for_runs,
+)
+from gpustation.runs.sweep_report import (
+    TEXT_COLUMNS,
+    point_columns,
+    point_rows,
+    recommendation_text,
+    svg_plot,
+    terminal_plot,
 )
 from gpustation.telemetry.backend import Backend, parse_gpu_list
 from gpustation.textsafe import safe
@@ -109,9 +124,6 @@ def _within(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpustation.runs.argv import resolve_gpus
-    from gpustation.runs.presets import find_preset, load_presets
-
     if args.repeat < 1 or args.repeat > 20:
         raise UsageError(f"--repeat: between 1 and 20, got {args.repeat}")
     if args.warmup_s is not None and not (math.isfinite(args.warmup_s) and args.warmup_s >= 0):
@@ -166,7 +178,6 @@ def _claim(sweep: Sweep, backend: Backend, args: argparse.Namespace) -> None:
     """One owner at a time: a live sweep on these GPUs refuses this one (or, with
     --force, is ended first); limits killed sweeps left are put back; a run still
     on these GPUs refuses it (or, with --wait, is waited for)."""
-    from gpustation.control import lease
 
     held = holding_sweeps(sweep.gpus, backend) if sweep.gpus else []
     if held and not args.force:
@@ -231,10 +242,6 @@ def _wait(directory: Path) -> None:
 
 
 def _run(sweep: Sweep, preset: object, backend: object, args: argparse.Namespace) -> int:
-    from gpustation.notify import notify_warnings
-    from gpustation.runs.launch import launch
-    from gpustation.runs.stop import stop_run
-
     for warning in notify_warnings():  # each run's end is notified by its supervisor
         print(f"gpustation: warning: {warning}", file=sys.stderr)
     runner = SweepRunner(
@@ -289,8 +296,6 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _report(sweep: Sweep) -> None:
-    from gpustation.runs.sweep_report import recommendation_text, svg_plot, terminal_plot
-
     print_points(sweep)
     plot = terminal_plot(sweep)
     if plot:
@@ -306,9 +311,6 @@ def _report(sweep: Sweep) -> None:
 
 def print_points(sweep: Sweep) -> None:
     from rich.table import Table
-
-    from gpustation.runs.output import console
-    from gpustation.runs.sweep_report import TEXT_COLUMNS, point_columns, point_rows
 
     table = Table(box=None, header_style="bold", pad_edge=False)
     columns = point_columns(sweep)

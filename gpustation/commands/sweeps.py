@@ -8,6 +8,7 @@ import sys
 import time
 
 from gpustation.commands.options import add_gpu_options, backend_from_args
+from gpustation.commands.sweep import _report
 from gpustation.errors import GpustationError
 from gpustation.runs.sweep import load_sweep, scan_sweeps
 from gpustation.runs.sweep_owner import restore_limits
@@ -56,7 +57,6 @@ def run(args: argparse.Namespace) -> int:
             doc = {**sweep.to_dict(), "state": sweep.state_text()}
             print(json.dumps(doc, indent=2, allow_nan=False))
             return 0
-        from gpustation.commands.sweep import _report
 
         print(safe(f"sweep {sweep.id}: {sweep.state_text()}"))
         _report(sweep)

@@ -16,6 +16,13 @@ from pathlib import Path
 
 from gpustation.commands.options import add_gpu_options
 from gpustation.errors import GpustationError, UsageError
+from gpustation.serve.webguard import (
+    IDLE_TIMEOUT_S,
+    MAX_CONNECTIONS,
+    MAX_SESSIONS,
+    canonical_host,
+    listen_names,
+)
 from gpustation.telemetry.backend import parse_gpu_list
 
 DEFAULT_LISTEN = "127.0.0.1:8765"
@@ -118,7 +125,6 @@ def dashboard_options(args: argparse.Namespace) -> list[str]:
 
 def _limits(args: argparse.Namespace) -> tuple[int, int, float]:
     """(max sessions, max connections, idle timeout) of ``args``; UsageError if out of range."""
-    from gpustation.serve.webguard import IDLE_TIMEOUT_S, MAX_CONNECTIONS, MAX_SESSIONS
 
     sessions = MAX_SESSIONS if args.max_sessions is None else args.max_sessions
     if not 1 <= sessions <= 64:
@@ -174,7 +180,6 @@ def _warning(where: str, allow_control: bool) -> str:
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted (Ctrl-C: 130, SIGTERM: 0)."""
     from gpustation.serve.exporter import is_loopback, parse_listen
-    from gpustation.serve.webguard import canonical_host, listen_names
 
     host, port = parse_listen(args.listen)
     host = canonical_host(host).strip("[]")  # 127.1 is 127.0.0.1, and loopback

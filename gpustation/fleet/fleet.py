@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from gpustation.config import config_path, section
 from gpustation.errors import UsageError
+from gpustation.fleet.promapi import check_url
 from gpustation.fleet.ssh import (
     CONNECTING,
     DOWN,
@@ -93,7 +94,6 @@ _KEYS = {
 
 def _prometheus_keys(table: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     """The ``prometheus*`` keys, checked (the files are read only when used)."""
-    from gpustation.fleet.promapi import check_url
 
     out: dict[str, Any] = {}
     url = table.get("prometheus")

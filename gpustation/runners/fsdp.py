@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -425,8 +426,6 @@ def _local_numel(p: torch.Tensor) -> int:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    import warnings
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
         yield

@@ -37,7 +37,9 @@ from typing import Any
 
 from gpustation import private
 from gpustation.runs.tail import file_lines, parse_metric_line
+from gpustation.telemetry.backend import open_backend
 from gpustation.telemetry.model import LIMITING_REASONS, Snapshot
+from gpustation.telemetry.sampler import Sampler
 
 #: how often a run's GPUs are sampled
 SAMPLE_INTERVAL_S = 1.0
@@ -105,9 +107,6 @@ class TraceSampler:
         simulate: int | None = None,
         sim_card: str | None = None,
     ) -> None:
-        from gpustation.telemetry.backend import open_backend
-        from gpustation.telemetry.sampler import Sampler
-
         self.backend = open_backend(simulate=simulate, sim_card=sim_card)
         self.sampler = Sampler(
             self.backend,

@@ -30,10 +30,11 @@ from gpustation.redact import redact_env
 from gpustation.runs import rundir
 from gpustation.runs.argv import build_argv, build_env, private_env, recorded_env, resolve_gpus
 from gpustation.runs.presets import RunPreset, apply_overrides
-from gpustation.runs.reconcile import list_active_runs, record_lost_runs
+from gpustation.runs.reconcile import list_active_runs, mark_ended, record_lost_runs
 from gpustation.runs.rundir import RunState
 from gpustation.runs.stop import DEFAULT_GRACE_S
 from gpustation.runs.summary import RunSummary
+from gpustation.telemetry.backend import open_backend
 
 
 def new_run_id(name: str, now: float | None = None) -> str:
@@ -89,8 +90,6 @@ class RunHandle:
 def _open_device_count(
     simulate: int | None, sim_card: str | None
 ) -> tuple[int | None, dict[str, Any]]:
-    from gpustation.telemetry.backend import open_backend
-
     try:
         backend = open_backend(simulate=simulate, sim_card=sim_card)
     except NoDriverError as err:
@@ -243,7 +242,6 @@ def new_run_directory(name: str, created: float) -> tuple[str, Path]:
 
 def _not_started(directory: Path, run_id: str, err: OSError) -> GpustationError:
     """The run recorded failed, and the error saying why its supervisor could not start."""
-    from gpustation.runs.reconcile import mark_ended
 
     user = privs.invoking_user()
     who = f" as {user.name} (uid {user.uid})" if user is not None else ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpustation.notify import notifier_from_config
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.format import duration
@@ -39,8 +40,6 @@ def message(
 
 
 def notify_end(directory: Path, state: RunState) -> None:
-    from gpustation.notify import notifier_from_config
-
     notifier = notifier_from_config()
     if notifier is None:
         return

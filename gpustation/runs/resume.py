@@ -19,7 +19,7 @@ from gpustation.errors import UsageError
 from gpustation.redact import REDACTED
 from gpustation.runs import rundir
 from gpustation.runs.checkpoints import CHECKPOINTS_DIR, Checkpoint, latest_checkpoint
-from gpustation.runs.presets import RunPreset, apply_overrides
+from gpustation.runs.presets import RunPreset, apply_overrides, load_presets
 from gpustation.runs.store import RunStore
 
 #: runners whose runs leave checkpoints that ``--resume-from`` takes
@@ -113,7 +113,6 @@ def _restore_env(preset: RunPreset, run_id: str) -> tuple[RunPreset, list[str]]:
     hidden = [k for k, v in preset.env.items() if v == REDACTED]
     if not hidden:
         return preset, []
-    from gpustation.runs.presets import load_presets
 
     today = load_presets()[0].get(preset.name)
     source = today.env if today is not None else {}

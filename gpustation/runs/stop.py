@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gpustation.errors import UsageError
@@ -218,7 +219,6 @@ def stop_runs(
 
     They are stopped in parallel, so the wait is one run's grace, not the sum.
     """
-    from concurrent.futures import ThreadPoolExecutor
 
     if not runs:
         return {}

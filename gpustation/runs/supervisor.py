@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,9 +49,12 @@ from gpustation.files import NotRegularFile, read_bytes, say_skipped
 from gpustation.runs import rundir
 from gpustation.runs.argv import child_env
 from gpustation.runs.gputrace import SAMPLE_INTERVAL_S, TraceSampler, write_sample
-from gpustation.runs.reconcile import record_end, stopped_reason
+from gpustation.runs.nodes import failure_reason
+from gpustation.runs.reconcile import mark_ended, record_end, stopped_reason
 from gpustation.runs.rundir import RunState
 from gpustation.runs.stop import DEFAULT_GRACE_S, signal_name, terminate_group
+from gpustation.runs.tail import parse_metric_line
+from gpustation.textsafe import NEWLINE
 
 #: how long the end of a run is retried when it cannot be written (a full disk)
 END_RETRY_S = 600.0
@@ -156,8 +160,6 @@ def cgroup_oom_kills() -> int | None:
 
 def _metrics_report_oom(path: Path, max_bytes: int = 64 * 1024) -> str | None:
     """The message of an ``{"error": "out_of_memory"}`` event, as gpustation's runners write."""
-    from gpustation.runs.tail import parse_metric_line
-    from gpustation.textsafe import NEWLINE
 
     try:
         lines = read_bytes(path, "metrics file", max_bytes, tail=True, follow=False).splitlines()
@@ -472,7 +474,6 @@ def supervise(directory: Path) -> int:
             state.reason = f"killed by {state.signal}"
         else:
             state.reason = f"exited with code {code}"
-        from gpustation.runs.nodes import failure_reason
 
         node_failed = failure_reason(directory)  # a multi-node run names its node
         if node_failed is not None:
@@ -501,13 +502,10 @@ def main(argv: list[str] | None = None) -> int:
         return supervise(directory)
     except Exception as err:
         # A bug here must not leave a run unwatched: stop it and say why.
-        import traceback
 
         _log("supervisor error:\n" + traceback.format_exc())
         state = rundir.read_state(directory)
         if state is not None and state.active:
-            from gpustation.runs.reconcile import mark_ended
-
             terminate_group(
                 state.pgid,
                 state.child_pid,

@@ -15,6 +15,7 @@ every ``slow_interval_s``.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -154,8 +155,6 @@ def _hostname() -> str:
     try:
         return os.uname().nodename
     except AttributeError:  # Windows
-        import socket
-
         return socket.gethostname()
 
 

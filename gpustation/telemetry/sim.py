@@ -27,6 +27,8 @@ from typing import Any
 from gpustation import private
 from gpustation.errors import GpustationError, NeedsRootError, NotSupportedError, UsageError
 from gpustation.files import read_text
+from gpustation.paths import state_dir, writable
+from gpustation.privs import as_root
 from gpustation.telemetry.backend import Backend
 from gpustation.telemetry.model import (
     GpuLink,
@@ -69,7 +71,6 @@ LAST_MACHINE_FILE = "sim-last.json"
 
 def machine_path(card: str, count: int) -> Path:
     """The state file of one simulated machine."""
-    from gpustation.paths import state_dir
 
     return state_dir() / f"sim-{card}-{count}.json"
 
@@ -133,7 +134,6 @@ class SimBackend(Backend):
         With no count or card given, the machine last opened is used again, so
         that ``gpustation power set`` acts on the cards the dashboard shows.
         """
-        from gpustation.paths import state_dir, writable
 
         last_path = state_dir() / LAST_MACHINE_FILE
         last: Any = {}
@@ -486,8 +486,6 @@ class SimBackend(Backend):
 
     # ---- Backend: control --------------------------------------------------
     def _check_root(self, what: str) -> None:
-        from gpustation.privs import as_root
-
         # the simulated driver call: as root under sudo, as a real setter is
         with as_root():
             euid = os.geteuid()

@@ -32,12 +32,15 @@ from textual.widgets import Button, Checkbox, Input, Label, Select, Static, Swit
 
 from gpustation.errors import GpustationError, UsageError
 from gpustation.redact import REDACTED
+from gpustation.runs.argv import build_argv, resolve_gpus
+from gpustation.runs.preset_writer import write_user_preset
 from gpustation.runs.presets import ArgValue, RunPreset, apply_overrides
 from gpustation.runs.runner_args import (
     RunnerArg,
     cached_runner_args,
     kind_of,
     parse_text,
+    runner_args,
     value_text,
 )
 from gpustation.textsafe import safe
@@ -61,7 +64,6 @@ class Prefill:
 
 def default_gpus(preset: RunPreset, device_count: int | None) -> list[int] | None:
     """The GPUs a launch would take without a choice (None when it cannot be said)."""
-    from gpustation.runs.argv import resolve_gpus
 
     try:
         return resolve_gpus(preset, None, device_count)
@@ -316,8 +318,6 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
 
     def _read_options(self, runner: str) -> None:
         def job() -> None:
-            from gpustation.runs.runner_args import runner_args
-
             try:
                 options = runner_args(runner)
             except GpustationError as err:
@@ -409,14 +409,12 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
             preset = replace(preset, args={**preset.args, **extras})
         applied, _, _ = apply_overrides(preset, overrides)
         gpus = self.gpus()
-        from gpustation.runs.argv import resolve_gpus
 
         resolve_gpus(applied, gpus, self.device_count)
         return LaunchRequest(preset, overrides, gpus)
 
     def argv_text(self) -> str:
         """The argv the launch would run, as a shell would read it."""
-        from gpustation.runs.argv import build_argv
 
         request = self.request()
         applied, _, _ = apply_overrides(request.preset, request.overrides)
@@ -517,8 +515,6 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
         gpus = self.gpus()
 
         def job() -> None:
-            from gpustation.runs.preset_writer import write_user_preset
-
             try:
                 path = write_user_preset(name, saved, values, gpus)
             except (GpustationError, OSError) as err:

@@ -8,6 +8,7 @@ prints it.
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 from rich.console import Group
@@ -62,7 +63,6 @@ class ProfilePane(VerticalScroll):
 
 def _plain(renderable: Any) -> str:
     """A renderable's text without styles (what the pane says, for tests)."""
-    import io
 
     from rich.console import Console
 
