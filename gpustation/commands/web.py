@@ -9,6 +9,7 @@ through ``ssh -L``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import re
 import socket
 import sys
@@ -197,8 +198,6 @@ def run(args: argparse.Namespace) -> int:
     loopback = is_loopback(host)
     token = _token(args, loopback)
     try:
-        import asyncio
-
         from gpustation.serve.web import (
             DashboardServer,
             dashboard_command,

@@ -33,7 +33,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Select, Static, Swit
 from gpustation.errors import GpustationError, UsageError
 from gpustation.redact import REDACTED
 from gpustation.runs.argv import build_argv, resolve_gpus
-from gpustation.runs.preset_writer import write_user_preset
+from gpustation.runs.preset_writer import check_name, write_user_preset
 from gpustation.runs.presets import ArgValue, RunPreset, apply_overrides
 from gpustation.runs.runner_args import (
     RunnerArg,
@@ -502,8 +502,6 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
         name = self.query_one("#launch-save-name", Input).value.strip()
         error = self.query_one("#launch-error", Label)
         try:
-            from gpustation.runs.preset_writer import check_name
-
             check_name(name)
             values = self.values()
         except UsageError as err:
