@@ -17,8 +17,6 @@ from typing import Any
 
 from gpustation import paths
 from gpustation.errors import UsageError
-from gpustation.fleet.fleet import load_fleet_config
-from gpustation.fleet.promapi import check_url
 from gpustation.telemetry.backend import Backend, open_backend, parse_gpu_list, select_gpus
 
 
@@ -82,6 +80,8 @@ class _FleetAction(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
+        from gpustation.fleet.fleet import load_fleet_config
+
         try:
             config = load_fleet_config()
         except UsageError as err:
@@ -101,6 +101,8 @@ class _FleetAction(argparse.Action):
 
 
 def _prometheus_url(text: str) -> str:
+    from gpustation.fleet.promapi import check_url
+
     try:
         return check_url(text)
     except UsageError as err:

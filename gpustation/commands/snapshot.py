@@ -15,10 +15,7 @@ import sys
 
 from gpustation import paths
 from gpustation.commands import options
-from gpustation.commands.fleet import run_snapshot_fleet, run_snapshot_prometheus
 from gpustation.commands.options import add_fleet_options, add_gpu_options
-from gpustation.control.fans import UNATTENDED_HINT, unattended_manual_fans
-from gpustation.control.lease import left_notes
 from gpustation.errors import UsageError
 from gpustation.telemetry.backend import parse_gpu_list
 from gpustation.telemetry.host import HostSampler
@@ -59,8 +56,12 @@ def run(args: argparse.Namespace) -> int:
     hosts = list(getattr(args, "host", []) or [])
     prometheus = getattr(args, "prometheus", None)
     if prometheus:
+        from gpustation.commands.fleet import run_snapshot_prometheus
+
         return run_snapshot_prometheus(args, prometheus)
     if hosts:
+        from gpustation.commands.fleet import run_snapshot_fleet
+
         return run_snapshot_fleet(args, hosts)
 
     # The host's CPU use is measured from here to the end of the first sample:
@@ -109,6 +110,8 @@ def _say_if_cache_read_only() -> None:
 
 
 def _emit(snap: Snapshot, as_json: bool, watching: bool = False) -> None:
+    from gpustation.control.lease import left_notes
+
     out = sys.stdout
     # Limits a killed sweep left changed (the control layer's leases; telemetry
     # knows nothing of them).
@@ -130,6 +133,8 @@ def _emit(snap: Snapshot, as_json: bool, watching: bool = False) -> None:
     out.write(render_snapshot(snap, color=color))
     out.write("\n")
     if any("manual" in g.fan_control for g in snap.gpus):
+        from gpustation.control.fans import UNATTENDED_HINT, unattended_manual_fans
+
         for index, fans in unattended_manual_fans(snap.gpus, snap.simulated).items():
             which = ", ".join(map(str, fans))
             out.write(

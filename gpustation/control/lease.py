@@ -29,7 +29,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpustation.control.journal import control_lock
 from gpustation.errors import GpustationError
 from gpustation.paths import state_dir
 
@@ -223,6 +222,7 @@ def check_free(
 
 def take(lease: Lease) -> None:
     """Write ``lease``, under the control lock; LeaseHeld when a live owner has its GPUs."""
+    from gpustation.control.journal import control_lock
 
     with control_lock():
         check_free(lease.gpus, lease.simulated, lease.id, f"{lease.owner}'s lease")

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from gpustation.runners import common, lora, resnet
+from gpustation.runners import common
 from gpustation.runs.metrics import MetricsWriter
 
 WORKLOADS = ("resnet", "lora")
@@ -29,9 +29,13 @@ WORKLOADS = ("resnet", "lora")
 def build_parser(workload: str = "resnet") -> argparse.ArgumentParser:
     """The workload's own parser plus the search options."""
     if workload == "resnet":
+        from gpustation.runners import resnet
+
         parser = resnet.build_parser()
         parser.set_defaults(batch_size=32, steps=3, compile=False)
     else:
+        from gpustation.runners import lora
+
         parser = lora.build_parser()
         parser.set_defaults(batch_size=4, steps=3, compile=False)
     parser.prog = "python -m gpustation.runners.batchsize"
@@ -58,6 +62,8 @@ def build_parser(workload: str = "resnet") -> argparse.ArgumentParser:
 
 
 def _resnet_trial(args: argparse.Namespace, device: torch.device) -> Callable[[int], None]:
+    from gpustation.runners import resnet
+
     trainer = resnet.make_trainer(args, device)
 
     def run(batch: int) -> None:
@@ -70,6 +76,8 @@ def _resnet_trial(args: argparse.Namespace, device: torch.device) -> Callable[[i
 
 
 def _lora_trial(args: argparse.Namespace, device: torch.device) -> Callable[[int], None]:
+    from gpustation.runners import lora
+
     prec = common.Precision(args.precision, device)
     prec.apply_backend_flags()
     model, _ = lora.prepare_model(args, device)
