@@ -37,6 +37,7 @@ def _user_dir(kind: str) -> Path:
         if not os.path.isabs(base):
             base = os.path.join(home(), default.removeprefix("~/"))
         return Path(base) / APP
+    # platform: only off Linux
     import platformdirs
 
     getter = {
@@ -90,6 +91,7 @@ def _owner_hint(path: Path) -> str:
     me = os.geteuid()
     if owner == me:
         return ""
+    # platform: POSIX only
     import pwd
 
     try:

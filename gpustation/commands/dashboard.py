@@ -21,6 +21,7 @@ def run(args: argparse.Namespace) -> int:
     if prometheus:
         if hosts:
             raise UsageError("--prometheus: give --host or --prometheus, not both")
+        # start-up time: the TUI (textual)
         from gpustation.tui.fleet import FleetApp
 
         app = FleetApp(
@@ -31,9 +32,11 @@ def run(args: argparse.Namespace) -> int:
         finally:
             app.fleet.close()
     if hosts:
+        # start-up time: the TUI (textual)
         from gpustation.tui.fleet import run_fleet
 
         return run_fleet(hosts, refresh_s=refresh, ssh_config=getattr(args, "ssh_config", None))
+    # start-up time: the TUI (textual)
     from gpustation.tui.app import run_dashboard
 
     # [record] enabled = true: the dashboard keeps a flight recording meanwhile;

@@ -138,6 +138,7 @@ def _emit(states: Sequence[HostState], as_json: bool, watching: bool) -> None:
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         sys.stdout.flush()
         return
+    # start-up time: rich, for terminal output only
     from rich.console import Console
     from rich.text import Text
 

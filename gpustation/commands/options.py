@@ -80,6 +80,7 @@ class _FleetAction(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
+        # start-up time: the fleet config, only with --host
         from gpustation.fleet.fleet import load_fleet_config
 
         try:
@@ -101,6 +102,7 @@ class _FleetAction(argparse.Action):
 
 
 def _prometheus_url(text: str) -> str:
+    # start-up time: the fleet, only with --prometheus
     from gpustation.fleet.promapi import check_url
 
     try:

@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         doc["argv"] = argv
         print(json.dumps(doc, indent=2))
         return 0
+    # start-up time: rich, for terminal output only
     from rich.table import Table
 
     table = Table.grid(padding=(0, 2))
@@ -137,6 +138,7 @@ def _print_list(presets: dict[str, RunPreset]) -> None:
         dirs = " or ".join(str(d) for _, d in preset_dirs())
         print(f"no run presets found (looked in {dirs})")
         return
+    # start-up time: rich, for terminal output only
     from rich.table import Table
 
     table = Table(box=None, header_style="bold", pad_edge=False)

@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         for doc in recording.iter_docs():
             sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
         return 0
+    # start-up time: the TUI (textual)
     from gpustation.tui.replay import run_replay
 
     return run_replay(recording, speed=speed, start=start)

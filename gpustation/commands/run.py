@@ -180,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
     resumed_from = None
     resume_warnings: tuple[str, ...] = ()
     if args.resume:
+        # start-up time: the run store (sqlite3)
         from gpustation.runs.resume import plan_resume
 
         plan = plan_resume(args.resume, args.set, preset_name=args.preset)
@@ -339,6 +340,7 @@ class _Progress:
     def start(self, total: int) -> None:
         if not self.fancy or self.bar is not None:
             return
+        # start-up time: rich, for terminal output only
         from rich.console import Console
         from rich.progress import (
             BarColumn,
@@ -500,6 +502,7 @@ def _report(directory: Path, state: rundir.RunState | None, run: RunSummary) -> 
     if run.best_throughput is not None:
         parts.append(f"- best {run.best_throughput:.1f} {run.throughput_unit or '/s'}")
     try:
+        # start-up time: the run store (sqlite3)
         from gpustation.runs.store import RunStore
 
         record = RunStore().get(state.id)

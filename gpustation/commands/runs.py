@@ -235,6 +235,7 @@ def _print_list(records: list[RunSummary]) -> None:
     if not records:
         print("no runs yet; start one with `gpustation run PRESET`")
         return
+    # start-up time: rich, for terminal output only
     from rich.table import Table
 
     price = _price()
@@ -288,6 +289,7 @@ def _resumed_text(r: RunSummary) -> str | None:
 
 
 def _print_show(r: RunSummary) -> None:
+    # start-up time: rich, for terminal output only
     from rich.table import Table
 
     table = Table.grid(padding=(0, 2))
@@ -345,6 +347,7 @@ def _print_show(r: RunSummary) -> None:
     out = console()
     out.print(table)
     if r.summary:
+        # start-up time: rich, for terminal output only
         from rich.text import Text
 
         out.print(Text.assemble(("summary ", "bold"), strict_json(r.summary, indent=None)))

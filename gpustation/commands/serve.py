@@ -117,6 +117,7 @@ def _warning(host: str, port: int, tls: bool = False, auth: bool = False) -> str
 
 def run(args: argparse.Namespace) -> int:
     """Sample and serve until interrupted (Ctrl-C or SIGTERM)."""
+    # start-up time: the exporter (prometheus_client)
     from gpustation.serve.exporter import Exporter, is_loopback, parse_listen
     from gpustation.serve.http import load_users, serve, tls_context
 

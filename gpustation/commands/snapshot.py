@@ -56,10 +56,12 @@ def run(args: argparse.Namespace) -> int:
     hosts = list(getattr(args, "host", []) or [])
     prometheus = getattr(args, "prometheus", None)
     if prometheus:
+        # start-up time: the fleet, only with --prometheus
         from gpustation.commands.fleet import run_snapshot_prometheus
 
         return run_snapshot_prometheus(args, prometheus)
     if hosts:
+        # start-up time: the fleet, only with --host
         from gpustation.commands.fleet import run_snapshot_fleet
 
         return run_snapshot_fleet(args, hosts)
@@ -110,6 +112,7 @@ def _say_if_cache_read_only() -> None:
 
 
 def _emit(snap: Snapshot, as_json: bool, watching: bool = False) -> None:
+    # start-up time: the lease notes (dataclasses), only when some are left
     from gpustation.control.lease import left_notes
 
     out = sys.stdout
@@ -133,6 +136,7 @@ def _emit(snap: Snapshot, as_json: bool, watching: bool = False) -> None:
     out.write(render_snapshot(snap, color=color))
     out.write("\n")
     if any("manual" in g.fan_control for g in snap.gpus):
+        # start-up time: the fan control (dataclasses), only for the table
         from gpustation.control.fans import UNATTENDED_HINT, unattended_manual_fans
 
         for index, fans in unattended_manual_fans(snap.gpus, snap.simulated).items():

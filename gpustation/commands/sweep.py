@@ -221,6 +221,7 @@ def _print_plan(sweep: Sweep, limits: dict[str, dict[int, float]]) -> None:
 def _estimate_s(preset: str) -> float | None:
     """The median time of this preset's earlier successful runs, if any."""
     try:
+        # start-up time: the run store (sqlite3)
         from gpustation.runs.store import RunStore
 
         done = [
@@ -310,6 +311,7 @@ def _report(sweep: Sweep) -> None:
 
 
 def print_points(sweep: Sweep) -> None:
+    # start-up time: rich, for terminal output only
     from rich.table import Table
 
     table = Table(box=None, header_style="bold", pad_edge=False)

@@ -143,6 +143,7 @@ def _limits(args: argparse.Namespace) -> tuple[int, int, float]:
 
 
 def _token(args: argparse.Namespace, loopback: bool) -> str | None:
+    # optional extra 'web'
     from gpustation.serve.web import new_token, read_token_file
 
     if args.no_token:
@@ -180,6 +181,7 @@ def _warning(where: str, allow_control: bool) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted (Ctrl-C: 130, SIGTERM: 0)."""
+    # start-up time: the exporter (prometheus_client)
     from gpustation.serve.exporter import is_loopback, parse_listen
 
     host, port = parse_listen(args.listen)
@@ -198,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
     loopback = is_loopback(host)
     token = _token(args, loopback)
     try:
+        # optional extra 'web'
         from gpustation.serve.web import (
             DashboardServer,
             dashboard_command,

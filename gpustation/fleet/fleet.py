@@ -478,6 +478,7 @@ def fleet_document(states: Sequence[HostState]) -> dict[str, Any]:
 
 def fleet_table(rows: Sequence[FleetRow]) -> Any:
     """A Rich table of fleet rows (host column first)."""
+    # start-up time: rich, for terminal output only
     from rich.table import Table
     from rich.text import Text
 

@@ -57,6 +57,7 @@ class Monitor:
             self.reason = "no GPU (running on the CPU)"
             return
         try:
+            # guarded: a machine without NVML still runs the burn-in
             import pynvml
 
             pynvml.nvmlInit()

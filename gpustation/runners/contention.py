@@ -227,6 +227,7 @@ def main(args: argparse.Namespace) -> int:
         return _child(args)
     # Only the parent watches the GPU and prints the table: the role children,
     # started once per phase, do without those imports (NVML's, rich's).
+    # start-up time: rich, for the report only
     from gpustation.runs.phases import HEADERS, phase_cells, phase_notes
 
     device = common.pick_device(args.device)

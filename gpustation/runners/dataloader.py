@@ -63,6 +63,7 @@ class JpegImages(torch.utils.data.Dataset):  # type: ignore[type-arg]
     """A fixed set of JPEG-encoded images, decoded and augmented on every access."""
 
     def __init__(self, count: int, source_size: int, image_size: int, classes: int, seed: int):
+        # start-up time: torchvision, only where it is used
         from torchvision.io import encode_jpeg
 
         g = torch.Generator().manual_seed(seed)
@@ -82,6 +83,7 @@ class JpegImages(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return self.length
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        # start-up time: torchvision, only where it is used
         from torchvision.io import decode_jpeg
 
         j = i % len(self.jpegs)
@@ -89,6 +91,7 @@ class JpegImages(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
 
 def _train_transform(image_size: int) -> Any:
+    # start-up time: torchvision, only where it is used
     from torchvision.transforms import v2
 
     return v2.Compose(
@@ -103,6 +106,7 @@ def _train_transform(image_size: int) -> Any:
 
 def _dataset(args: argparse.Namespace) -> torch.utils.data.Dataset:  # type: ignore[type-arg]
     if args.data:
+        # start-up time: torchvision, only where it is used
         import torchvision
         from torchvision.transforms import v2
 
@@ -123,6 +127,7 @@ def _model(args: argparse.Namespace) -> nn.Module:
             nn.Flatten(),
             nn.Linear(16, args.num_classes),
         )
+    # start-up time: torchvision, only where it is used
     import torchvision
 
     model: nn.Module = torchvision.models.get_model(args.model, num_classes=args.num_classes)

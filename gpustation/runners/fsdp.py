@@ -176,6 +176,7 @@ def build_model(args: argparse.Namespace, device: torch.device) -> tuple[Any, ll
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if args.mode == "lora":
+        # start-up time: peft, only where it is used
         from peft import LoraConfig, get_peft_model
 
         with _quiet():
@@ -191,6 +192,7 @@ def build_model(args: argparse.Namespace, device: torch.device) -> tuple[Any, ll
 
 def shard(model: Any, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """fully_shard every decoder layer, then the root; returns what was applied."""
+    # start-up time: torch.distributed, only where it is used
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     kwargs: dict[str, Any] = {"reshard_after_forward": SHARDING[args.sharding]}
@@ -234,6 +236,7 @@ def accelerate_config_text(args: argparse.Namespace, world_size: int) -> str:
 @contextlib.contextmanager
 def process_group(device_name: str | None) -> Iterator[common.Dist]:
     """The launcher's process group, or a one-process group so FSDP runs alone too."""
+    # start-up time: torch.distributed, only where it is used
     import torch.distributed as dist
 
     with common.distributed(device_name) as d:

@@ -39,6 +39,7 @@ def nvml_checks() -> tuple[list[Check], dict[str, Any]]:
     """Driver and NVML versions through NVML, as nvidia-smi would read them."""
     facts: dict[str, Any] = {}
     try:
+        # guarded: a machine without NVML gets a failed check
         import pynvml
     except ImportError:
         return [
@@ -161,6 +162,7 @@ def torch_checks(facts: dict[str, Any], size: int) -> list[Check]:
                     "install a torch build that supports this GPU generation",
                 )
             )
+    # start-up time: torch.distributed, only where it is used
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_nccl_available():

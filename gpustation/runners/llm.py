@@ -116,6 +116,7 @@ def llama_config(
 ) -> Any:
     """The LlamaConfig of a preset, sized for the byte tokenizer unless it says otherwise;
     ``overrides`` replaces shape keys (``num_hidden_layers``, ``hidden_size``, ...)."""
+    # start-up time: transformers, only where it is used
     from transformers import LlamaConfig
 
     shape = {**MODEL_PRESETS[preset], **(overrides or {})}
@@ -149,6 +150,7 @@ def build_from_preset(
     overrides: dict[str, Any] | None = None,
 ) -> LoadedModel:
     """A Llama-style model with random weights, reproducible from (preset, seed, overrides)."""
+    # start-up time: transformers, only where it is used
     from transformers import LlamaForCausalLM
 
     tok = ByteTokenizer()
@@ -186,6 +188,7 @@ def load_pretrained(
     path: str, device: torch.device, dtype: torch.dtype, load_in_4bit: bool = False
 ) -> LoadedModel:
     """A local Hugging Face checkpoint and its tokenizer (no network access is attempted)."""
+    # start-up time: transformers, only where it is used
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not Path(path).is_dir():
@@ -216,11 +219,13 @@ def _four_bit_kwargs(device: torch.device) -> dict[str, Any]:
             "--load-in-4bit needs a CUDA GPU (bitsandbytes kernels)", common.EXIT_USAGE
         )
     try:
+        # guarded: without it --load-in-4bit says what to install
         import bitsandbytes  # noqa: F401
     except ImportError as exc:
         raise common.RunnerError(
             "--load-in-4bit needs bitsandbytes: pip install bitsandbytes", common.EXIT_USAGE
         ) from exc
+    # start-up time: transformers, only where it is used
     from transformers import BitsAndBytesConfig
 
     return {

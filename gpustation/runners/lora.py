@@ -130,6 +130,7 @@ def base_dtype(args: argparse.Namespace) -> torch.dtype:
 
 
 def lora_config(args: argparse.Namespace) -> Any:
+    # start-up time: peft, only where it is used
     from peft import LoraConfig
 
     targets: Any = args.target_modules
@@ -147,6 +148,7 @@ def lora_config(args: argparse.Namespace) -> Any:
 
 def prepare_model(args: argparse.Namespace, device: torch.device) -> tuple[Any, llm.LoadedModel]:
     """The base model (loaded or built) wrapped with a fresh LoRA adapter."""
+    # start-up time: peft, only where it is used
     from peft import get_peft_model, prepare_model_for_kbit_training
 
     loaded = llm.load_model(args, device, base_dtype(args), args.load_in_4bit)
@@ -517,6 +519,7 @@ def load_adapter(
     adapter_dir: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
 ) -> Any:
     """Rebuild the base model an adapter was trained on and load the adapter onto it."""
+    # start-up time: peft, only where it is used
     from peft import PeftModel
 
     adapter_dir = Path(adapter_dir)

@@ -116,6 +116,7 @@ def make_trainer(
     args: argparse.Namespace, device: torch.device, dist: common.Dist | None = None
 ) -> Trainer:
     """Build the model and a step function honouring precision, layout, compile and accumulation."""
+    # start-up time: torchvision, only where it is used
     import torchvision
 
     graphs = bool(getattr(args, "cuda_graphs", False))
@@ -236,6 +237,7 @@ def folder_batches(
     args: argparse.Namespace, device: torch.device, dist: common.Dist
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Batches from an ImageFolder through a DataLoader, looping over epochs."""
+    # start-up time: torchvision, only where it is used
     import torchvision
     from torchvision.transforms import v2
 

@@ -272,6 +272,7 @@ def start_run(
     directory, run_id, warnings = handle.run_dir, handle.id, handle.warnings
     rundir.write_json(directory / rundir.RUN_JSON, run)
     rundir.write_state(directory, RunState(id=run_id, status="starting"))
+    # start-up time: the run store (sqlite3)
     from gpustation.runs.store import RunStore, sync_run
 
     try:

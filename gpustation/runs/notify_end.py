@@ -46,6 +46,7 @@ def notify_end(directory: Path, state: RunState) -> None:
     run: RunSummary | None = None
     price_text = None
     try:
+        # guarded: a failure here never changes the run's outcome
         from gpustation.runs.cost import load_price
         from gpustation.runs.store import record_from_dir
 

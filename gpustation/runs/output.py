@@ -34,6 +34,7 @@ class _RstripLines:
 
 def console(width: int = 200) -> Any:
     """A console on stdout; piped (no terminal), wide enough not to fold, no trailing blanks."""
+    # start-up time: rich, for terminal output only
     from rich.console import Console
 
     if sys.stdout.isatty():

@@ -51,6 +51,7 @@ def terminate_group(
     records them, so they are found even once their parent has died).
     ``force_now`` cuts the waits short (a second Ctrl-C).
     """
+    # start-up time: psutil, only when processes are inspected
     import psutil
 
     group_ok = bool(pgid)

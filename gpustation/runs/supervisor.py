@@ -81,6 +81,7 @@ def become_subreaper() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
+        # platform: Linux only (prctl)
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
@@ -95,6 +96,7 @@ def _own_descendants(child_pid: int) -> list[Any]:
     Zombies among its children are reaped here, all but the child's: its
     exit status is for ``Popen.wait``.
     """
+    # start-up time: psutil, only when processes are inspected
     import psutil
 
     try:
@@ -124,6 +126,7 @@ def _reap(pid: int) -> None:
 
 def _sweep_descendants(child_pid: int, grace_s: float = 1.0) -> None:
     """SIGTERM, grace, SIGKILL to every descendant still there (re-parented ones too)."""
+    # start-up time: psutil, only when processes are inspected
     import psutil
 
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
@@ -228,6 +231,7 @@ def live_descendants(pid: int, known: list[list[float]]) -> list[list[float]]:
     a descendant whose parent died stays listed while it lives: it is exactly
     the process a stop could not find any other way.
     """
+    # start-up time: psutil, only when processes are inspected
     import psutil
 
     try:
@@ -263,6 +267,7 @@ def _run_pids(child_pid: int, state: RunState) -> set[int]:
 
 
 def _finish(directory: Path, state: RunState) -> None:
+    # start-up time: the run store (sqlite3)
     from gpustation.runs.store import RunStore
 
     # A short wait for a locked index: the row is caught up with later.
@@ -285,6 +290,7 @@ def _record_final(
     row and ``state.json``, tried again every second for a while, or until
     ``signalled`` says a signal asked the supervisor to go.
     """
+    # start-up time: the run store (sqlite3)
     from gpustation.runs.store import RunStore
 
     try:
@@ -308,6 +314,7 @@ def _record_final(
                 pass
         if not row_ok:
             try:
+                # start-up time: the run store (sqlite3)
                 from gpustation.runs.store import sync_run
 
                 sync_run(directory, store, state=state)
@@ -484,6 +491,7 @@ def supervise(directory: Path) -> int:
     signals_at_end = len(stop_signal)
     _record_final(directory, state, lambda: len(stop_signal) > signals_at_end)
     try:
+        # guarded: a failure here never changes the run's outcome
         from gpustation.runs.notify_end import notify_end
 
         notify_end(directory, state)

@@ -460,6 +460,7 @@ class SweepRunner:
             point.limits_w[s.index] = s.power_limit_w
 
     def _restore(self) -> None:
+        # cycle: gpustation.runs.sweep_owner imports this module
         from gpustation.runs.sweep_owner import restore_limits
 
         try:
@@ -493,6 +494,7 @@ class SweepRunner:
         point.run_id = handle.id
         self.sweep.save()
         self.wait(handle.run_dir)
+        # cycle: gpustation.runs.sweep_report imports this module
         from gpustation.runs.sweep_report import point_figures
 
         point.figures = point_figures(handle.run_dir, self.sweep.warmup_s)

@@ -310,6 +310,7 @@ def _span(values: list[float]) -> tuple[float, float]:
 
 def terminal_plot(sweep: Sweep, width: int = 80, height: int = 20) -> str:
     """The same scatter drawn with plotext for the terminal, the recommended points marked."""
+    # start-up time: plotext, only when a plot is drawn
     import plotext as plt
 
     points = measured(sweep)

@@ -162,16 +162,19 @@ def open_backend(
     if sim_card is None:
         sim_card = os.environ.get("GPUSTATION_SIM_CARD") or None
     if simulate is not None:
+        # cycle: gpustation.telemetry.sim imports this module
         from gpustation.telemetry.sim import SimBackend
 
         return SimBackend.open(count=None if simulate < 0 else simulate, card=sim_card)
     try:
+        # cycle: gpustation.telemetry.nvml imports this module
         from gpustation.telemetry.nvml import NvmlBackend
 
         return NvmlBackend(one_shot=one_shot)
     except NoDriverError as err:
         if not fallback_to_sim:
             raise
+        # cycle: gpustation.telemetry.sim imports this module
         from gpustation.telemetry.sim import SimBackend
 
         backend = SimBackend.open(count=None, card=sim_card)

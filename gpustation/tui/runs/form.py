@@ -488,6 +488,7 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
 
     def open_command_form(self) -> None:
         """Launch any command instead: the command form, whose launch this form's is."""
+        # cycle: gpustation.tui.runs.command_form imports this module
         from gpustation.tui.runs.command_form import CommandDialog
 
         def chosen(request: LaunchRequest | None) -> None:
@@ -530,6 +531,7 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
             self.query_one("#launch-error", Label).update(f"not saved: {message.error}")
             return
         self.app.notify(f"Saved preset {message.name} ({message.path}).", title="Runs")
+        # cycle: gpustation.tui.runs.controller imports this module
         from gpustation.tui.runs.controller import runs_ui
 
         runs_ui(self.app).reload_presets()  # type: ignore[arg-type]
