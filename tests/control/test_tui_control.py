@@ -10,6 +10,7 @@ from unittest.mock import ANY
 
 import pytest
 from textual.pilot import Pilot
+from textual.widgets import Label, Static
 
 from gpustation.telemetry.model import HostSample
 from gpustation.tui.app import DashboardApp
@@ -201,7 +202,7 @@ def test_power_cap_dialog_steps_within_the_range(sim: RecordingSim) -> None:
             await wait_until(pilot, lambda: isinstance(app.screen, PowerCapDialog), "the dialog")
             dialog = app.screen
             assert isinstance(dialog, PowerCapDialog)
-            assert "Valid range 150-600 W" in str(dialog.query_one("#power-range").content)
+            assert "Valid range 150-600 W" in str(dialog.query_one("#power-range", Label).content)
             await pilot.press("minus", "minus", "minus")
             assert dialog.watts == 420.0
             for _ in range(30):  # far past the top: held at the card's maximum
@@ -236,7 +237,9 @@ def test_revert_now_and_the_journal_screen(sim: RecordingSim) -> None:
             await wait_until(pilot, lambda: isinstance(app.screen, JournalScreen), "the journal")
             await wait_until(
                 pilot,
-                lambda: "440 W -> 450 W" in str(app.screen.query_one("#journal-text").content),
+                lambda: (
+                    "440 W -> 450 W" in str(app.screen.query_one("#journal-text", Static).content)
+                ),
                 "the journal text",
             )
 

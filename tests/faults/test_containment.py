@@ -82,10 +82,10 @@ def test_runs_stop_ends_a_double_forked_worker(
     handle = launch(preset("escape"))
     log = handle.run_dir / rundir.OUTPUT_LOG
     wait_until(lambda: log.exists() and "forked" in log.read_text(), TIMEOUT, "the fork")
-    (escaped,) = wait_until(lambda: with_marker(marker), TIMEOUT, "the escaped worker")  # type: ignore[misc]
-    assert escaped.ppid() == (rundir.read_state(handle.run_dir).supervisor_pid), (  # type: ignore[union-attr]
-        "re-parented to the supervisor"
-    )
+    (escaped,) = wait_until(lambda: with_marker(marker), TIMEOUT, "the escaped worker")
+    running = rundir.read_state(handle.run_dir)
+    assert running is not None
+    assert escaped.ppid() == running.supervisor_pid, "re-parented to the supervisor"
     result = subprocess.run(
         gpustation_cmd("runs", "stop", handle.id, "--grace", "2"),
         capture_output=True,
@@ -113,15 +113,19 @@ def test_a_stop_without_the_supervisor_still_finds_the_worker(
     handle = launch(preset("escape"))
     wait_until(lambda: with_marker(marker), TIMEOUT, "the escaped worker")
     (worker,) = with_marker(marker)
+
+    def is_listed() -> bool:
+        state = rundir.read_state(handle.run_dir) or handle.state
+        return state is not None and worker.pid in [int(p) for p, _ in state.descendants]
+
     wait_until(
-        lambda: (
-            worker.pid
-            in [int(p) for p, _ in (rundir.read_state(handle.run_dir) or handle.state).descendants]
-        ),  # type: ignore[union-attr]
+        is_listed,
         TIMEOUT,
         "the worker to be listed",
     )
-    supervisor = rundir.read_state(handle.run_dir).supervisor_pid  # type: ignore[union-attr]
+    listed = rundir.read_state(handle.run_dir)
+    assert listed is not None
+    supervisor = listed.supervisor_pid
     os.kill(supervisor or 0, signal.SIGKILL)
     final = stop_run(handle.id, grace_s=1.0, wait_s=10.0)
     assert final is not None and final.status == "stopped"

@@ -14,6 +14,7 @@ import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,7 +50,7 @@ def _refuse(name: str) -> object:
     raise AssertionError(f"not strict JSON: {name}")
 
 
-def strict(text: str) -> object:
+def strict(text: str) -> Any:
     """Parse as any strict JSON parser would: NaN and Infinity refused."""
     return json.loads(text, parse_constant=_refuse)
 
@@ -79,7 +80,7 @@ def test_every_bad_metrics_line_is_counted_and_skipped(runs_env: RunsEnv) -> Non
     assert "Traceback" not in result.stderr
     assert "succeeded" in result.stderr
 
-    (listed,) = strict(gs("runs", "list", "--json").stdout)  # type: ignore[misc]
+    (listed,) = strict(gs("runs", "list", "--json").stdout)
     assert listed["status"] == "succeeded"
     assert listed["malformed_metrics"] == bad_metrics_lines()
     assert (listed["steps"], listed["final_loss"], listed["best_loss"]) == (5, 0.5, 0.5)
@@ -90,10 +91,10 @@ def test_every_bad_metrics_line_is_counted_and_skipped(runs_env: RunsEnv) -> Non
     shown = gs("runs", "show", "last")
     assert shown.returncode == 0, shown.stderr
     assert f"malformed metric lines  {bad_metrics_lines()}" in shown.stdout
-    assert strict(gs("runs", "show", "last", "--json").stdout)["steps"] == 5  # type: ignore[index]
+    assert strict(gs("runs", "show", "last", "--json").stdout)["steps"] == 5
     compared = gs("runs", "compare", "last", listed["id"], "--json")
     assert compared.returncode == 0, compared.stderr
-    rows = {r["name"]: r for r in strict(compared.stdout)["rows"]}  # type: ignore[index]
+    rows = {r["name"]: r for r in strict(compared.stdout)["rows"]}
     assert rows["final loss"]["values"] == [0.5, 0.5]
     assert gs("runs", "compare", "last", listed["id"]).returncode == 0
     assert gs("runs", "list").returncode == 0
@@ -230,10 +231,10 @@ def test_a_lost_or_damaged_index_is_rebuilt_from_the_run_directories(
             db_rows()
     listed = gs("runs", "list", "--json")
     assert listed.returncode == 0, listed.stderr
-    assert sorted(r["id"] for r in strict(listed.stdout)) == sorted(ids)  # type: ignore[union-attr]
+    assert sorted(r["id"] for r in strict(listed.stdout)) == sorted(ids)
     assert "rebuilt the run history from 2 run directories" in listed.stderr
     shown = gs("runs", "show", ids[0], "--json")
-    assert shown.returncode == 0 and strict(shown.stdout)["status"] == "succeeded"  # type: ignore[index]
+    assert shown.returncode == 0 and strict(shown.stdout)["status"] == "succeeded"
     assert gs("runs", "compare", *ids).returncode == 0
     # The next writer (a run) writes the index again, with every run in it.
     third = launch(run_preset("ok"))  # type: ignore[arg-type]
@@ -259,7 +260,7 @@ def test_a_run_starts_while_the_index_is_locked_and_is_recorded_after(runs_env: 
             p.name for p in rundir.run_dir(first).parent.iterdir() if p.name not in db_rows()
         )
         # Still locked: readers find the run from its directory.
-        listed = {r["id"]: r["status"] for r in strict(gs("runs", "list", "--json").stdout)}  # type: ignore[union-attr]
+        listed = {r["id"]: r["status"] for r in strict(gs("runs", "list", "--json").stdout)}
         assert listed[run_id] == "succeeded"
     finally:
         locker.execute("ROLLBACK")
@@ -339,7 +340,7 @@ def test_a_stopped_run_whose_supervisor_was_killed_is_stopped_not_lost(
     assert checked is not None and checked.status == "stopped"
     assert "stopped by user (SIGINT)" in (checked.reason or "")
     listed = strict(gs("runs", "list", "--json").stdout)
-    assert [r["status"] for r in listed] == ["stopped"]  # type: ignore[union-attr]
+    assert [r["status"] for r in listed] == ["stopped"]
     assert "stopped" in gs("runs", "show", "last").stdout
     # The writer records it so.
     assert [s.status for s in record_lost_runs()] == ["stopped"]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.runners.conftest import RunRunner
+from tests.runners.conftest import RunResult, RunRunner
 
 pytestmark = pytest.mark.slow
 
 
-def _one_stream(r) -> None:  # type: ignore[no-untyped-def]
+def _one_stream(r: RunResult) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     # one training line and at most one eval line per step: rank 0 alone writes
     for kind in ("loss", "eval_loss"):

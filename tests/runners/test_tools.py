@@ -106,7 +106,11 @@ def test_dataloader_judge_recommends_cheapest_setting_that_keeps_up() -> None:
 
 def test_batch_search_bisects_to_the_limit() -> None:
     for limit in (1, 7, 13, 64, 100):
-        best, tried = batchsize.search(lambda b, lim=limit: b <= lim, 4, 1000, 1)
+
+        def fits(b: int, lim: int = limit) -> bool:
+            return b <= lim
+
+        best, tried = batchsize.search(fits, 4, 1000, 1)
         assert best == limit, (limit, tried)
     best, _ = batchsize.search(lambda b: b <= 37, 8, 1000, 8)
     assert best == 32  # a multiple of 8

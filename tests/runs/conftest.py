@@ -9,12 +9,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypedDict
+from typing import TypedDict, TypeVar
 
 import psutil
 import pytest
 
 from gpustation.runs import rundir
+
+T = TypeVar("T")
 
 CHILDREN = Path(__file__).resolve().parent / "children"
 
@@ -40,7 +42,7 @@ def command_preset(name: str, script: str, *extra: str, args: str = "", more: st
     return text
 
 
-def wait_until(condition: Callable[[], object], timeout: float = 30.0, what: str = "") -> object:
+def wait_until(condition: Callable[[], T], timeout: float = 30.0, what: str = "") -> T:
     """Poll ``condition`` until it is truthy; fail the test after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:

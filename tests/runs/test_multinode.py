@@ -219,7 +219,11 @@ def test_runs_stop_ends_every_node(nodes: LoopbackSshd) -> None:
     state = wait_for_end(directory, timeout=60)
     assert state is not None and state.status == "stopped", state
     for host in (HOST_A, HOST_B):
-        wait_until(lambda h=host: not node_processes(h), 30, f"{host}'s processes to end")
+
+        def gone(h: str = host) -> bool:
+            return not node_processes(h)
+
+        wait_until(gone, 30, f"{host}'s processes to end")
     assert_no_process([pid for pids in running.values() for pid in pids])
     doc = read_nodes(directory) or {}
     assert {n["status"] for n in doc["nodes"]} == {"stopped"}, doc

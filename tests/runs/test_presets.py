@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,7 +188,7 @@ def test_format_args() -> None:
 
 def test_argv_for_each_launcher() -> None:
     py = "/py"
-    base = dict(name="p", runner="resnet", args={"steps": 3})
+    base: dict[str, Any] = dict(name="p", runner="resnet", args={"steps": 3})
     assert build_argv(RunPreset(**base), [0], python=py) == [
         py,
         "-P",

@@ -149,7 +149,7 @@ def test_limits_a_killed_sweep_left_are_restored_by_the_next(runs_env: RunsEnv) 
 
 def test_a_power_limit_axis_needs_root(monkeypatch: pytest.MonkeyPatch) -> None:
     planned = sweep.Sweep(id="x", preset="p", axes={}, power_limits=["70%"], gpus=[0])
-    monkeypatch.setattr(sweep.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(NeedsRootError) as err:
         sweep.require_root_for(planned, simulated=False)
     assert err.value.exit_code == EXIT_NEEDS_ROOT
@@ -238,7 +238,7 @@ def test_a_plain_sweep_restores_first_the_limits_a_killed_sweep_left(runs_env: R
         assert f"sweep {killed.id}: GPU 0 315 W -> {before[0]:g} W, GPU 1 315 W" in dry.stdout
         assert _limits() == [315.0, 315.0] and not sweep.load_sweep(killed.id).restored
         # the killed sweep's point run goes on: the next sweep refuses, naming it
-        plain_argv = ("sweep", "sweepy", "--simulate", "2", "--set", "sleep=0.05")
+        plain_argv: tuple[str, ...] = ("sweep", "sweepy", "--simulate", "2", "--set", "sleep=0.05")
         plain_argv += ("--set", "steps=1")
         busy = gs(*plain_argv)
         assert busy.returncode == 1, busy.stderr

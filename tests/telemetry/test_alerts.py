@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from gpustation.telemetry.alerts import AlertLog, IdleRule, evaluate, topology_findings
+from gpustation.telemetry.alerts import Alert, AlertLog, IdleRule, evaluate, topology_findings
 from gpustation.telemetry.model import (
     GpuLink,
     GpuSample,
@@ -49,7 +50,7 @@ def snap(t: float, *gpus: GpuSample, topology: Topology | None = None) -> Snapsh
     return Snapshot(hostname="h", time=t, gpus=list(gpus), topology=topology or Topology())
 
 
-def rules(alerts) -> set[tuple[str, int]]:  # type: ignore[no-untyped-def]
+def rules(alerts: Iterable[Alert]) -> set[tuple[str, int]]:
     return {(a.rule, a.gpu) for a in alerts}
 
 

@@ -685,7 +685,11 @@ async def test_the_screen_reads_finished_and_lost_runs_without_writing(
         table.focus()
         for run_id in (done.id, lost.id):
             table.move_cursor(row=table.get_row_index(run_id))
-            await wait_for(pilot, lambda run_id=run_id: ui.selected == run_id)
+
+            def selected(run_id: str = run_id) -> bool:
+                return ui.selected == run_id
+
+            await wait_for(pilot, selected)
             await wait_for(pilot, lambda: "trainer done" in log_text(app))
         assert str(table.get_cell(lost.id, "status")) == "lost"
     assert snapshot([done.run_dir, lost.run_dir]) == before
