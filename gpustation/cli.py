@@ -15,6 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from gpustation import __version__, paths, privs
 from gpustation.commands.options import add_fleet_options, add_gpu_options
@@ -62,7 +63,7 @@ def _command_in(argv: Sequence[str]) -> str | None:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"gpustation: error: {message}\n")
 

@@ -13,6 +13,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpustation.commands.run import follow
 from gpustation.errors import UsageError
@@ -44,6 +45,9 @@ from gpustation.runs.store import RunStore, record_from_dir
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry import format as fmt
 from gpustation.textsafe import safe
+
+if TYPE_CHECKING:
+    from rich.console import Console, JustifyMethod
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -156,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     raise UsageError(f"unknown action {action!r}")
 
 
-def _print_profile(out: object, r: RunSummary) -> None:
+def _print_profile(out: Console, r: RunSummary) -> None:
     """The top kernels and ops of a run recorded with ``--profile``, if it has them."""
 
     if not r.run_dir:
@@ -165,7 +169,7 @@ def _print_profile(out: object, r: RunSummary) -> None:
     if data is None:
         return
     for renderable in profile_tables(data, Path(r.run_dir)):
-        out.print(renderable)  # type: ignore[attr-defined]
+        out.print(renderable)
 
 
 def _tidy(store: RunStore, args: argparse.Namespace) -> int:
@@ -240,7 +244,7 @@ def _print_list(records: list[RunSummary]) -> None:
 
     price = _price()
     table = Table(box=None, header_style="bold", pad_edge=False)
-    columns = [
+    columns: list[tuple[str, JustifyMethod]] = [
         ("ID", "left"),
         ("PRESET", "left"),
         ("STATUS", "left"),
@@ -255,7 +259,7 @@ def _print_list(records: list[RunSummary]) -> None:
     if price is not None:
         columns.append(("COST", "right"))
     for column, justify in columns:
-        table.add_column(column, justify=justify, no_wrap=column == "ID")  # type: ignore[arg-type]
+        table.add_column(column, justify=justify, no_wrap=column == "ID")
     for r in records:
         cost = [price.text(r.energy_j)] if price is not None else []
         table.add_row(

@@ -24,7 +24,7 @@ from gpustation.runs import rundir
 from gpustation.runs.argv import resolve_gpus
 from gpustation.runs.launch import launch
 from gpustation.runs.output import console
-from gpustation.runs.presets import find_preset, load_presets
+from gpustation.runs.presets import RunPreset, find_preset, load_presets
 from gpustation.runs.stop import stop_run
 from gpustation.runs.sweep import (
     Sweep,
@@ -242,13 +242,13 @@ def _wait(directory: Path) -> None:
         time.sleep(0.2)  # polling the run's state file
 
 
-def _run(sweep: Sweep, preset: object, backend: object, args: argparse.Namespace) -> int:
+def _run(sweep: Sweep, preset: RunPreset, backend: Backend, args: argparse.Namespace) -> int:
     for warning in notify_warnings():  # each run's end is notified by its supervisor
         print(f"gpustation: warning: {warning}", file=sys.stderr)
     runner = SweepRunner(
         sweep,
-        preset,  # type: ignore[arg-type]
-        backend if sweep.power_limits else None,  # type: ignore[arg-type]
+        preset,
+        backend if sweep.power_limits else None,
         launch=launch,
         wait=_wait,
         stop=lambda directory: stop_run(directory, grace_s=args.grace, by="gpustation sweep"),

@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class JpegImages(torch.utils.data.Dataset):  # type: ignore[type-arg]
+class JpegImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     """A fixed set of JPEG-encoded images, decoded and augmented on every access."""
 
     def __init__(self, count: int, source_size: int, image_size: int, classes: int, seed: int):
@@ -104,15 +104,15 @@ def _train_transform(image_size: int) -> Any:
     )
 
 
-def _dataset(args: argparse.Namespace) -> torch.utils.data.Dataset:  # type: ignore[type-arg]
+def _dataset(args: argparse.Namespace) -> torch.utils.data.Dataset[tuple[torch.Tensor, int]]:
     if args.data:
         # start-up time: torchvision, only where it is used
         import torchvision
         from torchvision.transforms import v2
 
         tf = v2.Compose([v2.ToImage(), _train_transform(args.image_size)])
-        images: torch.utils.data.Dataset[Any] = torchvision.datasets.ImageFolder(
-            args.data, transform=tf
+        images: torch.utils.data.Dataset[tuple[torch.Tensor, int]] = (
+            torchvision.datasets.ImageFolder(args.data, transform=tf)
         )
         return images
     return JpegImages(64, args.source_size, args.image_size, args.num_classes, args.seed)
@@ -167,6 +167,7 @@ def main(args: argparse.Namespace) -> int:
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
     model = _model(args).to(device).to(memory_format=fmt)
     if args.compile:
+        # torch types compile() as returning a callable; given a module it returns one
         model = torch.compile(model)  # type: ignore[assignment]
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     scaler = prec.scaler()

@@ -207,6 +207,7 @@ def load_pretrained(
         # Architectures without an SDPA path fall back to their default attention.
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if not load_in_4bit:
+        # transformers wraps PreTrainedModel.to in a decorator whose type drops self
         model = model.to(device)  # type: ignore[arg-type]
     model.config.use_cache = False
     info = {"kind": "path", "model_path": str(Path(path).resolve()), "load_in_4bit": load_in_4bit}

@@ -133,6 +133,7 @@ def make_trainer(
     if dist is not None:
         model = common.data_parallel(model, dist, device)
     if args.compile:
+        # torch types compile() as returning a callable; given a module it returns one
         model = torch.compile(model)  # type: ignore[assignment]
 
     opt_kwargs: dict[str, Any] = {"lr": args.lr, "momentum": 0.9, "weight_decay": 5e-5}

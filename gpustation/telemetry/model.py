@@ -480,13 +480,15 @@ class Snapshot:
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
-        return _to_dict(self)  # type: ignore[no-any-return]
+        doc: dict[str, Any] = _to_dict(self)
+        return doc
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Snapshot:
         if data.get("schema") != SCHEMA:
             raise ValueError(f"not a {SCHEMA} document (schema={data.get('schema')!r})")
-        return _from_dict(cls, data)  # type: ignore[no-any-return]
+        snap: Snapshot = _from_dict(cls, data)
+        return snap
 
     def gpu(self, index: int) -> GpuSample | None:
         for gpu in self.gpus:
