@@ -136,12 +136,12 @@ class PtyProgram:
 
     def wait_exit(self, timeout: float = TIMEOUT_S) -> int:
         deadline = time.monotonic() + timeout
-        while self.poll() is None:
+        while (code := self.poll()) is None:
             if time.monotonic() > deadline:
                 raise AssertionError(f"the program did not end; the screen:\n{self.screen()}")
             time.sleep(0.05)  # polling for the program's end
         self._reader.join(timeout=10)  # take the last of its output
-        return self.exit_code  # type: ignore[return-value]
+        return code
 
     def close(self) -> None:
         """End the program (SIGTERM, then SIGKILL) and release the terminal."""

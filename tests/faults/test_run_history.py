@@ -21,7 +21,7 @@ import pytest
 from gpustation.runs import rundir
 from gpustation.runs.fold import MetricsFold
 from gpustation.runs.launch import launch
-from gpustation.runs.presets import load_presets
+from gpustation.runs.presets import RunPreset, load_presets
 from gpustation.runs.reconcile import check_run, record_lost_runs
 from gpustation.runs.stop import wait_for_end
 from gpustation.runs.store import RunStore, db_path, record_from_dir
@@ -64,7 +64,7 @@ def db_rows() -> dict[str, str]:
         conn.close()
 
 
-def run_preset(name: str) -> object:
+def run_preset(name: str) -> RunPreset:
     presets, problems = load_presets()
     assert name in presets, problems
     return presets[name]
@@ -176,8 +176,9 @@ def test_the_follower_takes_a_long_line_in_bites(tmp_path: Path) -> None:
 
 def test_bad_telemetry_lines_do_not_stop_the_summary(runs_env: RunsEnv) -> None:
     runs_env["write_preset"]("ok", command_preset("ok", "train_ok", args="steps = 2"))
-    handle = launch(run_preset("ok"))  # type: ignore[arg-type]
-    assert wait_for_end(handle.run_dir, TIMEOUT).status == "succeeded"  # type: ignore[union-attr]
+    handle = launch(run_preset("ok"))
+    end = wait_for_end(handle.run_dir, TIMEOUT)
+    assert end is not None and end.status == "succeeded"
     with open(handle.run_dir / rundir.TELEMETRY_FILE, "ab") as fh:
         for bad in (
             b"[" * 3000,
@@ -199,7 +200,7 @@ def _two_runs(runs_env: RunsEnv) -> list[str]:
     runs_env["write_preset"]("ok", command_preset("ok", "train_ok", args="steps = 2"))
     ids = []
     for _ in range(2):
-        handle = launch(run_preset("ok"))  # type: ignore[arg-type]
+        handle = launch(run_preset("ok"))
         state = wait_for_end(handle.run_dir, TIMEOUT)
         assert state is not None and state.status == "succeeded"
         ids.append(handle.id)
@@ -237,7 +238,7 @@ def test_a_lost_or_damaged_index_is_rebuilt_from_the_run_directories(
     assert shown.returncode == 0 and strict(shown.stdout)["status"] == "succeeded"
     assert gs("runs", "compare", *ids).returncode == 0
     # The next writer (a run) writes the index again, with every run in it.
-    third = launch(run_preset("ok"))  # type: ignore[arg-type]
+    third = launch(run_preset("ok"))
     wait_for_end(third.run_dir, TIMEOUT)
     wait_until(lambda: len(db_rows()) == 3, TIMEOUT, "the rebuilt index")
     assert set(db_rows()) == {*ids, third.id}
@@ -323,7 +324,7 @@ def test_a_stopped_run_whose_supervisor_was_killed_is_stopped_not_lost(
     runs_env: RunsEnv, tmp_path: Path
 ) -> None:
     runs_env["write_preset"]("wait", command_preset("wait", "wait_file", str(tmp_path / "never")))
-    handle = launch(run_preset("wait"))  # type: ignore[arg-type]
+    handle = launch(run_preset("wait"))
     state = rundir.read_state(handle.run_dir)
     assert state is not None and state.supervisor_pid and state.pgid
     rundir.request_stop(handle.run_dir, "user")
@@ -344,7 +345,8 @@ def test_a_stopped_run_whose_supervisor_was_killed_is_stopped_not_lost(
     assert "stopped" in gs("runs", "show", "last").stdout
     # The writer records it so.
     assert [s.status for s in record_lost_runs()] == ["stopped"]
-    assert rundir.read_state(handle.run_dir).status == "stopped"  # type: ignore[union-attr]
+    final = rundir.read_state(handle.run_dir)
+    assert final is not None and final.status == "stopped"
     assert db_rows() == {handle.id: "stopped"}
 
 
@@ -371,7 +373,7 @@ def test_simulated_runs_say_simulated_everywhere(runs_env: RunsEnv) -> None:
     from gpustation.tui.runs.widgets import run_header
 
     runs_env["write_preset"]("ok", command_preset("ok", "train_ok", args="steps = 2"))
-    handle = launch(run_preset("ok"))  # type: ignore[arg-type]
+    handle = launch(run_preset("ok"))
     wait_for_end(handle.run_dir, TIMEOUT)
     for argv in (
         ("runs", "list"),
@@ -414,7 +416,8 @@ def test_two_runs_on_one_gpu_warn_and_share_the_energy(runs_env: RunsEnv, tmp_pa
     alone = gs("run", "wait", "--detach", "--gpus", "1").stdout.strip()
     release.touch()
     wait_for_end(rundir.run_dir(alone), TIMEOUT)
-    assert RunStore().get(alone).energy_shared is False  # type: ignore[union-attr]
+    record = RunStore().get(alone)
+    assert record is not None and record.energy_shared is False
 
 
 def test_a_log_line_too_long_keeps_its_end(tmp_path: Path) -> None:

@@ -226,7 +226,8 @@ def test_lost_when_supervisor_and_child_die_unrecorded(runs_env: RunsEnv, tmp_pa
 def test_gpu_choice_reaches_the_child(runs_env: RunsEnv, gpus: list[int] | None) -> None:
     runs_env["write_preset"]("ok", command_preset("ok", "train_ok", args="steps = 1"))
     handle = launch(preset_named("ok"), gpus=gpus)
-    assert wait_for_end(handle.run_dir, TIMEOUT).status == "succeeded"  # type: ignore[union-attr]
+    end = wait_for_end(handle.run_dir, TIMEOUT)
+    assert end is not None and end.status == "succeeded"
     run = rundir.read_run(handle.run_dir)
     assert run is not None
     expected = "1" if gpus else "0"  # the preset asks for 1 GPU: the first

@@ -84,7 +84,8 @@ def finished_run(gpustation_dirs: dict[str, Path], run_id: str = "timeline-run")
 
 
 async def select(pilot: Pilot[Any], run_id: str) -> None:
-    app: DashboardApp = pilot.app  # type: ignore[assignment]
+    app = pilot.app
+    assert isinstance(app, DashboardApp)
     ui = runs_ui(app)
     await wait_for(pilot, lambda: run_id in ui.history_ids)
     table = app.screen.query_one("#runs-table", DataTable)

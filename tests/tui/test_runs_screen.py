@@ -183,7 +183,8 @@ def plain(app: DashboardApp, selector: str) -> str:
 
 async def open_runs(pilot: Pilot[Any]) -> RunsUI:
     """Press r and wait until the presets are listed."""
-    app: DashboardApp = pilot.app  # type: ignore[assignment]
+    app = pilot.app
+    assert isinstance(app, DashboardApp)
     await wait_for(pilot, lambda: app.frame is not None)
     await pilot.press("r")
     assert app.current_mode == "runs"
@@ -216,7 +217,8 @@ def argv_shown(dialog: LaunchDialog) -> str:
 
 async def launch_by_key(pilot: Pilot[Any], name: str, **values: str) -> RunView:
     """Highlight ``name``, press l, fill the form, Enter; return the new run's view."""
-    app: DashboardApp = pilot.app  # type: ignore[assignment]
+    app = pilot.app
+    assert isinstance(app, DashboardApp)
     ui = runs_ui(app)
     before = set(ui.views)
     await highlight_preset(pilot, name)
