@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpustation import __version__, paths, privs
+from gpustation.commands.options import add_fleet_options, add_gpu_options
 from gpustation.errors import EXIT_INTERRUPTED, EXIT_USAGE, GpustationError, UsageError
 
 # subcommand -> module that implements it
@@ -66,9 +67,9 @@ def _command_in(argv: Sequence[str]) -> str | None:
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.commands: argparse._SubParsersAction | None = None
+        self.commands: argparse._SubParsersAction[argparse.ArgumentParser] | None = None
 
-    def add_subparsers(self, **kwargs: Any) -> argparse._SubParsersAction:
+    def add_subparsers(self, **kwargs: Any) -> argparse._SubParsersAction[argparse.ArgumentParser]:
         self.commands = super().add_subparsers(**kwargs)
         return self.commands
 
@@ -90,7 +91,6 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(only: str | None = None) -> _Parser:
     """The full parser, or one where only command ``only`` is fully defined."""
-    from gpustation.commands.options import add_fleet_options, add_gpu_options
 
     parser = _Parser(
         prog="gpustation",

@@ -38,7 +38,7 @@ def read_config(path: Path | None = None) -> dict[str, Any]:
         return {}
     text = read_text(path, "the config file")
     try:
-        doc = tomllib.loads(text)
+        doc: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise UsageError(f"{path}: not valid TOML ({err})") from None
     _warn_if_shared(path, doc)

@@ -159,6 +159,7 @@ class Notifier:
     def _service(self) -> Any:
         if self._apprise is None:
             try:
+                # optional extra 'notify'
                 import apprise
             except ImportError:
                 raise RuntimeError(
@@ -201,6 +202,7 @@ def notify_problems(config: NotifyConfig, path: Path | None = None) -> list[str]
         return []
     where = f"{path or config_path()} [notify]"
     try:
+        # optional extra 'notify'
         import apprise
     except ImportError:
         return [

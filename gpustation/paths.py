@@ -17,6 +17,9 @@ import os
 import sys
 from pathlib import Path
 
+from gpustation.errors import UsageError
+from gpustation.privs import home
+
 APP = "gpustation"
 
 _XDG = {
@@ -32,10 +35,9 @@ def _user_dir(kind: str) -> Path:
         base = os.environ.get(var, "").strip()
         # a relative XDG path is invalid by the specification, and ignored
         if not os.path.isabs(base):
-            from gpustation.privs import home
-
             base = os.path.join(home(), default.removeprefix("~/"))
         return Path(base) / APP
+    # platform: only off Linux
     import platformdirs
 
     getter = {
@@ -89,6 +91,7 @@ def _owner_hint(path: Path) -> str:
     me = os.geteuid()
     if owner == me:
         return ""
+    # platform: POSIX only
     import pwd
 
     try:
@@ -117,7 +120,6 @@ def check_writable_dirs(only_read: bool = False) -> None:
     that ``only_read``s starts on a read-only or missing directory (and says
     itself what it cannot keep there); one that is a file is still refused.
     """
-    from gpustation.errors import UsageError
 
     for env, path in (("GPUSTATION_DATA_DIR", data_dir()), ("GPUSTATION_STATE_DIR", state_dir())):
         where = f"{env}={path}" if os.environ.get(env) else f"{path} (set {env} to move it)"

@@ -9,6 +9,7 @@ a run or a preset (:data:`HOSTILE`) may never do once it reaches a terminal.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import fcntl
 import os
@@ -94,7 +95,7 @@ class PtyProgram:
         with self._lock:
             return "\n".join(self._screen.display)
 
-    def send(self, keys: bytes) -> None:
+    def send(self, keys: builtins.bytes) -> None:
         os.write(self.fd, keys)
 
     def wait_for(self, condition: Callable[[str], bool], what: str) -> str:
@@ -102,7 +103,9 @@ class PtyProgram:
         self._wait(lambda: condition(self.screen()), what)
         return self.screen()
 
-    def wait_for_bytes(self, condition: Callable[[bytes], bool], what: str) -> bytes:
+    def wait_for_bytes(
+        self, condition: Callable[[builtins.bytes], bool], what: str
+    ) -> builtins.bytes:
         """Poll what the terminal received until ``condition`` holds (whatever the
         screen made of it)."""
         self._wait(lambda: condition(self.bytes()), what)
@@ -133,12 +136,12 @@ class PtyProgram:
 
     def wait_exit(self, timeout: float = TIMEOUT_S) -> int:
         deadline = time.monotonic() + timeout
-        while self.poll() is None:
+        while (code := self.poll()) is None:
             if time.monotonic() > deadline:
                 raise AssertionError(f"the program did not end; the screen:\n{self.screen()}")
             time.sleep(0.05)  # polling for the program's end
         self._reader.join(timeout=10)  # take the last of its output
-        return self.exit_code  # type: ignore[return-value]
+        return code
 
     def close(self) -> None:
         """End the program (SIGTERM, then SIGKILL) and release the terminal."""

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 
 class Receiver:
     def __init__(self) -> None:
-        self.messages: list[dict] = []
+        self.messages: list[dict[str, Any]] = []
         self.got = threading.Event()
         receiver = self
 

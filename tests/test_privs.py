@@ -16,6 +16,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, TypedDict
 
 import pytest
 
@@ -42,11 +43,18 @@ print("IDS " + json.dumps({"workload": ids(os.getpid()), "supervisor": ids(os.ge
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="acting for another user needs root")
 
 
+class NobodyHome(TypedDict):
+    python: str
+    home: Path
+    env: dict[str, str]
+    extra: list[str]
+
+
 def _user_python() -> tuple[str, list[str]]:
     """An interpreter uid 65534 can run (this one may live in root's home), and the
     import path it needs to find this checkout's dependencies."""
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    candidates = [(sys.executable, [])]
+    candidates: list[tuple[str, list[str]]] = [(sys.executable, [])]
     system = shutil.which(version, path="/usr/bin:/usr/local/bin")
     if system:
         candidates.append((system, site.getsitepackages()))
@@ -72,7 +80,7 @@ def _user_python() -> tuple[str, list[str]]:
 
 
 @pytest.fixture
-def nobody_home() -> Iterator[dict]:
+def nobody_home() -> Iterator[NobodyHome]:
     """uid 65534's home (outside root's private tmp) with a preset that says who runs it."""
     python, extra = _user_python()
     base = Path(tempfile.mkdtemp(prefix="gpustation-sudo-"))
@@ -103,9 +111,8 @@ def _sudo(env: dict[str, str]) -> dict[str, str]:
 
 
 def _gpustation(
-    ctx: dict, *args: str, env: dict[str, str], as_nobody: bool = False
+    ctx: NobodyHome, *args: str, env: dict[str, str], as_nobody: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    who = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if as_nobody else {}
     return subprocess.run(
         [ctx["python"], "-m", "gpustation", *args],
         env=env,
@@ -113,7 +120,9 @@ def _gpustation(
         capture_output=True,
         text=True,
         timeout=180,
-        **who,
+        user=NOBODY if as_nobody else None,
+        group=NOBODY if as_nobody else None,
+        extra_groups=[] if as_nobody else None,
     )
 
 
@@ -125,15 +134,16 @@ def _not_nobodys(root: Path) -> list[str]:
     ]
 
 
-def _ids_of(run_dir: Path) -> dict:
+def _ids_of(run_dir: Path) -> dict[str, Any]:
     for line in (run_dir / "output.log").read_text().splitlines():
         if line.startswith("IDS "):
-            return json.loads(line[4:])
+            ids: dict[str, Any] = json.loads(line[4:])
+            return ids
     raise AssertionError(f"no IDS line in {run_dir / 'output.log'}")
 
 
 def test_a_sweep_under_sudo_runs_and_writes_as_the_user_and_sets_limits_as_root(
-    nobody_home: dict,
+    nobody_home: NobodyHome,
 ) -> None:
     ctx = nobody_home
     # A simulated card that, like the driver, refuses a limit not set as root.
@@ -173,7 +183,7 @@ def test_a_sweep_under_sudo_runs_and_writes_as_the_user_and_sets_limits_as_root(
 
 
 def test_a_power_limit_under_sudo_reaches_the_driver_as_root_and_journals_as_the_user(
-    nobody_home: dict,
+    nobody_home: NobodyHome,
 ) -> None:
     ctx = nobody_home
     scenario = ctx["home"] / "nvml.json"
@@ -294,7 +304,7 @@ def test_a_python_the_user_cannot_run_is_named_and_the_run_recorded_failed(
 
 
 def test_under_sudo_a_directory_root_left_in_the_users_home_is_named_not_written(
-    nobody_home: dict,
+    nobody_home: NobodyHome,
 ) -> None:
     ctx = nobody_home
     left = ctx["home"] / ".local" / "share" / "gpustation"

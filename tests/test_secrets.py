@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -53,9 +54,9 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.lstat().st_mode)
 
 
-def _wait_for(condition: object, what: str) -> None:
+def _wait_for(condition: Callable[[], object], what: str) -> None:
     deadline = time.monotonic() + TIMEOUT
-    while not condition():  # type: ignore[operator]
+    while not condition():
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         time.sleep(0.05)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 
 from gpustation.errors import UsageError
+from gpustation.fleet.fleet import load_fleet_config
+from gpustation.fleet.prometheus import prometheus_fleet
 from gpustation.telemetry.backend import parse_gpu_list
+from gpustation.telemetry.recorder import RecordError, recorder_from_config
 
 
 def run(args: argparse.Namespace) -> int:
@@ -18,8 +21,7 @@ def run(args: argparse.Namespace) -> int:
     if prometheus:
         if hosts:
             raise UsageError("--prometheus: give --host or --prometheus, not both")
-        from gpustation.fleet.fleet import load_fleet_config
-        from gpustation.fleet.prometheus import prometheus_fleet
+        # start-up time: the TUI (textual)
         from gpustation.tui.fleet import FleetApp
 
         app = FleetApp(
@@ -30,10 +32,11 @@ def run(args: argparse.Namespace) -> int:
         finally:
             app.fleet.close()
     if hosts:
+        # start-up time: the TUI (textual)
         from gpustation.tui.fleet import run_fleet
 
         return run_fleet(hosts, refresh_s=refresh, ssh_config=getattr(args, "ssh_config", None))
-    from gpustation.telemetry.recorder import RecordError, recorder_from_config
+    # start-up time: the TUI (textual)
     from gpustation.tui.app import run_dashboard
 
     # [record] enabled = true: the dashboard keeps a flight recording meanwhile;

@@ -15,7 +15,7 @@ from gpustation.textsafe import safe
 from gpustation.timespec import parse_since
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "energy",
         help="the GPU energy and cost of the runs, per day or per preset",

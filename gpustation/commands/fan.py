@@ -29,7 +29,7 @@ from gpustation.errors import EXIT_FAILURE, NotSupportedError, UsageError
 from gpustation.telemetry.backend import Backend
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "fan",
         help="show fans, run a fan curve, or hand the fans back to the card",

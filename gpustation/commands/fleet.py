@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from gpustation.errors import EXIT_UNREACHABLE, UsageError
@@ -22,6 +23,7 @@ from gpustation.fleet.fleet import (
     load_fleet_config,
     rows_from_states,
 )
+from gpustation.fleet.prometheus import prometheus_fleet
 from gpustation.fleet.ssh import DOWN, GARBAGE, UP, HostState, parse_host
 from gpustation.telemetry.sampler import ticks
 
@@ -61,7 +63,6 @@ def run_snapshot_prometheus(args: argparse.Namespace, url: str) -> int:
     """
     if getattr(args, "host", None):
         raise UsageError("--prometheus: give --host or --prometheus, not both")
-    from gpustation.fleet.prometheus import prometheus_fleet
 
     config = load_fleet_config()
     watch = getattr(args, "watch", None)
@@ -120,7 +121,6 @@ def _timed_out(st: HostState) -> HostState:
         return st
     if st.state in (DOWN, GARBAGE):
         return st
-    from dataclasses import replace
 
     return replace(st, state=DOWN, error=f"no snapshot within {FIRST_SNAPSHOT_TIMEOUT_S + 5:.0f} s")
 
@@ -138,6 +138,7 @@ def _emit(states: Sequence[HostState], as_json: bool, watching: bool) -> None:
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         sys.stdout.flush()
         return
+    # start-up time: rich, for terminal output only
     from rich.console import Console
     from rich.text import Text
 

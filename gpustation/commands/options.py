@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from gpustation import paths
+from gpustation.errors import UsageError
 from gpustation.telemetry.backend import Backend, parse_gpu_list, select_gpus
 from gpustation.telemetry.registry import open_backend
 
@@ -79,8 +81,7 @@ class _FleetAction(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
-        from gpustation import paths
-        from gpustation.errors import UsageError
+        # start-up time: the fleet config, only with --host
         from gpustation.fleet.fleet import load_fleet_config
 
         try:
@@ -102,7 +103,7 @@ class _FleetAction(argparse.Action):
 
 
 def _prometheus_url(text: str) -> str:
-    from gpustation.errors import UsageError
+    # start-up time: the fleet, only with --prometheus
     from gpustation.fleet.promapi import check_url
 
     try:
@@ -202,8 +203,6 @@ def gpus_suffix(args: argparse.Namespace) -> str:
 
 
 def check_interval(args: argparse.Namespace) -> None:
-    from gpustation.errors import UsageError
-
     interval = getattr(args, "interval", None)
     if interval is not None and not 0.05 <= interval <= 60:
         raise UsageError(f"--interval: between 0.05 and 60 seconds, got {interval:g}")

@@ -27,7 +27,7 @@ from gpustation.textsafe import safe
 _FORCE_HELP = "end a sweep that owns these GPUs' limits first (it puts its limits back as it ends)"
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "power",
         help="show, set or reset the GPUs' power limits",

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from gpustation.runs.argv import build_argv, format_args
 from gpustation.runs.output import console
 from gpustation.runs.presets import (
     PresetProblem,
@@ -20,7 +21,7 @@ from gpustation.runs.presets import (
 from gpustation.textsafe import safe
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "presets",
         help="list run presets or show one",
@@ -91,7 +92,6 @@ def run(args: argparse.Namespace) -> int:
     preset, _parsed, warnings = apply_values(preset, parse_sets(args.set))
     for warning in warnings:
         print(f"gpustation: warning: {warning}", file=sys.stderr)
-    from gpustation.runs.argv import build_argv, format_args
 
     # The GPUs a launch would pick when the machine has enough (for nproc).
     if isinstance(preset.gpus, list):
@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         doc["argv"] = argv
         print(json.dumps(doc, indent=2))
         return 0
+    # start-up time: rich, for terminal output only
     from rich.table import Table
 
     table = Table.grid(padding=(0, 2))
@@ -138,6 +139,7 @@ def _print_list(presets: dict[str, RunPreset]) -> None:
         dirs = " or ".join(str(d) for _, d in preset_dirs())
         print(f"no run presets found (looked in {dirs})")
         return
+    # start-up time: rich, for terminal output only
     from rich.table import Table
 
     table = Table(box=None, header_style="bold", pad_edge=False)

@@ -26,7 +26,7 @@ from gpustation.paths import user_profiles_dir
 from gpustation.textsafe import safe
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "profile",
         help="list, show or apply hardware profiles (power limit + fan curve)",

@@ -15,7 +15,7 @@ from gpustation.runs.queue.scheduler import ensure_running, running
 from gpustation.textsafe import safe
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "queue",
         help="the runs waiting for GPUs (run ... --queue), in the order they start",

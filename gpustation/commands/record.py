@@ -23,7 +23,11 @@ from typing import TYPE_CHECKING
 
 from gpustation.commands.options import add_gpu_options, backend_from_args
 from gpustation.errors import UsageError
+from gpustation.notify import alert_notifier_from_config, notify_warnings
+from gpustation.telemetry.alerts import AlertLog, idle_rule_or_default
 from gpustation.telemetry.backend import parse_gpu_list
+from gpustation.telemetry.recorder import Recorder, RecordError, parse_size
+from gpustation.telemetry.sampler import Sampler
 
 if TYPE_CHECKING:
     from gpustation.notify import AlertNotifier
@@ -35,7 +39,7 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 60.0
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "record",
         help="record the GPUs' telemetry to a compressed file for `gpustation replay`",
@@ -84,9 +88,6 @@ def _kib(n: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpustation.telemetry.recorder import Recorder, RecordError, parse_size
-    from gpustation.telemetry.sampler import Sampler
-
     interval = check_interval(args.interval)
     max_size = parse_size(args.max_size)
     if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
@@ -177,8 +178,6 @@ class _AlertsNotified:
     """The alert rules over each recorded snapshot, their GPU events sent as they start."""
 
     def __init__(self, notifier: AlertNotifier) -> None:
-        from gpustation.telemetry.alerts import AlertLog, idle_rule_or_default
-
         self.notifier = notifier
         self.alerts = AlertLog(idle=idle_rule_or_default())
 
@@ -193,8 +192,6 @@ class _AlertsNotified:
 
 
 def _alert_notifying() -> _AlertsNotified | None:
-    from gpustation.notify import alert_notifier_from_config, notify_warnings
-
     notifier = alert_notifier_from_config()
     for warning in notify_warnings():
         print(f"gpustation: warning: {warning}", file=sys.stderr, flush=True)

@@ -18,10 +18,11 @@ from pathlib import Path
 
 from gpustation import colour
 from gpustation.errors import UsageError
+from gpustation.telemetry.recording import SPEEDS, Recording
 from gpustation.timespec import parse_time
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "replay",
         help="replay a recording made by `gpustation record` (or print one moment of it)",
@@ -58,8 +59,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpustation.telemetry.recording import SPEEDS, Recording
-
     speed = args.speed
     if not (math.isfinite(speed) and SPEEDS[0] <= speed <= SPEEDS[-1]):
         raise UsageError(f"--speed: between {SPEEDS[0]:g} and {SPEEDS[-1]:g}, got {speed:g}")
@@ -91,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         for doc in recording.iter_docs():
             sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
         return 0
+    # start-up time: the TUI (textual)
     from gpustation.tui.replay import run_replay
 
     return run_replay(recording, speed=speed, start=start)

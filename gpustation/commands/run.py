@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -24,14 +25,26 @@ from typing import Any
 
 from gpustation.commands.options import add_gpu_options
 from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, UsageError
+from gpustation.fleet.fleet import load_fleet_config
+from gpustation.notify import notify_warnings
 from gpustation.runs import rundir
-from gpustation.runs.presets import command_preset, parse_sets
+from gpustation.runs.follow import RunFollower
+from gpustation.runs.launch import launch
+from gpustation.runs.multinode import (
+    DEFAULT_RDZV_PORT,
+    NodeOptions,
+    parse_hosts,
+    resolve_remote_python,
+)
+from gpustation.runs.nodes import DEFAULT_START_TIMEOUT_S
+from gpustation.runs.presets import command_preset, find_preset, load_presets, parse_sets
+from gpustation.runs.stop import stop_run
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.backend import parse_gpu_list
 from gpustation.telemetry.format import duration
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "run",
         help="start a run from a preset and follow its log",
@@ -170,9 +183,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpustation.runs.launch import launch
-    from gpustation.runs.presets import find_preset, load_presets
-
     if args.grace < 0:
         raise UsageError(f"--grace: 0 or more seconds, got {args.grace:g}")
     command: list[str] = list(getattr(args, "after_dashes", None) or [])
@@ -188,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
     resumed_from = None
     resume_warnings: tuple[str, ...] = ()
     if args.resume:
+        # start-up time: the run store (sqlite3)
         from gpustation.runs.resume import plan_resume
 
         plan = plan_resume(args.resume, sets, preset_name=args.preset)
@@ -201,8 +212,6 @@ def run(args: argparse.Namespace) -> int:
     node_options = _node_options(args)
     wrap: list[str] = []
     if args.launcher == "nsys":
-        import shutil
-
         nsys = shutil.which("nsys")
         if nsys is None:
             raise UsageError(
@@ -244,7 +253,6 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         signal.signal(signal.SIGINT, previous)
         raise
-    from gpustation.notify import notify_warnings
 
     # the run's end is notified by its supervisor, which can only log a bad URL
     for warning in (*resume_warnings, *handle.warnings, *notify_warnings()):
@@ -351,13 +359,6 @@ def _node_options(args: argparse.Namespace) -> Any:
         if given:
             raise UsageError(f"{', '.join(given)} go with --hosts (a multi-node run)")
         return None
-    from gpustation.fleet.fleet import load_fleet_config
-    from gpustation.runs.multinode import (
-        DEFAULT_RDZV_PORT,
-        NodeOptions,
-        parse_hosts,
-        resolve_remote_python,
-    )
 
     hosts = parse_hosts(args.hosts)
     for flag, value in (
@@ -387,8 +388,6 @@ def _node_options(args: argparse.Namespace) -> Any:
 
 
 def _start_timeout(value: float | None) -> float:
-    from gpustation.runs.nodes import DEFAULT_START_TIMEOUT_S
-
     if value is None:
         return DEFAULT_START_TIMEOUT_S
     if not (math.isfinite(value) and 1 <= value <= 3600):
@@ -424,6 +423,7 @@ class _Progress:
     def start(self, total: int) -> None:
         if not self.fancy or self.bar is not None:
             return
+        # start-up time: rich, for terminal output only
         from rich.console import Console
         from rich.progress import (
             BarColumn,
@@ -510,8 +510,6 @@ def follow(
     With ``stop_on_interrupt`` Ctrl-C stops the run (graceful, then firm);
     without it Ctrl-C only stops following and the run goes on.
     """
-    from gpustation.runs.follow import RunFollower
-    from gpustation.runs.stop import stop_run
 
     run = rundir.read_run(directory) or {}
     title = (run.get("preset") or {}).get("name") or directory.name
@@ -587,6 +585,7 @@ def _report(directory: Path, state: rundir.RunState | None, run: RunSummary) -> 
     if run.best_throughput is not None:
         parts.append(f"- best {run.best_throughput:.1f} {run.throughput_unit or '/s'}")
     try:
+        # start-up time: the run store (sqlite3)
         from gpustation.runs.store import RunStore
 
         record = RunStore().get(state.id)

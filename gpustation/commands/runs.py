@@ -11,29 +11,47 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpustation import timefmt
+from gpustation.commands.run import follow
 from gpustation.errors import UsageError
+from gpustation.runs import rundir
 from gpustation.runs.compare import (
     Comparison,
     compare,
     energy_text,
+    fmt_energy,
     fmt_num,
     gpus_text,
     sim_marked,
     status_text,
 )
 from gpustation.runs.cost import Price, price_or_none
+from gpustation.runs.history import (
+    annotate,
+    check_status,
+    delete_runs,
+    prune_candidates,
+)
+from gpustation.runs.nodes import nodes_energy
 from gpustation.runs.output import console, strict_json
 from gpustation.runs.phases import phases_table
-from gpustation.runs.store import RunStore
+from gpustation.runs.profile import profile_tables, read_top_ops
+from gpustation.runs.reconcile import check_run
+from gpustation.runs.stop import stop_run
+from gpustation.runs.store import RunStore, record_from_dir
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry.format import NA
 from gpustation.textsafe import safe
 
+if TYPE_CHECKING:
+    from rich.console import Console, JustifyMethod
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "runs",
         help="list, show, stop and compare runs",
@@ -94,8 +112,6 @@ def run(args: argparse.Namespace) -> int:
     action = getattr(args, "runs_action", None) or "list"
     store = RunStore()
     if action == "list":
-        from gpustation.runs.history import check_status
-
         preset, tag = getattr(args, "preset", None), getattr(args, "tag", None)
         status = getattr(args, "status", None)
         check_status(status, "--status")
@@ -123,8 +139,6 @@ def run(args: argparse.Namespace) -> int:
     if action in ("delete", "prune", "note", "tag"):
         return _tidy(store, args)
     if action == "stop":
-        from gpustation.runs.stop import stop_run
-
         run_id = store.resolve_id(args.id)
         state = stop_run(run_id, grace_s=args.grace)
         record = _get(store, run_id)
@@ -135,9 +149,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"{run_id}: {(state.reason if state else None) or status}")
         return 0
     if action == "follow":
-        from gpustation.commands.run import follow
-        from gpustation.runs import rundir
-
         run_id = store.resolve_id(args.id)
         return follow(rundir.run_dir(run_id), grace_s=None, stop_on_interrupt=args.stop_on_ctrl_c)
     if action == "compare":
@@ -150,11 +161,8 @@ def run(args: argparse.Namespace) -> int:
     raise UsageError(f"unknown action {action!r}")
 
 
-def _print_profile(out: object, r: RunSummary) -> None:
+def _print_profile(out: Console, r: RunSummary) -> None:
     """The top kernels and ops of a run recorded with ``--profile``, if it has them."""
-    from pathlib import Path
-
-    from gpustation.runs.profile import profile_tables, read_top_ops
 
     if not r.run_dir:
         return
@@ -162,11 +170,10 @@ def _print_profile(out: object, r: RunSummary) -> None:
     if data is None:
         return
     for renderable in profile_tables(data, Path(r.run_dir)):
-        out.print(renderable)  # type: ignore[attr-defined]
+        out.print(renderable)
 
 
 def _tidy(store: RunStore, args: argparse.Namespace) -> int:
-    from gpustation.runs.history import annotate, delete_runs, prune_candidates
     from gpustation.timespec import parse_span
 
     if args.runs_action == "delete":
@@ -202,11 +209,6 @@ def _fresh(record: RunSummary) -> RunSummary:
     Its state is checked, so a run whose supervisor died reads ``lost``.
     """
     if record.status in ("starting", "running") and record.run_dir:
-        from pathlib import Path
-
-        from gpustation.runs.reconcile import check_run
-        from gpustation.runs.store import record_from_dir
-
         directory = Path(record.run_dir)
         return record_from_dir(directory, check_run(directory))
     return record
@@ -240,11 +242,12 @@ def _print_list(records: list[RunSummary]) -> None:
     if not records:
         print("no runs yet; start one with `gpustation run PRESET`")
         return
+    # start-up time: rich, for terminal output only
     from rich.table import Table
 
     price = _price()
     table = Table(box=None, header_style="bold", pad_edge=False)
-    columns = [
+    columns: list[tuple[str, JustifyMethod]] = [
         ("ID", "left"),
         ("PRESET", "left"),
         ("STATUS", "left"),
@@ -259,7 +262,7 @@ def _print_list(records: list[RunSummary]) -> None:
     if price is not None:
         columns.append(("COST", "right"))
     for column, justify in columns:
-        table.add_column(column, justify=justify, no_wrap=column == "ID")  # type: ignore[arg-type]
+        table.add_column(column, justify=justify, no_wrap=column == "ID")
     for r in records:
         cost = [price.text(r.energy_j)] if price is not None else []
         table.add_row(
@@ -293,6 +296,7 @@ def _resumed_text(r: RunSummary) -> str | None:
 
 
 def _print_show(r: RunSummary) -> None:
+    # start-up time: rich, for terminal output only
     from rich.table import Table
 
     table = Table.grid(padding=(0, 2))
@@ -365,6 +369,7 @@ def _print_show(r: RunSummary) -> None:
     out = console()
     out.print(table)
     if r.summary:
+        # start-up time: rich, for terminal output only
         from rich.text import Text
 
         out.print(Text.assemble(("summary ", "bold"), strict_json(r.summary, indent=None)))
@@ -380,11 +385,6 @@ def _print_show(r: RunSummary) -> None:
 
 def _node_rows(r: RunSummary) -> list[tuple[str, str | None]]:
     """A multi-node run's nodes: each one's end and GPU energy; its torchrun command."""
-    from pathlib import Path
-
-    from gpustation.runs import rundir
-    from gpustation.runs.compare import fmt_energy
-    from gpustation.runs.nodes import nodes_energy
 
     directory = Path(r.run_dir) if r.run_dir else None
     energies = nodes_energy(directory) if directory is not None else []

@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING
 
 from gpustation.commands.options import add_gpu_options, backend_from_args
 from gpustation.errors import UsageError
+from gpustation.notify import alert_notifier_from_config, notify_warnings
+from gpustation.serve.server import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_KEEP_ALIVE_S,
+    DEFAULT_MAX_CONNECTIONS,
+)
 from gpustation.telemetry.backend import parse_gpu_list
+from gpustation.telemetry.recorder import RecordError, recorder_from_config
+from gpustation.telemetry.sampler import Sampler
 
 if TYPE_CHECKING:
     from gpustation.telemetry.model import Snapshot
@@ -28,13 +36,8 @@ if TYPE_CHECKING:
 DEFAULT_LISTEN = "127.0.0.1:9400"
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``serve`` and its options."""
-    from gpustation.serve.server import (
-        DEFAULT_IDLE_TIMEOUT_S,
-        DEFAULT_KEEP_ALIVE_S,
-        DEFAULT_MAX_CONNECTIONS,
-    )
 
     p = sub.add_parser(
         "serve",
@@ -114,9 +117,9 @@ def _warning(host: str, port: int, tls: bool = False, auth: bool = False) -> str
 
 def run(args: argparse.Namespace) -> int:
     """Sample and serve until interrupted (Ctrl-C or SIGTERM)."""
+    # start-up time: the exporter (prometheus_client)
     from gpustation.serve.exporter import Exporter, is_loopback, parse_listen
     from gpustation.serve.http import load_users, serve, tls_context
-    from gpustation.telemetry.sampler import Sampler
 
     host, port = parse_listen(args.listen)
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -131,7 +134,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--keep-alive: between 0 and 3600 seconds, got {args.keep_alive:g}")
     if not 1 <= args.max_connections <= 10000:
         raise UsageError(f"--max-connections: between 1 and 10000, got {args.max_connections}")
-    from gpustation.telemetry.recorder import RecordError, recorder_from_config
 
     # [record] enabled = true: keep a flight recording of what is served.
     try:
@@ -139,7 +141,6 @@ def run(args: argparse.Namespace) -> int:
     except RecordError as err:
         print(f"gpustation: not recording: {err}", file=sys.stderr, flush=True)
         recorder = None
-    from gpustation.notify import alert_notifier_from_config, notify_warnings
 
     # [notify]: the GPU events (lost, too hot, held idle) the alert rules raise
     alert_notifier = alert_notifier_from_config()
@@ -211,7 +212,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _recording(sample: Callable[[], Snapshot], recorder: Recorder) -> Callable[[], Snapshot]:
     """``sample`` that also records each snapshot; a failed write stops only the recording."""
-    from gpustation.telemetry.recorder import RecordError
 
     state: dict[str, Recorder | None] = {"recorder": recorder}
 

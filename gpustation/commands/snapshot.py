@@ -12,16 +12,19 @@ import argparse
 import json
 import sys
 
-from gpustation import colour
+from gpustation import colour, paths
 from gpustation.commands import options
 from gpustation.commands.options import add_fleet_options, add_gpu_options
 from gpustation.errors import UsageError
 from gpustation.telemetry.backend import parse_gpu_list
+from gpustation.telemetry.host import HostSampler
 from gpustation.telemetry.model import Snapshot
+from gpustation.telemetry.sampler import Sampler, ticks
+from gpustation.telemetry.table import render_snapshot
 from gpustation.textsafe import safe
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "snapshot",
         help="print the GPUs' state once (or every N seconds) as a table or JSON",
@@ -65,16 +68,15 @@ def run(args: argparse.Namespace) -> int:
     if group and (hosts or prometheus):
         raise UsageError("--group sums this machine's processes: leave out --host/--prometheus")
     if prometheus:
+        # start-up time: the fleet, only with --prometheus
         from gpustation.commands.fleet import run_snapshot_prometheus
 
         return run_snapshot_prometheus(args, prometheus)
     if hosts:
+        # start-up time: the fleet, only with --host
         from gpustation.commands.fleet import run_snapshot_fleet
 
         return run_snapshot_fleet(args, hosts)
-
-    from gpustation.telemetry.host import HostSampler
-    from gpustation.telemetry.sampler import Sampler, ticks
 
     # The host's CPU use is measured from here to the end of the first sample:
     # over the time opening the backend and reading the GPUs take anyway.
@@ -111,7 +113,6 @@ def run(args: argparse.Namespace) -> int:
 def _say_if_cache_read_only() -> None:
     """A read-only state directory (ProtectHome=read-only, a read-only container)
     cannot keep the static values between snapshots: say so, and read on."""
-    from gpustation import paths
 
     state = paths.state_dir()
     if not paths.writable(state):
@@ -141,7 +142,6 @@ def _emit(snap: Snapshot, as_json: bool, watching: bool = False, group: str | No
         out.write("\n")
         out.flush()
         return
-    from gpustation.telemetry.table import render_snapshot
 
     tty = out.isatty()
     color = colour.wanted(out)
@@ -150,6 +150,7 @@ def _emit(snap: Snapshot, as_json: bool, watching: bool = False, group: str | No
     out.write(render_snapshot(snap, color=color, group=group))
     out.write("\n")
     if any("manual" in g.fan_control for g in snap.gpus):
+        # start-up time: the fan control (dataclasses), only for the table
         from gpustation.control.fans import UNATTENDED_HINT, unattended_manual_fans
 
         for index, fans in unattended_manual_fans(snap.gpus, snap.simulated).items():

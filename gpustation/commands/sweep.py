@@ -18,8 +18,15 @@ from pathlib import Path
 
 from gpustation import colour
 from gpustation.commands.options import add_gpu_options, backend_from_args
+from gpustation.control import lease
 from gpustation.errors import EXIT_INTERRUPTED, EXIT_OK, GpustationError, UsageError
+from gpustation.notify import notify_warnings
 from gpustation.runs import rundir
+from gpustation.runs.argv import resolve_gpus
+from gpustation.runs.launch import launch
+from gpustation.runs.output import console
+from gpustation.runs.presets import RunPreset, find_preset, load_presets
+from gpustation.runs.stop import stop_run
 from gpustation.runs.sweep.model import (
     Sweep,
     check_preset_takes,
@@ -38,12 +45,20 @@ from gpustation.runs.sweep.owner import (
     unrestored,
     wait_for_runs,
 )
+from gpustation.runs.sweep.report import (
+    TEXT_COLUMNS,
+    point_columns,
+    point_rows,
+    recommendation_text,
+    svg_plot,
+    terminal_plot,
+)
 from gpustation.runs.sweep.runner import SweepRunner, require_root_for
 from gpustation.telemetry.backend import Backend, parse_gpu_list
 from gpustation.textsafe import safe
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "sweep",
         help="run a preset over a grid of settings and find the cheapest one",
@@ -106,9 +121,6 @@ def _within(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpustation.runs.argv import resolve_gpus
-    from gpustation.runs.presets import find_preset, load_presets
-
     if args.repeat < 1 or args.repeat > 20:
         raise UsageError(f"--repeat: between 1 and 20, got {args.repeat}")
     if args.warmup_s is not None and not (math.isfinite(args.warmup_s) and args.warmup_s >= 0):
@@ -163,7 +175,6 @@ def _claim(sweep: Sweep, backend: Backend, args: argparse.Namespace) -> None:
     """One owner at a time: a live sweep on these GPUs refuses this one (or, with
     --force, is ended first); limits killed sweeps left are put back; a run still
     on these GPUs refuses it (or, with --wait, is waited for)."""
-    from gpustation.control import lease
 
     held = holding_sweeps(sweep.gpus, backend) if sweep.gpus else []
     if held and not args.force:
@@ -212,6 +223,7 @@ def _print_plan(sweep: Sweep, limits: dict[str, dict[int, float]]) -> None:
 def _estimate_s(preset: str) -> float | None:
     """The median time of this preset's earlier successful runs, if any."""
     try:
+        # start-up time: the run store (sqlite3)
         from gpustation.runs.store import RunStore
 
         done = [
@@ -232,17 +244,13 @@ def _wait(directory: Path) -> None:
         time.sleep(0.2)  # polling the run's state file
 
 
-def _run(sweep: Sweep, preset: object, backend: object, args: argparse.Namespace) -> int:
-    from gpustation.notify import notify_warnings
-    from gpustation.runs.launch import launch
-    from gpustation.runs.stop import stop_run
-
+def _run(sweep: Sweep, preset: RunPreset, backend: Backend, args: argparse.Namespace) -> int:
     for warning in notify_warnings():  # each run's end is notified by its supervisor
         print(f"gpustation: warning: {warning}", file=sys.stderr)
     runner = SweepRunner(
         sweep,
-        preset,  # type: ignore[arg-type]
-        backend if sweep.power_limits else None,  # type: ignore[arg-type]
+        preset,
+        backend if sweep.power_limits else None,
         launch=launch,
         wait=_wait,
         stop=lambda directory: stop_run(directory, grace_s=args.grace, by="gpustation sweep"),
@@ -291,7 +299,6 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _report(sweep: Sweep) -> None:
-    from gpustation.runs.sweep.report import recommendation_text, svg_plot, terminal_plot
 
     print_points(sweep)
     plot = terminal_plot(sweep, colour=colour.wanted(sys.stdout))
@@ -307,10 +314,10 @@ def _report(sweep: Sweep) -> None:
 
 
 def print_points(sweep: Sweep) -> None:
+    # start-up time: rich, for terminal output only
     from rich.table import Table
 
-    from gpustation.runs.output import console
-    from gpustation.runs.sweep.report import TEXT_COLUMNS, constants, point_columns, point_rows
+    from gpustation.runs.sweep.report import constants
 
     shared = constants(sweep)
     if shared:

@@ -8,13 +8,14 @@ import sys
 
 from gpustation import timefmt
 from gpustation.commands.options import add_gpu_options, backend_from_args
+from gpustation.commands.sweep import _report
 from gpustation.errors import GpustationError
 from gpustation.runs.sweep.model import load_sweep, scan_sweeps
 from gpustation.runs.sweep.owner import restore_limits
 from gpustation.textsafe import safe
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("sweeps", help="the sweeps run so far, their points and findings")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     ls = verbs.add_parser("list", help="every sweep, newest last")
@@ -56,7 +57,6 @@ def run(args: argparse.Namespace) -> int:
             doc = {**sweep.to_dict(), "state": sweep.state_text()}
             print(json.dumps(doc, indent=2, allow_nan=False))
             return 0
-        from gpustation.commands.sweep import _report
 
         print(safe(f"sweep {sweep.id}: {sweep.state_text()}"))
         _report(sweep)

@@ -9,6 +9,7 @@ through ``ssh -L``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import re
 import socket
 import sys
@@ -16,12 +17,19 @@ from pathlib import Path
 
 from gpustation.commands.options import add_gpu_options
 from gpustation.errors import UsageError
+from gpustation.serve.webguard import (
+    IDLE_TIMEOUT_S,
+    MAX_CONNECTIONS,
+    MAX_SESSIONS,
+    canonical_host,
+    listen_names,
+)
 from gpustation.telemetry.backend import parse_gpu_list
 
 DEFAULT_LISTEN = "127.0.0.1:8765"
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``web`` and its options."""
     p = sub.add_parser(
         "web",
@@ -119,7 +127,6 @@ def dashboard_options(args: argparse.Namespace) -> list[str]:
 
 def _limits(args: argparse.Namespace) -> tuple[int, int, float]:
     """(max sessions, max connections, idle timeout) of ``args``; UsageError if out of range."""
-    from gpustation.serve.webguard import IDLE_TIMEOUT_S, MAX_CONNECTIONS, MAX_SESSIONS
 
     sessions = MAX_SESSIONS if args.max_sessions is None else args.max_sessions
     if not 1 <= sessions <= 64:
@@ -137,6 +144,7 @@ def _limits(args: argparse.Namespace) -> tuple[int, int, float]:
 
 
 def _token(args: argparse.Namespace, loopback: bool) -> str | None:
+    # optional extra 'web'
     from gpustation.serve.web import new_token, read_token_file
 
     if args.no_token:
@@ -187,7 +195,6 @@ def run(args: argparse.Namespace) -> int:
     """Serve until interrupted (Ctrl-C: 130, SIGTERM: 0)."""
     _check_web_extra()
     from gpustation.serve.exporter import is_loopback, parse_listen
-    from gpustation.serve.webguard import canonical_host, listen_names
 
     host, port = parse_listen(args.listen)
     host = canonical_host(host).strip("[]")  # 127.1 is 127.0.0.1, and loopback
@@ -204,7 +211,6 @@ def run(args: argparse.Namespace) -> int:
     sessions, connections, idle_s = _limits(args)
     loopback = is_loopback(host)
     token = _token(args, loopback)
-    import asyncio
 
     from gpustation.serve.web import (
         DashboardServer,

@@ -54,6 +54,7 @@ def process_start(pid: int) -> str | None:
         if not fields or fields[0] in ("Z", "X"):
             return None
         return fields[19]  # start time, in clock ticks since boot
+    # start-up time: psutil, only when processes are inspected
     import psutil
 
     try:
@@ -222,6 +223,7 @@ def check_free(
 
 def take(lease: Lease) -> None:
     """Write ``lease``, under the control lock; LeaseHeld when a live owner has its GPUs."""
+    # start-up time: the journal (dataclasses) stays off the snapshot's path
     from gpustation.control.journal import control_lock
 
     with control_lock():

@@ -16,6 +16,7 @@ Nothing here may run on a UI thread: every method can block on the driver.
 
 from __future__ import annotations
 
+import subprocess
 import threading
 from collections.abc import Callable, Sequence
 
@@ -26,6 +27,7 @@ from gpustation.control.fans import fan_gpus, set_fans_auto
 from gpustation.control.power import PowerChange, apply_power, plan_power
 from gpustation.control.profiles import PowerValue, Profile
 from gpustation.errors import GpustationError
+from gpustation.paths import state_dir
 from gpustation.pyargv import python_argv
 from gpustation.telemetry.backend import Backend
 
@@ -149,9 +151,6 @@ class LiveControl:
         later ``gpustation fan auto`` stops it), after this process's curve has
         handed the fans back, so the two never drive them at once.
         """
-        import subprocess
-
-        from gpustation.paths import state_dir
 
         controller, profile = self._controller, self.curve_profile
         if controller is None or profile is None:

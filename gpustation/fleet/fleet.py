@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from gpustation.config import config_path, section
 from gpustation.errors import UsageError
+from gpustation.fleet.promapi import check_url
 from gpustation.fleet.ssh import (
     CONNECTING,
     DOWN,
@@ -93,7 +94,6 @@ _KEYS = {
 
 def _prometheus_keys(table: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     """The ``prometheus*`` keys, checked (the files are read only when used)."""
-    from gpustation.fleet.promapi import check_url
 
     out: dict[str, Any] = {}
     url = table.get("prometheus")
@@ -478,6 +478,7 @@ def fleet_document(states: Sequence[HostState]) -> dict[str, Any]:
 
 def fleet_table(rows: Sequence[FleetRow]) -> Any:
     """A Rich table of fleet rows (host column first)."""
+    # start-up time: rich, for terminal output only
     from rich.table import Table
     from rich.text import Text
 

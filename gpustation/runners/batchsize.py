@@ -29,11 +29,13 @@ WORKLOADS = ("resnet", "lora")
 def build_parser(workload: str = "resnet") -> argparse.ArgumentParser:
     """The workload's own parser plus the search options."""
     if workload == "resnet":
+        # start-up time: each workload loads only its own runner
         from gpustation.runners import resnet
 
         parser = resnet.build_parser()
         parser.set_defaults(batch_size=32, steps=3, compile=False)
     else:
+        # start-up time: each workload loads only its own runner
         from gpustation.runners import lora
 
         parser = lora.build_parser()
@@ -62,6 +64,7 @@ def build_parser(workload: str = "resnet") -> argparse.ArgumentParser:
 
 
 def _resnet_trial(args: argparse.Namespace, device: torch.device) -> Callable[[int], None]:
+    # start-up time: each workload loads only its own runner
     from gpustation.runners import resnet
 
     trainer = resnet.make_trainer(args, device)
@@ -76,6 +79,7 @@ def _resnet_trial(args: argparse.Namespace, device: torch.device) -> Callable[[i
 
 
 def _lora_trial(args: argparse.Namespace, device: torch.device) -> Callable[[int], None]:
+    # start-up time: each workload loads only its own runner
     from gpustation.runners import lora
 
     prec = common.Precision(args.precision, device)

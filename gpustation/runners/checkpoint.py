@@ -243,7 +243,10 @@ def _base_text(info: dict[str, Any]) -> str:
 
 def load(ckpt: Checkpoint, trainer: Trainer, device: torch.device) -> None:
     """Restore the adapter weights, optimizer, LR schedule, grad scaler and RNG states."""
+    # start-up time: peft, only where it is used
     from peft import set_peft_model_state_dict
+
+    # start-up time: safetensors, only where it is used
     from safetensors.torch import load_file
 
     try:

@@ -270,6 +270,7 @@ def init_distributed(device_name: str | None) -> Dist:
     world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if world_size <= 1:
         return Dist()
+    # start-up time: torch.distributed, only where it is used
     import torch.distributed as dist
 
     rank = int(os.environ.get("RANK", "0"))
@@ -287,6 +288,7 @@ def init_distributed(device_name: str | None) -> Dist:
 
 def shutdown_distributed(d: Dist) -> None:
     if d.enabled:
+        # start-up time: torch.distributed, only where it is used
         import torch.distributed as dist
 
         if dist.is_initialized():
@@ -306,6 +308,7 @@ def distributed(device_name: str | None) -> Iterator[Dist]:
     try:
         yield d
         if d.enabled:
+            # start-up time: torch.distributed, only where it is used
             import torch.distributed as dist
 
             if dist.is_initialized():
@@ -327,6 +330,7 @@ def all_reduce_mean(value: float, d: Dist, device: torch.device) -> float:
     """Average a float over ranks (the value itself when run alone)."""
     if not d.enabled:
         return value
+    # start-up time: torch.distributed, only where it is used
     import torch.distributed as dist
 
     t = torch.tensor([value], dtype=torch.float64, device=device)

@@ -38,6 +38,8 @@ import torch
 
 from gpustation.pyargv import python_argv
 from gpustation.runners import common, llm
+from gpustation.runners.gpuwatch import GpuWatch
+from gpustation.runners.infer import generate_timed, percentile
 from gpustation.runs.metrics import METRICS_ENV, MetricsWriter
 
 if TYPE_CHECKING:
@@ -100,8 +102,6 @@ def _child(args: argparse.Namespace) -> int:
             return float(args.batch_size * args.seq_len)
 
     else:
-        from gpustation.runners.infer import generate_timed
-
         model.eval()
         pool = llm.pack(ids, ids, args.prompt_len, min_blocks=args.infer_batch)[:, 0].to(device)
         g = torch.Generator().manual_seed(args.seed)
@@ -130,8 +130,6 @@ def _child(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {"role": args.role, "tokens_per_s": items / elapsed,
                               "iterations": count, "seconds": elapsed}  # fmt: skip
     if args.role == "infer":
-        from gpustation.runners.infer import percentile
-
         result.update(
             latency_ms_p50=percentile(latencies, 50) * 1e3,
             latency_ms_p99=percentile(latencies, 99) * 1e3,
@@ -229,7 +227,7 @@ def main(args: argparse.Namespace) -> int:
         return _child(args)
     # Only the parent watches the GPU and prints the table: the role children,
     # started once per phase, do without those imports (NVML's, rich's).
-    from gpustation.runners.gpuwatch import GpuWatch
+    # start-up time: rich, for the report only
     from gpustation.runs.phases import HEADERS, phase_cells, phase_notes
 
     device = common.pick_device(args.device)

@@ -59,10 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class JpegImages(torch.utils.data.Dataset):  # type: ignore[type-arg]
+class JpegImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     """A fixed set of JPEG-encoded images, decoded and augmented on every access."""
 
     def __init__(self, count: int, source_size: int, image_size: int, classes: int, seed: int):
+        # start-up time: torchvision, only where it is used
         from torchvision.io import encode_jpeg
 
         g = torch.Generator().manual_seed(seed)
@@ -82,6 +83,7 @@ class JpegImages(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return self.length
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        # start-up time: torchvision, only where it is used
         from torchvision.io import decode_jpeg
 
         j = i % len(self.jpegs)
@@ -89,6 +91,7 @@ class JpegImages(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
 
 def _train_transform(image_size: int) -> Any:
+    # start-up time: torchvision, only where it is used
     from torchvision.transforms import v2
 
     return v2.Compose(
@@ -101,13 +104,17 @@ def _train_transform(image_size: int) -> Any:
     )
 
 
-def _dataset(args: argparse.Namespace) -> torch.utils.data.Dataset:  # type: ignore[type-arg]
+def _dataset(args: argparse.Namespace) -> torch.utils.data.Dataset[tuple[torch.Tensor, int]]:
     if args.data:
+        # start-up time: torchvision, only where it is used
         import torchvision
         from torchvision.transforms import v2
 
         tf = v2.Compose([v2.ToImage(), _train_transform(args.image_size)])
-        return torchvision.datasets.ImageFolder(args.data, transform=tf)
+        images: torch.utils.data.Dataset[tuple[torch.Tensor, int]] = (
+            torchvision.datasets.ImageFolder(args.data, transform=tf)
+        )
+        return images
     return JpegImages(64, args.source_size, args.image_size, args.num_classes, args.seed)
 
 
@@ -120,9 +127,11 @@ def _model(args: argparse.Namespace) -> nn.Module:
             nn.Flatten(),
             nn.Linear(16, args.num_classes),
         )
+    # start-up time: torchvision, only where it is used
     import torchvision
 
-    return torchvision.models.get_model(args.model, num_classes=args.num_classes)
+    model: nn.Module = torchvision.models.get_model(args.model, num_classes=args.num_classes)
+    return model
 
 
 def _bool_list(text: str) -> list[bool]:
@@ -156,8 +165,9 @@ def main(args: argparse.Namespace) -> int:
     prec.apply_backend_flags()
     torch.backends.cudnn.benchmark = True
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
-    model = _model(args).to(device).to(memory_format=fmt)  # type: ignore[call-overload]
+    model = _model(args).to(device).to(memory_format=fmt)
     if args.compile:
+        # torch types compile() as returning a callable; given a module it returns one
         model = torch.compile(model)  # type: ignore[assignment]
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     scaler = prec.scaler()
@@ -179,7 +189,7 @@ def main(args: argparse.Namespace) -> int:
         x = x.to(device, non_blocking=True, memory_format=fmt)
         y = y.to(device, non_blocking=True)
         with prec.autocast():
-            loss = loss_fn(model(x), y)
+            loss: torch.Tensor = loss_fn(model(x), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()

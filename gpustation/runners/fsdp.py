@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -175,6 +176,7 @@ def build_model(args: argparse.Namespace, device: torch.device) -> tuple[Any, ll
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if args.mode == "lora":
+        # start-up time: peft, only where it is used
         from peft import LoraConfig, get_peft_model
 
         with _quiet():
@@ -190,6 +192,7 @@ def build_model(args: argparse.Namespace, device: torch.device) -> tuple[Any, ll
 
 def shard(model: Any, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """fully_shard every decoder layer, then the root; returns what was applied."""
+    # start-up time: torch.distributed, only where it is used
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     kwargs: dict[str, Any] = {"reshard_after_forward": SHARDING[args.sharding]}
@@ -233,6 +236,7 @@ def accelerate_config_text(args: argparse.Namespace, world_size: int) -> str:
 @contextlib.contextmanager
 def process_group(device_name: str | None) -> Iterator[common.Dist]:
     """The launcher's process group, or a one-process group so FSDP runs alone too."""
+    # start-up time: torch.distributed, only where it is used
     import torch.distributed as dist
 
     with common.distributed(device_name) as d:
@@ -240,7 +244,9 @@ def process_group(device_name: str | None) -> Iterator[common.Dist]:
         if not d.enabled and not dist.is_initialized():
             use_cuda = device_name == "cuda" or (device_name is None and torch.cuda.is_available())
             backend = "nccl" if use_cuda and torch.cuda.is_available() else "gloo"
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            # torch re-exports HashStore without marking it so.
+            store = dist.HashStore()  # type: ignore[attr-defined]
+            dist.init_process_group(backend, store=store, rank=0, world_size=1)
             own = True
         try:
             yield d
@@ -423,8 +429,6 @@ def _local_numel(p: torch.Tensor) -> int:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    import warnings
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
         yield

@@ -175,6 +175,7 @@ def torch_checks(facts: dict[str, Any], size: int) -> list[Check]:
                     "install a torch build that supports this GPU generation",
                 )
             )
+    # start-up time: torch.distributed, only where it is used
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_nccl_available():

@@ -185,6 +185,7 @@ def main(args: argparse.Namespace) -> int:
             ttfts, lats = [], []
             cache = None
             if static:
+                # start-up time: transformers, only where it is used
                 from transformers import StaticCache
 
                 cache = StaticCache(

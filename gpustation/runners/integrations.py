@@ -38,6 +38,7 @@ _HF_KEYS = {
 
 def _peak_memory_mib() -> float | None:
     try:
+        # optional extra 'train'
         import torch
 
         if torch.cuda.is_available():
@@ -157,7 +158,7 @@ class _TrackerImpl:
     main_process_only = True
 
     def __init__(self, writer: MetricsWriter | None = None, total_steps: int | None = None) -> None:
-        super().__init__()  # type: ignore[call-arg]
+        super().__init__()
         self.writer = writer if writer is not None else MetricsWriter.from_env()
         self.total_steps = total_steps
 
@@ -213,10 +214,12 @@ def __getattr__(name: str) -> type:
     if name in _built:
         return _built[name]
     if name == "GpustationCallback":
+        # optional extra 'train'
         from transformers import TrainerCallback
 
         cls = type(name, (_CallbackImpl, TrainerCallback), {"__doc__": _CALLBACK_DOC})
     elif name == "GpustationTracker":
+        # optional extra 'train'
         from accelerate.tracking import GeneralTracker
 
         cls = type(name, (_TrackerImpl, GeneralTracker), {"__doc__": _TRACKER_DOC})

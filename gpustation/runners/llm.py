@@ -116,6 +116,7 @@ def llama_config(
 ) -> Any:
     """The LlamaConfig of a preset, sized for the byte tokenizer unless it says otherwise;
     ``overrides`` replaces shape keys (``num_hidden_layers``, ``hidden_size``, ...)."""
+    # start-up time: transformers, only where it is used
     from transformers import LlamaConfig
 
     shape = {**MODEL_PRESETS[preset], **(overrides or {})}
@@ -149,6 +150,7 @@ def build_from_preset(
     overrides: dict[str, Any] | None = None,
 ) -> LoadedModel:
     """A Llama-style model with random weights, reproducible from (preset, seed, overrides)."""
+    # start-up time: transformers, only where it is used
     from transformers import LlamaForCausalLM
 
     tok = ByteTokenizer()
@@ -186,6 +188,7 @@ def load_pretrained(
     path: str, device: torch.device, dtype: torch.dtype, load_in_4bit: bool = False
 ) -> LoadedModel:
     """A local Hugging Face checkpoint and its tokenizer (no network access is attempted)."""
+    # start-up time: transformers, only where it is used
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not Path(path).is_dir():
@@ -204,6 +207,7 @@ def load_pretrained(
         # Architectures without an SDPA path fall back to their default attention.
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if not load_in_4bit:
+        # transformers wraps PreTrainedModel.to in a decorator whose type drops self
         model = model.to(device)  # type: ignore[arg-type]
     model.config.use_cache = False
     info = {"kind": "path", "model_path": str(Path(path).resolve()), "load_in_4bit": load_in_4bit}
@@ -216,11 +220,13 @@ def _four_bit_kwargs(device: torch.device) -> dict[str, Any]:
             "--load-in-4bit needs a CUDA GPU (bitsandbytes kernels)", common.EXIT_USAGE
         )
     try:
+        # guarded: without it --load-in-4bit says what to install
         import bitsandbytes  # noqa: F401
     except ImportError as exc:
         raise common.RunnerError(
             "--load-in-4bit needs bitsandbytes: pip install bitsandbytes", common.EXIT_USAGE
         ) from exc
+    # start-up time: transformers, only where it is used
     from transformers import BitsAndBytesConfig
 
     return {
@@ -379,8 +385,8 @@ class BatchSampler:
 def matmul_params(model: Any) -> int:
     """Parameters that take part in matmuls: everything but the input embedding table."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    total = sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n)
-    emb = base.get_input_embeddings().weight
+    total: int = sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n)
+    emb: torch.Tensor = base.get_input_embeddings().weight
     out = base.get_output_embeddings()
     tied = out is not None and out.weight is emb
     return total - emb.numel() + (emb.numel() if tied else 0)
@@ -395,5 +401,5 @@ def train_flops_per_token(model: Any, seq_len: int) -> float:
     """
     cfg = model.config
     n = matmul_params(model)
-    attn = cfg.num_hidden_layers * seq_len * cfg.hidden_size
+    attn: int = cfg.num_hidden_layers * seq_len * cfg.hidden_size
     return 4.0 * n + 6.0 * attn

@@ -130,6 +130,7 @@ def base_dtype(args: argparse.Namespace) -> torch.dtype:
 
 
 def lora_config(args: argparse.Namespace) -> Any:
+    # start-up time: peft, only where it is used
     from peft import LoraConfig
 
     targets: Any = args.target_modules
@@ -147,6 +148,7 @@ def lora_config(args: argparse.Namespace) -> Any:
 
 def prepare_model(args: argparse.Namespace, device: torch.device) -> tuple[Any, llm.LoadedModel]:
     """The base model (loaded or built) wrapped with a fresh LoRA adapter."""
+    # start-up time: peft, only where it is used
     from peft import get_peft_model, prepare_model_for_kbit_training
 
     loaded = llm.load_model(args, device, base_dtype(args), args.load_in_4bit)
@@ -163,7 +165,7 @@ def prepare_model(args: argparse.Namespace, device: torch.device) -> tuple[Any, 
 
 
 def lr_lambda(args: argparse.Namespace) -> Any:
-    warm = max(0, args.lr_warmup_steps)
+    warm: int = max(0, args.lr_warmup_steps)
 
     def f(step: int) -> float:
         if step < warm:
@@ -431,7 +433,9 @@ def _check_args(args: argparse.Namespace) -> None:
 def _checkpoint_due(args: argparse.Namespace, step: int) -> bool:
     if args.keep_checkpoints == 0:
         return False
-    return step == args.steps or (args.checkpoint_every > 0 and step % args.checkpoint_every == 0)
+    steps: int = args.steps
+    every: int = args.checkpoint_every
+    return step == steps or (every > 0 and step % every == 0)
 
 
 def compile_layers(model: Any) -> int:
@@ -461,7 +465,7 @@ def _logits(model: Any, x: torch.Tensor, prec: common.Precision) -> torch.Tensor
     stance = getattr(torch.compiler, "set_stance", None)
     eager = stance("force_eager") if stance else contextlib.nullcontext()
     with eager, prec.autocast():
-        out = model(input_ids=x).logits.float()
+        out: torch.Tensor = model(input_ids=x).logits.float()
     model.train(was_training)
     return out
 
@@ -527,6 +531,7 @@ def load_adapter(
     adapter_dir: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
 ) -> Any:
     """Rebuild the base model an adapter was trained on and load the adapter onto it."""
+    # start-up time: peft, only where it is used
     from peft import PeftModel
 
     adapter_dir = Path(adapter_dir)

@@ -134,6 +134,7 @@ def merge_and_save(model: Any, tokenizer: llm.Tokenizer, out_dir: Path) -> Path:
     merged = model.merge_and_unload()
     merged.config.use_cache = True  # a merged model is for inference
     target = out_dir / MERGED_DIR
+    # start-up time: transformers, only where it is used
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()

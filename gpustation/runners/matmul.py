@@ -218,7 +218,7 @@ def _limits(
             f"{fast} is the fastest format here; models spending their time in matmuls "
             f"gain most by training in it (bf16 autocast needs no loss scaling)"
         )
-    if best.get("fp32") and best.get("tf32") and best["tf32"] > 1.5 * best["fp32"]:  # type: ignore[operator]
+    if (fp32 := best.get("fp32")) and (tf32 := best.get("tf32")) and tf32 > 1.5 * fp32:
         tips.append(
             "fp32 code leaves speed unused: torch.set_float32_matmul_precision('high') "
             "turns on TF32"

@@ -66,6 +66,7 @@ class StepProfiler:
     def before_step(self, step: int) -> None:
         if not self.steps or step != self.first:
             return
+        # start-up time: torch.profiler, only where it is used
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU]
@@ -129,7 +130,8 @@ def summarize_profile(
 ) -> dict[str, Any]:
     """Top CUDA kernels and CPU ops by self time, their share of the profiled steps,
     and on CUDA the time the GPU sat idle between kernels."""
-    from torch.autograd import DeviceType
+    # start-up time: torch.profiler, only where it is used
+    from torch.profiler import DeviceType
 
     total_us = max(wall_us, 1e-9)
     cpu_ops = []

@@ -116,6 +116,7 @@ def make_trainer(
     args: argparse.Namespace, device: torch.device, dist: common.Dist | None = None
 ) -> Trainer:
     """Build the model and a step function honouring precision, layout, compile and accumulation."""
+    # start-up time: torchvision, only where it is used
     import torchvision
 
     graphs = bool(getattr(args, "cuda_graphs", False))
@@ -127,11 +128,12 @@ def make_trainer(
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
 
     model: nn.Module = torchvision.models.get_model(args.model, num_classes=args.num_classes)
-    model = model.to(device).to(memory_format=memory_format)  # type: ignore[call-overload]
+    model = model.to(device).to(memory_format=memory_format)
     raw = model
     if dist is not None:
         model = common.data_parallel(model, dist, device)
     if args.compile:
+        # torch types compile() as returning a callable; given a module it returns one
         model = torch.compile(model)  # type: ignore[assignment]
 
     opt_kwargs: dict[str, Any] = {"lr": args.lr, "momentum": 0.9, "weight_decay": 5e-5}
@@ -236,6 +238,7 @@ def folder_batches(
     args: argparse.Namespace, device: torch.device, dist: common.Dist
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Batches from an ImageFolder through a DataLoader, looping over epochs."""
+    # start-up time: torchvision, only where it is used
     import torchvision
     from torchvision.transforms import v2
 

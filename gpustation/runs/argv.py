@@ -19,8 +19,9 @@ from gpustation.errors import UsageError
 from gpustation.pyargv import python_argv, safe_path_env
 from gpustation.redact import REDACTED, redact_env
 from gpustation.runs import rundir
+from gpustation.runs.argvalue import RUNNER_PACKAGE, ArgValue
 from gpustation.runs.metrics import METRICS_ENV, RUN_DIR_ENV, RUN_ID_ENV
-from gpustation.runs.presets import RUNNER_PACKAGE, ArgValue, RunPreset
+from gpustation.runs.presets import RunPreset
 
 # Multi-node settings passed through to torchrun, by preset key.
 _TORCHRUN_PASSTHROUGH = (

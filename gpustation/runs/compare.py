@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpustation.runs import rundir
+from gpustation.runs.cost import load_price
 from gpustation.runs.fold import finite_number
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.format import NA
@@ -496,7 +497,6 @@ def _energy_per_unit_row(records: Sequence[RunSummary]) -> CompareRow:
 
 def _cost_rows(records: list[RunSummary]) -> list[CompareRow]:
     """The cost of each run, when ``[energy]`` names a price."""
-    from gpustation.runs.cost import load_price
 
     try:
         price = load_price()

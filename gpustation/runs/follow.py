@@ -20,6 +20,7 @@ from typing import Any
 
 from gpustation.runs import rundir
 from gpustation.runs.fold import MetricsFold
+from gpustation.runs.reconcile import check_run
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary
 from gpustation.runs.tail import MetricsReader, Tailer
@@ -72,7 +73,6 @@ class RunFollower:
         """New lines and events, and the state (checked every ``state_every_s``)."""
         if self._ended:
             return FollowUpdate(state=self.state, ended=True)
-        from gpustation.runs.reconcile import check_run
 
         # The state is read before the files: when it says "ended", everything
         # the run wrote is already on disk, and the reads below will see it.

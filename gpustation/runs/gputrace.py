@@ -43,6 +43,7 @@ from typing import Any
 from gpustation import private
 from gpustation.runs.tail import file_lines, parse_metric_line
 from gpustation.telemetry.model import LIMITING_REASONS, Snapshot
+from gpustation.telemetry.sampler import Sampler
 from gpustation.telemetry.shares import gpu_shares
 
 #: how often a run's GPUs are sampled
@@ -126,7 +127,6 @@ class TraceSampler:
         sim_card: str | None = None,
     ) -> None:
         from gpustation.telemetry.registry import open_backend
-        from gpustation.telemetry.sampler import Sampler
 
         self.backend = open_backend(simulate=simulate, sim_card=sim_card)
         self.sampler = Sampler(

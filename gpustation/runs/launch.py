@@ -29,8 +29,9 @@ from gpustation.pyargv import python_argv
 from gpustation.redact import redact_env
 from gpustation.runs import rundir
 from gpustation.runs.argv import build_argv, build_env, private_env, recorded_env, resolve_gpus
-from gpustation.runs.presets import ArgValue, RunPreset, apply_values
-from gpustation.runs.reconcile import list_active_runs, record_lost_runs
+from gpustation.runs.argvalue import ArgValue
+from gpustation.runs.presets import RunPreset, apply_values
+from gpustation.runs.reconcile import list_active_runs, mark_ended, record_lost_runs
 from gpustation.runs.rundir import RunState
 from gpustation.runs.stop import DEFAULT_GRACE_S
 from gpustation.runs.summary import RunSummary
@@ -316,7 +317,6 @@ def new_run_directory(name: str, created: float) -> tuple[str, Path]:
 
 def _not_started(directory: Path, run_id: str, err: OSError) -> GpustationError:
     """The run recorded failed, and the error saying why its supervisor could not start."""
-    from gpustation.runs.reconcile import mark_ended
 
     user = privs.invoking_user()
     who = f" as {user.name} (uid {user.uid})" if user is not None else ""
@@ -347,6 +347,7 @@ def start_run(
     directory, run_id, warnings = handle.run_dir, handle.id, handle.warnings
     rundir.write_json(directory / rundir.RUN_JSON, run)
     rundir.write_state(directory, RunState(id=run_id, status="starting"))
+    # start-up time: the run store (sqlite3)
     from gpustation.runs.store import RunStore, sync_run
 
     try:

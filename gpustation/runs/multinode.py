@@ -63,10 +63,11 @@ from gpustation.fleet.ssh import HostSpec, parse_host, ssh_options
 from gpustation.pyargv import bootstrap_args, python_argv, safe_path_env
 from gpustation.redact import redact_env
 from gpustation.runs.argv import format_args, private_env, recorded_env
+from gpustation.runs.argvalue import RUNNER_PACKAGE, ArgValue
 from gpustation.runs.launch import RunHandle, new_run_directory, start_run, working_directory
 from gpustation.runs.metrics import RUN_ID_ENV
 from gpustation.runs.nodes import DEFAULT_START_TIMEOUT_S, node_dir
-from gpustation.runs.presets import RUNNER_PACKAGE, ArgValue, RunPreset, apply_values
+from gpustation.runs.presets import RunPreset, apply_values
 from gpustation.runs.reconcile import record_lost_runs
 from gpustation.runs.stop import DEFAULT_GRACE_S
 
@@ -125,7 +126,7 @@ def endpoint_host(spec: HostSpec, ssh_config: str | None = None) -> str:
     ssh_config = ssh_config or os.environ.get("GPUSTATION_SSH_CONFIG") or None
     argv = ["ssh", *(["-F", ssh_config] if ssh_config else []), "-G", "--", spec.destination]
     try:
-        out = subprocess.run(
+        out: subprocess.CompletedProcess[str] = subprocess.run(
             argv,
             capture_output=True,
             text=True,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpustation.notify import notifier_from_config
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.format import duration
@@ -41,14 +42,13 @@ def message(
 
 
 def notify_end(directory: Path, state: RunState) -> None:
-    from gpustation.notify import notifier_from_config
-
     notifier = notifier_from_config()
     if notifier is None:
         return
     run: RunSummary | None = None
     price_text = None
     try:
+        # guarded: a failure here never changes the run's outcome
         from gpustation.runs.cost import load_price
         from gpustation.runs.store import record_from_dir
 

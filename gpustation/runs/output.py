@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 class _RstripLines:
@@ -32,8 +35,9 @@ class _RstripLines:
         return False
 
 
-def console(width: int = 200) -> Any:
+def console(width: int = 200) -> Console:
     """A console on stdout; piped (no terminal), wide enough not to fold, no trailing blanks."""
+    # start-up time: rich, for terminal output only
     from rich.console import Console
 
     if sys.stdout.isatty():

@@ -18,7 +18,8 @@ from typing import Any
 
 from gpustation import paths
 from gpustation.errors import UsageError
-from gpustation.runs.presets import ArgValue, RunPreset, load_preset_file
+from gpustation.runs.argvalue import ArgValue
+from gpustation.runs.presets import RunPreset, load_preset_file
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")

@@ -91,6 +91,7 @@ def record_end(directory: Path, state: RunState, store: Any = None) -> tuple[boo
     """
     row_ok = state_ok = True
     try:
+        # start-up time: the run store (sqlite3)
         from gpustation.runs.store import sync_run
 
         sync_run(directory, store, state=state)

@@ -19,8 +19,9 @@ from typing import Any
 from gpustation.errors import UsageError
 from gpustation.redact import REDACTED
 from gpustation.runs import rundir
+from gpustation.runs.argvalue import ArgValue
 from gpustation.runs.checkpoints import CHECKPOINTS_DIR, Checkpoint, latest_checkpoint
-from gpustation.runs.presets import ArgValue, RunPreset, apply_values
+from gpustation.runs.presets import RunPreset, apply_values, load_presets
 from gpustation.runs.store import RunStore
 
 #: runners whose runs leave checkpoints that ``--resume-from`` takes
@@ -114,7 +115,6 @@ def _restore_env(preset: RunPreset, run_id: str) -> tuple[RunPreset, list[str]]:
     hidden = [k for k, v in preset.env.items() if v == REDACTED]
     if not hidden:
         return preset, []
-    from gpustation.runs.presets import load_presets
 
     today = load_presets()[0].get(preset.name)
     source = today.env if today is not None else {}

@@ -277,6 +277,7 @@ def process_matches(pid: int | None, create_time: float | None) -> bool:
     """
     if not pid:
         return False
+    # start-up time: psutil, only when processes are inspected
     import psutil
 
     try:
@@ -289,6 +290,7 @@ def process_matches(pid: int | None, create_time: float | None) -> bool:
 
 
 def create_time_of(pid: int) -> float | None:
+    # start-up time: psutil, only when processes are inspected
     import psutil
 
     try:
@@ -301,6 +303,7 @@ def group_members(pgid: int | None) -> list[int]:
     """Live (non-zombie) processes in process group ``pgid``."""
     if not pgid:
         return []
+    # start-up time: psutil, only when processes are inspected
     import psutil
 
     members: list[int] = []

@@ -184,7 +184,7 @@ def parse_text(kind: str, text: str, choices: tuple[str, ...] | None = None) -> 
     if kind == "choice" and choices and text not in choices:
         raise ValueError("expected one of " + ", ".join(choices))
     if kind == "list":
-        return [p.strip() for p in text.split(",") if p.strip()]  # type: ignore[return-value]
+        return [p.strip() for p in text.split(",") if p.strip()]
     return text
 
 

@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gpustation.errors import UsageError
@@ -51,6 +52,7 @@ def terminate_group(
     records them, so they are found even once their parent has died).
     ``force_now`` cuts the waits short (a second Ctrl-C).
     """
+    # start-up time: psutil, only when processes are inspected
     import psutil
 
     group_ok = bool(pgid)
@@ -221,7 +223,6 @@ def stop_runs(
 
     They are stopped in parallel, so the wait is one run's grace, not the sum.
     """
-    from concurrent.futures import ThreadPoolExecutor
 
     if not runs:
         return {}

@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,9 +49,12 @@ from gpustation.files import NotRegularFile, read_bytes, say_skipped
 from gpustation.runs import rundir
 from gpustation.runs.argv import child_env
 from gpustation.runs.gputrace import SAMPLE_INTERVAL_S, TraceSampler, write_sample
-from gpustation.runs.reconcile import record_end, stopped_reason
+from gpustation.runs.nodes import failure_reason
+from gpustation.runs.reconcile import mark_ended, record_end, stopped_reason
 from gpustation.runs.rundir import RunState
 from gpustation.runs.stop import DEFAULT_GRACE_S, signal_name, terminate_group
+from gpustation.runs.tail import parse_metric_line
+from gpustation.textsafe import NEWLINE
 
 #: how long the end of a run is retried when it cannot be written (a full disk)
 END_RETRY_S = 600.0
@@ -77,6 +81,7 @@ def become_subreaper() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
+        # platform: Linux only (prctl)
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
@@ -91,6 +96,7 @@ def _own_descendants(child_pid: int) -> list[Any]:
     Zombies among its children are reaped here, all but the child's: its
     exit status is for ``Popen.wait``.
     """
+    # start-up time: psutil, only when processes are inspected
     import psutil
 
     try:
@@ -120,6 +126,7 @@ def _reap(pid: int) -> None:
 
 def _sweep_descendants(child_pid: int, grace_s: float = 1.0) -> None:
     """SIGTERM, grace, SIGKILL to every descendant still there (re-parented ones too)."""
+    # start-up time: psutil, only when processes are inspected
     import psutil
 
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
@@ -156,8 +163,6 @@ def cgroup_oom_kills() -> int | None:
 
 def _metrics_report_oom(path: Path, max_bytes: int = 64 * 1024) -> str | None:
     """The message of an ``{"error": "out_of_memory"}`` event, as gpustation's runners write."""
-    from gpustation.runs.tail import parse_metric_line
-    from gpustation.textsafe import NEWLINE
 
     try:
         lines = read_bytes(path, "metrics file", max_bytes, tail=True, follow=False).splitlines()
@@ -226,6 +231,7 @@ def live_descendants(pid: int, known: list[list[float]]) -> list[list[float]]:
     a descendant whose parent died stays listed while it lives: it is exactly
     the process a stop could not find any other way.
     """
+    # start-up time: psutil, only when processes are inspected
     import psutil
 
     try:
@@ -261,6 +267,7 @@ def _run_pids(child_pid: int, state: RunState) -> set[int]:
 
 
 def _finish(directory: Path, state: RunState) -> None:
+    # start-up time: the run store (sqlite3)
     from gpustation.runs.store import RunStore
 
     # A short wait for a locked index: the row is caught up with later.
@@ -283,6 +290,7 @@ def _record_final(
     row and ``state.json``, tried again every second for a while, or until
     ``signalled`` says a signal asked the supervisor to go.
     """
+    # start-up time: the run store (sqlite3)
     from gpustation.runs.store import RunStore
 
     try:
@@ -306,6 +314,7 @@ def _record_final(
                 pass
         if not row_ok:
             try:
+                # start-up time: the run store (sqlite3)
                 from gpustation.runs.store import sync_run
 
                 sync_run(directory, store, state=state)
@@ -472,7 +481,6 @@ def supervise(directory: Path) -> int:
             state.reason = f"killed by {state.signal}"
         else:
             state.reason = f"exited with code {code}"
-        from gpustation.runs.nodes import failure_reason
 
         node_failed = failure_reason(directory)  # a multi-node run names its node
         if node_failed is not None:
@@ -483,6 +491,7 @@ def supervise(directory: Path) -> int:
     signals_at_end = len(stop_signal)
     _record_final(directory, state, lambda: len(stop_signal) > signals_at_end)
     try:
+        # guarded: a failure here never changes the run's outcome
         from gpustation.runs.notify_end import notify_end
 
         notify_end(directory, state)
@@ -501,13 +510,10 @@ def main(argv: list[str] | None = None) -> int:
         return supervise(directory)
     except Exception as err:
         # A bug here must not leave a run unwatched: stop it and say why.
-        import traceback
 
         _log("supervisor error:\n" + traceback.format_exc())
         state = rundir.read_state(directory)
         if state is not None and state.active:
-            from gpustation.runs.reconcile import mark_ended
-
             terminate_group(
                 state.pgid,
                 state.child_pid,

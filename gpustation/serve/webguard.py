@@ -69,6 +69,7 @@ def listen_names(host: str, extra: tuple[str, ...] = ()) -> frozenset[str]:
         return frozenset(names | LOOPBACK_NAMES)
     names |= {canonical_host(socket.gethostname()), canonical_host(socket.getfqdn())}
     if host in ("0.0.0.0", "[::]"):
+        # start-up time: psutil, only when processes are inspected
         import psutil
 
         names |= LOOPBACK_NAMES

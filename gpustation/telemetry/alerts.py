@@ -10,11 +10,14 @@ topology's weak spots into words.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpustation.config import config_path, section
+from gpustation.errors import GpustationError, UsageError
 from gpustation.telemetry import health
 from gpustation.telemetry.format import pcie_link
 from gpustation.telemetry.model import GpuSample, Snapshot
@@ -250,8 +253,6 @@ class IdleRule:
 
 def load_idle_rule(path: Path | None = None) -> IdleRule:
     """``[alerts] idle_min_gib / idle_max_util_pct / idle_minutes`` from config.toml."""
-    from gpustation.config import config_path, section
-    from gpustation.errors import UsageError
 
     path = path or config_path()
     table = section("alerts", path)
@@ -279,13 +280,10 @@ def load_idle_rule(path: Path | None = None) -> IdleRule:
 def idle_rule_or_default() -> IdleRule:
     """The configured idle rule; a bad ``[alerts]`` table is logged and the defaults used
     (an alert rule must never stop the dashboard or the exporter)."""
-    from gpustation.errors import GpustationError
 
     try:
         return load_idle_rule()
     except GpustationError as err:
-        import logging
-
         logging.getLogger(__name__).warning("%s", err)
         return IdleRule()
 

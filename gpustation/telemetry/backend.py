@@ -8,6 +8,7 @@ by :class:`~gpustation.telemetry.sampler.Sampler`.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
@@ -164,8 +165,6 @@ def parse_gpu_list(text: str | None) -> list[int] | None:
 def simulate_from_env() -> int | None:
     """``GPUSTATION_SIMULATE``: a count of simulated GPUs (``-1``: the default
     machine), None when unset; UsageError for anything else."""
-    import os
-
     raw = os.environ.get("GPUSTATION_SIMULATE", "").strip()
     if not raw:
         return None

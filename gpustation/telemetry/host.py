@@ -133,6 +133,7 @@ class HostSampler:
         self._first = True
         self._psutil: Any = None
         if not _LINUX:
+            # platform: psutil only off Linux
             import psutil
 
             self._psutil = psutil
@@ -247,6 +248,7 @@ def _describe_linux(pid: int) -> tuple[tuple[int, str], tuple[str | None, str | 
     name = stat[stat.index("(") + 1 : stat.rindex(")")]
     try:
         uid = os.stat(base).st_uid
+        # platform: POSIX only
         import pwd
 
         user: str | None = pwd.getpwuid(uid).pw_name
@@ -262,6 +264,7 @@ def _describe_linux(pid: int) -> tuple[tuple[int, str], tuple[str | None, str | 
 
 
 def _describe_psutil(pid: int) -> tuple[tuple[int, str], tuple[str | None, str | None, str | None]]:
+    # start-up time: psutil, only when processes are inspected
     import psutil
 
     p = psutil.Process(pid)

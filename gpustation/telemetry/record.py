@@ -98,7 +98,8 @@ def _values(self: Any) -> tuple[Any, ...]:
 
 def _eq(self: Any, other: object) -> bool:
     if type(other) is not type(self):
-        return NotImplemented
+        # typeshed gives NotImplemented a type derived from Any
+        return NotImplemented  # type: ignore[no-any-return]
     return _values(self) == _values(other)
 
 

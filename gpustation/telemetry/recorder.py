@@ -27,6 +27,7 @@ from typing import Any
 import zstandard
 
 from gpustation import paths, private
+from gpustation.config import section
 from gpustation.errors import GpustationError, UsageError
 from gpustation.telemetry.model import Snapshot
 from gpustation.telemetry.recording import (
@@ -377,7 +378,6 @@ def recorder_from_config() -> Recorder | None:
 
     UsageError for a bad table; RecordError when the file cannot be written.
     """
-    from gpustation.config import section
 
     settings = record_settings(section("record"))
     if not settings.enabled:

@@ -16,8 +16,9 @@ every ``slow_interval_s``.
 from __future__ import annotations
 
 import os
+import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from gpustation.telemetry.backend import Backend, select_gpus
 from gpustation.telemetry.containers import ContainerNames
@@ -35,7 +36,7 @@ class Sampler:
         slow_interval_s: float = 5.0,
         with_host: bool = True,
         with_topology: bool = True,
-        clock=time.time,
+        clock: Callable[[], float] = time.time,
         proc_root: str = "/proc",
         host: HostSampler | None = None,
     ) -> None:
@@ -164,8 +165,6 @@ def _hostname() -> str:
     try:
         return os.uname().nodename
     except AttributeError:  # Windows
-        import socket
-
         return socket.gethostname()
 
 

@@ -27,6 +27,7 @@ from typing import Any
 from gpustation import private
 from gpustation.errors import UsageError
 from gpustation.files import read_text
+from gpustation.paths import state_dir, writable
 from gpustation.telemetry.backend import Backend, OpenRequest
 from gpustation.telemetry.model import (
     IDENTITY,
@@ -77,7 +78,6 @@ LAST_MACHINE_FILE = "sim-last.json"
 
 def machine_path(card: str, count: int) -> Path:
     """The state file of one simulated machine."""
-    from gpustation.paths import state_dir
 
     return state_dir() / f"sim-{card}-{count}.json"
 
@@ -142,7 +142,6 @@ class SimBackend(Backend):
         With no count or card given, the machine last opened is used again, so
         that ``gpustation power set`` acts on the cards the dashboard shows.
         """
-        from gpustation.paths import state_dir, writable
 
         last_path = state_dir() / LAST_MACHINE_FILE
         last: Any = {}

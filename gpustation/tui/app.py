@@ -523,13 +523,13 @@ class DashboardApp(ProcessActions):
             yield SystemCommand(
                 f"Show {entry.title.lower()}",
                 entry.help,
-                lambda mode=entry.mode: self.switch_mode(mode),  # type: ignore[misc]
+                lambda mode=entry.mode: self.switch_mode(mode),
             )
         for key in METRIC_KEYS:
             yield SystemCommand(
                 f"Graph {METRICS[key].label}",
                 "change the metric of the history graphs",
-                lambda key=key: self.set_metric(key),  # type: ignore[misc]
+                lambda key=key: self.set_metric(key),
             )
         yield SystemCommand(
             "Refresh slower", "lengthen the refresh interval (+)", self.action_slower

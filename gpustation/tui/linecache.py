@@ -48,9 +48,7 @@ class KeepsLines(_WidgetBase):
     ) -> Self:
         if repaint:
             self._kept = None
-        return super().refresh(  # type: ignore[safe-super,no-any-return]
-            *regions, repaint=repaint, layout=layout, recompose=recompose
-        )
+        return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
 
     def render_lines(self, crop: Region) -> list[Strip]:
         filters = tuple(self.get_line_filters())
@@ -58,6 +56,6 @@ class KeepsLines(_WidgetBase):
         kept = self._kept
         if kept is not None and kept[0] == crop and kept[1] == size and kept[2] == filters:
             return kept[3]
-        strips = super().render_lines(crop)  # type: ignore[safe-super]
+        strips = super().render_lines(crop)
         self._kept = (crop, size, filters, strips)
         return strips

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from gpustation.control.fans import unattended_manual_fans
+from gpustation.control.lease import left_notes
 from gpustation.errors import GpustationError
 from gpustation.telemetry.backend import Backend
 from gpustation.telemetry.model import HostSample, Snapshot
@@ -118,11 +120,8 @@ class DataSource:
             self._record(snap)
         unattended: dict[int, list[int]] = {}
         if any("manual" in g.fan_control for g in snap.gpus):
-            from gpustation.control.fans import unattended_manual_fans
-
             unattended = unattended_manual_fans(snap.gpus, self.backend.simulated)
         from gpustation.control.drift import mark_drift
-        from gpustation.control.lease import left_notes
 
         mark_drift(snap)
 

@@ -114,7 +114,8 @@ def screen_after(frames: list[bytes], chunk: int = 7) -> str:
     data = b"".join(frames)
     for i in range(0, len(data), chunk):
         screen.feed(data[i : i + chunk])
-    return screen.text()
+    text: str = screen.text()
+    return text
 
 
 def test_nvitop_marker_appears_with_the_device_row_not_with_the_header(

@@ -67,7 +67,8 @@ def test_watch_json_streams_one_flushed_document_per_line() -> None:
         env=child_env(),
     )
     try:
-        lines = []
+        assert proc.stdout is not None
+        lines: list[str] = []
         deadline = time.monotonic() + 60
         while len(lines) < 3 and time.monotonic() < deadline:
             line = proc.stdout.readline()  # returns as soon as a line is flushed

@@ -10,6 +10,7 @@ from unittest.mock import ANY
 
 import pytest
 from textual.pilot import Pilot
+from textual.widgets import Label, Static
 
 from gpustation.telemetry.model import HostSample
 from gpustation.tui.app import DashboardApp
@@ -34,7 +35,7 @@ def make_app(sim: RecordingSim) -> DashboardApp:
     return app
 
 
-async def wait_until(pilot: Pilot[object], condition: Callable[[], bool], what: str) -> None:
+async def wait_until(pilot: Pilot[int], condition: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + TIMEOUT_S
     while time.monotonic() < deadline:
         if condition():
@@ -57,13 +58,13 @@ def curve_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("gpustation-fan-curve")]
 
 
-async def open_control(pilot: Pilot[object], app: DashboardApp) -> None:
+async def open_control(pilot: Pilot[int], app: DashboardApp) -> None:
     await wait_until(pilot, lambda: app.latest is not None, "the first sample")
     await pilot.press("c")
     await wait_until(pilot, lambda: isinstance(app.screen, ControlScreen), "the control screen")
 
 
-async def open_keep_dialog(pilot: Pilot[object], app: DashboardApp) -> KeepChangeDialog:
+async def open_keep_dialog(pilot: Pilot[int], app: DashboardApp) -> KeepChangeDialog:
     """Wait until the keep dialog is mounted and counting down: its keys work from then."""
 
     def ready() -> bool:
@@ -200,7 +201,7 @@ def test_power_cap_dialog_steps_within_the_range(sim: RecordingSim) -> None:
             await wait_until(pilot, lambda: isinstance(app.screen, PowerCapDialog), "the dialog")
             dialog = app.screen
             assert isinstance(dialog, PowerCapDialog)
-            assert "Valid range 150-600 W" in str(dialog.query_one("#power-range").content)
+            assert "Valid range 150-600 W" in str(dialog.query_one("#power-range", Label).content)
             await pilot.press("minus", "minus", "minus")
             assert dialog.watts == 420.0
             for _ in range(30):  # far past the top: held at the card's maximum
@@ -235,7 +236,9 @@ def test_revert_now_and_the_journal_screen(sim: RecordingSim) -> None:
             await wait_until(pilot, lambda: isinstance(app.screen, JournalScreen), "the journal")
             await wait_until(
                 pilot,
-                lambda: "440 W -> 450 W" in str(app.screen.query_one("#journal-text").content),
+                lambda: (
+                    "440 W -> 450 W" in str(app.screen.query_one("#journal-text", Static).content)
+                ),
                 "the journal text",
             )
 

@@ -538,7 +538,8 @@ class MigHandle(Handle):
 
 def _mig(handle: Handle) -> dict[str, Any] | None:
     if isinstance(handle, MigHandle):
-        return DRIVER.devices[handle.index]["mig_devices"][handle.slot]
+        mig: dict[str, Any] = DRIVER.devices[handle.index]["mig_devices"][handle.slot]
+        return mig
     return None
 
 
@@ -619,13 +620,13 @@ def nvmlDeviceGetName(handle: Handle) -> str:
     mig = _mig(handle)
     if mig is not None:
         return f"{_dev(handle)['name']} MIG {mig['profile']}"
-    return _dev(handle)["name"]
+    return str(_dev(handle)["name"])
 
 
 def nvmlDeviceGetUUID(handle: Handle) -> str:
     _enter("nvmlDeviceGetUUID", handle)
     mig = _mig(handle)
-    return _dev(handle)["uuid"] if mig is None else mig["uuid"]
+    return str(_dev(handle)["uuid"] if mig is None else mig["uuid"])
 
 
 def nvmlDeviceGetIndex(handle: Handle) -> int:
@@ -635,7 +636,7 @@ def nvmlDeviceGetIndex(handle: Handle) -> int:
 
 def nvmlDeviceGetMinorNumber(handle: Handle) -> int:
     _enter("nvmlDeviceGetMinorNumber", handle)
-    return _dev(handle)["minor"]
+    return int(_dev(handle)["minor"])
 
 
 def _pci(handle: Handle) -> SimpleNamespace:
@@ -657,13 +658,13 @@ def nvmlDeviceGetTemperature(handle: Handle, sensor: int) -> int:
     _enter("nvmlDeviceGetTemperature", handle, sensor)
     if sensor != NVML_TEMPERATURE_GPU:
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-    return _dev(handle)["temperature"]
+    return int(_dev(handle)["temperature"])
 
 
 def nvmlDeviceGetTemperatureThreshold(handle: Handle, threshold: int) -> int:
     _enter("nvmlDeviceGetTemperatureThreshold", handle, threshold)
     if threshold == NVML_TEMPERATURE_THRESHOLD_SLOWDOWN:
-        return _dev(handle)["slowdown"]
+        return int(_dev(handle)["slowdown"])
     if threshold == NVML_TEMPERATURE_THRESHOLD_SHUTDOWN:
         return _dev(handle)["shutdown"]
     value = {
@@ -691,22 +692,22 @@ def nvmlDeviceGetMarginTemperature(handle: Handle) -> int:
 
 def nvmlDeviceGetPowerUsage(handle: Handle) -> int:
     _enter("nvmlDeviceGetPowerUsage", handle)
-    return _dev(handle)["power_mw"]
+    return int(_dev(handle)["power_mw"])
 
 
 def nvmlDeviceGetEnforcedPowerLimit(handle: Handle) -> int:
     _enter("nvmlDeviceGetEnforcedPowerLimit", handle)
-    return _dev(handle)["power_limit_mw"]
+    return int(_dev(handle)["power_limit_mw"])
 
 
 def nvmlDeviceGetPowerManagementLimit(handle: Handle) -> int:
     _enter("nvmlDeviceGetPowerManagementLimit", handle)
-    return _dev(handle)["power_limit_mw"]
+    return int(_dev(handle)["power_limit_mw"])
 
 
 def nvmlDeviceGetPowerManagementDefaultLimit(handle: Handle) -> int:
     _enter("nvmlDeviceGetPowerManagementDefaultLimit", handle)
-    return _dev(handle)["power_default_mw"]
+    return int(_dev(handle)["power_default_mw"])
 
 
 def nvmlDeviceGetPowerManagementLimitConstraints(handle: Handle) -> list[int]:
@@ -716,20 +717,20 @@ def nvmlDeviceGetPowerManagementLimitConstraints(handle: Handle) -> list[int]:
 
 def nvmlDeviceGetTotalEnergyConsumption(handle: Handle) -> int:
     _enter("nvmlDeviceGetTotalEnergyConsumption", handle)
-    return _dev(handle)["energy_mj"]
+    return int(_dev(handle)["energy_mj"])
 
 
 def nvmlDeviceGetClockInfo(handle: Handle, clock: int) -> int:
     _enter("nvmlDeviceGetClockInfo", handle, clock)
-    return _dev(handle)[
-        "clock_sm" if clock in (NVML_CLOCK_SM, NVML_CLOCK_GRAPHICS) else "clock_mem"
-    ]
+    return int(
+        _dev(handle)["clock_sm" if clock in (NVML_CLOCK_SM, NVML_CLOCK_GRAPHICS) else "clock_mem"]
+    )
 
 
 def nvmlDeviceGetMaxClockInfo(handle: Handle, clock: int) -> int:
     _enter("nvmlDeviceGetMaxClockInfo", handle, clock)
     key = "clock_sm_max" if clock in (NVML_CLOCK_SM, NVML_CLOCK_GRAPHICS) else "clock_mem_max"
-    return _dev(handle)[key]
+    return int(_dev(handle)[key])
 
 
 def nvmlDeviceGetMemoryInfo(handle: Handle, version: int | None = None) -> SimpleNamespace:
@@ -792,13 +793,13 @@ def _check_fan(handle: Handle, fan: int) -> None:
 def nvmlDeviceGetFanSpeed(handle: Handle) -> int:
     _enter("nvmlDeviceGetFanSpeed", handle)
     _check_fan(handle, 0)
-    return _dev(handle)["fans"][0]
+    return int(_dev(handle)["fans"][0])
 
 
 def nvmlDeviceGetFanSpeed_v2(handle: Handle, fan: int) -> int:
     _enter("nvmlDeviceGetFanSpeed_v2", handle, fan)
     _check_fan(handle, fan)
-    return _dev(handle)["fans"][fan]
+    return int(_dev(handle)["fans"][fan])
 
 
 def nvmlDeviceGetMinMaxFanSpeed(handle: Handle) -> list[int]:
@@ -812,59 +813,59 @@ def nvmlDeviceGetMinMaxFanSpeed(handle: Handle) -> list[int]:
 def nvmlDeviceGetFanControlPolicy_v2(handle: Handle, fan: int) -> int:
     _enter("nvmlDeviceGetFanControlPolicy_v2", handle, fan)
     _check_fan(handle, fan)
-    return _dev(handle)["fan_policy"][fan]
+    return int(_dev(handle)["fan_policy"][fan])
 
 
 def nvmlDeviceGetPerformanceState(handle: Handle) -> int:
     _enter("nvmlDeviceGetPerformanceState", handle)
-    return _dev(handle)["pstate"]
+    return int(_dev(handle)["pstate"])
 
 
 def nvmlDeviceGetCurrentClocksEventReasons(handle: Handle) -> int:
     _enter("nvmlDeviceGetCurrentClocksEventReasons", handle)
-    return _dev(handle)["throttle"]
+    return int(_dev(handle)["throttle"])
 
 
 def nvmlDeviceGetCurrentClocksThrottleReasons(handle: Handle) -> int:
     _enter("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
-    return _dev(handle)["throttle"]
+    return int(_dev(handle)["throttle"])
 
 
 def nvmlDeviceGetCurrPcieLinkGeneration(handle: Handle) -> int:
     _enter("nvmlDeviceGetCurrPcieLinkGeneration", handle)
-    return _dev(handle)["pcie_gen"]
+    return int(_dev(handle)["pcie_gen"])
 
 
 def nvmlDeviceGetCurrPcieLinkWidth(handle: Handle) -> int:
     _enter("nvmlDeviceGetCurrPcieLinkWidth", handle)
-    return _dev(handle)["pcie_width"]
+    return int(_dev(handle)["pcie_width"])
 
 
 def nvmlDeviceGetMaxPcieLinkGeneration(handle: Handle) -> int:
     _enter("nvmlDeviceGetMaxPcieLinkGeneration", handle)
-    return _dev(handle)["pcie_max_gen"]
+    return int(_dev(handle)["pcie_max_gen"])
 
 
 def nvmlDeviceGetMaxPcieLinkWidth(handle: Handle) -> int:
     _enter("nvmlDeviceGetMaxPcieLinkWidth", handle)
-    return _dev(handle)["pcie_max_width"]
+    return int(_dev(handle)["pcie_max_width"])
 
 
 def nvmlDeviceGetPcieThroughput(handle: Handle, counter: int) -> int:
     _enter("nvmlDeviceGetPcieThroughput", handle, counter)
-    return _dev(handle)["pcie_tx" if counter == NVML_PCIE_UTIL_TX_BYTES else "pcie_rx"]
+    return int(_dev(handle)["pcie_tx" if counter == NVML_PCIE_UTIL_TX_BYTES else "pcie_rx"])
 
 
 def nvmlDeviceGetPcieReplayCounter(handle: Handle) -> int:
     _enter("nvmlDeviceGetPcieReplayCounter", handle)
-    return _dev(handle)["replay"]
+    return int(_dev(handle)["replay"])
 
 
 def nvmlDeviceGetTotalEccErrors(handle: Handle, error_type: int, counter_type: int) -> int:
     _enter("nvmlDeviceGetTotalEccErrors", handle, error_type, counter_type)
     if error_type != NVML_MEMORY_ERROR_TYPE_UNCORRECTED or counter_type != NVML_VOLATILE_ECC:
         return 0
-    return _dev(handle)["ecc_uncorrected"]
+    return int(_dev(handle)["ecc_uncorrected"])
 
 
 def _procs(handle: Handle, key: str) -> list[SimpleNamespace]:
@@ -921,7 +922,7 @@ def nvmlDeviceGetTopologyCommonAncestor(handle1: Handle, handle2: Handle) -> int
     _enter("nvmlDeviceGetTopologyCommonAncestor", handle1, handle2)
     dev = _dev(handle1)
     topo = {int(k): v for k, v in dev["topology"].items()}
-    return topo.get(handle2.index, dev["topology_default"])
+    return int(topo.get(handle2.index, dev["topology_default"]))
 
 
 def nvmlDeviceGetP2PStatus(handle1: Handle, handle2: Handle, index: int) -> int:
@@ -931,7 +932,7 @@ def nvmlDeviceGetP2PStatus(handle1: Handle, handle2: Handle, index: int) -> int:
         raise TypeError(f"Don't know how to convert parameter 3: {index!r}")
     dev = _dev(handle1)
     p2p = {int(k): v for k, v in dev["p2p"].items()}
-    return p2p.get(handle2.index, dev["p2p_default"])
+    return int(p2p.get(handle2.index, dev["p2p_default"]))
 
 
 def nvmlDeviceGetNvLinkState(handle: Handle, link: int) -> int:
@@ -965,7 +966,7 @@ def nvmlDeviceGetNvLinkRemoteDeviceType(handle: Handle, link: int) -> int:
 
 def nvmlDeviceGetNumaNodeId(handle: Handle) -> int:
     _enter("nvmlDeviceGetNumaNodeId", handle)
-    return _dev(handle)["numa_node"]
+    return int(_dev(handle)["numa_node"])
 
 
 def nvmlDeviceGetCpuAffinity(handle: Handle, cpu_set_size: int) -> list[int]:
@@ -1219,7 +1220,7 @@ def nvmlDeviceGetGpuInstanceId(handle: Handle) -> int:
     mig = _mig(handle)
     if mig is None:
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-    return mig["gi"]
+    return int(mig["gi"])
 
 
 def nvmlDeviceGetComputeInstanceId(handle: Handle) -> int:
@@ -1227,7 +1228,7 @@ def nvmlDeviceGetComputeInstanceId(handle: Handle) -> int:
     mig = _mig(handle)
     if mig is None:
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-    return mig["ci"]
+    return int(mig["ci"])
 
 
 # ---- setters ------------------------------------------------------------------------

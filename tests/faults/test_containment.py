@@ -17,13 +17,15 @@ from gpustation.runs.launch import launch
 from gpustation.runs.presets import RunPreset, load_presets
 from gpustation.runs.stop import stop_run, wait_for_end
 from tests.conftest import child_env, gpustation_cmd
-from tests.runs.conftest import command_preset, runs_environment, wait_until
+from tests.runs.conftest import RunsEnv, command_preset, runs_environment, wait_until
 
 TIMEOUT = 60.0
 
 
 @pytest.fixture
-def runs_env(gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[dict]:
+def runs_env(
+    gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[RunsEnv]:
     yield from runs_environment(gpustation_dirs, monkeypatch)
 
 
@@ -59,7 +61,7 @@ def preset(name: str) -> RunPreset:
     return presets[name]
 
 
-def test_a_double_forked_worker_ends_with_its_run(runs_env: dict, marker: str) -> None:
+def test_a_double_forked_worker_ends_with_its_run(runs_env: RunsEnv, marker: str) -> None:
     runs_env["write_preset"]("escape", command_preset("escape", "double_fork", marker))
     handle = launch(preset("escape"))
     state = wait_for_end(handle.run_dir, TIMEOUT)
@@ -70,7 +72,9 @@ def test_a_double_forked_worker_ends_with_its_run(runs_env: dict, marker: str) -
     assert any(int(pid) for pid, _ in state.descendants), "the worker was tracked"
 
 
-def test_runs_stop_ends_a_double_forked_worker(runs_env: dict, marker: str, tmp_path: Path) -> None:
+def test_runs_stop_ends_a_double_forked_worker(
+    runs_env: RunsEnv, marker: str, tmp_path: Path
+) -> None:
     release = tmp_path / "never"
     runs_env["write_preset"](
         "escape", command_preset("escape", "double_fork", marker, "--wait", str(release))
@@ -78,10 +82,10 @@ def test_runs_stop_ends_a_double_forked_worker(runs_env: dict, marker: str, tmp_
     handle = launch(preset("escape"))
     log = handle.run_dir / rundir.OUTPUT_LOG
     wait_until(lambda: log.exists() and "forked" in log.read_text(), TIMEOUT, "the fork")
-    (escaped,) = wait_until(lambda: with_marker(marker), TIMEOUT, "the escaped worker")  # type: ignore[misc]
-    assert escaped.ppid() == (rundir.read_state(handle.run_dir).supervisor_pid), (  # type: ignore[union-attr]
-        "re-parented to the supervisor"
-    )
+    (escaped,) = wait_until(lambda: with_marker(marker), TIMEOUT, "the escaped worker")
+    running = rundir.read_state(handle.run_dir)
+    assert running is not None
+    assert escaped.ppid() == running.supervisor_pid, "re-parented to the supervisor"
     result = subprocess.run(
         gpustation_cmd("runs", "stop", handle.id, "--grace", "2"),
         capture_output=True,
@@ -96,7 +100,7 @@ def test_runs_stop_ends_a_double_forked_worker(runs_env: dict, marker: str, tmp_
 
 
 def test_a_stop_without_the_supervisor_still_finds_the_worker(
-    runs_env: dict, marker: str, tmp_path: Path
+    runs_env: RunsEnv, marker: str, tmp_path: Path
 ) -> None:
     # The supervisor is gone (SIGKILL): the worker it had listed is found by the stop.
     import os
@@ -109,15 +113,19 @@ def test_a_stop_without_the_supervisor_still_finds_the_worker(
     handle = launch(preset("escape"))
     wait_until(lambda: with_marker(marker), TIMEOUT, "the escaped worker")
     (worker,) = with_marker(marker)
+
+    def is_listed() -> bool:
+        state = rundir.read_state(handle.run_dir) or handle.state
+        return state is not None and worker.pid in [int(p) for p, _ in state.descendants]
+
     wait_until(
-        lambda: (
-            worker.pid
-            in [int(p) for p, _ in (rundir.read_state(handle.run_dir) or handle.state).descendants]
-        ),  # type: ignore[union-attr]
+        is_listed,
         TIMEOUT,
         "the worker to be listed",
     )
-    supervisor = rundir.read_state(handle.run_dir).supervisor_pid  # type: ignore[union-attr]
+    listed = rundir.read_state(handle.run_dir)
+    assert listed is not None
+    supervisor = listed.supervisor_pid
     os.kill(supervisor or 0, signal.SIGKILL)
     final = stop_run(handle.id, grace_s=1.0, wait_s=10.0)
     assert final is not None and final.status == "stopped"

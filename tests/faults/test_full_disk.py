@@ -26,7 +26,7 @@ from gpustation.runs.launch import launch
 from gpustation.runs.presets import load_presets
 from gpustation.runs.store import db_path
 from tests.conftest import child_env, gpustation_cmd
-from tests.runs.conftest import command_preset, runs_environment, wait_until
+from tests.runs.conftest import RunsEnv, command_preset, runs_environment, wait_until
 
 TIMEOUT = 60.0
 
@@ -73,11 +73,11 @@ def full_disk(
 @pytest.fixture
 def runs_env(
     full_disk: FullDisk, gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> Iterator[dict]:
+) -> Iterator[RunsEnv]:
     yield from runs_environment({**gpustation_dirs, "data": full_disk.data}, monkeypatch)
 
 
-def test_the_exit_status_survives_a_full_disk(runs_env: dict, full_disk: FullDisk) -> None:
+def test_the_exit_status_survives_a_full_disk(runs_env: RunsEnv, full_disk: FullDisk) -> None:
     runs_env["write_preset"]("fill", command_preset("fill", "fill_disk"))
     presets, problems = load_presets()
     assert "fill" in presets, problems
@@ -131,7 +131,7 @@ def test_the_exit_status_survives_a_full_disk(runs_env: dict, full_disk: FullDis
 
 
 def test_an_end_left_only_in_exit_status_is_recorded_by_the_next_writer(
-    runs_env: dict, full_disk: FullDisk, monkeypatch: pytest.MonkeyPatch
+    runs_env: RunsEnv, full_disk: FullDisk, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The disk stayed full until the supervisor gave up: the end is in exit-status only.
     from gpustation.runs import supervisor
@@ -163,7 +163,7 @@ def test_an_end_left_only_in_exit_status_is_recorded_by_the_next_writer(
 
 
 def test_a_supervisor_retrying_the_end_goes_at_once_on_sigterm(
-    runs_env: dict, full_disk: FullDisk
+    runs_env: RunsEnv, full_disk: FullDisk
 ) -> None:
     # The disk stays full: the supervisor keeps retrying state.json and the row,
     # and SIGTERM (a shutdown, `systemctl stop`) must end that, not wait it out.

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from gpustation.control import journal
 from gpustation.telemetry.sim import SimBackend
@@ -46,7 +47,7 @@ DIES_AFTER_THE_SET = textwrap.dedent(
 
 
 def test_a_change_killed_before_its_read_back_is_journalled_unknown_with_what_was(
-    gpustation_dirs: dict,
+    gpustation_dirs: dict[str, Path],
 ) -> None:
     child = subprocess.run(
         [sys.executable, "-c", DIES_AFTER_THE_SET], env=child_env(), capture_output=True, timeout=60
@@ -73,7 +74,7 @@ CRASHES_WITH_A_CHANGE_PENDING = textwrap.dedent(
 )
 
 
-def test_the_confirm_deadline_outlives_a_crashed_caller(gpustation_dirs: dict) -> None:
+def test_the_confirm_deadline_outlives_a_crashed_caller(gpustation_dirs: dict[str, Path]) -> None:
     child = subprocess.run(
         [sys.executable, "-c", CRASHES_WITH_A_CHANGE_PENDING],
         env=child_env(),

@@ -47,7 +47,7 @@ def test_a_short_write_refuses_the_change_and_leaves_no_fragment(
         return real_write(fd, data[: len(data) // 2])
 
     with monkeypatch.context() as patch:
-        patch.setattr(journal.os, "write", short_write)
+        patch.setattr(os, "write", short_write)
         code, _, err = cli(capsys, "power", "set", "300", "--simulate")
     assert code == 1 and "nothing was changed" in err
     assert limits(sim) == before

@@ -20,7 +20,7 @@ from gpustation import paths
 from gpustation.runs import rundir
 from gpustation.runs.store import db_path
 from tests.conftest import child_env, gpustation_cmd, run_gpustation
-from tests.runs.conftest import command_preset, wait_until
+from tests.runs.conftest import RunsEnv, command_preset, wait_until
 
 TIMEOUT = 60.0
 #: a reader that reads /dev/zero to its end meets this long before the machine does
@@ -84,7 +84,7 @@ def assert_finished_naming(result: subprocess.CompletedProcess[str], path: Path)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("name", [rundir.METRICS_FILE, rundir.OUTPUT_LOG, rundir.ANNOTATIONS_JSON])
 def test_a_run_file_that_is_a_fifo_or_dev_zero_hangs_no_reader(
-    runs_env: dict, name: str, kind: str
+    runs_env: RunsEnv, name: str, kind: str
 ) -> None:
     directory = finished_run("planted")
     as_lost(directory)
@@ -104,7 +104,7 @@ def test_a_run_file_that_is_a_fifo_or_dev_zero_hangs_no_reader(
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_run_that_plants_a_fifo_or_dev_zero_does_not_hang_gpustation_run(
-    runs_env: dict, kind: str
+    runs_env: RunsEnv, kind: str
 ) -> None:
     # The run itself puts them there while `gpustation run` follows it: its metrics and
     # notes, and where its supervisor (its parent) writes the end and the next state.
@@ -127,7 +127,7 @@ def test_a_run_that_plants_a_fifo_or_dev_zero_does_not_hang_gpustation_run(
 
 
 def test_a_run_that_replaces_its_log_while_followed_does_not_keep_gpustation_run_waiting(
-    runs_env: dict, tmp_path: Path
+    runs_env: RunsEnv, tmp_path: Path
 ) -> None:
     # `gpustation run` reads output.log through the file it opened; the run then
     # puts a link to a larger file in its place: the end is the end of what was read.
@@ -174,7 +174,7 @@ def _cpu_s(pid: int) -> float:
 
 
 def test_a_live_supervisor_whose_metrics_become_dev_zero_does_not_spin_and_ends(
-    runs_env: dict, tmp_path: Path
+    runs_env: RunsEnv, tmp_path: Path
 ) -> None:
     from gpustation.runs.launch import launch
     from gpustation.runs.presets import load_presets
@@ -211,7 +211,7 @@ def test_a_live_supervisor_whose_metrics_become_dev_zero_does_not_spin_and_ends(
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_fifo_or_dev_zero_in_the_presets_folder_is_named_and_skipped(
-    runs_env: dict, kind: str
+    runs_env: RunsEnv, kind: str
 ) -> None:
     runs_env["write_preset"](
         "good", command_preset("good", "train_ok", args="steps = 2\nsleep = 0.0")

@@ -14,26 +14,29 @@ import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpustation.runs import rundir
 from gpustation.runs.fold import MetricsFold
 from gpustation.runs.launch import launch
-from gpustation.runs.presets import load_presets
+from gpustation.runs.presets import RunPreset, load_presets
 from gpustation.runs.reconcile import check_run, record_lost_runs
 from gpustation.runs.stop import wait_for_end
 from gpustation.runs.store import RunStore, db_path, record_from_dir
 from gpustation.runs.tail import MetricsReader, parse_metric_line
 from tests.conftest import REPO, child_env, gpustation_cmd
 from tests.runs.children import bad_metrics_lines
-from tests.runs.conftest import command_preset, runs_environment, wait_until
+from tests.runs.conftest import RunsEnv, command_preset, runs_environment, wait_until
 
 TIMEOUT = 60.0
 
 
 @pytest.fixture
-def runs_env(gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[dict]:
+def runs_env(
+    gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[RunsEnv]:
     yield from runs_environment(gpustation_dirs, monkeypatch)
 
 
@@ -47,7 +50,7 @@ def _refuse(name: str) -> object:
     raise AssertionError(f"not strict JSON: {name}")
 
 
-def strict(text: str) -> object:
+def strict(text: str) -> Any:
     """Parse as any strict JSON parser would: NaN and Infinity refused."""
     return json.loads(text, parse_constant=_refuse)
 
@@ -61,7 +64,7 @@ def db_rows() -> dict[str, str]:
         conn.close()
 
 
-def run_preset(name: str) -> object:
+def run_preset(name: str) -> RunPreset:
     presets, problems = load_presets()
     assert name in presets, problems
     return presets[name]
@@ -70,14 +73,14 @@ def run_preset(name: str) -> object:
 # ---- 1. metrics lines ---------------------------------------------------------------
 
 
-def test_every_bad_metrics_line_is_counted_and_skipped(runs_env: dict) -> None:
+def test_every_bad_metrics_line_is_counted_and_skipped(runs_env: RunsEnv) -> None:
     runs_env["write_preset"]("bad", command_preset("bad", "bad_metrics", "30"))
     result = gs("run", "bad", timeout=120)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     assert "succeeded" in result.stderr
 
-    (listed,) = strict(gs("runs", "list", "--json").stdout)  # type: ignore[misc]
+    (listed,) = strict(gs("runs", "list", "--json").stdout)
     assert listed["status"] == "succeeded"
     assert listed["malformed_metrics"] == bad_metrics_lines()
     assert (listed["steps"], listed["final_loss"], listed["best_loss"]) == (5, 0.5, 0.5)
@@ -88,10 +91,10 @@ def test_every_bad_metrics_line_is_counted_and_skipped(runs_env: dict) -> None:
     shown = gs("runs", "show", "last")
     assert shown.returncode == 0, shown.stderr
     assert f"malformed metric lines  {bad_metrics_lines()}" in shown.stdout
-    assert strict(gs("runs", "show", "last", "--json").stdout)["steps"] == 5  # type: ignore[index]
+    assert strict(gs("runs", "show", "last", "--json").stdout)["steps"] == 5
     compared = gs("runs", "compare", "last", listed["id"], "--json")
     assert compared.returncode == 0, compared.stderr
-    rows = {r["name"]: r for r in strict(compared.stdout)["rows"]}  # type: ignore[index]
+    rows = {r["name"]: r for r in strict(compared.stdout)["rows"]}
     assert rows["final loss"]["values"] == [0.5, 0.5]
     assert gs("runs", "compare", "last", listed["id"]).returncode == 0
     assert gs("runs", "list").returncode == 0
@@ -171,10 +174,11 @@ def test_the_follower_takes_a_long_line_in_bites(tmp_path: Path) -> None:
     assert reader.tailer.offset == path.stat().st_size
 
 
-def test_bad_telemetry_lines_do_not_stop_the_summary(runs_env: dict) -> None:
+def test_bad_telemetry_lines_do_not_stop_the_summary(runs_env: RunsEnv) -> None:
     runs_env["write_preset"]("ok", command_preset("ok", "train_ok", args="steps = 2"))
-    handle = launch(run_preset("ok"))  # type: ignore[arg-type]
-    assert wait_for_end(handle.run_dir, TIMEOUT).status == "succeeded"  # type: ignore[union-attr]
+    handle = launch(run_preset("ok"))
+    end = wait_for_end(handle.run_dir, TIMEOUT)
+    assert end is not None and end.status == "succeeded"
     with open(handle.run_dir / rundir.TELEMETRY_FILE, "ab") as fh:
         for bad in (
             b"[" * 3000,
@@ -192,11 +196,11 @@ def test_bad_telemetry_lines_do_not_stop_the_summary(runs_env: dict) -> None:
 # ---- 2. runs.db is an index -----------------------------------------------------------
 
 
-def _two_runs(runs_env: dict) -> list[str]:
+def _two_runs(runs_env: RunsEnv) -> list[str]:
     runs_env["write_preset"]("ok", command_preset("ok", "train_ok", args="steps = 2"))
     ids = []
     for _ in range(2):
-        handle = launch(run_preset("ok"))  # type: ignore[arg-type]
+        handle = launch(run_preset("ok"))
         state = wait_for_end(handle.run_dir, TIMEOUT)
         assert state is not None and state.status == "succeeded"
         ids.append(handle.id)
@@ -219,7 +223,7 @@ def _damage(how: str) -> None:
 
 @pytest.mark.parametrize("how", ["deleted", "garbage", "truncated"])
 def test_a_lost_or_damaged_index_is_rebuilt_from_the_run_directories(
-    runs_env: dict, how: str
+    runs_env: RunsEnv, how: str
 ) -> None:
     ids = _two_runs(runs_env)
     _damage(how)
@@ -228,13 +232,13 @@ def test_a_lost_or_damaged_index_is_rebuilt_from_the_run_directories(
             db_rows()
     listed = gs("runs", "list", "--json")
     assert listed.returncode == 0, listed.stderr
-    assert sorted(r["id"] for r in strict(listed.stdout)) == sorted(ids)  # type: ignore[union-attr]
+    assert sorted(r["id"] for r in strict(listed.stdout)) == sorted(ids)
     assert "rebuilt the run history from 2 run directories" in listed.stderr
     shown = gs("runs", "show", ids[0], "--json")
-    assert shown.returncode == 0 and strict(shown.stdout)["status"] == "succeeded"  # type: ignore[index]
+    assert shown.returncode == 0 and strict(shown.stdout)["status"] == "succeeded"
     assert gs("runs", "compare", *ids).returncode == 0
     # The next writer (a run) writes the index again, with every run in it.
-    third = launch(run_preset("ok"))  # type: ignore[arg-type]
+    third = launch(run_preset("ok"))
     wait_for_end(third.run_dir, TIMEOUT)
     wait_until(lambda: len(db_rows()) == 3, TIMEOUT, "the rebuilt index")
     assert set(db_rows()) == {*ids, third.id}
@@ -243,7 +247,7 @@ def test_a_lost_or_damaged_index_is_rebuilt_from_the_run_directories(
         assert list(db_path().parent.glob("runs.db.bad-*")), "the bad file is kept aside"
 
 
-def test_a_run_starts_while_the_index_is_locked_and_is_recorded_after(runs_env: dict) -> None:
+def test_a_run_starts_while_the_index_is_locked_and_is_recorded_after(runs_env: RunsEnv) -> None:
     (first, _second) = _two_runs(runs_env)
     locker = sqlite3.connect(db_path(), timeout=1, isolation_level=None)
     locker.execute("BEGIN EXCLUSIVE")
@@ -257,7 +261,7 @@ def test_a_run_starts_while_the_index_is_locked_and_is_recorded_after(runs_env: 
             p.name for p in rundir.run_dir(first).parent.iterdir() if p.name not in db_rows()
         )
         # Still locked: readers find the run from its directory.
-        listed = {r["id"]: r["status"] for r in strict(gs("runs", "list", "--json").stdout)}  # type: ignore[union-attr]
+        listed = {r["id"]: r["status"] for r in strict(gs("runs", "list", "--json").stdout)}
         assert listed[run_id] == "succeeded"
     finally:
         locker.execute("ROLLBACK")
@@ -266,7 +270,7 @@ def test_a_run_starts_while_the_index_is_locked_and_is_recorded_after(runs_env: 
     wait_until(lambda: db_rows().get(run_id) == "succeeded", TIMEOUT, "the row after the lock")
 
 
-def test_concurrent_runs_lose_no_row(runs_env: dict) -> None:
+def test_concurrent_runs_lose_no_row(runs_env: RunsEnv) -> None:
     runs_env["write_preset"]("ok", command_preset("ok", "train_ok", args="steps = 2"))
     procs = [
         subprocess.Popen(
@@ -303,7 +307,7 @@ for n in range(int(sys.argv[2])):
 """
 
 
-def test_concurrent_writers_lose_no_row(runs_env: dict) -> None:
+def test_concurrent_writers_lose_no_row(runs_env: RunsEnv) -> None:
     writers = [
         subprocess.Popen([sys.executable, "-c", WRITER, f"w{n}", "30"], env=child_env(), cwd=REPO)
         for n in range(6)
@@ -317,10 +321,10 @@ def test_concurrent_writers_lose_no_row(runs_env: dict) -> None:
 
 
 def test_a_stopped_run_whose_supervisor_was_killed_is_stopped_not_lost(
-    runs_env: dict, tmp_path: Path
+    runs_env: RunsEnv, tmp_path: Path
 ) -> None:
     runs_env["write_preset"]("wait", command_preset("wait", "wait_file", str(tmp_path / "never")))
-    handle = launch(run_preset("wait"))  # type: ignore[arg-type]
+    handle = launch(run_preset("wait"))
     state = rundir.read_state(handle.run_dir)
     assert state is not None and state.supervisor_pid and state.pgid
     rundir.request_stop(handle.run_dir, "user")
@@ -337,11 +341,12 @@ def test_a_stopped_run_whose_supervisor_was_killed_is_stopped_not_lost(
     assert checked is not None and checked.status == "stopped"
     assert "stopped by user (SIGINT)" in (checked.reason or "")
     listed = strict(gs("runs", "list", "--json").stdout)
-    assert [r["status"] for r in listed] == ["stopped"]  # type: ignore[union-attr]
+    assert [r["status"] for r in listed] == ["stopped"]
     assert "stopped" in gs("runs", "show", "last").stdout
     # The writer records it so.
     assert [s.status for s in record_lost_runs()] == ["stopped"]
-    assert rundir.read_state(handle.run_dir).status == "stopped"  # type: ignore[union-attr]
+    final = rundir.read_state(handle.run_dir)
+    assert final is not None and final.status == "stopped"
     assert db_rows() == {handle.id: "stopped"}
 
 
@@ -349,7 +354,7 @@ def test_a_stopped_run_whose_supervisor_was_killed_is_stopped_not_lost(
 
 
 @pytest.mark.parametrize("module", ["common", "data", "llm", "integrations"])
-def test_a_library_module_is_refused_as_a_runner(runs_env: dict, module: str) -> None:
+def test_a_library_module_is_refused_as_a_runner(runs_env: RunsEnv, module: str) -> None:
     path = runs_env["write_preset"](f"lib-{module}", f'runner = "{module}"\ngpus = 0\n')
     for argv in (("presets", "show", f"lib-{module}"), ("run", f"lib-{module}")):
         result = gs(*argv)
@@ -363,12 +368,12 @@ def test_a_library_module_is_refused_as_a_runner(runs_env: dict, module: str) ->
 # ---- 7. simulated runs say so --------------------------------------------------------
 
 
-def test_simulated_runs_say_simulated_everywhere(runs_env: dict) -> None:
+def test_simulated_runs_say_simulated_everywhere(runs_env: RunsEnv) -> None:
     from gpustation.tui.runs.model import RunView
     from gpustation.tui.runs.widgets import run_header
 
     runs_env["write_preset"]("ok", command_preset("ok", "train_ok", args="steps = 2"))
-    handle = launch(run_preset("ok"))  # type: ignore[arg-type]
+    handle = launch(run_preset("ok"))
     wait_for_end(handle.run_dir, TIMEOUT)
     for argv in (
         ("runs", "list"),
@@ -386,7 +391,7 @@ def test_simulated_runs_say_simulated_everywhere(runs_env: dict) -> None:
 # ---- 8. two runs on one GPU ----------------------------------------------------------
 
 
-def test_two_runs_on_one_gpu_warn_and_share_the_energy(runs_env: dict, tmp_path: Path) -> None:
+def test_two_runs_on_one_gpu_warn_and_share_the_energy(runs_env: RunsEnv, tmp_path: Path) -> None:
     release = tmp_path / "release"
     runs_env["write_preset"]("wait", command_preset("wait", "wait_file", str(release)))
     first = gs("run", "wait", "--detach")
@@ -411,7 +416,8 @@ def test_two_runs_on_one_gpu_warn_and_share_the_energy(runs_env: dict, tmp_path:
     alone = gs("run", "wait", "--detach", "--gpus", "1").stdout.strip()
     release.touch()
     wait_for_end(rundir.run_dir(alone), TIMEOUT)
-    assert RunStore().get(alone).energy_shared is False  # type: ignore[union-attr]
+    record = RunStore().get(alone)
+    assert record is not None and record.energy_shared is False
 
 
 def test_a_log_line_too_long_keeps_its_end(tmp_path: Path) -> None:
@@ -431,7 +437,7 @@ def test_a_log_line_too_long_keeps_its_end(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "[1.0, nan]"])
-def test_a_preset_with_a_non_finite_number_is_refused(runs_env: dict, value: str) -> None:
+def test_a_preset_with_a_non_finite_number_is_refused(runs_env: RunsEnv, value: str) -> None:
     from gpustation.runs.presets import load_preset_file
 
     path = runs_env["write_preset"]("nan", command_preset("nan", "train_ok", args=f"lr = {value}"))

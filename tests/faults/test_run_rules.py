@@ -15,7 +15,7 @@ from gpustation import paths
 from gpustation.runs import rundir
 from gpustation.runs.store import RunStore, db_path
 from tests.conftest import child_env, gpustation_cmd, run_gpustation
-from tests.runs.conftest import command_preset, wait_until
+from tests.runs.conftest import RunsEnv, command_preset, wait_until
 
 TIMEOUT = 60.0
 
@@ -42,7 +42,7 @@ def listed_ids(*args: str) -> list[str]:
     return [r["id"] for r in json.loads(result.stdout)]
 
 
-def test_prune_never_deletes_a_run_still_going(runs_env: dict) -> None:
+def test_prune_never_deletes_a_run_still_going(runs_env: RunsEnv) -> None:
     old = ended_run("old")
     started = gs(
         "run",
@@ -79,7 +79,7 @@ def test_prune_never_deletes_a_run_still_going(runs_env: dict) -> None:
         gs("runs", "stop", going, "--grace", "1")
 
 
-def test_status_and_limit_are_checked_and_no_run_is_dropped(runs_env: dict) -> None:
+def test_status_and_limit_are_checked_and_no_run_is_dropped(runs_env: RunsEnv) -> None:
     first, second = ended_run("one"), ended_run("two")
     bogus = gs("runs", "prune", "--older-than", "1d", "--status", "bogus")
     assert bogus.returncode == 2
@@ -98,7 +98,7 @@ def test_status_and_limit_are_checked_and_no_run_is_dropped(runs_env: dict) -> N
 
 
 def test_a_run_records_and_runs_in_the_directory_it_was_started_from(
-    runs_env: dict, tmp_path: Path
+    runs_env: RunsEnv, tmp_path: Path
 ) -> None:
     here = tmp_path / "project"
     here.mkdir()
@@ -112,7 +112,7 @@ def test_a_run_records_and_runs_in_the_directory_it_was_started_from(
 
 
 def test_a_run_from_a_deleted_directory_exits_2_and_leaves_no_run_directory(
-    runs_env: dict, tmp_path: Path
+    runs_env: RunsEnv, tmp_path: Path
 ) -> None:
     gone = tmp_path / "gone"
     gone.mkdir()
@@ -127,7 +127,7 @@ def test_a_run_from_a_deleted_directory_exits_2_and_leaves_no_run_directory(
     assert not root.exists() or not any(root.iterdir())
 
 
-def test_set_and_env_values_keep_every_equals_sign(runs_env: dict) -> None:
+def test_set_and_env_values_keep_every_equals_sign(runs_env: RunsEnv) -> None:
     runs_env["write_preset"](
         "ok", command_preset("ok", "train_ok", args='steps = 1\nsleep = 0.0\ntag = "x"')
     )
@@ -144,7 +144,7 @@ def test_set_and_env_values_keep_every_equals_sign(runs_env: dict) -> None:
     assert "value k=v=w" in env_run.stdout
 
 
-def test_tags_of_the_wrong_shape_are_no_tags(runs_env: dict) -> None:
+def test_tags_of_the_wrong_shape_are_no_tags(runs_env: RunsEnv) -> None:
     run_id = ended_run("shaped")
     notes = rundir.run_dir(run_id) / rundir.ANNOTATIONS_JSON
     notes.write_text(json.dumps({"tags": "notalist", "note": ["not", "text"]}))
@@ -165,7 +165,7 @@ def test_tags_of_the_wrong_shape_are_no_tags(runs_env: dict) -> None:
 
 
 def test_cuda_visible_devices_in_env_warns_that_the_gpu_choice_replaces_it(
-    runs_env: dict,
+    runs_env: RunsEnv,
 ) -> None:
     code = "import os; print('visible', os.environ['CUDA_VISIBLE_DEVICES'])"
     result = gs(

@@ -15,17 +15,19 @@ import pytest
 from prometheus_client.core import Metric
 
 from gpustation.control import journal, lease
-from gpustation.runs import rundir, sweep, sweep_owner
+from gpustation.runs import rundir
+from gpustation.runs.sweep import model as sweep
+from gpustation.runs.sweep import owner as sweep_owner
 from gpustation.serve.exporter import Exporter
 from gpustation.telemetry.sampler import Sampler
 from gpustation.telemetry.sim import SimBackend
 from tests.conftest import child_env, gpustation_cmd, run_gpustation
-from tests.runs.conftest import sim_limits, sweep_preset, wait_until
+from tests.runs.conftest import RunsEnv, sim_limits, sweep_preset, wait_until
 
 TIMEOUT = 120.0
 
 
-def _preset(runs_env: dict, sleep: float = 5.0) -> None:
+def _preset(runs_env: RunsEnv, sleep: float = 5.0) -> None:
     sweep_preset(runs_env, sleep)
 
 
@@ -62,7 +64,7 @@ def _running_point(sweep_id: str | None = None) -> sweep.Sweep:
     return got
 
 
-def _end_runs(runs_env: dict) -> None:
+def _end_runs(runs_env: RunsEnv) -> None:
     """The point a killed sweep was running goes on under its supervisor: end it."""
     for d in (runs_env["dirs"]["data"] / "runs").glob("*"):
         state = rundir.read_state(d)
@@ -84,7 +86,7 @@ def procs() -> Iterator[list[subprocess.Popen[str]]]:
 
 
 def test_sighup_stops_the_point_and_restores_the_limits(
-    runs_env: dict, procs: list[subprocess.Popen[str]]
+    runs_env: RunsEnv, procs: list[subprocess.Popen[str]]
 ) -> None:
     _preset(runs_env)
     before = _limits()
@@ -107,7 +109,7 @@ def _families(exporter: Exporter) -> dict[str, Metric]:
 
 
 def test_a_sigkilled_sweep_is_dead_and_every_view_names_the_limit_it_left(
-    runs_env: dict, procs: list[subprocess.Popen[str]]
+    runs_env: RunsEnv, procs: list[subprocess.Popen[str]]
 ) -> None:
     _preset(runs_env)
     proc = _start("--power-limit", "70%")
@@ -152,7 +154,7 @@ def test_a_sigkilled_sweep_is_dead_and_every_view_names_the_limit_it_left(
 
 
 def test_one_owner_at_a_time_and_force_ends_the_first(
-    runs_env: dict, procs: list[subprocess.Popen[str]]
+    runs_env: RunsEnv, procs: list[subprocess.Popen[str]]
 ) -> None:
     _preset(runs_env)
     before = _limits()
@@ -192,7 +194,7 @@ def test_one_owner_at_a_time_and_force_ends_the_first(
 
 
 def test_power_set_force_ends_the_sweep_which_restores_first(
-    runs_env: dict, procs: list[subprocess.Popen[str]]
+    runs_env: RunsEnv, procs: list[subprocess.Popen[str]]
 ) -> None:
     _preset(runs_env)
     first = _start("--power-limit", "70%")
@@ -206,7 +208,7 @@ def test_power_set_force_ends_the_sweep_which_restores_first(
 
 
 def test_the_next_sweep_waits_for_the_killed_sweep_s_point_run(
-    runs_env: dict, procs: list[subprocess.Popen[str]]
+    runs_env: RunsEnv, procs: list[subprocess.Popen[str]]
 ) -> None:
     _preset(runs_env, sleep=0.5)
     proc = _start("--power-limit", "70%", "--set", "steps=10")
@@ -230,7 +232,7 @@ def test_the_next_sweep_waits_for_the_killed_sweep_s_point_run(
 
 
 def test_leftover_limits_go_back_to_the_card_that_had_them_after_a_reorder(
-    runs_env: dict, procs: list[subprocess.Popen[str]]
+    runs_env: RunsEnv, procs: list[subprocess.Popen[str]]
 ) -> None:
     _preset(runs_env)
     assert gs("power", "set", "400W", "--simulate", "2", "--gpus", "1").returncode == 0
@@ -250,7 +252,7 @@ def test_leftover_limits_go_back_to_the_card_that_had_them_after_a_reorder(
     assert _limits() == [400.0, 450.0]  # the card the sweep changed, where it is now
 
 
-def test_a_simulated_h200_sweep_s_leftover_is_not_a_4090_s(runs_env: dict) -> None:
+def test_a_simulated_h200_sweep_s_leftover_is_not_a_4090_s(runs_env: RunsEnv) -> None:
     h200 = SimBackend.open(count=2, card="h200")
     left = sweep.Sweep(
         id="20240101-000000-sweep-sweepy",
@@ -282,7 +284,7 @@ def _dead_pid() -> int:
     return gone.pid
 
 
-def test_a_damaged_leftover_is_named_and_blocks_nothing(runs_env: dict) -> None:
+def test_a_damaged_leftover_is_named_and_blocks_nothing(runs_env: RunsEnv) -> None:
     _preset(runs_env, sleep=0.05)
     bad = sweep.sweeps_dir() / "20240101-000000-sweep-sweepy" / sweep.SWEEP_JSON
     bad.parent.mkdir(parents=True)
@@ -327,7 +329,9 @@ _BIG = ",".join(map(str, range(20000)))
         ),
     ],
 )
-def test_bad_sweep_input_is_a_usage_error(runs_env: dict, argv: tuple[str, ...], says: str) -> None:
+def test_bad_sweep_input_is_a_usage_error(
+    runs_env: RunsEnv, argv: tuple[str, ...], says: str
+) -> None:
     _preset(runs_env)
     result = gs("sweep", "sweepy", "--simulate", "2", *argv, "--dry-run")
     assert result.returncode == 2, result.stderr
@@ -335,7 +339,9 @@ def test_bad_sweep_input_is_a_usage_error(runs_env: dict, argv: tuple[str, ...],
     assert sweep.list_sweeps() == []
 
 
-def test_a_lease_whose_owner_is_gone_or_reused_holds_nothing(gpustation_dirs: dict) -> None:
+def test_a_lease_whose_owner_is_gone_or_reused_holds_nothing(
+    gpustation_dirs: dict[str, Path],
+) -> None:
     pid = _dead_pid()
     lease.take(lease.Lease("old", "sweep old", [(0, "GPU-a")], True, pid=pid, start="1"))
     # this process's pid with another start time: a reused pid is not the owner
@@ -353,7 +359,7 @@ def test_a_lease_whose_owner_is_gone_or_reused_holds_nothing(gpustation_dirs: di
     assert {x.id for x in lease.read_leases()} == {"old", "reused", "mine"}
 
 
-def test_a_lease_a_sweep_took_before_writing_anything_is_let_go(runs_env: dict) -> None:
+def test_a_lease_a_sweep_took_before_writing_anything_is_let_go(runs_env: RunsEnv) -> None:
     sim = SimBackend.open(count=2)
     uuid = sim.read_gpus([0], slow=False)[0].uuid
     lease.take(

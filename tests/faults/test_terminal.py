@@ -15,7 +15,7 @@ from gpustation.telemetry import host
 from gpustation.telemetry.model import GpuSample, ProcessInfo, Snapshot
 from gpustation.telemetry.table import render_snapshot
 from gpustation.textsafe import plain_json, safe, safe_doc
-from tests.runs.conftest import wait_until
+from tests.runs.conftest import RunsEnv, wait_until
 
 HOSTILE = [
     "\x1b]0;owned\x07",  # OSC 0: retitle the terminal
@@ -75,7 +75,7 @@ def test_the_snapshot_table_draws_no_escape_from_any_field() -> None:
     assert "H200" in text and "eve" in text
 
 
-def test_a_run_s_log_tail_and_its_preset_text_reach_the_terminal_safe(runs_env: dict) -> None:
+def test_a_run_s_log_tail_and_its_preset_text_reach_the_terminal_safe(runs_env: RunsEnv) -> None:
     import subprocess
 
     from tests.conftest import child_env, gpustation_cmd
@@ -153,7 +153,7 @@ def test_a_json_text_said_plain_holds_no_string_safe_would_change() -> None:
     assert not plain_json(json.dumps({"unit": "\u202e"}, ensure_ascii=False).encode())
 
 
-def test_runs_show_writes_a_multi_line_command_on_one_readable_line(runs_env: dict) -> None:
+def test_runs_show_writes_a_multi_line_command_on_one_readable_line(runs_env: RunsEnv) -> None:
     from tests.conftest import child_env, gpustation_cmd
 
     code = "import sys\nsys.exit(0)"

@@ -22,6 +22,7 @@ import zstandard
 from gpustation.telemetry.recording import Recording
 from tests.conftest import child_env, gpustation_cmd
 from tests.ptyterm import HOSTILE, PtyProgram, assert_harmless
+from tests.runs.conftest import RunsEnv
 from tests.telemetry.recording_tools import make_recording
 
 pytestmark = pytest.mark.timeout(180)
@@ -89,7 +90,7 @@ def hostile_command(tmp_path: Path) -> list[str]:
 
 
 def test_run_and_runs_follow_print_the_run_s_log_title_and_unit_harmless(
-    runs_env: dict, tmp_path: Path, programs: list[PtyProgram]
+    runs_env: RunsEnv, tmp_path: Path, programs: list[PtyProgram]
 ) -> None:
     run = start(programs, *hostile_command(tmp_path), cwd=tmp_path)
     assert run.wait_exit() == 0, run.screen()
@@ -108,7 +109,7 @@ def toml_string(text: str) -> str:
 
 
 def test_the_runs_screen_draws_a_run_s_title_unit_and_log_and_a_preset_s_words_harmless(
-    runs_env: dict, tmp_path: Path, programs: list[PtyProgram]
+    runs_env: RunsEnv, tmp_path: Path, programs: list[PtyProgram]
 ) -> None:
     made = subprocess.run(
         gpustation_cmd(*hostile_command(tmp_path)),

@@ -7,6 +7,7 @@ import contextlib
 import json
 import subprocess
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -127,7 +128,7 @@ def test_snapshot_host_watch_streams_fleet_documents(ssh_env: LoopbackSshd) -> N
     )
     try:
         assert proc.stdout is not None
-        docs = []
+        docs: list[dict[str, Any]] = []
         deadline = time.monotonic() + TIMEOUT
         while len(docs) < 3 and time.monotonic() < deadline:
             line = proc.stdout.readline()

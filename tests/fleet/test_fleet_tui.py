@@ -7,8 +7,10 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from textual.pilot import Pilot
 
 from gpustation.fleet.fleet import Fleet
 from gpustation.telemetry.model import GpuSample, Snapshot
@@ -46,7 +48,7 @@ def _argv_for(tmp: Path) -> Callable[[str], list[str]]:
     return argv_for
 
 
-async def _wait(pilot, condition: Callable[[], bool]) -> None:  # type: ignore[no-untyped-def]
+async def _wait(pilot: Pilot[Any], condition: Callable[[], bool]) -> None:
     for _ in range(int(TIMEOUT_S / 0.1)):
         if condition():
             return
@@ -102,7 +104,8 @@ async def _rows_sorting_and_drill_down(tmp_path: Path) -> None:
 
         # Enter on b's row opens b
         table.action_cursor_to(table.keys.index("b#0"))
-        assert screen.selected_row().key == "b#0"
+        row = screen.selected_row()
+        assert row is not None and row.key == "b#0"
         await pilot.press("enter")
         await _wait(pilot, lambda: isinstance(app.screen, HostScreen))
         host_screen = app.screen
@@ -159,11 +162,13 @@ def test_app_takes_interval_and_ssh_config_from_config_unless_given(
         'remote_command = "/opt/gs/bin/gpustation"\nssh_config = "/etc/lab"\n'
     )
     app = FleetApp(["box1"], refresh_s=1.0)
+    assert isinstance(app.fleet, Fleet)
     argv = app.fleet.streams["box1"].argv
     assert app.fleet.interval == 2.0
     assert argv[1:3] == ["-F", "/etc/lab"]
     assert argv[-5:] == ["/opt/gs/bin/gpustation", "snapshot", "--json", "--watch", "2"]
     given = FleetApp(["box1"], refresh_s=0.5, ssh_config="/mine")
+    assert isinstance(given.fleet, Fleet)
     argv = given.fleet.streams["box1"].argv
     assert given.fleet.interval == 0.5
     assert argv[1:3] == ["-F", "/mine"] and argv[-1] == "0.5"

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,7 @@ def _snapshot_line(hostname: str = "remote", gpus: int = 2, t: float = 1000.0) -
 
 
 @pytest.fixture
-def streams() -> list[HostStream]:
+def streams() -> Iterator[list[HostStream]]:
     made: list[HostStream] = []
     yield made
     for s in made:
@@ -60,23 +61,23 @@ def test_snapshots_stream_in(streams: list[HostStream], tmp_path: Path) -> None:
     first = s.wait(lambda st: st.state == UP, TIMEOUT)
     assert first.state == UP and first.snapshot is not None
     assert len(first.snapshot.gpus) == 2 and first.snapshot.simulated
-    later = s.wait(
-        lambda st: st.snapshot is not None and st.snapshot.time > first.snapshot.time, TIMEOUT
-    )
-    assert later.snapshot.time > first.snapshot.time
+    since = first.snapshot.time
+    later = s.wait(lambda st: st.snapshot is not None and st.snapshot.time > since, TIMEOUT)
+    assert later.snapshot is not None and later.snapshot.time > since
 
 
 def test_garbage_is_reported_with_the_offending_text(streams: list[HostStream]) -> None:
     s = _stream(streams, _sh("while :; do echo 'Welcome to box1!'; sleep 0.2; done"))
     st = s.wait(lambda st: st.state == GARBAGE, TIMEOUT)
     assert st.state == GARBAGE
+    assert st.error is not None
     assert "not JSON" in st.error and "Welcome to box1!" in st.error
 
 
 def test_a_document_of_another_kind_is_garbage(streams: list[HostStream]) -> None:
     s = _stream(streams, _sh('echo \'{"schema": "other/1"}\'; sleep 30'))
     st = s.wait(lambda st: st.state == GARBAGE, TIMEOUT)
-    assert "gpustation.snapshot/1" in st.error
+    assert st.error is not None and "gpustation.snapshot/1" in st.error
 
 
 def test_good_line_after_garbage_recovers(streams: list[HostStream], tmp_path: Path) -> None:
@@ -161,7 +162,7 @@ def test_missing_program_is_reported() -> None:
     s = HostStream("h", ["/nonexistent/ssh"], retry=False).start()
     try:
         st = s.wait(lambda st: st.state == DOWN, TIMEOUT)
-        assert "cannot run /nonexistent/ssh" in st.error
+        assert st.error is not None and "cannot run /nonexistent/ssh" in st.error
     finally:
         s.close()
 

@@ -13,7 +13,7 @@ def _nvml_ok() -> bool:
         import pynvml
 
         pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
+        count: int = pynvml.nvmlDeviceGetCount()
         pynvml.nvmlShutdown()
         return count > 0
     except Exception:

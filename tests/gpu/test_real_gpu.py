@@ -29,6 +29,7 @@ def test_snapshot_json_reads_every_gpu() -> None:
         assert g.name and g.uuid and g.pci_bus_id
         assert g.temperature_c is not None and 0 < g.temperature_c < 120
         assert g.power_w is not None and g.power_limit_w is not None
+        assert g.power_min_w is not None and g.power_max_w is not None
         assert g.power_min_w <= g.power_limit_w <= g.power_max_w
         assert g.memory_total_mib and g.memory_used_mib is not None
         assert g.clock_sm_max_mhz and g.pcie.max_gen

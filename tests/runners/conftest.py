@@ -9,7 +9,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -28,7 +28,7 @@ class RunResult:
 
     @property
     def summary(self) -> dict[str, Any]:
-        found = [e["summary"] for e in self.events if "summary" in e]
+        found: list[dict[str, Any]] = [e["summary"] for e in self.events if "summary" in e]
         assert len(found) == 1, f"expected one summary line, got {len(found)}: {self.events}"
         return found[0]
 
@@ -43,6 +43,16 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+class RunRunner(Protocol):
+    def __call__(
+        self, name: str, *args: str, torchrun: int = 0, accelerate: int = 0, gpu: bool = False
+    ) -> RunResult: ...
+
+
+class RunInprocess(Protocol):
+    def __call__(self, name: str, *args: str) -> RunResult: ...
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -50,7 +60,7 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def run_runner(tmp_path: Path):  # type: ignore[no-untyped-def]
+def run_runner(tmp_path: Path) -> RunRunner:
     """``run_runner("resnet", "--steps", "3", ...)`` -> RunResult (metrics parsed)."""
     counter = [0]
 
@@ -114,7 +124,9 @@ def _few_threads(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def run_inprocess(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):  # type: ignore[no-untyped-def]
+def run_inprocess(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> RunInprocess:
     """``run_inprocess("matmul", ...)``: the runner's cli() in this process (cheaper)."""
 
     def run(name: str, *args: str) -> RunResult:

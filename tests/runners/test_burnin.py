@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import torch
 
 from gpustation.runners import burnin, burnin_monitor
+from tests.runners.conftest import RunInprocess, RunRunner
 
 
-def test_tiny_cpu_burnin_passes_and_says_nvml_is_not_available(run_runner) -> None:
+def test_tiny_cpu_burnin_passes_and_says_nvml_is_not_available(run_runner: RunRunner) -> None:
     r = run_runner("burnin", "--device", "cpu", "--minutes", "0.02")
     assert r.returncode == 0, r.stderr[-3000:]
     s = r.summary
@@ -29,7 +31,9 @@ def test_tiny_cpu_burnin_passes_and_says_nvml_is_not_available(run_runner) -> No
     assert "burn-in passed" in r.stdout
 
 
-def _results(mismatches: int = 0, mem_errors: int = 0) -> tuple[dict, dict, dict]:
+def _results(
+    mismatches: int = 0, mem_errors: int = 0
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     mm = {"mismatches": mismatches, "reference_ok": True, "products": 10, "precision": "bf16",
           "matrix_size": 64, "tflops": 1.0, "reference_rel_err_vs_cpu": 0.0}  # fmt: skip
     mem = {"errors": mem_errors, "tested_mib": 1024.0, "passes": 1,
@@ -78,7 +82,7 @@ def test_nvml_readings_become_throttle_seconds_link_and_ecc_verdicts() -> None:
     assert checks["ECC errors"]["status"] == "fail"
 
 
-def test_split_must_be_three_shares(run_inprocess) -> None:
+def test_split_must_be_three_shares(run_inprocess: RunInprocess) -> None:
     r = run_inprocess("burnin", "--device", "cpu", "--minutes", "0.01", "--split", "1,2")
     assert r.returncode == 2 and "--split" in r.stderr
     assert burnin.parse_split("2,1,1") == [0.5, 0.25, 0.25]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from gpustation.runners import contention
+from tests.runners.conftest import RunRunner
 
 
-def test_three_phases_with_each_workload_measured(run_runner) -> None:
+def test_three_phases_with_each_workload_measured(run_runner: RunRunner) -> None:
     r = run_runner(
         "contention", "--device", "cpu", "--model-preset", "tiny", "--seq-len", "16",
         "--batch-size", "2", "--phase-seconds", "1", "--prompt-len", "8", "--new-tokens", "3",

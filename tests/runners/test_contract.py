@@ -14,6 +14,7 @@ import pytest
 import gpustation.runners
 from gpustation.runners import EXIT_OOM, LIBRARY_MODULES, SHARED_OPTIONS, runner_names
 from tests.conftest import child_env
+from tests.runners.conftest import RunInprocess
 
 RUNNERS = runner_names()
 PACKAGE_DIR = Path(gpustation.runners.__file__).parent
@@ -156,7 +157,9 @@ def test_shared_options_mean_the_same_everywhere(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", RUNNERS)
-def test_out_of_memory_leaving_main_exits_75(name: str, run_inprocess, monkeypatch) -> None:
+def test_out_of_memory_leaving_main_exits_75(
+    name: str, run_inprocess: RunInprocess, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
 
     def out_of_memory(args: argparse.Namespace) -> int:
@@ -171,7 +174,9 @@ def test_out_of_memory_leaving_main_exits_75(name: str, run_inprocess, monkeypat
 
 
 @pytest.mark.parametrize("name", RUNNERS)
-def test_simulated_out_of_memory_in_the_step_loop_exits_75(name: str, run_inprocess) -> None:
+def test_simulated_out_of_memory_in_the_step_loop_exits_75(
+    name: str, run_inprocess: RunInprocess
+) -> None:
     assert name in TINY_OOM_RUN, f"add the smallest CPU run of {name} to TINY_OOM_RUN"
     tiny = TINY_OOM_RUN[name]
     if isinstance(tiny, str):

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.runners.conftest import RunInprocess, RunRunner
 
 TINY = (
     "--device", "cpu", "--model-preset", "tiny", "--seq-len", "16", "--batch-size", "2",
@@ -13,7 +17,9 @@ TINY = (
 )  # fmt: skip
 
 
-def test_fsdp_lora_alone_reports_memory_and_writes_its_config(run_runner, tmp_path) -> None:
+def test_fsdp_lora_alone_reports_memory_and_writes_its_config(
+    run_runner: RunRunner, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     r = run_runner("fsdp", *TINY, "--steps", "3", "--offload", "--output-dir", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -33,7 +39,7 @@ def test_fsdp_lora_alone_reports_memory_and_writes_its_config(run_runner, tmp_pa
 
 
 @pytest.mark.slow
-def test_fsdp_full_sharded_over_two_processes(run_runner) -> None:
+def test_fsdp_full_sharded_over_two_processes(run_runner: RunRunner) -> None:
     r = run_runner(
         "fsdp", *TINY, "--steps", "4", "--mode", "full", "--precision", "bf16",
         "--sharding", "grad-op", "--no-activation-checkpointing", accelerate=2,
@@ -48,13 +54,13 @@ def test_fsdp_full_sharded_over_two_processes(run_runner) -> None:
     assert r.stdout.count("What limits you") == 1
 
 
-def test_find_max_model_stops_on_the_cpu(run_inprocess) -> None:
+def test_find_max_model_stops_on_the_cpu(run_inprocess: RunInprocess) -> None:
     r = run_inprocess("fsdp", "--device", "cpu", "--find-max-model")
     assert r.returncode == 0
     assert r.summary["find_max_model"] is None and "CUDA" in r.summary["skipped"]
 
 
-def test_fp16_is_refused_with_a_reason(run_inprocess) -> None:
+def test_fp16_is_refused_with_a_reason(run_inprocess: RunInprocess) -> None:
     r = run_inprocess("fsdp", *TINY, "--precision", "fp16")
     assert r.returncode == 2 and "bf16" in r.stderr
 
@@ -69,7 +75,7 @@ def test_find_max_search_doubles_then_bisects() -> None:
     assert _next_layers(None, 8) == 4
 
 
-def test_profile_steps_write_a_trace_and_top_ops(run_runner, tmp_path: Path) -> None:
+def test_profile_steps_write_a_trace_and_top_ops(run_runner: RunRunner, tmp_path: Path) -> None:
     out = tmp_path / "prof"
     r = run_runner("fsdp", *TINY, "--steps", "4", "--profile-steps", "2", "--output-dir", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -90,7 +96,7 @@ def test_profile_steps_write_a_trace_and_top_ops(run_runner, tmp_path: Path) -> 
 
 @pytest.mark.parametrize("modes", ["offload", "no-offload", "both"])
 def test_find_max_model_searches_the_modes_asked_for(
-    run_inprocess, monkeypatch: pytest.MonkeyPatch, modes: str
+    run_inprocess: RunInprocess, monkeypatch: pytest.MonkeyPatch, modes: str
 ) -> None:
     import torch
 
@@ -99,7 +105,9 @@ def test_find_max_model_searches_the_modes_asked_for(
     # The search on a pretend GPU where up to 12 layers fit (24 with offload).
     tried: list[tuple[int, bool]] = []
 
-    def trial(args, layers: int, hidden: int, offload: bool, seconds: float) -> dict:  # type: ignore[no-untyped-def]
+    def trial(
+        args: argparse.Namespace, layers: int, hidden: int, offload: bool, seconds: float
+    ) -> dict[str, Any]:
         tried.append((layers, offload))
         if layers > (24 if offload else 12):
             return {"layers": layers, "fits": False, "why": "out of memory"}

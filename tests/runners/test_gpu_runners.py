@@ -9,6 +9,8 @@ import math
 
 import pytest
 
+from tests.runners.conftest import RunRunner
+
 torch = pytest.importorskip("torch")
 
 pytestmark = [
@@ -18,7 +20,7 @@ pytestmark = [
 ]
 
 
-def test_healthcheck_passes_on_a_working_gpu(run_runner) -> None:
+def test_healthcheck_passes_on_a_working_gpu(run_runner: RunRunner) -> None:
     r = run_runner("healthcheck", gpu=True)
     assert r.returncode == 0, r.stdout + r.stderr
     s = r.summary
@@ -28,7 +30,7 @@ def test_healthcheck_passes_on_a_working_gpu(run_runner) -> None:
     assert all(c["status"] == "pass" for c in s["checks"])
 
 
-def test_resnet_bf16_channels_last_compiled(run_runner) -> None:
+def test_resnet_bf16_channels_last_compiled(run_runner: RunRunner) -> None:
     r = run_runner(
         "resnet", "--model", "resnet18", "--image-size", "64", "--batch-size", "64",
         "--steps", "30", "--warmup-steps", "10", "--precision", "bf16", "--channels-last",
@@ -41,7 +43,7 @@ def test_resnet_bf16_channels_last_compiled(run_runner) -> None:
     assert 0 < s["mem_peak_mib"] < torch.cuda.get_device_properties(0).total_memory / 2**20
 
 
-def test_lora_default_model_compiled_bf16(run_runner) -> None:
+def test_lora_default_model_compiled_bf16(run_runner: RunRunner) -> None:
     r = run_runner(
         "lora", "--model-preset", "default", "--batch-size", "16", "--seq-len", "256",
         "--steps", "60", "--warmup-steps", "10", "--log-every", "10", "--precision", "bf16",
@@ -54,7 +56,7 @@ def test_lora_default_model_compiled_bf16(run_runner) -> None:
     assert s["tokens_per_s"] > 10_000
 
 
-def test_matmul_bf16_beats_fp32_and_fp8_runs_where_supported(run_runner) -> None:
+def test_matmul_bf16_beats_fp32_and_fp8_runs_where_supported(run_runner: RunRunner) -> None:
     r = run_runner(
         "matmul", "--sizes", "2048,4096", "--precisions", "fp32,bf16,fp8", "--seconds", "0.2",
         "--copy-mib", "256", gpu=True,
@@ -67,7 +69,7 @@ def test_matmul_bf16_beats_fp32_and_fp8_runs_where_supported(run_runner) -> None
     assert s["copy_bandwidth_gbs"] > 100
 
 
-def test_infer_sweep_on_gpu(run_runner) -> None:
+def test_infer_sweep_on_gpu(run_runner: RunRunner) -> None:
     r = run_runner(
         "infer", "--batch-sizes", "1,8", "--prompt-len", "64", "--new-tokens", "32",
         "--steps", "5", gpu=True,
@@ -78,7 +80,7 @@ def test_infer_sweep_on_gpu(run_runner) -> None:
     assert all(math.isfinite(x["latency_ms_p99"]) for x in rows)
 
 
-def test_dataloader_probe_with_pinned_memory(run_runner) -> None:
+def test_dataloader_probe_with_pinned_memory(run_runner: RunRunner) -> None:
     r = run_runner(
         "dataloader", "--model", "resnet18", "--image-size", "64", "--source-size", "128",
         "--batch-size", "32", "--steps", "5", "--workers-list", "0,2", gpu=True,
@@ -93,7 +95,7 @@ def test_dataloader_probe_with_pinned_memory(run_runner) -> None:
     }
 
 
-def test_batchsize_recovers_from_real_out_of_memory(run_runner) -> None:
+def test_batchsize_recovers_from_real_out_of_memory(run_runner: RunRunner) -> None:
     # A 6 GiB cap makes ResNet-50 run out of memory at a few hundred images.
     frac = min(0.9, 6 * 2**30 / torch.cuda.get_device_properties(0).total_memory)
     r = run_runner(
@@ -107,7 +109,7 @@ def test_batchsize_recovers_from_real_out_of_memory(run_runner) -> None:
     assert 32 <= s["largest_batch"] < min(t["batch_size"] for t in failed)
 
 
-def test_burnin_reads_nvml_and_passes_on_a_healthy_gpu(run_runner) -> None:
+def test_burnin_reads_nvml_and_passes_on_a_healthy_gpu(run_runner: RunRunner) -> None:
     r = run_runner("burnin", "--minutes", "0.3", "--mem-fraction", "0.5", gpu=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = r.summary
@@ -117,7 +119,7 @@ def test_burnin_reads_nvml_and_passes_on_a_healthy_gpu(run_runner) -> None:
     assert s["h2d_gbs"] > 5 and s["d2h_gbs"] > 5  # both directions from pinned memory
 
 
-def test_cuda_graphs_speed_up_small_resnet_steps(run_runner) -> None:
+def test_cuda_graphs_speed_up_small_resnet_steps(run_runner: RunRunner) -> None:
     common = ("--model", "resnet18", "--image-size", "64", "--batch-size", "16",
               "--num-classes", "100", "--steps", "40", "--warmup-steps", "10",
               "--precision", "bf16", "--no-compile")  # fmt: skip
@@ -129,7 +131,7 @@ def test_cuda_graphs_speed_up_small_resnet_steps(run_runner) -> None:
     assert graphs.summary["final_loss"] < graphs.summary["first_loss"]  # it still trains
 
 
-def test_infer_cuda_graphs_lower_ms_per_token(run_runner) -> None:
+def test_infer_cuda_graphs_lower_ms_per_token(run_runner: RunRunner) -> None:
     common = ("--batch-sizes", "1", "--prompt-len", "32", "--new-tokens", "32", "--steps", "3")
     eager = run_runner("infer", *common, gpu=True)
     graphs = run_runner("infer", *common, "--cuda-graphs", gpu=True)
@@ -139,7 +141,7 @@ def test_infer_cuda_graphs_lower_ms_per_token(run_runner) -> None:
     assert g["per_token_ms_p50"] < e["per_token_ms_p50"]
 
 
-def test_fsdp_offload_moves_the_training_state_to_the_host(run_runner) -> None:
+def test_fsdp_offload_moves_the_training_state_to_the_host(run_runner: RunRunner) -> None:
     common = ("--model-preset", "default", "--mode", "full", "--batch-size", "4",
               "--seq-len", "256", "--steps", "6", "--warmup-steps", "2")  # fmt: skip
     on_gpu = run_runner("fsdp", *common, "--no-offload", gpu=True)

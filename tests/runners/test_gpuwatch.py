@@ -168,7 +168,7 @@ def test_the_thread_samples_while_the_phase_runs(fake_nvml: ModuleType) -> None:
 
 
 def test_visible_devices_map_to_nvml_indices() -> None:
-    uuids = ["GPU-aaaa-1111", "GPU-bbbb-2222", "GPU-bbbc-3333"]
+    uuids: list[str | None] = ["GPU-aaaa-1111", "GPU-bbbb-2222", "GPU-bbbc-3333"]
     assert visible_index(1, {}, lambda: uuids) == 1
     assert visible_index(1, {"CUDA_VISIBLE_DEVICES": "3,2"}, lambda: uuids) == 2
     assert visible_index(0, {"CUDA_VISIBLE_DEVICES": "GPU-bbbc"}, lambda: uuids) == 2

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.runners.conftest import RunInprocess, RunRunner
+
 RESNET = (
     "--device", "cpu", "--model", "resnet18", "--image-size", "32", "--num-classes", "10",
     "--batch-size", "2", "--no-compile", "--precision", "fp32", "--warmup-steps", "1",
@@ -19,7 +21,9 @@ INFER = (
 
 
 @pytest.mark.parametrize("runner,args", [("resnet", RESNET), ("infer", INFER)])
-def test_cuda_graphs_are_refused_on_the_cpu(run_inprocess, runner, args) -> None:
+def test_cuda_graphs_are_refused_on_the_cpu(
+    run_inprocess: RunInprocess, runner: str, args: list[str]
+) -> None:
     r = run_inprocess(runner, *args, "--steps", "2", "--cuda-graphs")
     assert r.returncode == 2
     assert "--cuda-graphs refused" in r.stderr and "CUDA" in r.stderr
@@ -55,7 +59,7 @@ def test_static_cache_generates_the_same_tokens_as_the_dynamic_one() -> None:
         assert torch.equal(static, dynamic)
 
 
-def test_infer_static_cache_sweep(run_inprocess) -> None:
+def test_infer_static_cache_sweep(run_inprocess: RunInprocess) -> None:
     r = run_inprocess("infer", *INFER, "--batch-sizes", "1,2", "--static-cache")
     assert r.returncode == 0, r.stderr
     s = r.summary
@@ -65,7 +69,9 @@ def test_infer_static_cache_sweep(run_inprocess) -> None:
 
 
 @pytest.mark.parametrize("runner", ["resnet", "lora"])
-def test_profile_steps_in_the_training_runners(run_runner, tmp_path: Path, runner) -> None:
+def test_profile_steps_in_the_training_runners(
+    run_runner: RunRunner, tmp_path: Path, runner: str
+) -> None:
     out = tmp_path / runner
     args = RESNET if runner == "resnet" else (
         "--device", "cpu", "--model-preset", "tiny", "--seq-len", "16", "--batch-size", "2",

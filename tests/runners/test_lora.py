@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gpustation.runners import llm, lora
+from tests.runners.conftest import RunInprocess, RunRunner
 
 TINY = (
     "--device", "cpu", "--model-preset", "tiny", "--no-compile", "--precision", "fp32",
@@ -16,7 +17,7 @@ TINY = (
 )  # fmt: skip
 
 
-def test_loss_falls_on_shipped_corpus_and_adapter_reloads(run_runner) -> None:
+def test_loss_falls_on_shipped_corpus_and_adapter_reloads(run_runner: RunRunner) -> None:
     r = run_runner(
         "lora", *TINY, "--seq-len", "64", "--batch-size", "8", "--steps", "40",
         "--log-every", "5", "--lr", "0.003", "--eval-every", "20",
@@ -76,7 +77,7 @@ def _save_tiny_checkpoint(path: Path) -> None:
     LlamaForCausalLM(config).save_pretrained(path)
 
 
-def test_local_checkpoint_with_instruction_data(run_runner, tmp_path: Path) -> None:
+def test_local_checkpoint_with_instruction_data(run_runner: RunRunner, tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     _save_tiny_checkpoint(ckpt)
     data = tmp_path / "train.jsonl"
@@ -162,7 +163,9 @@ def test_one_b_preset_is_about_a_billion_parameters() -> None:
     assert cfg.vocab_size == 32000
 
 
-def test_big_base_models_check_the_adapter_on_the_loaded_base(run_inprocess, monkeypatch) -> None:
+def test_big_base_models_check_the_adapter_on_the_loaded_base(
+    run_inprocess: RunInprocess, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Above the size limit the check loads the saved adapter beside the trained one
     # instead of building a second copy of the base.
     monkeypatch.setattr(lora, "REBUILD_MAX_PARAMS", 0)

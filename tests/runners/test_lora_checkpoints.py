@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from gpustation.runners import checkpoint, llm, lora
 from gpustation.runs.checkpoints import MARKER, latest_checkpoint
+from tests.runners.conftest import RunInprocess
 from tests.runners.test_lora import TINY
 
 SMALL = ("--seq-len", "32", "--batch-size", "4", "--lr", "0.01", "--lr-warmup-steps", "0")
@@ -29,7 +30,9 @@ def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], **tol: 
         torch.testing.assert_close(a[key], b[key], **tol)  # type: ignore[arg-type]
 
 
-def test_checkpoints_every_n_keep_the_last_k_each_complete(run_inprocess, tmp_path: Path) -> None:
+def test_checkpoints_every_n_keep_the_last_k_each_complete(
+    run_inprocess: RunInprocess, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     r = run_inprocess(
         "lora", *TINY, *SMALL, "--steps", "6", "--checkpoint-every", "2",
@@ -79,7 +82,7 @@ def test_checkpoints_every_n_keep_the_last_k_each_complete(run_inprocess, tmp_pa
     assert not (none / "checkpoints").exists() and latest_checkpoint(none) is None
 
 
-def test_resume_continues_the_run_exactly(run_inprocess, tmp_path: Path) -> None:
+def test_resume_continues_the_run_exactly(run_inprocess: RunInprocess, tmp_path: Path) -> None:
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     common = (*TINY, *SMALL, "--steps", "6", "--log-every", "1", "--generate-tokens", "0")
     a = run_inprocess("lora", *common, "--checkpoint-every", "3", "--output-dir", str(full))
@@ -135,7 +138,9 @@ def test_resume_continues_the_run_exactly(run_inprocess, tmp_path: Path) -> None
     assert all(int(st["step"]) == 3 for st in optimizer.state.values())
 
 
-def test_resume_refuses_a_checkpoint_that_does_not_fit(run_inprocess, tmp_path: Path) -> None:
+def test_resume_refuses_a_checkpoint_that_does_not_fit(
+    run_inprocess: RunInprocess, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     common = (*TINY, *SMALL, "--generate-tokens", "0", "--no-verify-adapter")
     r = run_inprocess("lora", *common, "--steps", "2", "--output-dir", str(out))
@@ -161,7 +166,7 @@ def test_resume_refuses_a_checkpoint_that_does_not_fit(run_inprocess, tmp_path: 
 
 
 def test_merged_model_loads_alone_and_the_run_ends_with_a_sample(
-    run_inprocess, tmp_path: Path
+    run_inprocess: RunInprocess, tmp_path: Path
 ) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -202,6 +207,6 @@ def test_merged_model_loads_alone_and_the_run_ends_with_a_sample(
     assert "untrained" in r.stdout and "12 tokens" in r.stdout
 
 
-def test_merge_refuses_four_bit_weights(run_inprocess) -> None:
+def test_merge_refuses_four_bit_weights(run_inprocess: RunInprocess) -> None:
     r = run_inprocess("lora", *TINY, "--steps", "2", "--merge", "--load-in-4bit")
     assert r.returncode == 2 and "--merge with --load-in-4bit" in r.stderr

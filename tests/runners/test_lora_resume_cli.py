@@ -15,7 +15,7 @@ from gpustation.runs import rundir
 from gpustation.runs.store import RunStore
 from tests.conftest import child_env, gpustation_cmd
 from tests.runners.conftest import CHILD_TIMEOUT_S, read_events
-from tests.runs.conftest import command_preset, runs_environment
+from tests.runs.conftest import RunsEnv, command_preset, runs_environment
 
 LORA_PRESET = """title = "tiny LoRA"
 runner = "lora"
@@ -44,7 +44,9 @@ TOKENIZERS_PARALLELISM = "false"
 
 
 @pytest.fixture
-def runs_env(gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[dict]:
+def runs_env(
+    gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[RunsEnv]:
     yield from runs_environment(gpustation_dirs, monkeypatch)
 
 
@@ -63,7 +65,7 @@ def _losses(directory: Path) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in events if "loss" in e}
 
 
-def test_resume_a_lora_run_from_its_last_checkpoint(runs_env: dict) -> None:
+def test_resume_a_lora_run_from_its_last_checkpoint(runs_env: RunsEnv) -> None:
     runs_env["write_preset"]("tiny-lora", LORA_PRESET)
     first = gs("run", "tiny-lora")
     assert first.returncode == 0, first.stdout + first.stderr
@@ -124,7 +126,7 @@ def test_resume_a_lora_run_from_its_last_checkpoint(runs_env: dict) -> None:
     assert len(RunStore().list_runs()) == 2  # no run was started
 
 
-def test_resume_refuses_unknown_and_non_lora_runs(runs_env: dict) -> None:
+def test_resume_refuses_unknown_and_non_lora_runs(runs_env: RunsEnv) -> None:
     unknown = gs("run", "lora", "--resume", "no-such-run")
     assert unknown.returncode == 2
     assert "no run 'no-such-run'" in unknown.stderr and "runs list" in unknown.stderr

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -20,11 +22,13 @@ EXPECTED = {
 }  # fmt: skip
 
 
-def _parser(runner: str, args: dict[str, object]):  # type: ignore[no-untyped-def]
+def _parser(runner: str, args: Mapping[str, object]) -> argparse.ArgumentParser:
     module = importlib.import_module(f"gpustation.runners.{runner}")
     if runner == "batchsize":
-        return module.build_parser(args.get("workload", "resnet"))
-    return module.build_parser()
+        parser: argparse.ArgumentParser = module.build_parser(args.get("workload", "resnet"))
+    else:
+        parser = module.build_parser()
+    return parser
 
 
 def test_all_expected_presets_ship() -> None:

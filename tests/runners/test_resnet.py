@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from gpustation.runners import EXIT_OOM
+from tests.runners.conftest import RunInprocess, RunRunner
 
 TINY = (
     "--device", "cpu", "--model", "resnet18", "--image-size", "32", "--num-classes", "10",
@@ -12,7 +14,7 @@ TINY = (
 )  # fmt: skip
 
 
-def test_resnet_reports_throughput_loss_and_memory(run_runner) -> None:
+def test_resnet_reports_throughput_loss_and_memory(run_runner: RunRunner) -> None:
     r = run_runner("resnet", *TINY, "--steps", "6", "--precision", "fp32")
     assert r.returncode == 0, r.stderr
     s = r.summary
@@ -29,7 +31,7 @@ def test_resnet_reports_throughput_loss_and_memory(run_runner) -> None:
     assert "What limits you" in r.stdout and "--precision bf16" in r.stdout
 
 
-def test_resnet_bf16_with_accumulation(run_runner) -> None:
+def test_resnet_bf16_with_accumulation(run_runner: RunRunner) -> None:
     r = run_runner(
         "resnet", *TINY, "--steps", "3", "--precision", "bf16", "--grad-accum", "2",
         "--no-channels-last",
@@ -39,7 +41,7 @@ def test_resnet_bf16_with_accumulation(run_runner) -> None:
     assert math.isfinite(r.summary["final_loss"])
 
 
-def test_out_of_memory_gives_advice_and_its_own_exit_status(run_runner) -> None:
+def test_out_of_memory_gives_advice_and_its_own_exit_status(run_runner: RunRunner) -> None:
     r = run_runner("resnet", *TINY, "--steps", "5", "--simulate-oom-at-step", "3")
     assert r.returncode == EXIT_OOM
     assert "out of memory while training resnet18 at batch 4" in r.stderr
@@ -51,7 +53,7 @@ def test_out_of_memory_gives_advice_and_its_own_exit_status(run_runner) -> None:
     assert not any("summary" in e for e in r.events)
 
 
-def test_grad_accum_must_divide_batch(run_inprocess) -> None:
+def test_grad_accum_must_divide_batch(run_inprocess: RunInprocess) -> None:
     r = run_inprocess("resnet", *TINY, "--steps", "2", "--grad-accum", "3")
     assert r.returncode == 2
     assert "multiple of --grad-accum" in r.stderr
@@ -73,7 +75,7 @@ def test_each_rank_gets_its_own_synthetic_batch() -> None:
     assert not torch.equal(x0, x1)  # but not the same data on every rank
 
 
-def test_trains_from_an_image_folder_with_workers(run_runner, tmp_path) -> None:
+def test_trains_from_an_image_folder_with_workers(run_runner: RunRunner, tmp_path: Path) -> None:
     import random
 
     from PIL import Image

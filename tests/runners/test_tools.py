@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from gpustation.runners import EXIT_OOM, batchsize, dataloader, infer
+from tests.runners.conftest import RunInprocess, RunRunner
 
 
-def test_healthcheck_on_cpu_passes_and_skips_gpu_checks(run_inprocess) -> None:
+def test_healthcheck_on_cpu_passes_and_skips_gpu_checks(run_inprocess: RunInprocess) -> None:
     r = run_inprocess("healthcheck", "--device", "cpu", "--matmul-size", "64")
     assert r.returncode == 0, r.stderr
     s = r.summary
@@ -17,7 +18,7 @@ def test_healthcheck_on_cpu_passes_and_skips_gpu_checks(run_inprocess) -> None:
     assert "[PASS] torch on the CPU" in r.stdout
 
 
-def test_healthcheck_without_a_gpu_fails_with_fixes(run_runner) -> None:
+def test_healthcheck_without_a_gpu_fails_with_fixes(run_runner: RunRunner) -> None:
     # The child sees no GPU (CUDA_VISIBLE_DEVICES is empty), so the GPU checks fail.
     r = run_runner("healthcheck", "--matmul-size", "64")
     assert r.returncode == 1
@@ -28,7 +29,7 @@ def test_healthcheck_without_a_gpu_fails_with_fixes(run_runner) -> None:
     assert "fix:" in r.stdout and "What limits you" in r.stdout
 
 
-def test_matmul_reports_a_precision_table(run_inprocess) -> None:
+def test_matmul_reports_a_precision_table(run_inprocess: RunInprocess) -> None:
     r = run_inprocess(
         "matmul", "--device", "cpu", "--sizes", "32,64", "--precisions", "fp32,bf16,fp8",
         "--steps", "5", "--copy-mib", "8",
@@ -46,7 +47,7 @@ def test_matmul_reports_a_precision_table(run_inprocess) -> None:
     assert "vs fp32" in r.stdout and "fp8 skipped" in r.stdout
 
 
-def test_infer_sweep_reports_latency_percentiles(run_runner) -> None:
+def test_infer_sweep_reports_latency_percentiles(run_runner: RunRunner) -> None:
     r = run_runner(
         "infer", "--device", "cpu", "--model-preset", "tiny", "--batch-sizes", "1,3",
         "--prompt-len", "8", "--new-tokens", "4", "--steps", "3", "--precision", "fp32",
@@ -67,7 +68,7 @@ def test_percentile_interpolates() -> None:
     assert infer.percentile([7.0], 99) == 7.0
 
 
-def test_dataloader_finds_a_starved_pipeline(run_runner) -> None:
+def test_dataloader_finds_a_starved_pipeline(run_runner: RunRunner) -> None:
     # A one-layer model on small crops computes in well under a millisecond while
     # decoding 256 px JPEGs takes several: the step must be mostly waiting.
     r = run_runner(
@@ -105,7 +106,11 @@ def test_dataloader_judge_recommends_cheapest_setting_that_keeps_up() -> None:
 
 def test_batch_search_bisects_to_the_limit() -> None:
     for limit in (1, 7, 13, 64, 100):
-        best, tried = batchsize.search(lambda b, lim=limit: b <= lim, 4, 1000, 1)
+
+        def fits(b: int, lim: int = limit) -> bool:
+            return b <= lim
+
+        best, tried = batchsize.search(fits, 4, 1000, 1)
         assert best == limit, (limit, tried)
     best, _ = batchsize.search(lambda b: b <= 37, 8, 1000, 8)
     assert best == 32  # a multiple of 8
@@ -114,7 +119,7 @@ def test_batch_search_bisects_to_the_limit() -> None:
     assert batchsize.search(lambda b: False, 8, 50, 1)[0] == 0
 
 
-def test_batchsize_runner_recovers_from_out_of_memory(run_runner) -> None:
+def test_batchsize_runner_recovers_from_out_of_memory(run_runner: RunRunner) -> None:
     r = run_runner(
         "batchsize", "--workload", "resnet", "--device", "cpu", "--model", "resnet18",
         "--image-size", "32", "--num-classes", "10", "--batch-size", "2", "--steps", "1",
@@ -128,7 +133,7 @@ def test_batchsize_runner_recovers_from_out_of_memory(run_runner) -> None:
     assert "largest resnet batch that fits: 5" in r.stdout
 
 
-def test_batchsize_lora_workload_and_total_failure(run_inprocess) -> None:
+def test_batchsize_lora_workload_and_total_failure(run_inprocess: RunInprocess) -> None:
     r = run_inprocess(
         "batchsize", "--workload", "lora", "--device", "cpu", "--model-preset", "tiny",
         "--seq-len", "16", "--batch-size", "2", "--steps", "1", "--precision", "fp32",

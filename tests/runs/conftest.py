@@ -9,13 +9,24 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypedDict, TypeVar
 
 import psutil
 import pytest
 
 from gpustation.runs import rundir
 
+T = TypeVar("T")
+
 CHILDREN = Path(__file__).resolve().parent / "children"
+
+
+class RunsEnv(TypedDict):
+    """What :func:`runs_env` gives a test."""
+
+    dirs: dict[str, Path]
+    preset_dir: Path
+    write_preset: Callable[[str, str], Path]
 
 
 def child_script(name: str) -> str:
@@ -31,7 +42,7 @@ def command_preset(name: str, script: str, *extra: str, args: str = "", more: st
     return text
 
 
-def wait_until(condition: Callable[[], object], timeout: float = 30.0, what: str = "") -> object:
+def wait_until(condition: Callable[[], T], timeout: float = 30.0, what: str = "") -> T:
     """Poll ``condition`` until it is truthy; fail the test after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -66,14 +77,16 @@ def _kill_leftovers(runs_root: Path) -> list[str]:
 
 
 @pytest.fixture
-def runs_env(gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[dict]:
+def runs_env(
+    gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[RunsEnv]:
     """Simulated GPUs (so the supervisor records telemetry) and a preset dir."""
     yield from runs_environment(gpustation_dirs, monkeypatch)
 
 
 def runs_environment(
     gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> Iterator[dict]:
+) -> Iterator[RunsEnv]:
     """The body of :func:`runs_env`, for test folders that define it as their own fixture."""
     monkeypatch.setenv("GPUSTATION_SIMULATE", "2")
     preset_dir = gpustation_dirs["config"] / "presets" / "runs"
@@ -108,7 +121,7 @@ def assert_no_process(pids: list[int]) -> None:
     assert not alive, f"processes still running: {alive}"
 
 
-def sweep_preset(runs_env: dict, sleep: float) -> None:
+def sweep_preset(runs_env: RunsEnv, sleep: float) -> None:
     """A two-GPU preset ``sweepy`` whose points take about ``sleep`` seconds."""
     runs_env["write_preset"](
         "sweepy",

@@ -12,7 +12,7 @@ from gpustation.runs.reconcile import list_active_runs
 from gpustation.runs.stop import wait_for_end
 from gpustation.runs.store import RunStore
 from tests.conftest import child_env, gpustation_cmd
-from tests.runs.conftest import command_preset, wait_until
+from tests.runs.conftest import RunsEnv, command_preset, wait_until
 
 TIMEOUT = 60.0
 
@@ -23,7 +23,7 @@ def gs(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]
     )
 
 
-def test_presets_list_json_and_bad_presets(runs_env: dict) -> None:
+def test_presets_list_json_and_bad_presets(runs_env: RunsEnv) -> None:
     write = runs_env["write_preset"]
     write("ok", command_preset("ok", "train_ok", args="steps = 2"))
     write("broken", 'title = "x"\ncommand = ["a", \n')
@@ -43,7 +43,7 @@ def test_presets_list_json_and_bad_presets(runs_env: dict) -> None:
     assert "broken.toml:2:" in plain.stderr and "typo.toml:2: [tags]" in plain.stderr
 
 
-def test_presets_show_with_overrides(runs_env: dict) -> None:
+def test_presets_show_with_overrides(runs_env: RunsEnv) -> None:
     runs_env["write_preset"]("ok", command_preset("ok", "train_ok", args="steps = 2\nlr = 0.1"))
     result = gs("presets", "show", "ok", "--set", "lr=0.5", "--json")
     assert result.returncode == 0, result.stderr
@@ -54,7 +54,7 @@ def test_presets_show_with_overrides(runs_env: dict) -> None:
     assert bad.returncode == 2 and "steps=many" in bad.stderr and "whole number" in bad.stderr
 
 
-def test_run_streams_log_and_exits_0(runs_env: dict) -> None:
+def test_run_streams_log_and_exits_0(runs_env: RunsEnv) -> None:
     runs_env["write_preset"]("ok", command_preset("ok", "train_ok", args="steps = 3"))
     result = gs("run", "ok", "--set", "tag=cli")
     assert result.returncode == 0, result.stderr
@@ -66,7 +66,7 @@ def test_run_streams_log_and_exits_0(runs_env: dict) -> None:
     assert record.status == "succeeded" and record.overrides == {"tag": "cli"}
 
 
-def test_run_of_a_crash_exits_1(runs_env: dict) -> None:
+def test_run_of_a_crash_exits_1(runs_env: RunsEnv) -> None:
     runs_env["write_preset"]("crash", command_preset("crash", "crash"))
     result = gs("run", "crash")
     assert result.returncode == 1
@@ -74,7 +74,7 @@ def test_run_of_a_crash_exits_1(runs_env: dict) -> None:
     assert "failed" in result.stderr and "exited with code 3" in result.stderr
 
 
-def test_unknown_preset_exits_2_with_near_names(runs_env: dict) -> None:
+def test_unknown_preset_exits_2_with_near_names(runs_env: RunsEnv) -> None:
     runs_env["write_preset"]("resnet-bf16", command_preset("a", "train_ok"))
     runs_env["write_preset"]("resnet-fp32", command_preset("b", "train_ok"))
     result = gs("run", "resnet")
@@ -85,7 +85,7 @@ def test_unknown_preset_exits_2_with_near_names(runs_env: dict) -> None:
     )
 
 
-def test_ctrl_c_stops_the_run_and_exits_130(runs_env: dict, tmp_path: Path) -> None:
+def test_ctrl_c_stops_the_run_and_exits_130(runs_env: RunsEnv, tmp_path: Path) -> None:
     runs_env["write_preset"]("wait", command_preset("wait", "wait_file", str(tmp_path / "never")))
     proc = subprocess.Popen(
         gpustation_cmd("run", "wait"),
@@ -115,7 +115,7 @@ def test_ctrl_c_stops_the_run_and_exits_130(runs_env: dict, tmp_path: Path) -> N
     assert list_active_runs() == []
 
 
-def test_detach_returns_the_id_and_the_run_goes_on(runs_env: dict, tmp_path: Path) -> None:
+def test_detach_returns_the_id_and_the_run_goes_on(runs_env: RunsEnv, tmp_path: Path) -> None:
     release = tmp_path / "release"
     runs_env["write_preset"]("wait", command_preset("wait", "wait_file", str(release)))
     result = gs("run", "wait", "--detach")
@@ -129,7 +129,7 @@ def test_detach_returns_the_id_and_the_run_goes_on(runs_env: dict, tmp_path: Pat
     assert state is not None and state.status == "succeeded"
 
 
-def test_runs_stop_command(runs_env: dict, tmp_path: Path) -> None:
+def test_runs_stop_command(runs_env: RunsEnv, tmp_path: Path) -> None:
     runs_env["write_preset"]("wait", command_preset("wait", "wait_file", str(tmp_path / "never")))
     run_id = gs("run", "wait", "--detach").stdout.strip()
     result = gs("runs", "stop", run_id[-4:], "--grace", "2", "--json")
@@ -138,7 +138,7 @@ def test_runs_stop_command(runs_env: dict, tmp_path: Path) -> None:
     assert list_active_runs() == []
 
 
-def test_runs_list_show_and_compare(runs_env: dict) -> None:
+def test_runs_list_show_and_compare(runs_env: RunsEnv) -> None:
     runs_env["write_preset"]("ok", command_preset("ok", "train_ok", args="steps = 2\nsleep = 0.2"))
     first = gs("run", "ok", "--detach").stdout.strip()
     second = gs("run", "ok", "--detach", "--set", "steps=4").stdout.strip()
@@ -176,7 +176,9 @@ def test_runs_list_show_and_compare(runs_env: dict) -> None:
     assert first in table.stdout and second in table.stdout
 
 
-def test_follow_reattaches_and_ctrl_c_leaves_the_run_going(runs_env: dict, tmp_path: Path) -> None:
+def test_follow_reattaches_and_ctrl_c_leaves_the_run_going(
+    runs_env: RunsEnv, tmp_path: Path
+) -> None:
     release = tmp_path / "release"
     runs_env["write_preset"]("wait", command_preset("wait", "wait_file", str(release)))
     run_id = gs("run", "wait", "--detach").stdout.strip()
@@ -208,7 +210,7 @@ def test_follow_reattaches_and_ctrl_c_leaves_the_run_going(runs_env: dict, tmp_p
     assert "succeeded" in done.stderr
 
 
-def test_any_command_runs_supervised_with_no_preset(runs_env: dict) -> None:
+def test_any_command_runs_supervised_with_no_preset(runs_env: RunsEnv) -> None:
     import sys
 
     code = "import os, time; time.sleep(1.5); print('FOO is', os.environ['FOO'])"
@@ -236,7 +238,7 @@ def test_any_command_runs_supervised_with_no_preset(runs_env: dict) -> None:
     assert run["peak_power_w"] is not None and run["simulated"] is True
 
 
-def test_a_command_run_refuses_bad_names_and_environment(runs_env: dict) -> None:
+def test_a_command_run_refuses_bad_names_and_environment(runs_env: RunsEnv) -> None:
     for argv, named in (
         (("run", "--env", "1BAD=x", "--", "true"), "--env"),
         (("run", "--name", "../escape", "--", "true"), "--name"),

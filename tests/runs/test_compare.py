@@ -54,7 +54,9 @@ def lora(run_id: str, **kw: Any) -> RunSummary:
     return RunSummary(id=run_id, **base)
 
 
-def cells(records: list[RunSummary], settings: list[dict[str, Any]] | None = None) -> dict:
+def cells(
+    records: list[RunSummary], settings: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """{row label: cells} of the comparison."""
     table = compare(records, settings or [{} for _ in records])
     return {row.name: row.cells() for row in table.rows}

@@ -8,6 +8,7 @@ import time
 from gpustation.runs.follow import RunFollower
 from gpustation.runs.launch import launch
 from gpustation.runs.presets import load_presets
+from tests.runs.conftest import RunsEnv
 
 CODE = (
     "import sys, time\\n"
@@ -21,7 +22,7 @@ CODE = (
 )
 
 
-def test_follow_a_run_to_its_end(runs_env: dict) -> None:
+def test_follow_a_run_to_its_end(runs_env: RunsEnv) -> None:
     runs_env["write_preset"](
         "lines", f'command = ["{sys.executable}", "-c", """{CODE}"""]\ngpus = 1\n'
     )

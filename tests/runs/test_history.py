@@ -13,7 +13,7 @@ import pytest
 from gpustation.runs import rundir
 from gpustation.runs.store import RunStore
 from tests.conftest import child_env, gpustation_cmd
-from tests.runs.conftest import command_preset
+from tests.runs.conftest import RunsEnv, command_preset
 
 TIMEOUT = 120.0
 
@@ -37,7 +37,7 @@ def _run(name: str, code: str = "print('hi')") -> str:
     raise AssertionError(f"run {run_id} did not end")
 
 
-def test_notes_and_tags_live_in_the_run_directory_and_filter_the_list(runs_env: dict) -> None:
+def test_notes_and_tags_live_in_the_run_directory_and_filter_the_list(runs_env: RunsEnv) -> None:
     a, b = _run("alpha"), _run("beta")
     assert gs("runs", "tag", a, "baseline", "lr:3e-4").returncode == 0
     assert gs("runs", "note", a, "the run before the fix").returncode == 0
@@ -61,7 +61,7 @@ def test_notes_and_tags_live_in_the_run_directory_and_filter_the_list(runs_env: 
     assert bad.returncode == 2 and "tag" in bad.stderr
 
 
-def test_delete_and_prune_remove_directories_and_rows(runs_env: dict) -> None:
+def test_delete_and_prune_remove_directories_and_rows(runs_env: RunsEnv) -> None:
     ok, failed, other = _run("keep"), _run("bad", "import sys; sys.exit(1)"), _run("old")
     dry = gs("runs", "prune", "--older-than", "0h", "--status", "failed", "--dry-run")
     assert dry.returncode == 0 and failed in dry.stdout and ok not in dry.stdout
@@ -76,7 +76,7 @@ def test_delete_and_prune_remove_directories_and_rows(runs_env: dict) -> None:
     assert gs("runs", "prune", "--older-than", "soon").returncode == 2
 
 
-def test_a_run_still_going_is_not_deleted(runs_env: dict) -> None:
+def test_a_run_still_going_is_not_deleted(runs_env: RunsEnv) -> None:
     result = gs(
         "run",
         "--name",
@@ -101,7 +101,7 @@ def _simulated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUSTATION_SIMULATE", "1")
 
 
-def test_runs_show_lists_a_profiled_run_s_top_kernels_and_ops(runs_env: dict) -> None:
+def test_runs_show_lists_a_profiled_run_s_top_kernels_and_ops(runs_env: RunsEnv) -> None:
     run_id = _run("profiled")
     profile = rundir.run_dir(run_id) / "profile"
     profile.mkdir()
@@ -130,14 +130,16 @@ def test_runs_show_lists_a_profiled_run_s_top_kernels_and_ops(runs_env: dict) ->
     assert "21.9 %" in out and "cudaLaunchKernel" in out and "trace.json" in out
 
 
-def test_profile_needs_a_shipped_runner(runs_env: dict) -> None:
+def test_profile_needs_a_shipped_runner(runs_env: RunsEnv) -> None:
     result = gs("run", "--profile", "--", sys.executable, "-c", "pass")
     assert result.returncode == 2 and "--profile" in result.stderr
     bad = gs("run", "resnet50-bf16", "--profile", "--profile-steps", "0", "--detach")
     assert bad.returncode == 2 and "--profile-steps" in bad.stderr
 
 
-def test_launcher_nsys_wraps_the_run_or_says_it_is_missing(runs_env: dict, tmp_path: Path) -> None:
+def test_launcher_nsys_wraps_the_run_or_says_it_is_missing(
+    runs_env: RunsEnv, tmp_path: Path
+) -> None:
     import stat
 
     empty = tmp_path / "empty-bin"
@@ -179,7 +181,7 @@ def test_launcher_nsys_wraps_the_run_or_says_it_is_missing(runs_env: dict, tmp_p
 
 
 def test_a_note_with_bytes_that_are_not_utf8_leaves_the_run_and_its_history_sound(
-    runs_env: dict, tmp_path: Path
+    runs_env: RunsEnv, tmp_path: Path
 ) -> None:
     from tests.runs.conftest import wait_until
 
@@ -213,7 +215,7 @@ def test_a_note_with_bytes_that_are_not_utf8_leaves_the_run_and_its_history_soun
     assert kept["note"] == "caf\ufffd \ufffd ok"
 
 
-def test_a_note_left_with_a_lone_surrogate_no_longer_breaks_the_run(runs_env: dict) -> None:
+def test_a_note_left_with_a_lone_surrogate_no_longer_breaks_the_run(runs_env: RunsEnv) -> None:
     run_id = _run("old-note")
     # what an older version wrote for `runs note ID $'\xff'`
     (rundir.run_dir(run_id) / rundir.ANNOTATIONS_JSON).write_text('{"note": "x\\udcff"}')
@@ -224,7 +226,7 @@ def test_a_note_left_with_a_lone_surrogate_no_longer_breaks_the_run(runs_env: di
 
 
 def test_deleting_a_run_whose_directory_is_a_link_says_so_and_touches_nothing(
-    runs_env: dict, tmp_path: Path
+    runs_env: RunsEnv, tmp_path: Path
 ) -> None:
     run_id = _run("linked")
     directory = rundir.run_dir(run_id)

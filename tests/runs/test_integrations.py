@@ -7,13 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from tests.conftest import child_env
 
 
-def read_events(path: Path) -> list[dict]:
+def read_events(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
@@ -32,8 +33,10 @@ def test_importing_the_module_imports_neither_framework() -> None:
 def test_trainer_callback_with_a_real_trainer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
+    import torch
+
     from gpustation.runners.integrations import GpustationCallback
 
     metrics = tmp_path / "metrics.jsonl"
@@ -44,7 +47,7 @@ def test_trainer_callback_with_a_real_trainer(
             super().__init__()
             self.layer = torch.nn.Linear(4, 1)
 
-        def forward(self, x, y):  # type: ignore[no-untyped-def]
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
             return {"loss": torch.nn.functional.mse_loss(self.layer(x).squeeze(-1), y)}
 
     data = [{"x": torch.randn(4), "y": torch.tensor(1.0)} for _ in range(64)]

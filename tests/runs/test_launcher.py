@@ -12,22 +12,22 @@ import pytest
 
 from gpustation.runs import rundir
 from gpustation.runs.launch import launch
-from gpustation.runs.presets import load_presets
+from gpustation.runs.presets import RunPreset, load_presets
 from gpustation.runs.reconcile import check_run, list_active_runs, record_lost_runs
 from gpustation.runs.stop import stop_run, stop_runs, wait_for_end
 from gpustation.runs.store import RunStore
-from tests.runs.conftest import assert_no_process, command_preset, wait_until
+from tests.runs.conftest import RunsEnv, assert_no_process, command_preset, wait_until
 
 TIMEOUT = 60.0
 
 
-def preset_named(name: str):
+def preset_named(name: str) -> RunPreset:
     presets, problems = load_presets()
     assert not [p for p in problems if name in p.path], problems
     return presets[name]
 
 
-def test_normal_completion(runs_env: dict) -> None:
+def test_normal_completion(runs_env: RunsEnv) -> None:
     runs_env["write_preset"](
         "ok", command_preset("ok", "train_ok", args='steps = 4\nsleep = 0.05\ntag = "a"')
     )
@@ -56,7 +56,7 @@ def test_normal_completion(runs_env: dict) -> None:
     assert (handle.run_dir / rundir.TELEMETRY_FILE).stat().st_size > 0
 
 
-def test_crash_is_failed_with_exit_code_and_log_tail(runs_env: dict) -> None:
+def test_crash_is_failed_with_exit_code_and_log_tail(runs_env: RunsEnv) -> None:
     runs_env["write_preset"]("crash", command_preset("crash", "crash"))
     handle = launch(preset_named("crash"))
     state = wait_for_end(handle.run_dir, TIMEOUT)
@@ -69,14 +69,14 @@ def test_crash_is_failed_with_exit_code_and_log_tail(runs_env: dict) -> None:
     assert any("Traceback" in line for line in record.error_tail)
 
 
-def test_cuda_out_of_memory_is_named(runs_env: dict) -> None:
+def test_cuda_out_of_memory_is_named(runs_env: RunsEnv) -> None:
     runs_env["write_preset"]("oom", command_preset("oom", "cuda_oom"))
     state = wait_for_end(launch(preset_named("oom")).run_dir, TIMEOUT)
     assert state is not None and state.status == "failed"
     assert state.oom and "out of memory" in (state.reason or "")
 
 
-def test_missing_program_is_a_failed_run(runs_env: dict) -> None:
+def test_missing_program_is_a_failed_run(runs_env: RunsEnv) -> None:
     runs_env["write_preset"]("nope", 'command = ["/no/such/program-xyz"]\n')
     handle = launch(preset_named("nope"))
     state = wait_for_end(handle.run_dir, TIMEOUT)
@@ -86,7 +86,7 @@ def test_missing_program_is_a_failed_run(runs_env: dict) -> None:
 
 @pytest.mark.parametrize("own_session", [False, True], ids=["same-group", "setsid-grandchild"])
 def test_stubborn_child_ends_by_sigkill_with_nothing_left(
-    runs_env: dict, tmp_path: Path, own_session: bool
+    runs_env: RunsEnv, tmp_path: Path, own_session: bool
 ) -> None:
     pids_file = tmp_path / "pids"
     extra = ["--setsid"] if own_session else []
@@ -106,7 +106,7 @@ def test_stubborn_child_ends_by_sigkill_with_nothing_left(
     assert record is not None and record.status == "stopped"
 
 
-def test_grandchild_in_its_own_session_dies_with_its_run(runs_env: dict, tmp_path: Path) -> None:
+def test_grandchild_in_its_own_session_dies_with_its_run(runs_env: RunsEnv, tmp_path: Path) -> None:
     # The child exits on its own, leaving a worker that escaped its process group.
     pids_file = tmp_path / "pids"
     runs_env["write_preset"](
@@ -125,7 +125,7 @@ def test_grandchild_in_its_own_session_dies_with_its_run(runs_env: dict, tmp_pat
     assert_no_process([child, grandchild])
 
 
-def test_graceful_stop_is_stopped_not_failed(runs_env: dict, tmp_path: Path) -> None:
+def test_graceful_stop_is_stopped_not_failed(runs_env: RunsEnv, tmp_path: Path) -> None:
     runs_env["write_preset"]("wait", command_preset("wait", "wait_file", str(tmp_path / "never")))
     handle = launch(preset_named("wait"))
     wait_until(lambda: "ready" in handle.output_log.read_text(), TIMEOUT, "the child")
@@ -136,7 +136,7 @@ def test_graceful_stop_is_stopped_not_failed(runs_env: dict, tmp_path: Path) -> 
     assert "interrupted: saving and leaving" in handle.output_log.read_text()
 
 
-def test_killing_the_supervisor_stops_the_child(runs_env: dict, tmp_path: Path) -> None:
+def test_killing_the_supervisor_stops_the_child(runs_env: RunsEnv, tmp_path: Path) -> None:
     pids_file = tmp_path / "pids"
     runs_env["write_preset"]("stubborn", command_preset("stubborn", "stubborn", str(pids_file)))
     handle = launch(preset_named("stubborn"), stop_grace_s=0.3)
@@ -152,7 +152,7 @@ def test_killing_the_supervisor_stops_the_child(runs_env: dict, tmp_path: Path) 
     wait_until(lambda: not rundir.process_matches(supervisor, None), TIMEOUT, "the supervisor")
 
 
-def test_reattach_after_restart(runs_env: dict, tmp_path: Path) -> None:
+def test_reattach_after_restart(runs_env: RunsEnv, tmp_path: Path) -> None:
     release = tmp_path / "release"
     runs_env["write_preset"]("wait", command_preset("wait", "wait_file", str(release)))
     run_id = launch(preset_named("wait")).id
@@ -172,7 +172,7 @@ def test_reattach_after_restart(runs_env: dict, tmp_path: Path) -> None:
     assert record is not None and record.status == "succeeded" and record.ended_at
 
 
-def test_reused_pid_is_not_taken_for_the_run(runs_env: dict, tmp_path: Path) -> None:
+def test_reused_pid_is_not_taken_for_the_run(runs_env: RunsEnv, tmp_path: Path) -> None:
     release = tmp_path / "release"
     runs_env["write_preset"]("wait", command_preset("wait", "wait_file", str(release)))
     handle = launch(preset_named("wait"))
@@ -197,7 +197,7 @@ def test_reused_pid_is_not_taken_for_the_run(runs_env: dict, tmp_path: Path) -> 
     assert (rundir.read_state(handle.run_dir) or state).status == "lost"
 
 
-def test_lost_when_supervisor_and_child_die_unrecorded(runs_env: dict, tmp_path: Path) -> None:
+def test_lost_when_supervisor_and_child_die_unrecorded(runs_env: RunsEnv, tmp_path: Path) -> None:
     pids_file = tmp_path / "pids"
     runs_env["write_preset"]("stubborn", command_preset("stubborn", "stubborn", str(pids_file)))
     handle = launch(preset_named("stubborn"))
@@ -223,17 +223,18 @@ def test_lost_when_supervisor_and_child_die_unrecorded(runs_env: dict, tmp_path:
 
 
 @pytest.mark.parametrize("gpus", [[1], None])
-def test_gpu_choice_reaches_the_child(runs_env: dict, gpus: list[int] | None) -> None:
+def test_gpu_choice_reaches_the_child(runs_env: RunsEnv, gpus: list[int] | None) -> None:
     runs_env["write_preset"]("ok", command_preset("ok", "train_ok", args="steps = 1"))
     handle = launch(preset_named("ok"), gpus=gpus)
-    assert wait_for_end(handle.run_dir, TIMEOUT).status == "succeeded"  # type: ignore[union-attr]
+    end = wait_for_end(handle.run_dir, TIMEOUT)
+    assert end is not None and end.status == "succeeded"
     run = rundir.read_run(handle.run_dir)
     assert run is not None
     expected = "1" if gpus else "0"  # the preset asks for 1 GPU: the first
     assert run["env"]["CUDA_VISIBLE_DEVICES"] == expected
 
 
-def test_garbage_and_partial_metric_lines(runs_env: dict) -> None:
+def test_garbage_and_partial_metric_lines(runs_env: RunsEnv) -> None:
     runs_env["write_preset"]("garbage", command_preset("garbage", "garbage_metrics"))
     handle = launch(preset_named("garbage"))
     state = wait_for_end(handle.run_dir, TIMEOUT)
@@ -246,7 +247,7 @@ def test_garbage_and_partial_metric_lines(runs_env: dict) -> None:
 
 
 @pytest.mark.slow
-def test_torchrun_run_stops_with_all_its_workers(runs_env: dict, tmp_path: Path) -> None:
+def test_torchrun_run_stops_with_all_its_workers(runs_env: RunsEnv, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pids_file = tmp_path / "pids"
     script = str(Path(__file__).resolve().parent / "children" / "ddp_wait.py")
@@ -266,7 +267,7 @@ def test_torchrun_run_stops_with_all_its_workers(runs_env: dict, tmp_path: Path)
     assert rundir.group_members(state.pgid) == []
 
 
-def test_runner_reported_out_of_memory_is_named(runs_env: dict) -> None:
+def test_runner_reported_out_of_memory_is_named(runs_env: RunsEnv) -> None:
     # gpustation's runners exit 75 after an {"error": "out_of_memory"} event.
     code = (
         "from gpustation.runs.metrics import MetricsWriter\n"
@@ -280,7 +281,7 @@ def test_runner_reported_out_of_memory_is_named(runs_env: dict) -> None:
     assert state.oom and state.reason == "out of memory: out of memory while training."
 
 
-def test_stop_several_runs_at_once(runs_env: dict, tmp_path: Path) -> None:
+def test_stop_several_runs_at_once(runs_env: RunsEnv, tmp_path: Path) -> None:
     pids_file = tmp_path / "pids"
     runs_env["write_preset"]("stubborn", command_preset("stubborn", "stubborn", str(pids_file)))
     runs_env["write_preset"]("wait", command_preset("wait", "wait_file", str(tmp_path / "never")))

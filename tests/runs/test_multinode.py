@@ -32,7 +32,7 @@ from gpustation.runs.stop import wait_for_end
 from gpustation.runs.store import RunStore
 from tests.conftest import FAKE_NVML_DIR, run_gpustation
 from tests.fleet.sshd import LoopbackSshd, free_port
-from tests.runs.conftest import assert_no_process, wait_until
+from tests.runs.conftest import RunsEnv, assert_no_process, wait_until
 
 # ssh, two torchrun agents and two workers importing torch on a loaded 2-core machine
 TIMEOUT = 300.0
@@ -63,7 +63,7 @@ HF_TOKEN = "hf_tiny_secret_0123"
 
 
 @pytest.fixture
-def nodes(sshd: LoopbackSshd, runs_env: dict, monkeypatch: pytest.MonkeyPatch) -> LoopbackSshd:
+def nodes(sshd: LoopbackSshd, runs_env: RunsEnv, monkeypatch: pytest.MonkeyPatch) -> LoopbackSshd:
     """The two hosts, healthy; gpustation (and its children) pointed at them."""
     monkeypatch.setenv("GPUSTATION_SSH_CONFIG", str(sshd.client_config))
     monkeypatch.setenv("GPUSTATION_REMOTE_PYTHON", str(sshd.remote_python))
@@ -219,7 +219,11 @@ def test_runs_stop_ends_every_node(nodes: LoopbackSshd) -> None:
     state = wait_for_end(directory, timeout=60)
     assert state is not None and state.status == "stopped", state
     for host in (HOST_A, HOST_B):
-        wait_until(lambda h=host: not node_processes(h), 30, f"{host}'s processes to end")
+
+        def gone(h: str = host) -> bool:
+            return not node_processes(h)
+
+        wait_until(gone, 30, f"{host}'s processes to end")
     assert_no_process([pid for pids in running.values() for pid in pids])
     doc = read_nodes(directory) or {}
     assert {n["status"] for n in doc["nodes"]} == {"stopped"}, doc
@@ -380,7 +384,7 @@ def test_a_node_dir_no_node_has_fails_the_run_before_torchrun(
     ],
 )
 def test_bad_multinode_options_exit_2_before_anything_starts(
-    runs_env: dict, capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+    runs_env: RunsEnv, capsys: pytest.CaptureFixture[str], argv: list[str], says: str
 ) -> None:
     from gpustation.cli import main
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,6 +12,7 @@ import gpustation.runners
 from gpustation.errors import UsageError
 from gpustation.runs.argv import build_argv, build_env, format_args, resolve_gpus
 from gpustation.runs.presets import (
+    PresetProblem,
     RunPreset,
     apply_overrides,
     find_preset,
@@ -53,7 +55,7 @@ def test_good_and_bad_presets_load_side_by_side(tmp_path: Path, fake_runner: str
     assert sorted(presets) == ["cmd", "good"]
     assert presets["good"].display_title == "Good one"
     assert presets["cmd"].gpus == [0, 1] and presets["cmd"].env == {"FOO": "1"}
-    by_file: dict[str, list] = {}
+    by_file: dict[str, list[PresetProblem]] = {}
     for p in problems:
         by_file.setdefault(Path(p.path).stem, []).append(p)
     assert set(by_file) == {
@@ -186,7 +188,7 @@ def test_format_args() -> None:
 
 def test_argv_for_each_launcher() -> None:
     py = "/py"
-    base = dict(name="p", runner="resnet", args={"steps": 3})
+    base: dict[str, Any] = dict(name="p", runner="resnet", args={"steps": 3})
     assert build_argv(RunPreset(**base), [0], python=py) == [
         py,
         "-P",

@@ -20,7 +20,7 @@ from gpustation.runs.presets import load_presets
 from gpustation.runs.reconcile import list_active_runs
 from gpustation.runs.stop import wait_for_end
 from gpustation.runs.store import RunStore, db_path
-from tests.runs.conftest import command_preset, wait_until
+from tests.runs.conftest import RunsEnv, command_preset, wait_until
 
 TIMEOUT = 60.0
 
@@ -73,7 +73,7 @@ def read_everything(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict[s
 
 
 def test_following_a_finished_run_writes_nothing(
-    runs_env: dict, capsys: pytest.CaptureFixture[str]
+    runs_env: RunsEnv, capsys: pytest.CaptureFixture[str]
 ) -> None:
     runs_env["write_preset"]("ok", command_preset("ok", "train_ok", args="steps = 3"))
     presets, _ = load_presets()
@@ -90,7 +90,7 @@ def test_following_a_finished_run_writes_nothing(
 
 
 def test_a_lost_run_is_shown_lost_and_nothing_is_written(
-    runs_env: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    runs_env: RunsEnv, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     release = tmp_path / "release"
     runs_env["write_preset"]("wait", command_preset("wait", "wait_file", str(release)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,11 +16,11 @@ from gpustation.runs.store import RunStore, record_from_dir, sync_run
 from gpustation.runs.summary import RunSummary
 
 
-def write_lines(path: Path, rows: list[dict]) -> None:
+def write_lines(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def gpu(index: int, power: float, energy: float | None = None, **more: object) -> dict:
+def gpu(index: int, power: float, energy: float | None = None, **more: object) -> dict[str, object]:
     return {"index": index, "power_w": power, "energy_j": energy, **more}
 
 

@@ -16,18 +16,21 @@ import pytest
 
 from gpustation.control import journal
 from gpustation.errors import EXIT_NEEDS_ROOT, NeedsRootError
-from gpustation.runs import rundir, sweep, sweep_owner
+from gpustation.runs import rundir
 from gpustation.runs.store import RunStore
 from gpustation.runs.summary import RunSummary
+from gpustation.runs.sweep import model as sweep
+from gpustation.runs.sweep import owner as sweep_owner
 from gpustation.runs.sweep.report import measured, recommend
+from gpustation.runs.sweep.runner import require_root_for
 from gpustation.telemetry.sim import SimBackend
 from tests.conftest import child_env, gpustation_cmd, run_gpustation
-from tests.runs.conftest import sim_limits, sweep_preset, wait_until
+from tests.runs.conftest import RunsEnv, sim_limits, sweep_preset, wait_until
 
 TIMEOUT = 180.0
 
 
-def _preset(runs_env: dict, sleep: float = 0.3) -> None:
+def _preset(runs_env: RunsEnv, sleep: float = 0.3) -> None:
     sweep_preset(runs_env, sleep)
 
 
@@ -38,7 +41,7 @@ def gs(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]
     return run_gpustation(*args, timeout=timeout)
 
 
-def test_a_power_limit_sweep_sets_reads_back_journals_and_restores(runs_env: dict) -> None:
+def test_a_power_limit_sweep_sets_reads_back_journals_and_restores(runs_env: RunsEnv) -> None:
     _preset(runs_env)
     before = _limits()
     result = gs(
@@ -81,7 +84,7 @@ def test_a_power_limit_sweep_sets_reads_back_journals_and_restores(runs_env: dic
     assert json.loads(shown.stdout)["id"] == done.id
 
 
-def test_ctrl_c_stops_the_point_and_restores_the_limits(runs_env: dict) -> None:
+def test_ctrl_c_stops_the_point_and_restores_the_limits(runs_env: RunsEnv) -> None:
     _preset(runs_env, sleep=5.0)
     before = _limits()
     proc = subprocess.Popen(
@@ -124,7 +127,7 @@ def test_ctrl_c_stops_the_point_and_restores_the_limits(runs_env: dict) -> None:
     assert state is not None and state.status == "stopped"
 
 
-def test_limits_a_killed_sweep_left_are_restored_by_the_next(runs_env: dict) -> None:
+def test_limits_a_killed_sweep_left_are_restored_by_the_next(runs_env: RunsEnv) -> None:
     _preset(runs_env, sleep=5.0)
     before = _limits()
     proc = subprocess.Popen(
@@ -151,15 +154,15 @@ def test_limits_a_killed_sweep_left_are_restored_by_the_next(runs_env: dict) -> 
 
 def test_a_power_limit_axis_needs_root(monkeypatch: pytest.MonkeyPatch) -> None:
     planned = sweep.Sweep(id="x", preset="p", axes={}, power_limits=["70%"], gpus=[0])
-    monkeypatch.setattr(sweep.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(NeedsRootError) as err:
-        sweep.require_root_for(planned, simulated=False)
+        require_root_for(planned, simulated=False)
     assert err.value.exit_code == EXIT_NEEDS_ROOT
-    sweep.require_root_for(planned, simulated=True)  # simulated cards change nothing real
+    require_root_for(planned, simulated=True)  # simulated cards change nothing real
 
 
 def test_dry_run_prints_every_point_with_its_limit_per_gpu_and_changes_nothing(
-    runs_env: dict,
+    runs_env: RunsEnv,
 ) -> None:
     _preset(runs_env)
     before = _limits()
@@ -202,7 +205,7 @@ def test_a_sweep_reads_its_points_back_from_disk(tmp_path: Path) -> None:
     assert again == s
 
 
-def _kill_orphaned_runs(runs_env: dict) -> None:
+def _kill_orphaned_runs(runs_env: RunsEnv) -> None:
     """The point a killed sweep was running goes on under its supervisor: end it."""
     for d in (runs_env["dirs"]["data"] / "runs").glob("*"):
         state = rundir.read_state(d)
@@ -213,7 +216,7 @@ def _kill_orphaned_runs(runs_env: dict) -> None:
                 pass
 
 
-def test_a_plain_sweep_restores_first_the_limits_a_killed_sweep_left(runs_env: dict) -> None:
+def test_a_plain_sweep_restores_first_the_limits_a_killed_sweep_left(runs_env: RunsEnv) -> None:
     _preset(runs_env, sleep=5.0)
     before = _limits()
     proc = subprocess.Popen(
@@ -240,7 +243,7 @@ def test_a_plain_sweep_restores_first_the_limits_a_killed_sweep_left(runs_env: d
         assert f"sweep {killed.id}: GPU 0 315 W -> {before[0]:g} W, GPU 1 315 W" in dry.stdout
         assert _limits() == [315.0, 315.0] and not sweep.load_sweep(killed.id).restored
         # the killed sweep's point run goes on: the next sweep refuses, naming it
-        plain_argv = ("sweep", "sweepy", "--simulate", "2", "--set", "sleep=0.05")
+        plain_argv: tuple[str, ...] = ("sweep", "sweepy", "--simulate", "2", "--set", "sleep=0.05")
         plain_argv += ("--set", "steps=1")
         busy = gs(*plain_argv)
         assert busy.returncode == 1, busy.stderr
@@ -285,7 +288,7 @@ def _left_by_a_killed_sweep(limits: dict[int, float], simulated: bool) -> sweep.
 
 
 def test_without_root_a_sweep_refuses_to_run_over_a_killed_sweeps_limits(
-    runs_env: dict,
+    runs_env: RunsEnv,
     fake_nvml: object,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -308,7 +311,7 @@ def test_without_root_a_sweep_refuses_to_run_over_a_killed_sweeps_limits(
 
 
 def test_a_simulated_card_that_needs_root_refuses_the_restore_the_same_way(
-    runs_env: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    runs_env: RunsEnv, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from gpustation import cli
 

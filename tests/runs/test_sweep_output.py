@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gpustation.runs import sweep
+from gpustation.runs.sweep import model as sweep
 from tests.conftest import child_env, gpustation_cmd, run_gpustation
 from tests.ptyterm import PtyProgram
 

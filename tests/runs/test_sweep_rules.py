@@ -5,8 +5,10 @@ in which order the limits killed sweeps left go back."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
-from gpustation.runs import sweep, sweep_owner
+from gpustation.runs.sweep import model as sweep
+from gpustation.runs.sweep import owner as sweep_owner
 from gpustation.runs.sweep.report import pareto_front, recommend
 from gpustation.telemetry.sim import SimBackend
 
@@ -75,7 +77,7 @@ def _left(sweep_id: str, created_at: float, original_w: float, uuid: str | None)
 
 
 def test_leftovers_go_back_newest_first_so_the_card_ends_where_it_was_before_the_oldest(
-    gpustation_dirs: dict,
+    gpustation_dirs: dict[str, Path],
 ) -> None:
     sim = SimBackend.open(count=1)
     uuid = sim.read_gpus([0], slow=False)[0].uuid

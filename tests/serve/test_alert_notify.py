@@ -48,7 +48,8 @@ def _metrics(port: int, proc: subprocess.Popen[str]) -> str | None:
         pytest.fail(f"serve exited with {proc.returncode}: {proc.stderr and proc.stderr.read()}")
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-            return resp.read().decode()
+            text: str = resp.read().decode()
+            return text
     except OSError:
         return None
 

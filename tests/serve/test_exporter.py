@@ -67,7 +67,9 @@ def _scrape(exporter: Exporter) -> dict[str, dict[tuple[tuple[str, str], ...], f
     return out
 
 
-def _gpu_series(series: dict, gpu: int, **extra: str) -> float | None:
+def _gpu_series(
+    series: dict[tuple[tuple[str, str], ...], float], gpu: int, **extra: str
+) -> float | None:
     for labels, value in series.items():
         d = dict(labels)
         if d.get("gpu") == str(gpu) and all(d.get(k) == v for k, v in extra.items()):
@@ -99,12 +101,14 @@ def test_values_match_the_snapshot_exactly() -> None:
         assert _gpu_series(m["DCGM_FI_DEV_SM_CLOCK"], i) == gpu.clock_sm_mhz
         assert _gpu_series(m["DCGM_FI_DEV_MEM_CLOCK"], i) == gpu.clock_mem_mhz
         assert _gpu_series(m["DCGM_FI_DEV_FB_USED"], i) == gpu.memory_used_mib
+        assert gpu.memory_total_mib is not None and gpu.memory_used_mib is not None
         assert (
             _gpu_series(m["DCGM_FI_DEV_FB_FREE"], i) == gpu.memory_total_mib - gpu.memory_used_mib
         )
         assert _gpu_series(m["DCGM_FI_DEV_GPU_UTIL"], i) == gpu.utilization_gpu_pct
         assert _gpu_series(m["DCGM_FI_DEV_ENC_UTIL"], i) == gpu.encoder_utilization_pct
         assert _gpu_series(m["DCGM_FI_DEV_DEC_UTIL"], i) == gpu.decoder_utilization_pct
+        assert gpu.energy_j is not None and gpu.throttle_reasons is not None
         assert _gpu_series(m["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"], i) == pytest.approx(
             gpu.energy_j * 1000.0
         )
@@ -123,6 +127,7 @@ def test_values_match_the_snapshot_exactly() -> None:
     busy = snap.gpus[1]
     assert busy.decoder_utilization_pct and snap.gpus[0].decoder_utilization_pct == 0
     assert _gpu_series(m["DCGM_FI_DEV_DEC_UTIL"], 0) == 0.0
+    assert busy.throttle_reasons is not None
     assert "sw_power_cap" in busy.throttle_reasons  # the check above covered a live reason
     assert _gpu_series(m["gpustation_throttle_reason"], 1, reason="sw_power_cap") == 1.0
     assert m["gpustation_simulated"][()] == 1.0
@@ -272,10 +277,13 @@ def _fetch(port: int, proc: subprocess.Popen[str], timeout: float = 60.0) -> str
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"serve exited with {proc.returncode}: {proc.stderr.read()}")
+            pytest.fail(
+                f"serve exited with {proc.returncode}: {proc.stderr and proc.stderr.read()}"
+            )
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-                return resp.read().decode()
+                text: str = resp.read().decode()
+                return text
         except OSError:
             time.sleep(0.1)
     pytest.fail("no /metrics within the timeout")
@@ -324,14 +332,14 @@ def test_metrics_over_loopback_pass_promtool_and_the_parser(tmp_path: Path) -> N
     # plausibility against a snapshot of the same simulated machine
     snap = Snapshot.from_dict(json.loads(snap_proc.stdout))
     temp = families["DCGM_FI_DEV_GPU_TEMP"].samples
-    assert sorted(s.labels["UUID"] for s in temp) == sorted(g.uuid for g in snap.gpus)
+    assert sorted(s.labels["UUID"] for s in temp) == sorted(str(g.uuid) for g in snap.gpus)
     for g in snap.gpus:
         power = next(
             s.value
             for s in families["DCGM_FI_DEV_POWER_USAGE"].samples
             if s.labels["gpu"] == str(g.index)
         )
-        assert 0 < power <= g.power_limit_w
+        assert g.power_limit_w is not None and 0 < power <= g.power_limit_w
         limit = next(
             s.value
             for s in families["gpustation_power_limit_watts"].samples
@@ -542,7 +550,8 @@ def test_profiling_xid_nvlink_and_row_remap_series_follow_dcgm() -> None:
         assert _gpu_series(m[name], 1) == 0.0  # idle is a value, not a gap
     assert _gpu_series(m["DCGM_FI_DEV_XID_ERRORS"], 0) == 79.0  # the last one
     assert _gpu_series(m["DCGM_FI_DEV_XID_ERRORS"], 1) == 0.0
-    total_kib = sum(x.tx_kib_s + x.rx_kib_s for x in busy.nvlink)
+    assert busy.nvlink is not None
+    total_kib = sum((x.tx_kib_s or 0.0) + (x.rx_kib_s or 0.0) for x in busy.nvlink)
     assert _gpu_series(m["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"], 0) == pytest.approx(
         total_kib * 1024 / 1e6
     )

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,7 +23,7 @@ _NAME = re.compile(r"\b([A-Za-z_:][A-Za-z0-9_:]*)\s*(?=\{|\[|\)|$|\s[-+*/<>]|\s*
 _NOT_METRICS = {"sum", "increase", "rate", "by", "label_values", "avg", "max", "min"}
 
 
-def _queries(doc: dict) -> list[str]:
+def _queries(doc: dict[str, Any]) -> list[str]:
     out = [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]
     for var in doc["templating"]["list"]:
         query = var.get("query")

@@ -34,7 +34,8 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 def sessions_of(web: WebServer) -> list[psutil.Process]:
     """The server's children: one per dashboard session (its shell, or the dashboard itself)."""
-    return psutil.Process(web.proc.pid).children()
+    children: list[psutil.Process] = psutil.Process(web.proc.pid).children()
+    return children
 
 
 #: a page that opens the dashboard's websocket and, if it ever opens, lowers GPU 0's power

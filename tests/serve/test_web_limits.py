@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
 import psutil
@@ -22,9 +22,9 @@ pytestmark = pytest.mark.timeout(180)
 IDLE_S = 1.5
 
 
-def wait_until(condition: object, timeout: float, what: str) -> None:
+def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
+    while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"never happened within {timeout:g} s: {what}")
         time.sleep(0.05)

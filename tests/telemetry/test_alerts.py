@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from gpustation.telemetry.alerts import AlertLog, IdleRule, evaluate, topology_findings
+from collections.abc import Iterable
+from typing import Any
+
+from gpustation.telemetry.alerts import Alert, AlertLog, IdleRule, evaluate, topology_findings
 from gpustation.telemetry.model import (
     GpuLink,
     GpuSample,
@@ -47,7 +50,7 @@ def snap(t: float, *gpus: GpuSample, topology: Topology | None = None) -> Snapsh
     return Snapshot(hostname="h", time=t, gpus=list(gpus), topology=topology or Topology())
 
 
-def rules(alerts) -> set[tuple[str, int]]:  # type: ignore[no-untyped-def]
+def rules(alerts: Iterable[Alert]) -> set[tuple[str, int]]:
     return {(a.rule, a.gpu) for a in alerts}
 
 
@@ -232,7 +235,7 @@ def test_small_holders_and_busy_gpus_are_not_idle_held() -> None:
         assert log.update(_held(t, util=50)) == []  # the GPU works
 
 
-def test_the_idle_rule_comes_from_the_alerts_table(gpustation_dirs: dict) -> None:
+def test_the_idle_rule_comes_from_the_alerts_table(gpustation_dirs: dict[str, Any]) -> None:
     import pytest
 
     from gpustation.errors import UsageError

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import psutil
 import pytest
@@ -43,7 +44,7 @@ def test_rates_are_deltas_over_elapsed_time(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(host, "_proc_disk", lambda: next(counters))
     monkeypatch.setattr(host, "_proc_net", lambda: next(net))
     clock = iter([100.0, 102.0])
-    monkeypatch.setattr(host.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))
     sampler = host.HostSampler()
     sampler.prime()
     sample = sampler.sample()

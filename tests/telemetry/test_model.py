@@ -79,7 +79,8 @@ def test_round_trip_through_json_keeps_every_field() -> None:
     back = Snapshot.from_dict(doc)
     assert back == snap
     assert back.gpus[0].pcie.below_max
-    assert back.topology.link(1, 0).level == "NV4"
+    link = back.topology.link(1, 0)
+    assert link is not None and link.level == "NV4"
 
 
 def test_missing_values_are_null_not_numbers() -> None:
@@ -115,7 +116,8 @@ def test_records_compare_by_value_and_keep_defaults_apart() -> None:
     b.fans_pct.append(30.0)  # each sample has its own lists
     assert a.fans_pct == [] and a != b
     assert a.pcie is not b.pcie and a.processes is not b.processes
-    assert ProcessInfo(pid=1) != GpuPlacement(index=1)  # other class: never equal
+    other: object = GpuPlacement(index=1)
+    assert ProcessInfo(pid=1) != other  # other class: never equal
     with pytest.raises(TypeError):
         hash(a)  # mutable: unhashable, as a dataclass with eq
     with pytest.raises(AttributeError):

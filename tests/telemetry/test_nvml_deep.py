@@ -465,13 +465,11 @@ def test_not_supported_past_the_last_link_ends_the_list_and_is_asked_again(
             raise fake_nvml.NVMLError(fake_nvml.NVML_ERROR_NOT_SUPPORTED)
         return int(real(handle, link))
 
-    fake_nvml.nvmlDeviceGetNvLinkState = state
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fake_nvml, "nvmlDeviceGetNvLinkState", state)
         backend = open_backend()
         for _ in range(2):
             assert [x.link for x in read(backend)[0].nvlink or ()] == [0, 1]
-    finally:
-        fake_nvml.nvmlDeviceGetNvLinkState = real
     assert backend.errors == {}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zstandard
@@ -46,11 +47,11 @@ def test_a_seek_decompresses_one_frame_not_the_file(
     made = []
     real = zstandard.ZstdDecompressor
 
-    def counting(*args: object, **kwargs: object) -> zstandard.ZstdDecompressor:
+    def counting(*args: Any, **kwargs: Any) -> zstandard.ZstdDecompressor:
         made.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(recording_mod.zstandard, "ZstdDecompressor", counting)
+    monkeypatch.setattr(zstandard, "ZstdDecompressor", counting)
     rec = Recording(path)
     opened = len(made)
     assert opened <= 1  # the index comes from the frame headers; the end from the last frame

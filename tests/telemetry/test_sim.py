@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpustation.errors import GpustationError, NotSupportedError
+from gpustation.telemetry.model import GpuSample
 from gpustation.telemetry.sampler import Sampler
 from gpustation.telemetry.sim import SimBackend
 from gpustation.telemetry.sim_cards import CARDS
@@ -20,7 +21,7 @@ class Clock:
         return self.t
 
 
-def _settle(backend: SimBackend, clock: Clock, seconds: float = 300.0):
+def _settle(backend: SimBackend, clock: Clock, seconds: float = 300.0) -> GpuSample:
     clock.t += seconds
     return backend.read_gpus([0], slow=True)[0]
 
@@ -31,12 +32,14 @@ def test_power_is_capped_at_the_enforced_limit_and_throttle_reported() -> None:
     sim.poke(0, load=1.0)
     g = _settle(sim, clock)
     assert g.power_w == pytest.approx(g.power_limit_w)
-    assert "sw_power_cap" in g.throttle_reasons
+    assert g.throttle_reasons is not None and "sw_power_cap" in g.throttle_reasons
     uncapped_clock = g.clock_sm_mhz
+    assert uncapped_clock is not None
 
     sim.control.set_power_limit(0, 300)
     g = _settle(sim, clock)
     assert g.power_w == pytest.approx(300)
+    assert g.clock_sm_mhz is not None and g.throttle_reasons is not None
     assert g.clock_sm_mhz < uncapped_clock  # a lower cap costs clock speed
     assert "sw_power_cap" in g.throttle_reasons
 
@@ -46,7 +49,7 @@ def test_idle_card_is_not_power_capped() -> None:
     sim = SimBackend(count=1, clock=clock)
     sim.poke(0, load=0.0)
     g = _settle(sim, clock)
-    assert g.power_w < 50
+    assert g.power_w is not None and g.power_w < 50
     assert g.throttle_reasons == ["gpu_idle"]
     assert g.processes == []
 
@@ -63,6 +66,7 @@ def test_temperature_falls_with_more_fan() -> None:
     fast_fans = _settle(sim, clock)
     assert fast_fans.fans_pct == [100, 100]
     assert fast_fans.fan_control == ["manual", "manual"]
+    assert fast_fans.temperature_c is not None and slow_fans.temperature_c is not None
     assert fast_fans.temperature_c < slow_fans.temperature_c - 5
 
 
@@ -74,12 +78,13 @@ def test_hot_card_throttles_near_slowdown() -> None:
     for fan in range(2):
         sim.control.set_fan_speed(0, fan, 30)
     g = _settle(sim, clock, 600)
+    assert g.temperature_c is not None and g.temperature_slowdown_c is not None
     assert g.temperature_c >= g.temperature_slowdown_c - 2
-    assert "sw_thermal" in g.throttle_reasons
-    assert g.clock_sm_mhz < CARDS["rtx4090"].clock_sm_max_mhz
+    assert g.throttle_reasons is not None and "sw_thermal" in g.throttle_reasons
+    assert g.clock_sm_mhz is not None and g.clock_sm_mhz < CARDS["rtx4090"].clock_sm_max_mhz
 
 
-def test_state_is_shared_between_backends_through_the_file(tmp_path) -> None:
+def test_state_is_shared_between_backends_through_the_file(tmp_path: Path) -> None:
     path = tmp_path / "sim.json"
     a = SimBackend(count=2, state_path=path)
     b = SimBackend(count=2, state_path=path)
@@ -92,7 +97,7 @@ def test_state_is_shared_between_backends_through_the_file(tmp_path) -> None:
 
 
 def test_same_seed_same_world_other_seed_other_world() -> None:
-    def utils(seed: int) -> list[float]:
+    def utils(seed: int) -> list[float | None]:
         clock = Clock()
         sim = SimBackend(count=4, seed=seed, clock=clock)
         out = []
@@ -146,8 +151,9 @@ def test_topology_pairs_and_placement() -> None:
     sim = SimBackend(count=4, clock=Clock())
     topo = sim.topology(range(4))
     assert len(topo.links) == 6
-    assert topo.link(0, 1).level == "PIX"
-    assert topo.link(0, 3).level == "SYS" and topo.link(0, 3).p2p_read is False
+    near, far = topo.link(0, 1), topo.link(0, 3)
+    assert near is not None and near.level == "PIX"
+    assert far is not None and far.level == "SYS" and far.p2p_read is False
     assert [p.numa_node for p in topo.gpus] == [0, 0, 1, 1]
 
 
@@ -164,10 +170,11 @@ def test_gpm_tensor_activity_under_load_none_idle_and_only_when_asked() -> None:
     assert busy.tensor_active_pct and busy.tensor_active_pct > 30
     assert busy.sm_active_pct and busy.sm_active_pct > 80
     assert (idle.tensor_active_pct, idle.sm_active_pct, idle.dram_active_pct) == (0, 0, 0)
+    assert busy.utilization_gpu_pct is not None
     assert busy.processes and busy.processes[0].sm_pct == pytest.approx(
         busy.utilization_gpu_pct * 0.8, abs=1
     )
-    assert len(busy.nvlink or []) == 18 and busy.nvlink[0].tx_kib_s  # type: ignore[index]
+    assert busy.nvlink is not None and len(busy.nvlink) == 18 and busy.nvlink[0].tx_kib_s
     assert busy.mig is not None and busy.mig.enabled is False
     assert busy.remapped_rows.pending is False
     # An RTX 4090 has no GPM, no MIG and no NVLink.
@@ -256,7 +263,7 @@ def test_orphaned_memory_and_holders_are_simulated_only_when_poked() -> None:
     assert g.unowned_memory_mib == 0 and g.device_holders == []
 
 
-def test_a_saved_state_with_malformed_holders_starts_afresh(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_saved_state_with_malformed_holders_starts_afresh(tmp_path: Path) -> None:
     import json
 
     path = tmp_path / "sim.json"
@@ -284,7 +291,9 @@ def test_a_saved_state_with_malformed_holders_starts_afresh(tmp_path) -> None:  
         ("xid", [[1.0]]),
     ],
 )
-def test_a_saved_state_with_a_value_out_of_range_starts_afresh(tmp_path, key, value) -> None:  # type: ignore[no-untyped-def]
+def test_a_saved_state_with_a_value_out_of_range_starts_afresh(
+    tmp_path: Path, key: str, value: object
+) -> None:
     """A hand-edited state file's values are checked where they are read: a
     bad XID entry never crashes a read, and an impossible limit, temperature,
     load or fan speed is never shown as given."""
@@ -307,7 +316,7 @@ def test_a_saved_state_with_a_value_out_of_range_starts_afresh(tmp_path, key, va
     assert g.xid_events == []  # afresh: the poked XID went with the bad state
 
 
-def test_a_saved_state_in_range_is_kept(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_saved_state_in_range_is_kept(tmp_path: Path) -> None:
     path = tmp_path / "sim.json"
     clock = Clock()
     SimBackend(count=1, card="rtx4090", clock=clock, state_path=path).control.set_power_limit(

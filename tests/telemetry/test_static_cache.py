@@ -44,7 +44,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def one_shot(fake: ModuleType, path: Path) -> list[object]:
+def one_shot(fake: ModuleType, path: Path) -> list[GpuSample]:
     """What `gpustation snapshot` does: open a one-shot backend, read every GPU, close."""
     backend = NvmlBackend(nvml=fake, one_shot=True, static_cache=str(path))
     samples = backend.read_gpus(range(backend.device_count()), slow=False)

@@ -49,7 +49,7 @@ def write_run(
         "backend": {"kind": "sim", "simulated": True, "simulate": 2},
     }
     rundir.write_json(directory / rundir.RUN_JSON, run)
-    events = []
+    events: list[dict[str, Any]] = []
     for step in range(10, steps + 1, 10):
         loss = 7.0 / (1 + step / 15) + 0.05 * ((step * 7) % 5)
         events.append(

@@ -6,6 +6,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from textual.pilot import Pilot
 from textual.widgets import Select
 
 from gpustation.errors import NoDriverError
@@ -120,7 +121,7 @@ class FakeKill:
             raise self.error
 
 
-async def open_kill_dialog(app: DashboardApp, pilot) -> int:  # type: ignore[no-untyped-def]
+async def open_kill_dialog(app: DashboardApp, pilot: Pilot[int]) -> int:
     await first_frame(pilot)
     table = app.screen.query_one(ProcessTable)
     await wait_for(pilot, lambda: table.selected() is not None)
@@ -131,7 +132,9 @@ async def open_kill_dialog(app: DashboardApp, pilot) -> int:  # type: ignore[no-
 
 
 @pytest.mark.parametrize(("key", "sig"), [("t", signal.SIGTERM), ("K", signal.SIGKILL)])
-async def test_kill_dialog_names_the_process_and_sends_the_chosen_signal(key, sig) -> None:  # type: ignore[no-untyped-def]
+async def test_kill_dialog_names_the_process_and_sends_the_chosen_signal(
+    key: str, sig: signal.Signals
+) -> None:
     kill = FakeKill()
     app, _ = make_app(count=2, backend_cls=RealLookingSim, kill=kill)
     async with app.run_test(size=(160, 48)) as pilot:
@@ -372,7 +375,9 @@ async def test_process_table_sorts_and_filters() -> None:
         ((200, 50), 8, True, 2),
     ],
 )
-async def test_layout_adapts_to_terminal_size_and_gpu_count(size, count, compact, columns) -> None:  # type: ignore[no-untyped-def]
+async def test_layout_adapts_to_terminal_size_and_gpu_count(
+    size: tuple[int, int], count: int, compact: bool, columns: int
+) -> None:
     app, _ = make_app(count=count)
     async with app.run_test(size=size) as pilot:
         await first_frame(pilot)
@@ -386,7 +391,7 @@ async def test_layout_adapts_to_terminal_size_and_gpu_count(size, count, compact
 
 
 @pytest.mark.parametrize("size", [(80, 24), (100, 30), (160, 48), (220, 60)])
-async def test_the_process_table_and_the_screen_s_keys_stay_in_view(size) -> None:  # type: ignore[no-untyped-def]
+async def test_the_process_table_and_the_screen_s_keys_stay_in_view(size: tuple[int, int]) -> None:
     from textual.widgets._footer import FooterKey
 
     from gpustation.tui.modes import SCREENS_BY_MODE
@@ -429,7 +434,9 @@ async def test_command_palette_lists_the_dashboard_actions() -> None:
 
 
 @pytest.mark.parametrize(("size", "count"), [((160, 48), 2), ((80, 24), 2)])
-async def test_clicking_a_card_shows_the_power_limit_range(size, count) -> None:  # type: ignore[no-untyped-def]
+async def test_clicking_a_card_shows_the_power_limit_range(
+    size: tuple[int, int], count: int
+) -> None:
     app, _ = make_app(count=count)
     async with app.run_test(size=size) as pilot:
         await first_frame(pilot)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from textual.pilot import Pilot
 
 from gpustation.telemetry.sim import SimBackend
 from gpustation.tui.app import DashboardApp
@@ -179,7 +180,7 @@ def h200_app(**kwargs: object) -> tuple[DashboardApp, SimBackend]:
     return app, backend
 
 
-async def next_pass(pilot, app: DashboardApp) -> None:  # type: ignore[no-untyped-def]
+async def next_pass(pilot: Pilot[int], app: DashboardApp) -> None:
     done = app.passes
     app.sample_now()
     await wait_for(pilot, lambda: app.passes > done)

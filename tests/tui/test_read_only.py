@@ -51,7 +51,8 @@ def refusals(app: DashboardApp) -> list[str]:
 
 async def refused_after(pilot: Pilot[Any], key: str, what: str) -> None:
     """Press ``key`` and wait for the read-only message naming ``what``."""
-    app: DashboardApp = pilot.app  # type: ignore[assignment]
+    app = pilot.app
+    assert isinstance(app, DashboardApp)
     before = len(refusals(app))
     await pilot.press(key)
     await wait_for(pilot, lambda: len(refusals(app)) > before)
@@ -101,7 +102,8 @@ def control_app(read_only: bool) -> tuple[DashboardApp, RecordingSim]:
 
 
 async def open_control(pilot: Pilot[Any]) -> None:
-    app: DashboardApp = pilot.app  # type: ignore[assignment]
+    app = pilot.app
+    assert isinstance(app, DashboardApp)
     await first_frame(pilot)
     await pilot.press("c")
     await wait_for(pilot, lambda: isinstance(app.screen, ControlScreen) and app.screen.is_mounted)

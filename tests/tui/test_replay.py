@@ -14,6 +14,7 @@ from gpustation.control.journal import JournalEntry, journal_path
 from gpustation.runs.store import RunStore
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.recording import Recording
+from gpustation.telemetry.sim import SimBackend
 from gpustation.tui.replay import ReplayApp
 from gpustation.tui.replay_marks import (
     ALERT,
@@ -34,7 +35,7 @@ from .conftest import notifications, record_notifications, wait_for
 pytestmark = pytest.mark.timeout(120)
 
 
-def lose_gpu1(backend) -> None:  # type: ignore[no-untyped-def]
+def lose_gpu1(backend: SimBackend) -> None:
     backend.poke(1, lost=True)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Static
+from textual.widgets.data_table import ColumnKey
 
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import write_sample
@@ -84,7 +85,8 @@ def finished_run(gpustation_dirs: dict[str, Path], run_id: str = "timeline-run")
 
 
 async def select(pilot: Pilot[Any], run_id: str) -> None:
-    app: DashboardApp = pilot.app  # type: ignore[assignment]
+    app = pilot.app
+    assert isinstance(app, DashboardApp)
     ui = runs_ui(app)
     await wait_for(pilot, lambda: run_id in ui.history_ids)
     table = app.screen.query_one("#runs-table", DataTable)
@@ -240,7 +242,7 @@ async def test_energy_and_cost_in_the_header_and_the_table(
         assert f"energy {energy_j / 3600:.1f} Wh" in header, header
         assert f"{energy_j / work:.3f} J/img · {work / energy_j:.2f} img/J" in header, header
         table = app.screen.query_one("#runs-table", DataTable)
-        label = str(table.columns["energy"].label)
+        label = str(table.columns[ColumnKey("energy")].label)
         cell = str(table.get_cell(directory.name, "energy"))
         if priced:  # 4000 J at 0.5 EUR/kWh: 0.00056 EUR
             assert "cost <0.01 EUR" in header, header

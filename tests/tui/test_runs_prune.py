@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from textual.widgets import DataTable, Input
+from textual.widgets import DataTable, Input, Select
 
 from gpustation.runs.presets import load_presets
 from gpustation.runs.store import RunStore
@@ -83,7 +83,7 @@ async def test_prune_by_status_and_nothing_to_prune(gpustation_dirs: dict[str, P
         ui = await open_runs(pilot, 2)
         await pilot.press("D")
         await wait_for(pilot, lambda: isinstance(app.screen, PruneDialog))
-        app.screen.query_one("#prune-status").value = "failed"  # type: ignore[attr-defined]
+        app.screen.query_one("#prune-status", Select).value = "failed"
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, DeleteRunsDialog))
         assert old_failed in label(pilot, "#delete-runs")

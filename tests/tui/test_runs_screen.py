@@ -182,7 +182,8 @@ def plain(app: DashboardApp, selector: str) -> str:
 
 async def open_runs(pilot: Pilot[Any]) -> RunsUI:
     """Press r and wait until the presets are listed."""
-    app: DashboardApp = pilot.app  # type: ignore[assignment]
+    app = pilot.app
+    assert isinstance(app, DashboardApp)
     await wait_for(pilot, lambda: app.frame is not None)
     await pilot.press("r")
     assert app.current_mode == "runs"
@@ -215,7 +216,8 @@ def argv_shown(dialog: LaunchDialog) -> str:
 
 async def launch_by_key(pilot: Pilot[Any], name: str, **values: str) -> RunView:
     """Highlight ``name``, press l, fill the form, Enter; return the new run's view."""
-    app: DashboardApp = pilot.app  # type: ignore[assignment]
+    app = pilot.app
+    assert isinstance(app, DashboardApp)
     ui = runs_ui(app)
     before = set(ui.views)
     await highlight_preset(pilot, name)
@@ -703,7 +705,11 @@ async def test_the_screen_reads_finished_and_lost_runs_without_writing(
         table.focus()
         for run_id in (done.id, lost.id):
             table.move_cursor(row=table.get_row_index(run_id))
-            await wait_for(pilot, lambda run_id=run_id: ui.selected == run_id)
+
+            def selected(run_id: str = run_id) -> bool:
+                return ui.selected == run_id
+
+            await wait_for(pilot, selected)
             await wait_for(pilot, lambda: "trainer done" in log_text(app))
         assert str(table.get_cell(lost.id, "status")) == "lost"
     assert snapshot([done.run_dir, lost.run_dir]) == before

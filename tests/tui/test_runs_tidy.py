@@ -172,7 +172,8 @@ async def test_note_and_tags_are_written_and_shown(gpustation_dirs: dict[str, Pa
         await wait_for(pilot, lambda: notes_file.exists())
         assert json.loads(notes_file.read_text())["note"] == "before the fix"
         await wait_for(pilot, lambda: notes_cell(pilot, first) == "before the fix")
-        assert RunStore().get(first).note == "before the fix"  # type: ignore[union-attr]
+        record = RunStore().get(first)
+        assert record is not None and record.note == "before the fix"
 
         # The editor opens with the note as it is.
         await pilot.press("n")

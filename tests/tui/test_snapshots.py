@@ -10,6 +10,7 @@ with ``pytest tests/tui/test_snapshots.py --snapshot-update``.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,9 @@ from textual.pilot import Pilot
 
 from gpustation.fleet.ssh import DOWN, UP, HostState
 from gpustation.runs.presets import load_presets
+from gpustation.telemetry.model import Snapshot
 from gpustation.telemetry.sim import SimBackend
+from gpustation.tui.app import DashboardApp
 from gpustation.tui.fleet import FleetApp, FleetScreen
 from gpustation.tui.modes import SCREENS_BY_MODE
 from gpustation.tui.runs import LossPlot
@@ -34,8 +37,11 @@ SIZES = [(80, 24), (100, 30), (160, 48), (220, 60)]
 IDS = ["80x24", "100x30", "160x48", "220x60"]
 ENTRY = {e.mode: e for e in SCREENS_BY_MODE}
 
+#: pytest-textual-snapshot's fixture: app (or path), terminal_size=, run_before=... -> bool
+SnapCompare = Callable[..., bool]
 
-def dashboard(count: int = 2, card: str = "rtx4090", screens: Any = None):  # type: ignore[no-untyped-def]
+
+def dashboard(count: int = 2, card: str = "rtx4090", screens: Any = None) -> DashboardApp:
     app, _ = make_app(
         count=count, card=card, prefill=300, notify_alerts=False, screens=screens or BUILTIN_SCREENS
     )
@@ -48,7 +54,7 @@ async def settle(pilot: Pilot[Any]) -> None:
     await pilot.pause()
 
 
-def after(key: str):  # type: ignore[no-untyped-def]
+def after(key: str) -> Callable[[Pilot[Any]], Awaitable[None]]:
     async def run_before(pilot: Pilot[Any]) -> None:
         await settle(pilot)
         await pilot.press(key)
@@ -59,29 +65,33 @@ def after(key: str):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("size", SIZES, ids=IDS)
-def test_main_screen(snap_compare, size) -> None:  # type: ignore[no-untyped-def]
+def test_main_screen(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
     assert snap_compare(dashboard(), terminal_size=size, run_before=settle)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=IDS)
-def test_topology_screen(snap_compare, size) -> None:  # type: ignore[no-untyped-def]
+def test_topology_screen(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
     assert snap_compare(dashboard(count=4), terminal_size=size, run_before=after("t"))
 
 
 @pytest.mark.parametrize("size", SIZES, ids=IDS)
-def test_help_screen(snap_compare, size) -> None:  # type: ignore[no-untyped-def]
+def test_help_screen(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
     app = dashboard(screens=[*BUILTIN_SCREENS, ENTRY["control"], ENTRY["runs"]])
     assert snap_compare(app, terminal_size=size, run_before=after("question_mark"))
 
 
 @pytest.mark.parametrize("size", SIZES, ids=IDS)
-def test_control_screen(snap_compare, size, gpustation_dirs) -> None:  # type: ignore[no-untyped-def]
+def test_control_screen(
+    snap_compare: SnapCompare, size: tuple[int, int], gpustation_dirs: dict[str, Path]
+) -> None:
     app = dashboard(screens=[*BUILTIN_SCREENS, ENTRY["control"]])
     assert snap_compare(app, terminal_size=size, run_before=after("c"))
 
 
 @pytest.fixture
-def past_runs(gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def past_runs(
+    gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[list[str]]:
     """Three finished runs of shipped presets, with fixed files; local time is UTC."""
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()
@@ -133,7 +143,9 @@ async def on_runs(pilot: Pilot[Any]) -> None:
 
 
 @pytest.mark.parametrize("size", SIZES, ids=IDS)
-def test_runs_screen(snap_compare, size, past_runs) -> None:  # type: ignore[no-untyped-def]
+def test_runs_screen(
+    snap_compare: SnapCompare, size: tuple[int, int], past_runs: list[str]
+) -> None:
     app = dashboard(screens=[*BUILTIN_SCREENS, ENTRY["runs"]])
     assert snap_compare(app, terminal_size=size, run_before=on_runs)
 
@@ -143,7 +155,7 @@ def test_runs_screen(snap_compare, size, past_runs) -> None:  # type: ignore[no-
 NOW = 1_000_000.0
 
 
-def _snapshot(host: str, count: int, card: str):  # type: ignore[no-untyped-def]
+def _snapshot(host: str, count: int, card: str) -> Snapshot:
     clock = Clock()
     backend = SimBackend(count=count, card=card, seed=0, state_path=None, clock=clock)
     source = DataSource(lambda: backend, host_source=fixed_host, hostname=host, clock=clock)
@@ -201,16 +213,18 @@ async def on_fleet(pilot: Pilot[Any]) -> None:
 
 
 @pytest.mark.parametrize("size", SIZES, ids=IDS)
-def test_fleet_screen(snap_compare, size, gpustation_dirs) -> None:  # type: ignore[no-untyped-def]
+def test_fleet_screen(
+    snap_compare: SnapCompare, size: tuple[int, int], gpustation_dirs: dict[str, Path]
+) -> None:
     app = FleetApp([], fleet=FakeFleet())  # type: ignore[arg-type]
     assert snap_compare(app, terminal_size=size, run_before=on_fleet)
 
 
-def test_main_screen_eight_h200(snap_compare) -> None:  # type: ignore[no-untyped-def]
+def test_main_screen_eight_h200(snap_compare: SnapCompare) -> None:
     assert snap_compare(dashboard(count=8, card="h200"), terminal_size=(160, 48), run_before=settle)
 
 
-def test_main_screen_with_a_device_node_holder(snap_compare) -> None:  # type: ignore[no-untyped-def]
+def test_main_screen_with_a_device_node_holder(snap_compare: SnapCompare) -> None:
     # VRAM no listed process holds and the process keeping its device node open
     app, backend = make_app(count=2, prefill=300, notify_alerts=False, screens=BUILTIN_SCREENS)
     backend.poke(0, orphaned_mib=3277, holders=[(31337, "python -c import torch; torch.zeros(1)")])
@@ -219,7 +233,9 @@ def test_main_screen_with_a_device_node_holder(snap_compare) -> None:  # type: i
 
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
-def test_launch_form(snap_compare, size, gpustation_dirs) -> None:  # type: ignore[no-untyped-def]
+def test_launch_form(
+    snap_compare: SnapCompare, size: tuple[int, int], gpustation_dirs: dict[str, Path]
+) -> None:
     from .test_launch_form import FormApp, preset
 
     async def opened(pilot: Pilot[Any]) -> None:
@@ -263,6 +279,8 @@ async def on_compare(pilot: Pilot[Any]) -> None:
 
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
-def test_compare_screen(snap_compare, size, past_runs) -> None:  # type: ignore[no-untyped-def]
+def test_compare_screen(
+    snap_compare: SnapCompare, size: tuple[int, int], past_runs: list[str]
+) -> None:
     app = dashboard(screens=[*BUILTIN_SCREENS, ENTRY["runs"]])
     assert snap_compare(app, terminal_size=size, run_before=on_compare)

@@ -20,6 +20,7 @@ from gpustation.control import lease
 from gpustation.control.power import apply_power, plan_power
 from gpustation.control.profiles import PowerValue
 from gpustation.errors import GpustationError, NeedsRootError
+from gpustation.runs.reconcile import list_active_runs
 from gpustation.runs.sweep.model import Sweep, scan_sweeps, sweeps_dir
 from gpustation.telemetry.backend import Backend
 from gpustation.telemetry.model import GpuSample
@@ -172,7 +173,6 @@ def holding_sweeps(gpus: Sequence[int], backend: Backend) -> list[lease.Lease]:
 
 def runs_on(gpus: Sequence[int], simulated: bool) -> list[tuple[str, list[int]]]:
     """(run id, GPUs in common) of each run still going on any of ``gpus``."""
-    from gpustation.runs.reconcile import list_active_runs
 
     found = []
     for other in list_active_runs():

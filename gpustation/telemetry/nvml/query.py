@@ -97,6 +97,7 @@ def start_nvml(nvml: Any = None) -> Any:
     """
     if nvml is None:
         try:
+            # start-up time: pynvml, only for real GPUs
             import pynvml
         except ImportError as err:
             raise NoBindingError(

@@ -14,6 +14,7 @@ def curve_plot(
     curve: FanCurve, width: int, height: int, marks: list[tuple[int, float, int]]
 ) -> Text:
     """The curve (clamped to 20-100 C) with each GPU's temperature and speed marked."""
+    # start-up time: plotext, only when a plot is drawn
     import plotext as plt
 
     plt.clear_figure()

@@ -22,6 +22,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Static, TextArea
 
 from gpustation.errors import UsageError
+from gpustation.runs.argv import build_argv, resolve_gpus
 from gpustation.runs.presets import RunPreset, command_preset
 from gpustation.tui.runs.launch_request import GpuChoice, LaunchRequest, shown_argv
 from gpustation.tui.widgets import set_size_classes
@@ -132,7 +133,6 @@ class CommandDialog(ModalScreen[LaunchRequest | None]):
 
     def request(self) -> LaunchRequest:
         """The launch the form describes; raises UsageError with what is wrong."""
-        from gpustation.runs.argv import resolve_gpus
 
         preset = self.preset()
         gpus = self.gpus()
@@ -141,7 +141,6 @@ class CommandDialog(ModalScreen[LaunchRequest | None]):
 
     def argv_text(self) -> str:
         """The environment the form adds and the argv, as a shell would read them."""
-        from gpustation.runs.argv import build_argv
 
         request = self.request()
         gpus = request.gpus if request.gpus is not None else []

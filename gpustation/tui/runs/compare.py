@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 from rich.console import RenderableType
@@ -13,6 +14,9 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from gpustation.runs.compare import compare
+from gpustation.runs.curves import RunCurves, read_curves
+from gpustation.runs.store import RunStore
 from gpustation.tui.runs.overlay import OverlayPlot, OverlayRun, legend
 
 
@@ -31,11 +35,6 @@ class CompareRead(Message):
 
 def read_comparison(run_ids: list[str]) -> CompareRead:
     """The runs' comparison and curves (reads the index and the run directories)."""
-    from pathlib import Path
-
-    from gpustation.runs.compare import compare
-    from gpustation.runs.curves import RunCurves, read_curves
-    from gpustation.runs.store import RunStore
 
     store = RunStore()
     records = [r for r in (store.get(i) for i in run_ids) if r is not None]

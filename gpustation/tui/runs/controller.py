@@ -25,9 +25,12 @@ from textual.message import Message
 from textual.message_pump import MessagePump
 
 from gpustation.errors import GpustationError
+from gpustation.runs.argvalue import ArgValue
 from gpustation.runs.cost import Price
-from gpustation.runs.presets import ArgValue, PresetProblem, RunPreset
+from gpustation.runs.launch import launch
+from gpustation.runs.presets import PresetProblem, RunPreset, load_presets
 from gpustation.runs.rundir import RunState
+from gpustation.runs.stop import stop_run, stop_runs
 from gpustation.runs.summary import RunSummary
 from gpustation.tui.dash import dashboard
 from gpustation.tui.poll import Poller
@@ -295,8 +298,6 @@ class RunsUI:
 
     # -- presets ----------------------------------------------------------------------
     def _load_presets(self) -> None:
-        from gpustation.runs.presets import load_presets
-
         try:
             presets, problems = load_presets()
         except Exception as err:
@@ -327,8 +328,6 @@ class RunsUI:
             sim_card = getattr(getattr(backend, "spec", None), "key", None)
 
         def job() -> None:
-            from gpustation.runs.launch import launch
-
             try:
                 handle = launch(preset, overrides, gpus, simulate=simulate, sim_card=sim_card)
             except GpustationError as err:
@@ -378,8 +377,6 @@ class RunsUI:
         run_id, run_dir = view.id, view.run_dir
 
         def job() -> None:
-            from gpustation.runs.stop import stop_run
-
             try:
                 state = stop_run(run_dir, by="dashboard")
             except Exception as err:
@@ -446,8 +443,6 @@ class RunsUI:
         run_dirs = [v.run_dir for v in views]
 
         def job() -> None:
-            from gpustation.runs.stop import stop_runs
-
             try:
                 stop_runs(run_dirs, by="dashboard")
             finally:

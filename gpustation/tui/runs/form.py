@@ -30,12 +30,16 @@ from textual.widgets import Button, Checkbox, Input, Label, Select, Static, Swit
 
 from gpustation.errors import GpustationError, UsageError
 from gpustation.redact import REDACTED
-from gpustation.runs.presets import ArgValue, RunPreset, apply_values
+from gpustation.runs.argv import build_argv, resolve_gpus
+from gpustation.runs.argvalue import ArgValue
+from gpustation.runs.preset_writer import check_name, write_user_preset
+from gpustation.runs.presets import RunPreset, apply_values
 from gpustation.runs.runner_args import (
     RunnerArg,
     cached_runner_args,
     kind_of,
     parse_text,
+    runner_args,
     value_text,
 )
 from gpustation.tui.runs.launch_request import (
@@ -264,8 +268,6 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
 
     def _read_options(self, runner: str) -> None:
         def job() -> None:
-            from gpustation.runs.runner_args import runner_args
-
             try:
                 options = runner_args(runner)
             except GpustationError as err:
@@ -351,14 +353,12 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
         }
         applied, _, _ = apply_values(self.preset, overrides)
         gpus = self.gpus()
-        from gpustation.runs.argv import resolve_gpus
 
         resolve_gpus(applied, gpus, self.device_count)
         return LaunchRequest(self.preset, overrides, gpus)
 
     def argv_text(self) -> str:
         """The argv the launch would run, as a shell would read it."""
-        from gpustation.runs.argv import build_argv
 
         request = self.request()
         applied, _, _ = apply_values(request.preset, request.overrides)
@@ -432,6 +432,7 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
 
     def open_command_form(self) -> None:
         """Launch any command instead: the command form, whose launch this form's is."""
+        # cycle: gpustation.tui.runs.command_form imports this module
         from gpustation.tui.runs.command_form import CommandDialog
 
         def chosen(request: LaunchRequest | None) -> None:
@@ -446,8 +447,6 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
         name = self.query_one("#launch-save-name", Input).value.strip()
         error = self.query_one("#launch-error", Label)
         try:
-            from gpustation.runs.preset_writer import check_name
-
             check_name(name)
             values = self.values()
         except UsageError as err:
@@ -459,8 +458,6 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
         gpus = self.gpus()
 
         def job() -> None:
-            from gpustation.runs.preset_writer import write_user_preset
-
             try:
                 path = write_user_preset(name, saved, values, gpus)
             except (GpustationError, OSError) as err:

@@ -20,7 +20,8 @@ from textual.containers import Horizontal
 from textual.widgets import Checkbox, Label
 
 from gpustation.errors import UsageError
-from gpustation.runs.presets import ArgValue, RunPreset
+from gpustation.runs.argvalue import ArgValue
+from gpustation.runs.presets import RunPreset
 from gpustation.textsafe import safe
 
 

@@ -66,6 +66,7 @@ def time_scale(seconds: float) -> tuple[float, str]:
 
 def overlay_plot(runs: Sequence[OverlayRun], by_time: bool, width: int, height: int) -> Text:
     """The runs' loss curves in one figure, a colour per run."""
+    # start-up time: plotext, only when a plot is drawn
     import plotext as plt
 
     plt.clear_figure()

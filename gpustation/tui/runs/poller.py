@@ -23,9 +23,15 @@ from typing import Any
 
 from textual.message import Message
 
+from gpustation.errors import UsageError
+from gpustation.runs import rundir
+from gpustation.runs.cost import load_price
 from gpustation.runs.follow import FollowUpdate, RunFollower
-from gpustation.runs.gputrace import TelemetrySummary
+from gpustation.runs.gputrace import TelemetrySummary, summarize_telemetry
+from gpustation.runs.profile import read_top_ops
+from gpustation.runs.reconcile import check_run, list_active_runs
 from gpustation.runs.rundir import RunState
+from gpustation.runs.store import RunStore, apply_telemetry
 from gpustation.runs.summary import RunSummary
 from gpustation.runs.timeline import TimelineReader
 from gpustation.tui.runs.model import (
@@ -107,9 +113,6 @@ class RunTrack:
         summary = self.follower.summary()
         if summary.active:
             return summary
-        from gpustation.runs import rundir
-        from gpustation.runs.gputrace import summarize_telemetry
-        from gpustation.runs.store import apply_telemetry
 
         if self._telemetry is None:
             self._telemetry = summarize_telemetry(self.directory / rundir.TELEMETRY_FILE)
@@ -121,7 +124,6 @@ class RunTrack:
         if not delta.reset and (now < self._profile_at or self._profile):
             return  # looked a moment ago, or found (a profile is written once)
         self._profile_at = now + PROFILE_EVERY_S
-        from gpustation.runs.profile import read_top_ops
 
         found = read_top_ops(self.directory) or {}
         if delta.reset or found != self._profile:
@@ -202,9 +204,6 @@ class RunsPass:
     def _pass(
         self, wanted: dict[str, tuple[Path, bool]], unwanted: set[str], want_history: bool
     ) -> PassResult:
-        from gpustation.runs.reconcile import check_run, list_active_runs
-        from gpustation.runs.store import RunStore
-
         result = PassResult()
         for run_id in unwanted:
             track = self._tracks.pop(run_id, None)
@@ -268,8 +267,6 @@ class RunsPass:
 
     def _read_price(self, result: PassResult) -> None:
         """``[energy]`` from config.toml, for the cost of each run (read with the history)."""
-        from gpustation.errors import UsageError
-        from gpustation.runs.cost import load_price
 
         try:
             result.price = load_price()

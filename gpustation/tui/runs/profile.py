@@ -8,9 +8,10 @@ prints it.
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
-from rich.console import Group
+from rich.console import Console, Group
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
@@ -62,10 +63,6 @@ class ProfilePane(VerticalScroll):
 
 def _plain(renderable: Any) -> str:
     """A renderable's text without styles (what the pane says, for tests)."""
-    import io
-
-    from rich.console import Console
-
     console = Console(width=200, color_system=None, record=True, file=io.StringIO())
     console.print(renderable)
     return console.export_text()

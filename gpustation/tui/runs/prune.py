@@ -22,8 +22,9 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Input, Label, Select
 
 from gpustation.errors import UsageError
-from gpustation.runs.history import parse_span
+from gpustation.runs.history import parse_span, prune_candidates
 from gpustation.runs.rundir import FINAL_STATUSES
+from gpustation.runs.store import RunStore
 from gpustation.runs.summary import RunSummary
 from gpustation.textsafe import safe
 from gpustation.tui.runs.model import RUNS_TITLE, RunView
@@ -105,9 +106,6 @@ def ask_prune(screen: Screen[Any]) -> None:
         seconds, text, status = answer
 
         def job() -> None:
-            from gpustation.runs.history import prune_candidates
-            from gpustation.runs.store import RunStore
-
             try:
                 found = prune_candidates(RunStore(), seconds, status)
             except Exception as err:

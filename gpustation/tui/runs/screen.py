@@ -23,6 +23,7 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import DataTable, OptionList
 
+from gpustation.runs import rundir
 from gpustation.runs.compare import gpus_text
 from gpustation.runs.presets import RunPreset
 from gpustation.tui.readonly import refused
@@ -446,8 +447,6 @@ class RunsScreen(LiveScreen):
         run_dir = view.run_dir
 
         def job() -> None:
-            from gpustation.runs import rundir
-
             self.post_message(RunRead(rundir.read_run(run_dir, exact=True)))
 
         # run.json is read off the UI thread, like every file of a run.

@@ -22,7 +22,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
 
-from gpustation.runs.sweep.model import SWEEP_TAG, Sweep
+from gpustation.runs.sweep.model import SWEEP_TAG, Sweep, list_sweeps
 from gpustation.runs.sweep.report import (
     TEXT_COLUMNS,
     point_columns,
@@ -101,7 +101,6 @@ class SweepsScreen(ModalScreen[None]):
         self.run_worker(self._load, thread=True, exit_on_error=False, name="read sweeps")
 
     def _load(self) -> None:
-        from gpustation.runs.sweep.model import list_sweeps
 
         try:
             sweeps = list_sweeps()

@@ -21,7 +21,9 @@ from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Input, Label
 
+from gpustation.runs.history import annotate, delete_runs
 from gpustation.runs.presets import RunPreset
+from gpustation.runs.store import RunStore
 from gpustation.runs.summary import RunSummary
 from gpustation.textsafe import safe
 from gpustation.tui.dialogs import ChoiceDialog
@@ -248,9 +250,6 @@ def confirm_delete(
     run_ids = [v.id for v in views]
 
     def job() -> None:
-        from gpustation.runs.history import delete_runs
-        from gpustation.runs.store import RunStore
-
         try:
             deleted = delete_runs(RunStore(), run_ids)
         except Exception as err:
@@ -274,9 +273,6 @@ def _annotate(
     remove: Sequence[str] = (),
 ) -> None:
     def job() -> None:
-        from gpustation.runs.history import annotate
-        from gpustation.runs.store import RunStore
-
         store = RunStore()
         try:
             records = [annotate(store, i, note=note, add=add, remove=remove) for i in run_ids]

@@ -46,6 +46,7 @@ def _labels(lo: float, hi: float, height: int) -> tuple[list[float], list[str]]:
 
 
 def _frame(width: int, height: int, end_s: float) -> Any:
+    # start-up time: plotext, only when a plot is drawn
     import plotext as plt
 
     plt.clear_figure()

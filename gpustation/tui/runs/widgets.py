@@ -52,6 +52,7 @@ def loss_plot(
     height: int,
 ) -> Text:
     """The loss curve: raw, smoothed, and eval loss when the run reports it."""
+    # start-up time: plotext, only when a plot is drawn
     import plotext as plt
 
     xs, ys = losses

@@ -19,10 +19,9 @@ _FLAG = os.environ.get("GPUSTATION_TEST_ENOSPC_FLAG")
 def _full(path: object) -> bool:
     if not _DIR or not _FLAG or not os.path.exists(_FLAG):
         return False
-    try:
-        target = os.path.abspath(os.fspath(path))  # type: ignore[arg-type]
-    except TypeError:
-        return False
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        return False  # a file descriptor
+    target = os.path.abspath(os.fsdecode(path))
     return target.startswith(os.path.abspath(_DIR) + os.sep)
 
 
