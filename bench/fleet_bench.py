@@ -166,7 +166,7 @@ def dashboard_cpu(
 
 def display_latency(hosts: list[str], seconds: float) -> dict[str, float]:
     """Snapshot time -> the fleet screen's timer showing it, headless, in-process."""
-    from gpustation.tui.fleet import FleetApp, FleetScreen
+    from gpustation.tui.fleet.screen import FleetApp, FleetScreen
 
     shown: dict[str, float] = {}
     latencies: list[float] = []

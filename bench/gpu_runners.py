@@ -275,7 +275,7 @@ def ref_lora_trainer(p: dict[str, Any]) -> dict[str, Any]:
     from peft import LoraConfig, get_peft_model
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from gpustation.runners import llm
+    from gpustation.runners.lib import llm
 
     device = torch.device(p["device"])
     torch.manual_seed(p["seed"])
@@ -339,7 +339,7 @@ def ref_generate(p: dict[str, Any]) -> dict[str, Any]:
     """``model.generate`` (greedy, KV cache) on the same model, prompts and lengths."""
     import torch
 
-    from gpustation.runners import llm
+    from gpustation.runners.lib import llm
 
     device = torch.device(p["device"])
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -93,7 +93,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def dashboard(url: str, count: int, seconds: float) -> tuple[float, float]:
-    from gpustation.tui.fleet import FleetApp, FleetScreen
+    from gpustation.tui.fleet.screen import FleetApp, FleetScreen
 
     me = psutil.Process()
     fleet = PrometheusFleet(PrometheusClient(url), interval=1.0)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import zstandard
 
-from gpustation.telemetry.recorder import Recorder
-from gpustation.telemetry.recording import Recording
+from gpustation.telemetry.recording.file import Recording
+from gpustation.telemetry.recording.recorder import Recorder
 from gpustation.telemetry.sampler import Sampler
 from gpustation.telemetry.sim import SimBackend
 

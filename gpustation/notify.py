@@ -12,7 +12,7 @@ when URLs are configured) and, where a terminal is attached, the bell. A
 failure to notify is logged and never raised: a run's outcome, the dashboard,
 the exporter and the recorder never depend on a notification service.
 
-Run ends are sent by the supervisor (:mod:`gpustation.runs.notify_end`); GPU
+Run ends are sent by the supervisor (:mod:`gpustation.runs.launch.notify_end`); GPU
 events by :class:`AlertNotifier`, which the dashboard, ``gpustation serve``
 and ``gpustation record`` feed with the alerts their alert log raises.
 """

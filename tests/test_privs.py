@@ -280,7 +280,7 @@ def test_a_python_the_user_cannot_run_is_named_and_the_run_recorded_failed(
 ) -> None:
     from gpustation.errors import GpustationError
     from gpustation.runs import rundir
-    from gpustation.runs.launch import launch
+    from gpustation.runs.launch.start import launch
     from gpustation.runs.presets import RunPreset
 
     private = tmp_path / "private"  # root's own, as a Python installed in /root is
@@ -335,7 +335,7 @@ def test_under_sudo_the_fleets_ssh_runs_as_the_user(monkeypatch: pytest.MonkeyPa
 def test_under_sudo_the_launch_forms_parser_reader_runs_as_the_user(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gpustation.runs.runner_args import read_parser
+    from gpustation.runs.launch.runner_args import read_parser
 
     python, extra = _user_python()
     where = Path(tempfile.mkdtemp(prefix="gpustation-parser-"))

@@ -17,10 +17,10 @@ import pytest
 
 from gpustation.control.live import fan_controller_argv
 from gpustation.pyargv import SAFE_PATH_ENV, python_argv
-from gpustation.runs.argv import build_env
-from gpustation.runs.launch import supervisor_argv
-from gpustation.runs.multinode import agent_command, node_argv, node_env
-from gpustation.runs.node_agent import torchrun_argv
+from gpustation.runs.launch.argv import build_env
+from gpustation.runs.launch.start import supervisor_argv
+from gpustation.runs.multinode.launch import agent_command, node_argv, node_env
+from gpustation.runs.multinode.node_agent import torchrun_argv
 from gpustation.runs.presets import RunPreset
 from gpustation.serve.web import dashboard_command
 from tests.conftest import child_env
@@ -99,7 +99,7 @@ def test_the_supervisor_the_fan_controller_and_web_sessions_start_from_a_safe_pa
 def test_the_launch_forms_parser_reader_reads_the_real_runner(
     planted: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpustation.runs.runner_args import read_parser
+    from gpustation.runs.launch.runner_args import read_parser
 
     monkeypatch.chdir(planted)
     options = read_parser("gpustation.runners.healthcheck")
@@ -163,7 +163,8 @@ def test_a_runs_runner_started_in_a_planted_directory_is_gpustations(
 def test_the_children_runners_start_themselves_import_the_real_runner(
     planted: Path, tmp_path: Path
 ) -> None:
-    from gpustation.runners import contention, fsdp, fsdp_search
+    from gpustation.runners import contention, fsdp
+    from gpustation.runners.lib import fsdp_search
 
     role = contention._child_argv(contention.build_parser().parse_args([]), "train")
     trial = fsdp_search.trial_argv(fsdp.build_parser().parse_args([]), 2, 64, False, str(tmp_path))

@@ -206,8 +206,8 @@ def test_a_bad_notify_table_is_said_too(
 def test_a_resumed_run_takes_the_values_run_json_leaves_out_from_its_preset(
     gpustation_dirs: dict[str, Path],
 ) -> None:
+    from gpustation.runs.launch.resume import _restore_env
     from gpustation.runs.presets import RunPreset
-    from gpustation.runs.resume import _restore_env
 
     presets = gpustation_dirs["config"] / "presets" / "runs"
     presets.mkdir(parents=True)
@@ -222,7 +222,7 @@ def test_a_resumed_run_takes_the_values_run_json_leaves_out_from_its_preset(
 
 
 def test_the_child_never_gets_a_redacted_value() -> None:
-    from gpustation.runs.argv import PRIVATE_ENV, child_env
+    from gpustation.runs.launch.argv import PRIVATE_ENV, child_env
 
     base = {"PATH": "/bin", PRIVATE_ENV: json.dumps({"A": "real"})}
     env = child_env(base, {"A": REDACTED, "B": REDACTED, "GPUSTATION_RUN_ID": "x"})

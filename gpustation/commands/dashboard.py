@@ -8,7 +8,7 @@ from gpustation.errors import UsageError
 from gpustation.fleet.fleet import load_fleet_config
 from gpustation.fleet.prometheus import prometheus_fleet
 from gpustation.telemetry.backend import parse_gpu_list
-from gpustation.telemetry.recorder import RecordError, recorder_from_config
+from gpustation.telemetry.recording.recorder import RecordError, recorder_from_config
 
 
 def run(args: argparse.Namespace) -> int:
@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
         if hosts:
             raise UsageError("--prometheus: give --host or --prometheus, not both")
         # start-up time: the TUI (textual)
-        from gpustation.tui.fleet import FleetApp
+        from gpustation.tui.fleet.screen import FleetApp
 
         app = FleetApp(
             [], refresh_s=refresh, fleet=prometheus_fleet(prometheus, load_fleet_config(), refresh)
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
             app.fleet.close()
     if hosts:
         # start-up time: the TUI (textual)
-        from gpustation.tui.fleet import run_fleet
+        from gpustation.tui.fleet.screen import run_fleet
 
         return run_fleet(hosts, refresh_s=refresh, ssh_config=getattr(args, "ssh_config", None))
     # start-up time: the TUI (textual)

@@ -9,7 +9,7 @@ from typing import Any
 
 from gpustation import timefmt
 from gpustation.runs.cost import J_PER_KWH, load_price
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
 from gpustation.telemetry.format import NA
 from gpustation.textsafe import safe
 from gpustation.timespec import parse_since

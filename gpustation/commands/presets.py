@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from gpustation.runs.argv import build_argv, format_args
+from gpustation.runs.launch.argv import build_argv, format_args
 from gpustation.runs.output import console
 from gpustation.runs.presets import (
     PresetProblem,

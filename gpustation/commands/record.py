@@ -1,6 +1,6 @@
 """``gpustation record``: a flight recording of the GPUs, for ``gpustation replay``.
 
-Snapshots go to zstd-compressed JSON Lines (:mod:`gpustation.telemetry.recorder`),
+Snapshots go to zstd-compressed JSON Lines (:mod:`gpustation.telemetry.recording.recorder`),
 rotated to stay under ``--max-size``. Ctrl-C ends it with 130, SIGTERM with 0;
 either way the open frame is finished. A failed write (a full disk) ends it
 with 1 and says what the recording holds. With ``[notify]`` configured, the
@@ -26,7 +26,7 @@ from gpustation.errors import UsageError
 from gpustation.notify import alert_notifier_from_config, notify_warnings
 from gpustation.telemetry.alerts import AlertLog, idle_rule_or_default
 from gpustation.telemetry.backend import parse_gpu_list
-from gpustation.telemetry.recorder import Recorder, RecordError, parse_size
+from gpustation.telemetry.recording.recorder import Recorder, RecordError, parse_size
 from gpustation.telemetry.sampler import Sampler
 
 if TYPE_CHECKING:

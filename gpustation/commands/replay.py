@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gpustation import colour
 from gpustation.errors import UsageError
-from gpustation.telemetry.recording import SPEEDS, Recording
+from gpustation.telemetry.recording.file import SPEEDS, Recording
 from gpustation.timespec import parse_time
 
 
@@ -91,6 +91,6 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
         return 0
     # start-up time: the TUI (textual)
-    from gpustation.tui.replay import run_replay
+    from gpustation.tui.replay.screen import run_replay
 
     return run_replay(recording, speed=speed, start=start)

@@ -29,16 +29,16 @@ from gpustation.fleet.fleet import load_fleet_config
 from gpustation.notify import notify_warnings
 from gpustation.runs import rundir
 from gpustation.runs.follow import RunFollower
-from gpustation.runs.launch import launch
-from gpustation.runs.multinode import (
+from gpustation.runs.launch.start import launch
+from gpustation.runs.launch.stop import stop_run
+from gpustation.runs.multinode.launch import (
     DEFAULT_RDZV_PORT,
     NodeOptions,
     parse_hosts,
     resolve_remote_python,
 )
-from gpustation.runs.nodes import DEFAULT_START_TIMEOUT_S
+from gpustation.runs.multinode.nodes import DEFAULT_START_TIMEOUT_S
 from gpustation.runs.presets import command_preset, find_preset, load_presets, parse_sets
-from gpustation.runs.stop import stop_run
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.backend import parse_gpu_list
 from gpustation.telemetry.format import duration
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     resume_warnings: tuple[str, ...] = ()
     if args.resume:
         # start-up time: the run store (sqlite3)
-        from gpustation.runs.resume import plan_resume
+        from gpustation.runs.launch.resume import plan_resume
 
         plan = plan_resume(args.resume, sets, preset_name=args.preset)
         preset, resumed_from, resume_warnings = plan.preset, plan.resumed_from(), plan.warnings
@@ -236,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGINT, lambda *_: interrupts.append(time.monotonic()))
     try:
         if node_options is not None:
-            from gpustation.runs.multinode import launch_multinode
+            from gpustation.runs.multinode.launch import launch_multinode
 
             handle = launch_multinode(preset, sets, node_options)
         else:
@@ -292,7 +292,7 @@ def _queue(
     resumed: bool,
 ) -> int:
     """``run --queue``: check the run as a start would, queue it, print its id."""
-    from gpustation.runs.launch import prepare
+    from gpustation.runs.launch.start import prepare
     from gpustation.runs.queue import entries as queue
     from gpustation.runs.queue.scheduler import ensure_running
 
@@ -586,7 +586,7 @@ def _report(directory: Path, state: rundir.RunState | None, run: RunSummary) -> 
         parts.append(f"- best {run.best_throughput:.1f} {run.throughput_unit or '/s'}")
     try:
         # start-up time: the run store (sqlite3)
-        from gpustation.runs.store import RunStore
+        from gpustation.runs.store.index import RunStore
 
         record = RunStore().get(state.id)
         if record is not None and record.energy_j is not None:

@@ -3,7 +3,7 @@
 Only ``stop`` writes (it records the run's end when no supervisor does); the
 others read ``runs.db`` and the run directories and change neither. A run
 whose supervisor died is shown ``lost`` from its files; the launcher records
-that before its next launch (see :mod:`gpustation.runs.reconcile`).
+that before its next launch (see :mod:`gpustation.runs.store.reconcile`).
 """
 
 from __future__ import annotations
@@ -29,19 +29,19 @@ from gpustation.runs.compare import (
     status_text,
 )
 from gpustation.runs.cost import Price, price_or_none
-from gpustation.runs.history import (
+from gpustation.runs.kernel_profile import profile_tables, read_top_ops
+from gpustation.runs.launch.stop import stop_run
+from gpustation.runs.multinode.nodes import nodes_energy
+from gpustation.runs.output import console, strict_json
+from gpustation.runs.phases import phases_table
+from gpustation.runs.store.index import RunStore, record_from_dir
+from gpustation.runs.store.reconcile import check_run
+from gpustation.runs.store.tidy import (
     annotate,
     check_status,
     delete_runs,
     prune_candidates,
 )
-from gpustation.runs.nodes import nodes_energy
-from gpustation.runs.output import console, strict_json
-from gpustation.runs.phases import phases_table
-from gpustation.runs.profile import profile_tables, read_top_ops
-from gpustation.runs.reconcile import check_run
-from gpustation.runs.stop import stop_run
-from gpustation.runs.store import RunStore, record_from_dir
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry.format import NA

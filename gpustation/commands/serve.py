@@ -24,12 +24,12 @@ from gpustation.serve.server import (
     DEFAULT_MAX_CONNECTIONS,
 )
 from gpustation.telemetry.backend import parse_gpu_list
-from gpustation.telemetry.recorder import RecordError, recorder_from_config
+from gpustation.telemetry.recording.recorder import RecordError, recorder_from_config
 from gpustation.telemetry.sampler import Sampler
 
 if TYPE_CHECKING:
     from gpustation.telemetry.model import Snapshot
-    from gpustation.telemetry.recorder import Recorder
+    from gpustation.telemetry.recording.recorder import Recorder
 
 # prometheus_client is imported only when serving, so that building the
 # command-line parser (which every `gpustation snapshot` does) stays cheap.

@@ -22,11 +22,11 @@ from gpustation.control import lease
 from gpustation.errors import EXIT_INTERRUPTED, EXIT_OK, GpustationError, UsageError
 from gpustation.notify import notify_warnings
 from gpustation.runs import rundir
-from gpustation.runs.argv import resolve_gpus
-from gpustation.runs.launch import launch
+from gpustation.runs.launch.argv import resolve_gpus
+from gpustation.runs.launch.start import launch
+from gpustation.runs.launch.stop import stop_run
 from gpustation.runs.output import console
 from gpustation.runs.presets import RunPreset, find_preset, load_presets
-from gpustation.runs.stop import stop_run
 from gpustation.runs.sweep.model import (
     Sweep,
     check_preset_takes,
@@ -224,7 +224,7 @@ def _estimate_s(preset: str) -> float | None:
     """The median time of this preset's earlier successful runs, if any."""
     try:
         # start-up time: the run store (sqlite3)
-        from gpustation.runs.store import RunStore
+        from gpustation.runs.store.index import RunStore
 
         done = [
             r.duration_s

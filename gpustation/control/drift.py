@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from gpustation.paths import state_dir
 from gpustation.telemetry.model import GpuSample, Snapshot
-from gpustation.telemetry.record import field, record
+from gpustation.telemetry.slotted import field, record
 
 if TYPE_CHECKING:
     from gpustation.control.journal import JournalEntry

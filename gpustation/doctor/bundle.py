@@ -88,7 +88,7 @@ def _journal_tail() -> str:
 
 
 def _run_tails() -> str:
-    from gpustation.runs.store import RunStore
+    from gpustation.runs.store.index import RunStore
 
     try:
         runs = RunStore().list_runs(limit=RECENT_RUNS)

@@ -26,8 +26,8 @@ from gpustation.telemetry import health
 from gpustation.telemetry.alerts import topology_findings
 from gpustation.telemetry.backend import Backend
 from gpustation.telemetry.model import Snapshot
-from gpustation.telemetry.record import field, record
 from gpustation.telemetry.sampler import Sampler
+from gpustation.telemetry.slotted import field, record
 from gpustation.textsafe import safe
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
@@ -76,7 +76,7 @@ def probe_torch() -> dict[str, Any] | None:
     """torch's view of the GPUs, from a child process; None when it cannot be run."""
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "gpustation.runners.torchprobe"],
+            [sys.executable, "-m", "gpustation.runners.lib.torchprobe"],
             capture_output=True,
             text=True,
             timeout=TORCH_PROBE_TIMEOUT_S,

@@ -76,9 +76,9 @@ from gpustation.fleet.promseries import (
     to_number,
 )
 from gpustation.fleet.ssh import CONNECTING, DOWN, STOPPED, UP, HostState
-from gpustation.telemetry.history import History
 from gpustation.telemetry.model import Snapshot
 from gpustation.telemetry.promnames import GPU_LOST
+from gpustation.telemetry.rings import History
 from gpustation.textsafe import safe
 
 __all__ = [

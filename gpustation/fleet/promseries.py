@@ -3,7 +3,7 @@
 :func:`snapshots_from_series` turns instant-query results into one
 :class:`~gpustation.telemetry.model.Snapshot` per scrape target;
 :func:`host_history` turns one target's ``query_range`` answer into a
-:class:`~gpustation.telemetry.history.History` for the host screen's graphs.
+:class:`~gpustation.telemetry.rings.History` for the host screen's graphs.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 from gpustation.fleet.promapi import PrometheusClient, promql_string
 from gpustation.telemetry import promnames
-from gpustation.telemetry.history import History
 from gpustation.telemetry.model import GpuSample, Snapshot
+from gpustation.telemetry.rings import History
 from gpustation.textsafe import safe
 
 #: label text repeats across every series of a host: clean each distinct string once

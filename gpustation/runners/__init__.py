@@ -38,9 +38,9 @@ and keeps these rules:
 - It imports neither textual nor ``gpustation.tui``, and no other part of
   gpustation imports it: torch stays in the child process.
 
-Modules here that are not runners are named in :data:`LIBRARY_MODULES`;
-:func:`runner_names` lists the rest. This module imports nothing heavy, so the
-preset loader can ask it which runners exist.
+What the runners share lives in :mod:`gpustation.runners.lib`;
+:func:`runner_names` lists the modules here, each a runner. This module
+imports nothing heavy, so the preset loader can ask it which runners exist.
 """
 
 from __future__ import annotations
@@ -51,23 +51,6 @@ import pkgutil
 # "try again later", fits "retry with a smaller batch". The gpustation CLI uses 3-6.
 EXIT_OOM = 75
 
-# Shared helpers and data used by the runners, not runnable workloads.
-LIBRARY_MODULES = frozenset(
-    {
-        "common",
-        "torchprobe",
-        "profiling",
-        "llm",
-        "integrations",
-        "data",
-        "checkpoint",
-        "lora_output",
-        "gpuwatch",
-        "burnin_monitor",
-        "burnin_phases",
-        "fsdp_search",
-    }
-)
 
 # The argument names runners share, and what each means in every runner that has it.
 SHARED_OPTIONS: dict[str, str] = {
@@ -88,5 +71,5 @@ def runner_names() -> list[str]:
     return sorted(
         info.name
         for info in pkgutil.iter_modules(__path__)
-        if info.name not in LIBRARY_MODULES and not info.name.startswith("_")
+        if not info.ispkg and not info.name.startswith("_")
     )

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from gpustation.runners import common
+from gpustation.runners.lib import common
 from gpustation.runs.metrics import MetricsWriter
 
 WORKLOADS = ("resnet", "lora")

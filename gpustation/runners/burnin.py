@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from gpustation.runners import common
-from gpustation.runners.burnin_monitor import Monitor
-from gpustation.runners.burnin_phases import (
+from gpustation.runners.lib import common
+from gpustation.runners.lib.burnin_monitor import Monitor
+from gpustation.runners.lib.burnin_phases import (
     PATTERNS,
     Progress,
     matmul_test,

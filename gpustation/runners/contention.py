@@ -10,7 +10,7 @@ process on the same device (as two users' jobs would be):
 
 Beside each phase's workload figures it records the GPU's mean and peak
 power, its mean utilisation and each process's share of the SMs (sampled
-every half second by :class:`~gpustation.runners.gpuwatch.GpuWatch`, told
+every half second by :class:`~gpustation.runners.lib.gpuwatch.GpuWatch`, told
 apart by the children's pids); on the CPU, or where the driver does not say,
 those are ``null`` with the reason beside them. The run is one run with three
 phases: a metrics line per phase (``phase``) and a ``phases`` list in the
@@ -37,13 +37,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from gpustation.pyargv import python_argv
-from gpustation.runners import common, llm
-from gpustation.runners.gpuwatch import GpuWatch
 from gpustation.runners.infer import generate_timed, percentile
+from gpustation.runners.lib import common, llm
+from gpustation.runners.lib.gpuwatch import GpuWatch
 from gpustation.runs.metrics import METRICS_ENV, MetricsWriter
 
 if TYPE_CHECKING:
-    from gpustation.runners.gpuwatch import GpuWatch, PhaseGpu
+    from gpustation.runners.lib.gpuwatch import GpuWatch, PhaseGpu
 
 PHASES = ("train", "infer", "both")
 ROLES = ("train", "infer")

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpustation.runners import common
+from gpustation.runners.lib import common
 from gpustation.runs.metrics import MetricsWriter
 
 STARVED = 0.10  # waiting more than this fraction of a step counts as starving the GPU

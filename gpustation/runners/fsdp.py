@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from gpustation.runners import common, fsdp_search, llm, profiling
+from gpustation.runners.lib import common, fsdp_search, llm, profiling
 from gpustation.runs.metrics import MetricsWriter
 
 SHARDING = {"full": True, "grad-op": False}  # reshard_after_forward

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from gpustation.errors import NoDriverError
-from gpustation.runners import common
+from gpustation.runners.lib import common
 from gpustation.runs.metrics import MetricsWriter
 from gpustation.telemetry.nvml.query import NoBindingError, Query, cuda_version, start_nvml
 from gpustation.telemetry.nvml.topology import text

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from gpustation.runners import common, llm
+from gpustation.runners.lib import common, llm
 from gpustation.runs.metrics import MetricsWriter
 
 

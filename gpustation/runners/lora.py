@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from gpustation.runners import checkpoint, common, llm, lora_output, profiling
+from gpustation.runners.lib import checkpoint, common, llm, lora_output, profiling
 from gpustation.runs.metrics import MetricsWriter
 
 ADAPTER_DIR = "adapter"

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from gpustation.runners import common
+from gpustation.runners.lib import common
 from gpustation.runs.metrics import MetricsWriter
 
 ALL_PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpustation.runners import common, profiling
+from gpustation.runners.lib import common, profiling
 from gpustation.runs.metrics import MetricsWriter
 
 

@@ -7,7 +7,7 @@ marker ``complete.json`` (the step, the total steps, the run it came from) is
 written last. A folder without a readable marker is never a checkpoint, so a
 crash while one is written cannot leave one that looks complete.
 
-The runner writes them (``gpustation.runners.checkpoint``); ``gpustation run
+The runner writes them (``gpustation.runners.lib.checkpoint``); ``gpustation run
 --resume`` finds the last complete one here.
 """
 

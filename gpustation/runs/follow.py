@@ -20,8 +20,8 @@ from typing import Any
 
 from gpustation.runs import rundir
 from gpustation.runs.fold import MetricsFold
-from gpustation.runs.reconcile import check_run
 from gpustation.runs.rundir import RunState
+from gpustation.runs.store.reconcile import check_run
 from gpustation.runs.summary import RunSummary
 from gpustation.runs.tail import MetricsReader, Tailer
 from gpustation.textsafe import safe

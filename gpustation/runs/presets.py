@@ -48,7 +48,7 @@ from gpustation.runs.argvalue import RUNNER_PACKAGE, ArgValue, parse_bool
 from gpustation.textsafe import safe_doc
 
 if TYPE_CHECKING:
-    from gpustation.runs.runner_args import RunnerArg
+    from gpustation.runs.launch.runner_args import RunnerArg
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -196,9 +196,9 @@ def runner_problem(runner: str) -> str | None:
         return None
     listed = ", ".join(names)
     top = runner.split(".")[0]
-    if top in package.LIBRARY_MODULES:
+    if top == "lib":
         return (
-            f"gpustation.runners.{top} is a library the runners share, not a runner "
+            f"gpustation.runners.{runner} is a library the runners share, not a runner "
             f"(runners: {listed})"
         )
     return (
@@ -435,7 +435,7 @@ def _runner_option(runner: str | None, dest: str) -> RunnerArg | None:
     preset does not set."""
     if runner is None:
         return None
-    from gpustation.runs.runner_args import RunnerArgsError, runner_args
+    from gpustation.runs.launch.runner_args import RunnerArgsError, runner_args
 
     try:
         options = runner_args(runner)
@@ -445,7 +445,7 @@ def _runner_option(runner: str | None, dest: str) -> RunnerArg | None:
 
 
 def _typed_by_runner(raw_key: str, text: str, option: RunnerArg) -> ArgValue:
-    from gpustation.runs.runner_args import parse_text
+    from gpustation.runs.launch.runner_args import parse_text
 
     try:
         return parse_text(option.kind, text, option.choices)

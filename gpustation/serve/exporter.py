@@ -38,7 +38,7 @@ from gpustation.control import journal, lease
 from gpustation.control.drift import mark_drift
 from gpustation.control.fans import unattended_manual_fans
 from gpustation.errors import UsageError
-from gpustation.runs import store
+from gpustation.runs.store import index as store
 from gpustation.serve.container_series import container_metrics
 from gpustation.telemetry.alerts import Alert, AlertLog, idle_rule_or_default
 from gpustation.telemetry.model import THROTTLE_REASONS, GpuSample, Snapshot

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from gpustation.errors import UsageError
 from gpustation.telemetry.model import GpuSample, NamedVersion, Topology
-from gpustation.telemetry.record import record
+from gpustation.telemetry.slotted import record
 
 
 class Control(ABC):

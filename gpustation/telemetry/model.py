@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpustation.telemetry.record import field, fields, record
+from gpustation.telemetry.slotted import field, fields, record
 
 SCHEMA = "gpustation.snapshot/1"
 

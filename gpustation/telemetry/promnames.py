@@ -35,7 +35,7 @@ from gpustation.telemetry.model import (
     specs,
     xid_meaning,
 )
-from gpustation.telemetry.record import record
+from gpustation.telemetry.slotted import record
 
 #: dcgm-exporter's labels of a GPU's series (gpustation writes ``hostname`` in lower case).
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "hostname")

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from gpustation.telemetry.model import GpuSample, ProcessInfo
-from gpustation.telemetry.record import field, record
+from gpustation.telemetry.slotted import field, record
 
 #: the parts that are no process's
 IDLE = "idle"

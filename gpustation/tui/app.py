@@ -5,7 +5,7 @@ Data flow: one sampling thread (:class:`~gpustation.tui.poll.Poller`) samples
 :class:`~gpustation.telemetry.sampler.Sampler`, process CPU/RSS) and posts a
 :class:`FrameReady` message with the :class:`~gpustation.tui.source.Frame`
 (or :class:`SampleFailed`) to the app, whose handler feeds the ring
-buffers (:class:`~gpustation.telemetry.history.History`) and alert rules
+buffers (:class:`~gpustation.telemetry.rings.History`) and alert rules
 (:class:`~gpustation.telemetry.alerts.AlertLog`) and repaints the visible
 screen. The next pass is scheduled when a frame has been taken, so passes
 never overlap and a slow pass never delays a frame; ``p`` stops the
@@ -39,6 +39,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
@@ -57,9 +58,9 @@ from gpustation.telemetry.alerts import (
     limits_left,
 )
 from gpustation.telemetry.backend import Backend
-from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
 from gpustation.telemetry.registry import open_backend
+from gpustation.telemetry.rings import METRIC_KEYS, METRICS, History
 from gpustation.tui.keys import KeymapConfig, apply_keymap, load_keymap
 from gpustation.tui.modes import (
     BUILTIN_MODES,
@@ -78,7 +79,7 @@ from gpustation.tui.screens import (
 from gpustation.tui.source import DataSource, Frame
 
 if TYPE_CHECKING:
-    from gpustation.telemetry.recorder import Recorder
+    from gpustation.telemetry.recording.recorder import Recorder
     from gpustation.tui.dash import Dashboard
 
 #: refresh intervals ``+``/``-`` step through, in seconds
@@ -123,7 +124,8 @@ class DashboardApp(ProcessActions):
     """The gpustation dashboard. See the module docstring for extension points."""
 
     TITLE = "gpustation"
-    CSS_PATH = "dashboard.tcss"
+    # by its path: screens of other folders (replay/, fleet/) subclass the app
+    CSS_PATH = Path(__file__).with_name("dashboard.tcss")
     ENABLE_COMMAND_PALETTE = True
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -445,7 +447,7 @@ class DashboardApp(ProcessActions):
         self.action_switch_to("help")
 
     def set_metric(self, metric: str) -> None:
-        """Graph ``metric`` (a key of :data:`~gpustation.telemetry.history.METRICS`)."""
+        """Graph ``metric`` (a key of :data:`~gpustation.telemetry.rings.METRICS`)."""
         if metric not in METRICS:
             return
         self.metric = metric

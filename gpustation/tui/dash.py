@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 
     from gpustation.telemetry.alerts import AlertLog
     from gpustation.telemetry.backend import Backend
-    from gpustation.telemetry.history import History
     from gpustation.telemetry.model import Snapshot
+    from gpustation.telemetry.rings import History
     from gpustation.tui.procrows import ProcRow
     from gpustation.tui.source import Frame
 

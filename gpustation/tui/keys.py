@@ -34,7 +34,7 @@ from gpustation.errors import UsageError
 #: the modules whose screens and widgets define gpustation's bindings
 BINDING_MODULES = (
     "gpustation.tui.app",
-    "gpustation.tui.fleet",
+    "gpustation.tui.fleet.screen",
     "gpustation.tui.control.screen",
     "gpustation.tui.runs",
 )

@@ -18,8 +18,8 @@ from gpustation.telemetry import format as fmt
 from gpustation.telemetry import health
 from gpustation.telemetry.alerts import topology_findings
 from gpustation.telemetry.health import short_name
-from gpustation.telemetry.history import METRICS, History, bucket
 from gpustation.telemetry.model import GpuSample, HostSample, Snapshot
+from gpustation.telemetry.rings import METRICS, History, bucket
 from gpustation.textsafe import safe
 
 BLOCKS = " ▁▂▃▄▅▆▇█"

@@ -18,7 +18,7 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import Select
 
-from gpustation.telemetry.history import METRIC_KEYS, METRICS
+from gpustation.telemetry.rings import METRIC_KEYS, METRICS
 from gpustation.tui import render
 from gpustation.tui.dash import Dashboard, dashboard
 from gpustation.tui.linecache import KeepsLines

@@ -26,7 +26,7 @@ from gpustation.telemetry.registry import open_backend
 from gpustation.telemetry.sampler import Sampler
 
 if TYPE_CHECKING:
-    from gpustation.telemetry.recorder import Recorder
+    from gpustation.telemetry.recording.recorder import Recorder
 
 
 @dataclass(slots=True)

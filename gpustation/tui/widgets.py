@@ -20,8 +20,8 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Footer, Input, Label
 
-from gpustation.telemetry.history import History
 from gpustation.telemetry.model import GpuSample, Snapshot
+from gpustation.telemetry.rings import History
 from gpustation.tui import render
 from gpustation.tui.linecache import KeepsLines
 from gpustation.tui.procrows import COLUMNS, DESCENDING, SORT_KEYS, WIDTHS, ProcRow

@@ -15,10 +15,15 @@ import pytest
 from gpustation.cli import main
 from gpustation.commands.serve import _recording
 from gpustation.errors import UsageError
-from gpustation.telemetry import recorder as recorder_mod
 from gpustation.telemetry.model import Snapshot
-from gpustation.telemetry.recorder import Recorder, RecordError, default_path, recorder_from_config
-from gpustation.telemetry.recording import Recording
+from gpustation.telemetry.recording import recorder as recorder_mod
+from gpustation.telemetry.recording.file import Recording
+from gpustation.telemetry.recording.recorder import (
+    Recorder,
+    RecordError,
+    default_path,
+    recorder_from_config,
+)
 from gpustation.telemetry.sim import SimBackend
 from gpustation.tui.source import DataSource
 from tests.conftest import child_env, gpustation_cmd

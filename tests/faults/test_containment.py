@@ -13,9 +13,9 @@ import psutil
 import pytest
 
 from gpustation.runs import rundir
-from gpustation.runs.launch import launch
+from gpustation.runs.launch.start import launch
+from gpustation.runs.launch.stop import stop_run, wait_for_end
 from gpustation.runs.presets import RunPreset, load_presets
-from gpustation.runs.stop import stop_run, wait_for_end
 from tests.conftest import child_env, gpustation_cmd
 from tests.runs.conftest import RunsEnv, command_preset, runs_environment, wait_until
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from gpustation.runs import rundir
-from gpustation.runs.launch import launch
+from gpustation.runs.launch.start import launch
 from gpustation.runs.presets import load_presets
-from gpustation.runs.store import db_path
+from gpustation.runs.store.index import db_path
 from tests.conftest import child_env, gpustation_cmd
 from tests.runs.conftest import RunsEnv, command_preset, runs_environment, wait_until
 
@@ -134,8 +134,8 @@ def test_an_end_left_only_in_exit_status_is_recorded_by_the_next_writer(
     runs_env: RunsEnv, full_disk: FullDisk, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The disk stayed full until the supervisor gave up: the end is in exit-status only.
-    from gpustation.runs import supervisor
-    from gpustation.runs.reconcile import record_lost_runs
+    from gpustation.runs.launch import supervisor
+    from gpustation.runs.store.reconcile import record_lost_runs
 
     runs_env["write_preset"]("fill", command_preset("fill", "fill_disk"))
     presets, _ = load_presets()

@@ -18,7 +18,7 @@ import pytest
 
 from gpustation import paths
 from gpustation.runs import rundir
-from gpustation.runs.store import db_path
+from gpustation.runs.store.index import db_path
 from tests.conftest import child_env, gpustation_cmd, run_gpustation
 from tests.runs.conftest import RunsEnv, command_preset, wait_until
 
@@ -176,7 +176,7 @@ def _cpu_s(pid: int) -> float:
 def test_a_live_supervisor_whose_metrics_become_dev_zero_does_not_spin_and_ends(
     runs_env: RunsEnv, tmp_path: Path
 ) -> None:
-    from gpustation.runs.launch import launch
+    from gpustation.runs.launch.start import launch
     from gpustation.runs.presets import load_presets
 
     release = tmp_path / "release"

@@ -20,11 +20,11 @@ import pytest
 
 from gpustation.runs import rundir
 from gpustation.runs.fold import MetricsFold
-from gpustation.runs.launch import launch
+from gpustation.runs.launch.start import launch
+from gpustation.runs.launch.stop import wait_for_end
 from gpustation.runs.presets import RunPreset, load_presets
-from gpustation.runs.reconcile import check_run, record_lost_runs
-from gpustation.runs.stop import wait_for_end
-from gpustation.runs.store import RunStore, db_path, record_from_dir
+from gpustation.runs.store.index import RunStore, db_path, record_from_dir
+from gpustation.runs.store.reconcile import check_run, record_lost_runs
 from gpustation.runs.tail import MetricsReader, parse_metric_line
 from tests.conftest import REPO, child_env, gpustation_cmd
 from tests.runs.children import bad_metrics_lines
@@ -299,7 +299,7 @@ def test_concurrent_runs_lose_no_row(runs_env: RunsEnv) -> None:
 
 WRITER = """
 import sys
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
 from gpustation.runs.summary import RunSummary
 store = RunStore()
 for n in range(int(sys.argv[2])):

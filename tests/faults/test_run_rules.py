@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpustation import paths
 from gpustation.runs import rundir
-from gpustation.runs.store import RunStore, db_path
+from gpustation.runs.store.index import RunStore, db_path
 from tests.conftest import child_env, gpustation_cmd, run_gpustation
 from tests.runs.conftest import RunsEnv, command_preset, wait_until
 

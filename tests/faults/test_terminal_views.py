@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from gpustation.telemetry.recording import Recording
+from gpustation.telemetry.recording.file import Recording
 from tests.conftest import child_env, gpustation_cmd
 from tests.ptyterm import HOSTILE, PtyProgram, assert_harmless
 from tests.runs.conftest import RunsEnv

@@ -193,7 +193,7 @@ def test_the_fleet_screen_quits_promptly_while_a_host_trickles(ssh_env: Loopback
 
 
 async def _quit_while_trickling(ssh_env: LoopbackSshd) -> None:
-    from gpustation.tui.fleet import FleetApp
+    from gpustation.tui.fleet.screen import FleetApp
 
     fleet = _fleet(["box8", "box1"])
     app = FleetApp([], fleet=fleet)

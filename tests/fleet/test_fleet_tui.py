@@ -14,7 +14,7 @@ from textual.pilot import Pilot
 
 from gpustation.fleet.fleet import Fleet
 from gpustation.telemetry.model import GpuSample, Snapshot
-from gpustation.tui.fleet import FleetApp, FleetScreen, FleetTable, HostScreen
+from gpustation.tui.fleet.screen import FleetApp, FleetScreen, FleetTable, HostScreen
 from gpustation.tui.widgets import GpuCard
 
 pytestmark = pytest.mark.timeout(180)

@@ -223,7 +223,7 @@ def test_the_fleet_screen_quits_promptly_while_a_host_trickles(api: ScriptedApi)
 
 
 async def _quit_while_trickling(api: ScriptedApi) -> None:
-    from gpustation.tui.fleet import FleetApp
+    from gpustation.tui.fleet.screen import FleetApp
 
     fleet = PrometheusFleet(PrometheusClient(api.url, timeout_s=60), interval=0.5)
     app = FleetApp([], fleet=fleet)

@@ -398,7 +398,7 @@ def test_fleet_screen_and_host_history(lab: Lab) -> None:
 
 
 async def _fleet_screen_and_host_history(lab: Lab) -> None:
-    from gpustation.tui.fleet import FleetApp, FleetScreen, HostScreen
+    from gpustation.tui.fleet.screen import FleetApp, FleetScreen, HostScreen
 
     fleet = _fleet(lab)
     app = FleetApp([], fleet=fleet)

@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from gpustation.runners import burnin, burnin_monitor
+from gpustation.runners import burnin
+from gpustation.runners.lib import burnin_monitor
 from tests.runners.conftest import RunInprocess, RunRunner
 
 

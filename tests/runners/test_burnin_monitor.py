@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpustation.runners import burnin
-from gpustation.runners.burnin_monitor import Card, Monitor
+from gpustation.runners.lib.burnin_monitor import Card, Monitor
 from tests.runners.test_burnin import _results
 from tests.runs.conftest import wait_until
 

@@ -66,7 +66,7 @@ def test_fp16_is_refused_with_a_reason(run_inprocess: RunInprocess) -> None:
 
 
 def test_find_max_search_doubles_then_bisects() -> None:
-    from gpustation.runners.fsdp_search import _next_layers
+    from gpustation.runners.lib.fsdp_search import _next_layers
 
     assert _next_layers(None, None) == 1
     assert _next_layers(8, None) == 16
@@ -100,7 +100,7 @@ def test_find_max_model_searches_the_modes_asked_for(
 ) -> None:
     import torch
 
-    from gpustation.runners import common, fsdp_search
+    from gpustation.runners.lib import common, fsdp_search
 
     # The search on a pretend GPU where up to 12 layers fit (24 with offload).
     tried: list[tuple[int, bool]] = []

@@ -10,8 +10,8 @@ from types import ModuleType
 
 import pytest
 
-from gpustation.runners import gpuwatch
-from gpustation.runners.gpuwatch import GpuWatch, visible_index
+from gpustation.runners.lib import gpuwatch
+from gpustation.runners.lib.gpuwatch import GpuWatch, visible_index
 
 TRAIN_PID, INFER_PID, OTHER_PID = 31337, 31338, 999
 PIDS = {"train": TRAIN_PID, "infer": INFER_PID}

@@ -35,7 +35,8 @@ def test_resnet_refuses_cuda_graphs_with_fp16_before_building_anything() -> None
 
     import torch
 
-    from gpustation.runners import common, resnet
+    from gpustation.runners import resnet
+    from gpustation.runners.lib import common
 
     args = argparse.Namespace(precision="fp16")
     with pytest.raises(common.RunnerError, match="grad scaler"):
@@ -45,7 +46,8 @@ def test_resnet_refuses_cuda_graphs_with_fp16_before_building_anything() -> None
 def test_static_cache_generates_the_same_tokens_as_the_dynamic_one() -> None:
     import torch
 
-    from gpustation.runners import infer, llm
+    from gpustation.runners import infer
+    from gpustation.runners.lib import llm
 
     cpu = torch.device("cpu")
     model = llm.build_from_preset("tiny", 0, cpu, torch.float32, 64).model.eval()

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpustation.runners import llm, lora
+from gpustation.runners import lora
+from gpustation.runners.lib import llm
 from tests.runners.conftest import RunInprocess, RunRunner
 
 TINY = (
@@ -128,7 +129,7 @@ def test_instruction_records_mask_the_prompt(tmp_path: Path) -> None:
 def test_bad_jsonl_record_is_a_usage_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "x"}\n')
-    from gpustation.runners.common import RunnerError
+    from gpustation.runners.lib.common import RunnerError
 
     with pytest.raises(RunnerError, match="instruction/input/output"):
         llm.token_stream(str(bad), llm.ByteTokenizer())

@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpustation.runners import checkpoint, llm, lora
+from gpustation.runners import lora
+from gpustation.runners.lib import checkpoint, llm
 from gpustation.runs.checkpoints import MARKER, latest_checkpoint
 from tests.runners.conftest import RunInprocess
 from tests.runners.test_lora import TINY

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpustation.runs import rundir
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
 from tests.conftest import child_env, gpustation_cmd
 from tests.runners.conftest import CHILD_TIMEOUT_S, read_events
 from tests.runs.conftest import RunsEnv, command_preset, runs_environment

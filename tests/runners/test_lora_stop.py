@@ -15,7 +15,7 @@ import pytest
 
 from gpustation.runs import rundir
 from gpustation.runs.checkpoints import MARKER, latest_checkpoint
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
 from tests.conftest import child_env
 from tests.runners.conftest import CHILD_TIMEOUT_S, read_events
 from tests.runners.test_lora import TINY

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpustation.runners import runner_names
-from gpustation.runs.argv import format_args
+from gpustation.runs.launch.argv import format_args
 from gpustation.runs.presets import load_preset_file
 
 PRESETS = sorted((Path(__file__).parents[2] / "gpustation" / "presets" / "runs").glob("*.toml"))

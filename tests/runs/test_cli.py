@@ -8,9 +8,9 @@ import subprocess
 from pathlib import Path
 
 from gpustation.runs import rundir
-from gpustation.runs.reconcile import list_active_runs
-from gpustation.runs.stop import wait_for_end
-from gpustation.runs.store import RunStore
+from gpustation.runs.launch.stop import wait_for_end
+from gpustation.runs.store.index import RunStore
+from gpustation.runs.store.reconcile import list_active_runs
 from tests.conftest import child_env, gpustation_cmd
 from tests.runs.conftest import RunsEnv, command_preset, wait_until
 

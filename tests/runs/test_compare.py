@@ -12,7 +12,7 @@ from rich.console import Console
 from gpustation.runs import rundir
 from gpustation.runs.compare import CompareRow, compare, row_decimals, run_settings
 from gpustation.runs.curves import read_curves
-from gpustation.runs.store import record_from_dir, sync_run
+from gpustation.runs.store.index import record_from_dir, sync_run
 from gpustation.runs.summary import RunSummary
 from tests.conftest import child_env, gpustation_cmd
 

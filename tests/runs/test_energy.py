@@ -10,7 +10,7 @@ import pytest
 
 from gpustation.errors import UsageError
 from gpustation.runs.cost import Price, load_price
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
 from gpustation.runs.summary import RunSummary
 from tests.control.conftest import cli
 

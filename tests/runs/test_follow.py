@@ -6,7 +6,7 @@ import sys
 import time
 
 from gpustation.runs.follow import RunFollower
-from gpustation.runs.launch import launch
+from gpustation.runs.launch.start import launch
 from gpustation.runs.presets import load_presets
 from tests.runs.conftest import RunsEnv
 

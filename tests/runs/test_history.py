@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpustation.runs import rundir
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
 from tests.conftest import child_env, gpustation_cmd
 from tests.runs.conftest import RunsEnv, command_preset
 

@@ -20,7 +20,7 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 def test_importing_the_module_imports_neither_framework() -> None:
     code = (
-        "import sys, gpustation.runners.integrations as m\n"
+        "import sys, gpustation.runners.lib.integrations as m\n"
         "print(any(k in sys.modules for k in ('transformers', 'accelerate', 'torch')))\n"
     )
     out = subprocess.run(
@@ -37,7 +37,7 @@ def test_trainer_callback_with_a_real_trainer(
     transformers = pytest.importorskip("transformers")
     import torch
 
-    from gpustation.runners.integrations import GpustationCallback
+    from gpustation.runners.lib.integrations import GpustationCallback
 
     metrics = tmp_path / "metrics.jsonl"
     monkeypatch.setenv("GPUSTATION_METRICS_FILE", str(metrics))
@@ -79,7 +79,7 @@ def test_trainer_callback_with_a_real_trainer(
 
 def test_trainer_callback_stops_at_a_step_boundary_on_sigint() -> None:
     pytest.importorskip("transformers")
-    from gpustation.runners.integrations import GpustationCallback
+    from gpustation.runners.lib.integrations import GpustationCallback
 
     callback = GpustationCallback(stop_on_sigint=False)
     control = SimpleNamespace(should_training_stop=False, should_save=False)
@@ -94,7 +94,7 @@ def test_trainer_callback_stops_at_a_step_boundary_on_sigint() -> None:
 
 def test_accelerate_tracker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     accelerate = pytest.importorskip("accelerate")
-    from gpustation.runners.integrations import GpustationTracker
+    from gpustation.runners.lib.integrations import GpustationTracker
 
     metrics = tmp_path / "metrics.jsonl"
     monkeypatch.setenv("GPUSTATION_METRICS_FILE", str(metrics))

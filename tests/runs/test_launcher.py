@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from gpustation.runs import rundir
-from gpustation.runs.launch import launch
+from gpustation.runs.launch.start import launch
+from gpustation.runs.launch.stop import stop_run, stop_runs, wait_for_end
 from gpustation.runs.presets import RunPreset, load_presets
-from gpustation.runs.reconcile import check_run, list_active_runs, record_lost_runs
-from gpustation.runs.stop import stop_run, stop_runs, wait_for_end
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
+from gpustation.runs.store.reconcile import check_run, list_active_runs, record_lost_runs
 from tests.runs.conftest import RunsEnv, assert_no_process, command_preset, wait_until
 
 TIMEOUT = 60.0
@@ -302,7 +302,7 @@ def test_stop_several_runs_at_once(runs_env: RunsEnv, tmp_path: Path) -> None:
 def test_signal_names_for_every_signal_a_process_can_die_of() -> None:
     import signal as signals
 
-    from gpustation.runs.stop import signal_name
+    from gpustation.runs.launch.stop import signal_name
 
     assert signal_name(signals.SIGTERM) == "SIGTERM"
     # real-time signals other than the first and last have no name in Python

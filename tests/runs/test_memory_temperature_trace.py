@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpustation.runs.gputrace import compact_sample, summarize_telemetry
-from gpustation.runs.store import apply_telemetry
+from gpustation.runs.store.index import apply_telemetry
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.sampler import Sampler
 from gpustation.telemetry.sim import SimBackend

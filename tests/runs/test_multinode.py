@@ -25,11 +25,11 @@ from gpustation import paths
 from gpustation.errors import EXIT_USAGE, UsageError
 from gpustation.fleet.fleet import load_fleet_config
 from gpustation.runs import rundir
-from gpustation.runs.multinode import REMOTE_PYTHON_ENV, node_argv, resolve_remote_python
-from gpustation.runs.nodes import read_nodes
+from gpustation.runs.launch.stop import wait_for_end
+from gpustation.runs.multinode.launch import REMOTE_PYTHON_ENV, node_argv, resolve_remote_python
+from gpustation.runs.multinode.nodes import read_nodes
 from gpustation.runs.presets import RunPreset
-from gpustation.runs.stop import wait_for_end
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
 from tests.conftest import FAKE_NVML_DIR, run_gpustation
 from tests.fleet.sshd import LoopbackSshd, free_port
 from tests.runs.conftest import RunsEnv, assert_no_process, wait_until
@@ -431,7 +431,7 @@ class _Said:
 def test_a_node_without_the_launchers_directory_runs_in_its_home(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpustation.runs.node_agent import _working_directory
+    from gpustation.runs.multinode.node_agent import _working_directory
 
     home = tmp_path / "home"
     home.mkdir()
@@ -450,7 +450,7 @@ def test_a_node_without_the_launchers_directory_runs_in_its_home(
 def test_a_nodes_spec_carries_the_values_run_json_leaves_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gpustation.runs.coordinator import node_spec
+    from gpustation.runs.multinode.coordinator import node_spec
 
     monkeypatch.setenv("HF_TOKEN", "hf_real")
     monkeypatch.delenv("GONE", raising=False)

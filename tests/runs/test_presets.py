@@ -10,7 +10,7 @@ import pytest
 
 import gpustation.runners
 from gpustation.errors import UsageError
-from gpustation.runs.argv import build_argv, build_env, format_args, resolve_gpus
+from gpustation.runs.launch.argv import build_argv, build_env, format_args, resolve_gpus
 from gpustation.runs.presets import (
     PresetProblem,
     RunPreset,
@@ -134,7 +134,7 @@ def test_overrides_are_typed_by_the_defaults() -> None:
 
 
 def test_an_unknown_key_set_to_true_or_false_is_a_switch() -> None:
-    from gpustation.runs.argv import format_args
+    from gpustation.runs.launch.argv import format_args
 
     preset = RunPreset(name="p", command=["x"], args={"steps": 10})
     new, parsed, warnings = apply_overrides(preset, ["merge=true", "verify=off", "seed=1"])

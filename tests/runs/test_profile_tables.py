@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
-from gpustation.runs.profile import TOP_ROWS, profile_head, profile_tables
+from gpustation.runs.kernel_profile import TOP_ROWS, profile_head, profile_tables
 
 
 def render(data: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from gpustation.runs.queue import entries as queue
 from gpustation.runs.queue.choose import choose
 from gpustation.runs.queue.folder import LOCK, queue_dir
 from gpustation.runs.queue.free import GpuWatch, QueueSettings, load_settings
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
 from gpustation.telemetry.model import GpuLink, GpuSample, ProcessInfo, Topology
 from gpustation.telemetry.sim import SimBackend
 from tests.conftest import child_env, gpustation_cmd

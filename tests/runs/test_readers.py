@@ -15,11 +15,11 @@ from gpustation.commands import run as run_cmd
 from gpustation.commands import runs as runs_cmd
 from gpustation.runs import rundir
 from gpustation.runs.follow import RunFollower
-from gpustation.runs.launch import launch
+from gpustation.runs.launch.start import launch
+from gpustation.runs.launch.stop import wait_for_end
 from gpustation.runs.presets import load_presets
-from gpustation.runs.reconcile import list_active_runs
-from gpustation.runs.stop import wait_for_end
-from gpustation.runs.store import RunStore, db_path
+from gpustation.runs.store.index import RunStore, db_path
+from gpustation.runs.store.reconcile import list_active_runs
 from tests.runs.conftest import RunsEnv, command_preset, wait_until
 
 TIMEOUT = 60.0

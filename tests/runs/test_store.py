@@ -12,7 +12,7 @@ from gpustation.errors import UsageError
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import summarize_telemetry
 from gpustation.runs.rundir import RunState
-from gpustation.runs.store import RunStore, record_from_dir, sync_run
+from gpustation.runs.store.index import RunStore, record_from_dir, sync_run
 from gpustation.runs.summary import RunSummary
 
 
@@ -164,7 +164,7 @@ def test_a_run_directory_that_vanished_leaves_no_row_and_is_not_listed(
 ) -> None:
     import shutil
 
-    from gpustation.runs import store as store_mod
+    from gpustation.runs.store import index as store_mod
 
     said: list[str] = []
     store = RunStore(tmp_path / "runs.db", warn=said.append)

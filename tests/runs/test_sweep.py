@@ -17,7 +17,7 @@ import pytest
 from gpustation.control import journal
 from gpustation.errors import EXIT_NEEDS_ROOT, NeedsRootError
 from gpustation.runs import rundir
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
 from gpustation.runs.summary import RunSummary
 from gpustation.runs.sweep import model as sweep
 from gpustation.runs.sweep import owner as sweep_owner

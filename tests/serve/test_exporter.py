@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpustation import cli
 from gpustation.control.journal import active_profile
 from gpustation.errors import EXIT_USAGE, UsageError
-from gpustation.runs.store import RunStore, runs_by_status
+from gpustation.runs.store.index import RunStore, runs_by_status
 from gpustation.runs.summary import RunSummary
 from gpustation.serve.exporter import (
     GPU_LABELS,

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpustation.telemetry.recorder import Recorder
+from gpustation.telemetry.recording.recorder import Recorder
 from gpustation.telemetry.sampler import Sampler
 from gpustation.telemetry.sim import SimBackend
 

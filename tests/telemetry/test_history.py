@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpustation.telemetry.history import DEFAULT_LENGTH, History, bucket
 from gpustation.telemetry.model import GpuSample, Snapshot
+from gpustation.telemetry.rings import DEFAULT_LENGTH, History, bucket
 
 
 def snap(t: float, util: float | None, power: float = 100.0, lost: bool = False) -> Snapshot:

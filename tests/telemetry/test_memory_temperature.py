@@ -206,8 +206,8 @@ def test_memory_near_its_maximum_is_an_alert_raised_once() -> None:
 
 
 def test_a_recording_replays_the_memory_temperature(tmp_path: Any) -> None:
-    from gpustation.telemetry.recorder import Recorder
-    from gpustation.telemetry.recording import Recording
+    from gpustation.telemetry.recording.file import Recording
+    from gpustation.telemetry.recording.recorder import Recorder
     from gpustation.telemetry.sampler import Sampler
     from gpustation.telemetry.sim import SimBackend
 

@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from gpustation.telemetry.record import field, fields, record
+from gpustation.telemetry.slotted import field, fields, record
 
 
 @record

@@ -11,11 +11,16 @@ import pytest
 import zstandard
 
 from gpustation.errors import UsageError
-from gpustation.telemetry import recorder as recorder_mod
-from gpustation.telemetry import recording as recording_mod
 from gpustation.telemetry.model import Snapshot
-from gpustation.telemetry.recorder import Recorder, RecordError, parse_size, record_settings
-from gpustation.telemetry.recording import Recording, chain
+from gpustation.telemetry.recording import file as recording_mod
+from gpustation.telemetry.recording import recorder as recorder_mod
+from gpustation.telemetry.recording.file import Recording, chain
+from gpustation.telemetry.recording.recorder import (
+    Recorder,
+    RecordError,
+    parse_size,
+    record_settings,
+)
 from gpustation.telemetry.sampler import Sampler
 from gpustation.telemetry.sim import SimBackend
 from tests.telemetry.recording_tools import START, make_recording

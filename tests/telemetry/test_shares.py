@@ -158,7 +158,7 @@ def test_a_run_s_energy_shows_estimated_and_is_kept(
     tmp_path: Path, gpustation_dirs: dict[str, Path]
 ) -> None:
     from gpustation.runs.compare import energy_text
-    from gpustation.runs.store import RunStore, apply_telemetry
+    from gpustation.runs.store.index import RunStore, apply_telemetry
     from gpustation.runs.summary import RunSummary
 
     record = RunSummary(id="r1", status="succeeded")

@@ -10,7 +10,7 @@ from gpustation.runs import rundir
 from gpustation.runs.gputrace import write_sample
 from gpustation.runs.presets import RunPreset
 from gpustation.runs.rundir import RunState
-from gpustation.runs.store import sync_run
+from gpustation.runs.store.index import sync_run
 
 
 def write_run(

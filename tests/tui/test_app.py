@@ -474,7 +474,7 @@ async def test_a_gpu_index_the_machine_lacks_is_reported_not_retried() -> None:
 def test_run_dashboard_hands_hosts_to_the_fleet_view(monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
-    import gpustation.tui.fleet as fleet
+    import gpustation.tui.fleet.screen as fleet
     from gpustation.commands.dashboard import run as run_dashboard
 
     seen: list[list[str]] = []

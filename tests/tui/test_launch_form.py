@@ -10,8 +10,8 @@ import pytest
 from textual.app import App
 from textual.widgets import Button, Checkbox, DataTable, Input, Label, Select, Static, Switch
 
+from gpustation.runs.launch.runner_args import RunnerArg, read_parser
 from gpustation.runs.presets import RunPreset, load_preset_file
-from gpustation.runs.runner_args import RunnerArg, read_parser
 from gpustation.tui.modes import SCREENS_BY_MODE
 from gpustation.tui.runs import LaunchDialog, LaunchRequest
 

@@ -15,9 +15,9 @@ import pytest
 from textual.pilot import Pilot
 
 from gpustation.runs import rundir
-from gpustation.runs.launch import launch
+from gpustation.runs.launch.start import launch
+from gpustation.runs.launch.stop import stop_run
 from gpustation.runs.presets import load_presets
-from gpustation.runs.stop import stop_run
 from gpustation.tui.app import DashboardApp
 from gpustation.tui.control import ControlScreen, KeepChangeDialog, PowerCapDialog
 from gpustation.tui.dialogs import KillDialog

@@ -11,12 +11,11 @@ import pytest
 from textual.widgets import Input
 
 from gpustation.control.journal import JournalEntry, journal_path
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
 from gpustation.runs.summary import RunSummary
-from gpustation.telemetry.recording import Recording
+from gpustation.telemetry.recording.file import Recording
 from gpustation.telemetry.sim import SimBackend
-from gpustation.tui.replay import ReplayApp
-from gpustation.tui.replay_marks import (
+from gpustation.tui.replay.marks import (
     ALERT,
     CONTROL,
     RUN_END,
@@ -26,7 +25,8 @@ from gpustation.tui.replay_marks import (
     timeline_cells,
     timeline_text,
 )
-from gpustation.tui.replay_source import ReplaySource
+from gpustation.tui.replay.screen import ReplayApp
+from gpustation.tui.replay.source import ReplaySource
 from gpustation.tui.widgets import GpuCard, LiveText
 from tests.telemetry.recording_tools import START, make_recording
 

@@ -15,10 +15,10 @@ from textual.widgets.data_table import ColumnKey
 
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import write_sample
-from gpustation.runs.launch import launch
+from gpustation.runs.launch.start import launch
+from gpustation.runs.launch.stop import stop_run
 from gpustation.runs.presets import load_presets
-from gpustation.runs.stop import stop_run
-from gpustation.runs.store import sync_run
+from gpustation.runs.store.index import sync_run
 from gpustation.runs.sweep.model import Point, Sweep
 from gpustation.tui.app import DashboardApp
 from gpustation.tui.runs import LossPlot, RunsScreen

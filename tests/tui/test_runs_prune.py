@@ -9,7 +9,7 @@ import pytest
 from textual.widgets import DataTable, Input, Select
 
 from gpustation.runs.presets import load_presets
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
 from gpustation.runs.summary import RunSummary
 from gpustation.tui.runs import RunsScreen
 from gpustation.tui.runs.model import RunView

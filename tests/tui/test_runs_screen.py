@@ -22,9 +22,9 @@ from textual.widgets import Button, Checkbox, DataTable, Input, Label, OptionLis
 from textual.widgets._footer import FooterKey
 
 from gpustation.runs import rundir
-from gpustation.runs.launch import launch
+from gpustation.runs.launch.start import launch
+from gpustation.runs.launch.stop import stop_run
 from gpustation.runs.presets import load_presets
-from gpustation.runs.stop import stop_run
 from gpustation.tui.app import DashboardApp
 from gpustation.tui.modes import SCREENS_BY_MODE
 from gpustation.tui.runs import (
@@ -471,7 +471,7 @@ async def test_a_flood_keeps_a_bounded_log_and_scrolling_back_pauses(
 async def test_launching_is_said_in_the_run_pane_not_in_toasts(
     presets: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpustation.runs import launch as launcher
+    from gpustation.runs.launch import start as launcher
 
     # The launch waits until the test has seen the pane say so.
     seen = threading.Event()
@@ -671,8 +671,8 @@ async def test_runs_table_takes_rows_without_relayout(monkeypatch: pytest.Monkey
 async def test_the_screen_reads_finished_and_lost_runs_without_writing(
     presets: dict[str, Any],
 ) -> None:
-    from gpustation.runs.stop import wait_for_end
-    from gpustation.runs.store import RunStore
+    from gpustation.runs.launch.stop import wait_for_end
+    from gpustation.runs.store.index import RunStore
     from tests.runs.test_readers import snapshot
 
     all_presets, _ = load_presets()

@@ -12,10 +12,10 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Label
 
 from gpustation.runs import rundir
-from gpustation.runs.launch import launch
+from gpustation.runs.launch.start import launch
+from gpustation.runs.launch.stop import stop_run
 from gpustation.runs.presets import RunPreset, load_presets
-from gpustation.runs.stop import stop_run
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
 from gpustation.tui.runs import RunsScreen
 from gpustation.tui.runs.tidy import DeleteRunsDialog, NoteDialog, TagDialog
 

@@ -22,7 +22,7 @@ from gpustation.runs.presets import load_presets
 from gpustation.telemetry.model import Snapshot
 from gpustation.telemetry.sim import SimBackend
 from gpustation.tui.app import DashboardApp
-from gpustation.tui.fleet import FleetApp, FleetScreen
+from gpustation.tui.fleet.screen import FleetApp, FleetScreen
 from gpustation.tui.modes import SCREENS_BY_MODE
 from gpustation.tui.runs import LossPlot
 from gpustation.tui.runs.timeline import GpuPlot

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from gpustation.telemetry.history import History, bucket
 from gpustation.telemetry.model import GpuSample, Snapshot
+from gpustation.telemetry.rings import History, bucket
 from gpustation.tui.render import ago, history_text, time_axis
 from gpustation.tui.widgets import HistoryGraph
 

@@ -25,7 +25,7 @@ from typing import Any
 from gpustation import private, privs
 from gpustation.errors import UsageError
 from gpustation.runs import rundir
-from gpustation.runs.launch import RunRequest, new_run_directory
+from gpustation.runs.launch.start import RunRequest, new_run_directory
 from gpustation.runs.presets import RunPreset
 from gpustation.runs.queue.folder import (
     PAUSED,
@@ -147,7 +147,7 @@ def submit(
 
 
 def _index(directory: Path) -> None:
-    from gpustation.runs.store import RunStore, sync_run
+    from gpustation.runs.store.index import RunStore, sync_run
 
     try:
         sync_run(directory, RunStore(write_wait_s=2.0))

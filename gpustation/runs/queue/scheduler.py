@@ -26,7 +26,7 @@ from gpustation import private, privs
 from gpustation.errors import GpustationError
 from gpustation.pyargv import python_argv
 from gpustation.runs import rundir
-from gpustation.runs.launch import start_prepared
+from gpustation.runs.launch.start import start_prepared
 from gpustation.runs.queue import entries as queue
 from gpustation.runs.queue.choose import choose
 from gpustation.runs.queue.folder import (
@@ -42,8 +42,8 @@ from gpustation.runs.queue.folder import (
 )
 from gpustation.runs.queue.folder import started as started_run
 from gpustation.runs.queue.free import GpuWatch, QueueSettings, load_settings
-from gpustation.runs.reconcile import ActiveRun, list_active_runs
 from gpustation.runs.rundir import RunState
+from gpustation.runs.store.reconcile import ActiveRun, list_active_runs
 
 #: how often the GPUs are read: a freed GPU is taken within about this
 POLL_S = 0.5
@@ -291,7 +291,7 @@ def _supervised_dirs() -> set[str]:
     found = set()
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info.get("cmdline") or []
-        if "gpustation.runs.supervisor" in cmdline:
+        if "gpustation.runs.launch.supervisor" in cmdline:
             found.add(cmdline[-1])
     return found
 

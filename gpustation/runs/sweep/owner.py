@@ -20,7 +20,7 @@ from gpustation.control import lease
 from gpustation.control.power import apply_power, plan_power
 from gpustation.control.profiles import PowerValue
 from gpustation.errors import GpustationError, NeedsRootError
-from gpustation.runs.reconcile import list_active_runs
+from gpustation.runs.store.reconcile import list_active_runs
 from gpustation.runs.sweep.model import Sweep, scan_sweeps, sweeps_dir
 from gpustation.telemetry.backend import Backend
 from gpustation.telemetry.model import GpuSample

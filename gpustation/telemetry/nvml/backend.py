@@ -12,7 +12,7 @@ Every call goes through :class:`~gpustation.telemetry.nvml.query.Query`, so
 one failing field never hides the others. A GPU that falls off the bus is
 reported with ``lost=True`` and retried at most every ``LOST_RETRY_S``
 seconds; the other GPUs keep reporting. Control (the power limit, the fans)
-is the :class:`~gpustation.telemetry.nvml.control.NvmlControl` it owns
+is the :class:`~gpustation.telemetry.nvml.setters.NvmlControl` it owns
 (``backend.control``).
 """
 
@@ -38,7 +38,6 @@ from gpustation.telemetry.model import (
     field_keys,
     put_field,
 )
-from gpustation.telemetry.nvml.control import NvmlControl
 from gpustation.telemetry.nvml.deep import (
     GpmReader,
     NvLinkReader,
@@ -57,6 +56,7 @@ from gpustation.telemetry.nvml.query import (
     start_nvml,
 )
 from gpustation.telemetry.nvml.reads import READS, NvmlRead, converters
+from gpustation.telemetry.nvml.setters import NvmlControl
 from gpustation.telemetry.nvml.static_cache import STATIC_CACHE_FILE, StaticCache
 from gpustation.telemetry.nvml.topology import TopologyReader, text
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpustation.telemetry.model import decode_throttle
 from gpustation.telemetry.nvml.topology import text
-from gpustation.telemetry.record import record
+from gpustation.telemetry.slotted import record
 
 
 @record(frozen=True)

@@ -5,7 +5,7 @@ shell would split it (no shell runs it), the name and the ``KEY=VALUE`` lines
 are checked as ``--name`` and ``--env`` are, the GPUs are checkboxes, and the
 argv the run would get is shown as the fields change. It dismisses with the
 same :class:`~gpustation.tui.runs.launch_request.LaunchRequest` as the launch form, so
-the run starts the same way: :func:`gpustation.runs.launch.launch` in a worker.
+the run starts the same way: :func:`gpustation.runs.launch.start.launch` in a worker.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Static, TextArea
 
 from gpustation.errors import UsageError
-from gpustation.runs.argv import build_argv, resolve_gpus
+from gpustation.runs.launch.argv import build_argv, resolve_gpus
 from gpustation.runs.presets import RunPreset, command_preset
 from gpustation.tui.runs.launch_request import GpuChoice, LaunchRequest, shown_argv
 from gpustation.tui.widgets import set_size_classes

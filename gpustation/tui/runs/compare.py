@@ -16,7 +16,7 @@ from textual.widgets import Static
 
 from gpustation.runs.compare import compare
 from gpustation.runs.curves import RunCurves, read_curves
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
 from gpustation.tui.runs.overlay import OverlayPlot, OverlayRun, legend
 
 

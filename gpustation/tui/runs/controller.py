@@ -27,10 +27,10 @@ from textual.message_pump import MessagePump
 from gpustation.errors import GpustationError
 from gpustation.runs.argvalue import ArgValue
 from gpustation.runs.cost import Price
-from gpustation.runs.launch import launch
+from gpustation.runs.launch.start import launch
+from gpustation.runs.launch.stop import stop_run, stop_runs
 from gpustation.runs.presets import PresetProblem, RunPreset, load_presets
 from gpustation.runs.rundir import RunState
-from gpustation.runs.stop import stop_run, stop_runs
 from gpustation.runs.summary import RunSummary
 from gpustation.tui.dash import dashboard
 from gpustation.tui.poll import Poller
@@ -39,7 +39,7 @@ from gpustation.tui.runs.model import IDLE_POLL_S, POLL_S, PassResult, RunDelta,
 from gpustation.tui.runs.poller import RunsPass
 
 if TYPE_CHECKING:
-    from gpustation.runs.launch import RunHandle
+    from gpustation.runs.launch.start import RunHandle
 
 
 # ---- what the workers post (to the screen) --------------------------------------------------

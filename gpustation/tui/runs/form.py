@@ -1,7 +1,7 @@
 """The launch form: a preset's arguments as fields built from its runner's own parser.
 
 A runner preset's fields come from the runner's ``build_parser()`` (read off
-the UI thread by :mod:`gpustation.runs.runner_args`): a ``Select`` for
+the UI thread by :mod:`gpustation.runs.launch.runner_args`): a ``Select`` for
 choices, a ``Switch`` for flags, a checked ``Input`` for numbers, the help
 text under each. A command preset has no parser: its fields are typed by the
 preset's own values. The GPUs are checkboxes; the argv the run would get is
@@ -30,11 +30,9 @@ from textual.widgets import Button, Checkbox, Input, Label, Select, Static, Swit
 
 from gpustation.errors import GpustationError, UsageError
 from gpustation.redact import REDACTED
-from gpustation.runs.argv import build_argv, resolve_gpus
 from gpustation.runs.argvalue import ArgValue
-from gpustation.runs.preset_writer import check_name, write_user_preset
-from gpustation.runs.presets import RunPreset, apply_values
-from gpustation.runs.runner_args import (
+from gpustation.runs.launch.argv import build_argv, resolve_gpus
+from gpustation.runs.launch.runner_args import (
     RunnerArg,
     cached_runner_args,
     kind_of,
@@ -42,6 +40,8 @@ from gpustation.runs.runner_args import (
     runner_args,
     value_text,
 )
+from gpustation.runs.preset_writer import check_name, write_user_preset
+from gpustation.runs.presets import RunPreset, apply_values
 from gpustation.tui.runs.launch_request import (
     GpuChoice,
     LaunchRequest,

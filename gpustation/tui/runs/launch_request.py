@@ -43,7 +43,7 @@ class Prefill:
 
 def default_gpus(preset: RunPreset, device_count: int | None) -> list[int] | None:
     """The GPUs a launch would take without a choice (None when it cannot be said)."""
-    from gpustation.runs.argv import resolve_gpus
+    from gpustation.runs.launch.argv import resolve_gpus
 
     try:
         return resolve_gpus(preset, None, device_count)

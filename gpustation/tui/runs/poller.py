@@ -28,10 +28,10 @@ from gpustation.runs import rundir
 from gpustation.runs.cost import load_price
 from gpustation.runs.follow import FollowUpdate, RunFollower
 from gpustation.runs.gputrace import TelemetrySummary, summarize_telemetry
-from gpustation.runs.profile import read_top_ops
-from gpustation.runs.reconcile import check_run, list_active_runs
+from gpustation.runs.kernel_profile import read_top_ops
 from gpustation.runs.rundir import RunState
-from gpustation.runs.store import RunStore, apply_telemetry
+from gpustation.runs.store.index import RunStore, apply_telemetry
+from gpustation.runs.store.reconcile import check_run, list_active_runs
 from gpustation.runs.summary import RunSummary
 from gpustation.runs.timeline import TimelineReader
 from gpustation.tui.runs.model import (

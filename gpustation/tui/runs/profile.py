@@ -2,7 +2,7 @@
 
 The poller reads ``profile/top_ops.json`` with the run's other files and the
 view keeps it (``{}``: the run was not profiled); this pane lays it out with
-:func:`gpustation.runs.profile.profile_tables`, as ``gpustation runs show``
+:func:`gpustation.runs.kernel_profile.profile_tables`, as ``gpustation runs show``
 prints it.
 """
 
@@ -17,7 +17,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from gpustation.runs.profile import HOW_TO_PROFILE, profile_tables
+from gpustation.runs.kernel_profile import HOW_TO_PROFILE, profile_tables
 from gpustation.tui.runs.model import RunView
 
 

@@ -2,7 +2,7 @@
 
 ``D`` asks for a span and a status, as ``gpustation runs prune --older-than
 SPAN [--status S]`` takes them; a worker finds the runs that ended before
-then (:func:`gpustation.runs.history.prune_candidates`) and posts
+then (:func:`gpustation.runs.store.tidy.prune_candidates`) and posts
 :class:`PruneFound`; the screen then asks, naming them, before a worker
 deletes them through the same writer as Del. ``/`` filters the runs table as
 ``runs list --preset NAME --tag TAG`` does, and by any text of a run too.
@@ -22,9 +22,9 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Input, Label, Select
 
 from gpustation.errors import UsageError
-from gpustation.runs.history import parse_span, prune_candidates
 from gpustation.runs.rundir import FINAL_STATUSES
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
+from gpustation.runs.store.tidy import parse_span, prune_candidates
 from gpustation.runs.summary import RunSummary
 from gpustation.textsafe import safe
 from gpustation.tui.runs.model import RUNS_TITLE, RunView

@@ -1,7 +1,7 @@
 """Tidying the history from the runs screen: delete runs, a run's note, tags.
 
 The same writers as ``gpustation runs delete | note | tag``
-(:mod:`gpustation.runs.history`), run in a worker: the screen asks (a
+(:mod:`gpustation.runs.store.tidy`), run in a worker: the screen asks (a
 dialog), a worker changes the files and the index and posts
 :class:`Tidied`, and the screen folds that into its views and asks the
 poller for the history again. A run still going is never deleted: the
@@ -21,9 +21,9 @@ from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Input, Label
 
-from gpustation.runs.history import annotate, delete_runs
 from gpustation.runs.presets import RunPreset
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
+from gpustation.runs.store.tidy import annotate, delete_runs
 from gpustation.runs.summary import RunSummary
 from gpustation.textsafe import safe
 from gpustation.tui.dialogs import ChoiceDialog

@@ -1,4 +1,4 @@
-"""One node of a multi-node run: ``python -m gpustation.runs.node_agent``.
+"""One node of a multi-node run: ``python -m gpustation.runs.multinode.node_agent``.
 
 Started over ssh on every node by the coordinator (``coordinator.py``), with
 the node's Python (``--remote-python``). The first line it reads from stdin
@@ -49,9 +49,9 @@ from typing import Any
 from gpustation.pyargv import python_argv
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import SAMPLE_INTERVAL_S, TraceSampler
+from gpustation.runs.launch.stop import DEFAULT_GRACE_S, signal_name, terminate_group
+from gpustation.runs.launch.supervisor import become_subreaper, live_descendants
 from gpustation.runs.metrics import METRICS_ENV, RUN_DIR_ENV
-from gpustation.runs.stop import DEFAULT_GRACE_S, signal_name, terminate_group
-from gpustation.runs.supervisor import become_subreaper, live_descendants
 from gpustation.runs.tail import Tailer
 
 MAX_SPEC_BYTES = 1024 * 1024

@@ -22,7 +22,7 @@ from gpustation.runs import rundir
 from gpustation.runs.argvalue import ArgValue
 from gpustation.runs.checkpoints import CHECKPOINTS_DIR, Checkpoint, latest_checkpoint
 from gpustation.runs.presets import RunPreset, apply_values, load_presets
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
 
 #: runners whose runs leave checkpoints that ``--resume-from`` takes
 RESUMABLE_RUNNERS = ("lora",)

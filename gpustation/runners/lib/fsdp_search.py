@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from gpustation.pyargv import python_argv
-from gpustation.runners import EXIT_OOM, common, llm
+from gpustation.runners import EXIT_OOM
+from gpustation.runners.lib import common, llm
 from gpustation.runs.metrics import METRICS_ENV, RUN_DIR_ENV, MetricsWriter
 from gpustation.runs.tail import parse_metric_line
 

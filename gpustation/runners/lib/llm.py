@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gpustation.runners import common
+from gpustation.runners.lib import common
 
 # Llama-style shapes. "default" trains visibly within a few hundred steps on a
 # GPU; "1b" is a ~1B-parameter config for benchmarks; "tiny" is for CPU tests.

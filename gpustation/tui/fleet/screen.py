@@ -45,8 +45,8 @@ from gpustation.fleet.fleet import (
     sort_rows,
 )
 from gpustation.fleet.ssh import UP
-from gpustation.telemetry.history import METRIC_KEYS, METRICS, History
 from gpustation.telemetry.model import Snapshot
+from gpustation.telemetry.rings import METRIC_KEYS, METRICS, History
 from gpustation.tui.keys import KeymapConfig, apply_keymap, load_keymap
 from gpustation.tui.procrows import process_rows
 from gpustation.tui.widgets import (

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from gpustation.runners import common, llm
+from gpustation.runners.lib import common, llm
 from gpustation.runs.checkpoints import (
     CHECKPOINTS_DIR,
     MARKER,

@@ -1,4 +1,4 @@
-"""The local side of a multi-node run: ``python -m gpustation.runs.coordinator RUN_DIR``.
+"""The local side of a multi-node run: ``python -m gpustation.runs.multinode.coordinator RUN_DIR``.
 
 The run's supervisor starts it as the run's child, so the run is supervised,
 stopped and recorded like any other. It starts one ssh per node (the argv
@@ -49,8 +49,13 @@ from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
 from gpustation.redact import REDACTED
 from gpustation.runs import rundir
 from gpustation.runs.gputrace import write_sample
-from gpustation.runs.nodes import DEFAULT_START_TIMEOUT_S, NODE_TELEMETRY, NODES_JSON, node_dir
-from gpustation.runs.stop import signal_name
+from gpustation.runs.launch.stop import signal_name
+from gpustation.runs.multinode.nodes import (
+    DEFAULT_START_TIMEOUT_S,
+    NODE_TELEMETRY,
+    NODES_JSON,
+    node_dir,
+)
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: a node's line longer than this is not a message (the agent cuts its log lines far shorter)
@@ -384,7 +389,7 @@ def _failure_text(node: Node) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m gpustation.runs.coordinator RUN_DIR", file=sys.stderr)
+        print("usage: python -m gpustation.runs.multinode.coordinator RUN_DIR", file=sys.stderr)
         return 2
     directory = Path(argv[0])
     run = rundir.read_run(directory, exact=True)

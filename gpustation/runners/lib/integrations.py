@@ -4,10 +4,10 @@ Both write through :class:`gpustation.runs.metrics.MetricsWriter`, so they do
 nothing outside a gpustation run (no ``GPUSTATION_METRICS_FILE``) and nothing
 on ranks other than 0::
 
-    from gpustation.runners.integrations import GpustationCallback
+    from gpustation.runners.lib.integrations import GpustationCallback
     trainer = Trainer(..., callbacks=[GpustationCallback(unit="tokens/s", tokens_per_sample=512)])
 
-    from gpustation.runners.integrations import GpustationTracker
+    from gpustation.runners.lib.integrations import GpustationTracker
     accelerator = Accelerator(log_with=[GpustationTracker()])
     accelerator.log({"loss": loss.item(), "lr": lr}, step=step)
 

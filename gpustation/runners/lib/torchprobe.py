@@ -2,7 +2,7 @@
 the CUDA it was built for, the GPUs it sees and its NCCL.
 
 ``gpustation doctor`` runs it as a child (``python -m
-gpustation.runners.torchprobe``) so that torch stays out of every other
+gpustation.runners.lib.torchprobe``) so that torch stays out of every other
 process. It changes nothing; it does not even create a CUDA context beyond
 what asking for the device names needs.
 """

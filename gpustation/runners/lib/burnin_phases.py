@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from gpustation.runners import common
-from gpustation.runners.burnin_monitor import Monitor
+from gpustation.runners.lib import common
+from gpustation.runners.lib.burnin_monitor import Monitor
 
 PATTERNS = ("zeros", "ones", "0xAA", "0x55", "index", "random")
 _PATTERN_WORDS = {"zeros": 0, "ones": -1, "0xAA": -0x55555556, "0x55": 0x55555555}

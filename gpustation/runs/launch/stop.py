@@ -19,8 +19,8 @@ from pathlib import Path
 from gpustation.errors import UsageError
 from gpustation.runs import rundir
 from gpustation.runs.queue.folder import cancelled
-from gpustation.runs.reconcile import check_run, mark_ended, record_end
 from gpustation.runs.rundir import RunState
+from gpustation.runs.store.reconcile import check_run, mark_ended, record_end
 
 DEFAULT_GRACE_S = 10.0
 

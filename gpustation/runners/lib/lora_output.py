@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from gpustation.runners import common, llm
+from gpustation.runners.lib import common, llm
 from gpustation.textsafe import safe
 
 MERGED_DIR = "merged"

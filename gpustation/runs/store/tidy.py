@@ -16,9 +16,9 @@ from pathlib import Path
 
 from gpustation.errors import UsageError
 from gpustation.runs import rundir
-from gpustation.runs.reconcile import check_run
 from gpustation.runs.rundir import STATUSES
-from gpustation.runs.store import RunStore, sync_run
+from gpustation.runs.store.index import RunStore, sync_run
+from gpustation.runs.store.reconcile import check_run
 from gpustation.runs.summary import RunSummary
 from gpustation.textsafe import valid_unicode
 from gpustation.timespec import parse_span as parse_span  # where the prune dialog reads it

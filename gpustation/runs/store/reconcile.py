@@ -12,7 +12,7 @@ state in memory, and the runs screen, ``runs list`` and ``runs follow`` show
 it so) but the files and ``runs.db`` still say it is running. The end is
 persisted by the writers only: :func:`record_lost_runs`, which the launcher
 calls before it starts the next run, and ``runs stop`` on that run
-(:func:`gpustation.runs.stop.stop_run`). Until one of them runs, every reader
+(:func:`gpustation.runs.launch.stop.stop_run`). Until one of them runs, every reader
 comes to the same answer from the same files, so nothing is lost by waiting;
 and a dashboard or a ``runs list`` can be pointed at another user's run
 directory, or a read-only copy, without changing it.
@@ -92,7 +92,7 @@ def record_end(directory: Path, state: RunState, store: Any = None) -> tuple[boo
     row_ok = state_ok = True
     try:
         # start-up time: the run store (sqlite3)
-        from gpustation.runs.store import sync_run
+        from gpustation.runs.store.index import sync_run
 
         sync_run(directory, store, state=state)
     except Exception as err:  # the history is secondary to the state file

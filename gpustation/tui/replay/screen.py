@@ -2,14 +2,14 @@
 
 The recorded snapshots reach the dashboard's own screens (cards, graphs,
 topology, alert log) through the same path as live ones: a
-:class:`~gpustation.tui.replay_source.ReplaySource` stands in for the
+:class:`~gpustation.tui.replay.source.ReplaySource` stands in for the
 :class:`~gpustation.tui.source.DataSource` and each pass of the sampling
 thread returns the snapshot at the playback position, with the snapshots
 played over since the last pass. The keys only leave requests (seek, step,
 speed) that the next pass carries out.
 
 The banner says REPLAY and the recording's time, and draws a timeline of the
-recording with marks (:mod:`gpustation.tui.replay_marks`): runs starting
+recording with marks (:mod:`gpustation.tui.replay.marks`): runs starting
 ``[`` and ending ``]``, alerts ``!`` and control changes ``◆``, from the same
 period. ``n``/``N`` jump to the next or previous mark.
 """
@@ -31,13 +31,13 @@ from textual.widgets import Input, Label
 from gpustation import timefmt
 from gpustation.errors import UsageError
 from gpustation.telemetry.alerts import AlertLog
-from gpustation.telemetry.recording import SPEEDS, Recording
+from gpustation.telemetry.recording.file import SPEEDS, Recording
 from gpustation.timespec import parse_time
 from gpustation.tui.app import DashboardApp, FrameReady
 from gpustation.tui.modes import SCREENS_BY_MODE
 from gpustation.tui.poll import Poller
 from gpustation.tui.procrows import ProcRow
-from gpustation.tui.replay_marks import (
+from gpustation.tui.replay.marks import (
     STYLES,
     SYMBOLS,
     Mark,
@@ -45,7 +45,7 @@ from gpustation.tui.replay_marks import (
     collect_marks,
     timeline_text,
 )
-from gpustation.tui.replay_source import ReplaySource, Step
+from gpustation.tui.replay.source import ReplaySource, Step
 from gpustation.tui.screens import LiveScreen
 
 # ---- going to a time -------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""The process that watches over one run: ``python -m gpustation.runs.supervisor DIR``.
+"""The process that watches over one run: ``python -m gpustation.runs.launch.supervisor DIR``.
 
-Started detached by :func:`gpustation.runs.launch.launch`. It starts the
+Started detached by :func:`gpustation.runs.launch.start.launch`. It starts the
 child in its own process group with stdout and stderr going to
 ``output.log``, samples the run's GPUs once a second into
 ``telemetry.jsonl``, waits for the child and records how it ended in
@@ -47,12 +47,12 @@ from typing import Any
 from gpustation import private, timefmt
 from gpustation.files import NotRegularFile, read_bytes, say_skipped
 from gpustation.runs import rundir
-from gpustation.runs.argv import child_env
 from gpustation.runs.gputrace import SAMPLE_INTERVAL_S, TraceSampler, write_sample
-from gpustation.runs.nodes import failure_reason
-from gpustation.runs.reconcile import mark_ended, record_end, stopped_reason
+from gpustation.runs.launch.argv import child_env
+from gpustation.runs.launch.stop import DEFAULT_GRACE_S, signal_name, terminate_group
+from gpustation.runs.multinode.nodes import failure_reason
 from gpustation.runs.rundir import RunState
-from gpustation.runs.stop import DEFAULT_GRACE_S, signal_name, terminate_group
+from gpustation.runs.store.reconcile import mark_ended, record_end, stopped_reason
 from gpustation.runs.tail import parse_metric_line
 from gpustation.textsafe import NEWLINE
 
@@ -268,7 +268,7 @@ def _run_pids(child_pid: int, state: RunState) -> set[int]:
 
 def _finish(directory: Path, state: RunState) -> None:
     # start-up time: the run store (sqlite3)
-    from gpustation.runs.store import RunStore
+    from gpustation.runs.store.index import RunStore
 
     # A short wait for a locked index: the row is caught up with later.
     record_end(directory, state, RunStore(write_wait_s=2.0))
@@ -291,7 +291,7 @@ def _record_final(
     ``signalled`` says a signal asked the supervisor to go.
     """
     # start-up time: the run store (sqlite3)
-    from gpustation.runs.store import RunStore
+    from gpustation.runs.store.index import RunStore
 
     try:
         rundir.write_exit_status(directory, state)
@@ -315,7 +315,7 @@ def _record_final(
         if not row_ok:
             try:
                 # start-up time: the run store (sqlite3)
-                from gpustation.runs.store import sync_run
+                from gpustation.runs.store.index import sync_run
 
                 sync_run(directory, store, state=state)
                 row_ok = True
@@ -492,7 +492,7 @@ def supervise(directory: Path) -> int:
     _record_final(directory, state, lambda: len(stop_signal) > signals_at_end)
     try:
         # guarded: a failure here never changes the run's outcome
-        from gpustation.runs.notify_end import notify_end
+        from gpustation.runs.launch.notify_end import notify_end
 
         notify_end(directory, state)
     except Exception as err:  # being told must never change the run's outcome
@@ -503,7 +503,7 @@ def supervise(directory: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m gpustation.runs.supervisor RUN_DIR", file=sys.stderr)
+        print("usage: python -m gpustation.runs.launch.supervisor RUN_DIR", file=sys.stderr)
         return 2
     directory = Path(argv[0])
     try:

@@ -47,7 +47,7 @@ from gpustation.errors import UsageError
 from gpustation.runs import rundir
 from gpustation.runs.fold import MetricsFold
 from gpustation.runs.gputrace import TelemetrySummary, summarize_telemetry
-from gpustation.runs.nodes import combined_telemetry, nodes_energy
+from gpustation.runs.multinode.nodes import combined_telemetry, nodes_energy
 from gpustation.runs.output import strict_json
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary

@@ -50,7 +50,7 @@ def notify_end(directory: Path, state: RunState) -> None:
     try:
         # guarded: a failure here never changes the run's outcome
         from gpustation.runs.cost import load_price
-        from gpustation.runs.store import record_from_dir
+        from gpustation.runs.store.index import record_from_dir
 
         run = record_from_dir(directory, state)
         price = load_price()

@@ -17,10 +17,10 @@ from pathlib import Path
 from rich.text import Text
 
 from gpustation.control.journal import describe_value, read_journal
-from gpustation.runs.store import RunStore
+from gpustation.runs.store.index import RunStore
 from gpustation.telemetry.alerts import AlertLog
 from gpustation.telemetry.model import Snapshot
-from gpustation.telemetry.recording import Recording
+from gpustation.telemetry.recording.file import Recording
 from gpustation.textsafe import safe
 
 RUN_START, RUN_END, ALERT, CONTROL = "run_start", "run_end", "alert", "control"

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpustation.telemetry.history import DEFAULT_LENGTH
 from gpustation.telemetry.model import Snapshot
-from gpustation.telemetry.recording import SPEEDS, Recording
+from gpustation.telemetry.recording.file import SPEEDS, Recording
+from gpustation.telemetry.rings import DEFAULT_LENGTH
 from gpustation.tui.app import GRAPH_WINDOW_S
 from gpustation.tui.source import DataSource, Frame
 

@@ -10,7 +10,7 @@ directory, one supervisor, one ``runs stop``.
 
 Design: the supervisor's child is the coordinator (``coordinator.py``), which
 keeps one ssh connection per node open for the whole run. On the node runs
-``<remote python> -m gpustation.runs.node_agent`` (``node_agent.py``), which
+``<remote python> -m gpustation.runs.multinode.node_agent`` (``node_agent.py``), which
 starts torchrun and sends back, on that one connection, everything the run
 directory needs: the node's log lines, the metrics rank 0 writes (wherever
 rank 0 lands), the node's GPU telemetry and torchrun's exit status. The
@@ -62,19 +62,19 @@ from gpustation.errors import UsageError
 from gpustation.fleet.ssh import HostSpec, parse_host, ssh_options
 from gpustation.pyargv import bootstrap_args, python_argv, safe_path_env
 from gpustation.redact import redact_env
-from gpustation.runs.argv import format_args, private_env, recorded_env
 from gpustation.runs.argvalue import RUNNER_PACKAGE, ArgValue
-from gpustation.runs.launch import RunHandle, new_run_directory, start_run, working_directory
+from gpustation.runs.launch.argv import format_args, private_env, recorded_env
+from gpustation.runs.launch.start import RunHandle, new_run_directory, start_run, working_directory
+from gpustation.runs.launch.stop import DEFAULT_GRACE_S
 from gpustation.runs.metrics import RUN_ID_ENV
-from gpustation.runs.nodes import DEFAULT_START_TIMEOUT_S, node_dir
+from gpustation.runs.multinode.nodes import DEFAULT_START_TIMEOUT_S, node_dir
 from gpustation.runs.presets import RunPreset, apply_values
-from gpustation.runs.reconcile import record_lost_runs
-from gpustation.runs.stop import DEFAULT_GRACE_S
+from gpustation.runs.store.reconcile import record_lost_runs
 
 DEFAULT_RDZV_PORT = 29400
 DEFAULT_REMOTE_PYTHON = "python3"
 REMOTE_PYTHON_ENV = "GPUSTATION_REMOTE_PYTHON"
-AGENT_MODULE = "gpustation.runs.node_agent"
+AGENT_MODULE = "gpustation.runs.multinode.node_agent"
 MAX_NPROC = 1024
 
 
@@ -271,7 +271,7 @@ def launch_multinode(
                 },
             }
         )
-    argv = python_argv("-m", "gpustation.runs.coordinator", str(directory))
+    argv = python_argv("-m", "gpustation.runs.multinode.coordinator", str(directory))
     run: dict[str, Any] = {
         "id": run_id,
         "created_at": created,

@@ -1,7 +1,7 @@
 """A profiled run's top kernels and ops: ``profile/top_ops.json``, read and laid out.
 
 A run recorded with ``--profile`` (the runners' ``--profile-steps``, see
-:class:`gpustation.runners.profiling.StepProfiler`) leaves in its directory::
+:class:`gpustation.runners.lib.profiling.StepProfiler`) leaves in its directory::
 
     profile/top_ops.json  {"profiled_steps": 5, "step_ms": 41.2, "gpu_idle_pct": 7.5,
                            "cuda_kernels": [{"name", "self_ms", "calls", "share"}, ...],

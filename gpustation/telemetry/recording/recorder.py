@@ -1,7 +1,7 @@
 """The flight recorder: snapshots written to a recording, rotated to stay under a size.
 
 The file format (``gpustation.recording/1``) and its reader are
-:mod:`gpustation.telemetry.recording`. A frame is streamed: the lines written
+:mod:`gpustation.telemetry.recording.file`. A frame is streamed: the lines written
 so far are flushed as a zstd block every ``flush_s`` (so a killed writer loses
 at most those seconds); a new frame starts every ``frame_s`` seconds.
 
@@ -30,7 +30,7 @@ from gpustation import paths, private
 from gpustation.config import section
 from gpustation.errors import GpustationError, UsageError
 from gpustation.telemetry.model import Snapshot
-from gpustation.telemetry.recording import (
+from gpustation.telemetry.recording.file import (
     FORMAT,
     SKIP_MAGIC,
     chain,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from gpustation.runners import common
+from gpustation.runners.lib import common
 
 PROFILE_DIR = "profile"
 TOP_OPS = 15

@@ -2,7 +2,7 @@
 
 :func:`launch` turns a preset into a run directory (``runs/<id>/`` in the data
 dir), writes ``run.json``, the first ``state.json`` and the run's history row,
-and starts ``python -P -m gpustation.runs.supervisor <run dir>`` fully
+and starts ``python -P -m gpustation.runs.launch.supervisor <run dir>`` fully
 detached (under sudo, as the invoking user: see :mod:`gpustation.privs`).
 The supervisor starts the child in its own process group, records its GPUs'
 telemetry and writes how it ended, so a run outlives whoever launched it and
@@ -28,12 +28,18 @@ from gpustation.errors import GpustationError, NoDriverError, UsageError
 from gpustation.pyargv import python_argv
 from gpustation.redact import redact_env
 from gpustation.runs import rundir
-from gpustation.runs.argv import build_argv, build_env, private_env, recorded_env, resolve_gpus
 from gpustation.runs.argvalue import ArgValue
+from gpustation.runs.launch.argv import (
+    build_argv,
+    build_env,
+    private_env,
+    recorded_env,
+    resolve_gpus,
+)
+from gpustation.runs.launch.stop import DEFAULT_GRACE_S
 from gpustation.runs.presets import RunPreset, apply_values
-from gpustation.runs.reconcile import list_active_runs, mark_ended, record_lost_runs
 from gpustation.runs.rundir import RunState
-from gpustation.runs.stop import DEFAULT_GRACE_S
+from gpustation.runs.store.reconcile import list_active_runs, mark_ended, record_lost_runs
 from gpustation.runs.summary import RunSummary
 
 
@@ -332,8 +338,8 @@ def _not_started(directory: Path, run_id: str, err: OSError) -> GpustationError:
 
 
 def supervisor_argv(directory: Path) -> list[str]:
-    """``python -P -m gpustation.runs.supervisor DIR``."""
-    return python_argv("-m", "gpustation.runs.supervisor", str(directory))
+    """``python -P -m gpustation.runs.launch.supervisor DIR``."""
+    return python_argv("-m", "gpustation.runs.launch.supervisor", str(directory))
 
 
 def start_run(
@@ -348,7 +354,7 @@ def start_run(
     rundir.write_json(directory / rundir.RUN_JSON, run)
     rundir.write_state(directory, RunState(id=run_id, status="starting"))
     # start-up time: the run store (sqlite3)
-    from gpustation.runs.store import RunStore, sync_run
+    from gpustation.runs.store.index import RunStore, sync_run
 
     try:
         # A short wait: a run must start even while another process holds the
