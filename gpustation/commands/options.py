@@ -17,6 +17,8 @@ from typing import Any
 
 from gpustation.telemetry.backend import Backend, parse_gpu_list, select_gpus
 from gpustation.telemetry.registry import open_backend
+from gpustation.telemetry.sim_cards import CARDS, DEFAULT_CARD, DEFAULT_COUNT
+from gpustation.telemetry.sim_last import last_machine
 
 
 def add_gpu_options(parser: argparse.ArgumentParser) -> None:
@@ -24,8 +26,12 @@ def add_gpu_options(parser: argparse.ArgumentParser) -> None:
 
     Their defaults are left unset so that ``gpustation --simulate 2 snapshot``
     and ``gpustation snapshot --simulate 2`` mean the same; read them with
-    ``getattr(args, name, None)``.
+    ``getattr(args, name, None)``. The defaults said are those a command
+    would open now: the simulated machine last opened, when there is one.
     """
+    count, card = last_machine()
+    count_default = f"{count}, as last simulated" if count else str(DEFAULT_COUNT)
+    card_default = f"{card}, as last simulated" if card else DEFAULT_CARD
     parser.add_argument(
         "--gpus",
         metavar="LIST",
@@ -39,13 +45,13 @@ def add_gpu_options(parser: argparse.ArgumentParser) -> None:
         const=-1,
         default=argparse.SUPPRESS,
         metavar="N",
-        help="use N simulated GPUs instead of NVML (default N: 2, or as last simulated)",
+        help=f"use N simulated GPUs instead of NVML (default N: {count_default})",
     )
     parser.add_argument(
         "--sim-card",
-        choices=["rtx4090", "h200"],
+        choices=list(CARDS),
         default=argparse.SUPPRESS,
-        help="card the simulated GPUs model (default rtx4090)",
+        help=f"card the simulated GPUs model (default {card_default})",
     )
 
 
@@ -54,12 +60,16 @@ def backend_from_args(
     fallback_to_sim: bool = False,
     one_shot: bool = False,
 ) -> Backend:
-    return open_backend(
+    """The backend the options ask for; what it reused from last time is said on stderr."""
+    backend = open_backend(
         simulate=getattr(args, "simulate", None),
         sim_card=getattr(args, "sim_card", None),
         fallback_to_sim=fallback_to_sim,
         one_shot=one_shot,
     )
+    if backend.kept:
+        print(f"gpustation: {backend.kept}", file=sys.stderr)
+    return backend
 
 
 class _FleetAction(argparse.Action):

@@ -577,7 +577,10 @@ def run_dashboard(
     """
 
     def factory() -> Backend:
-        return open_backend(simulate=simulate, sim_card=sim_card, fallback_to_sim=True)
+        backend = open_backend(simulate=simulate, sim_card=sim_card, fallback_to_sim=True)
+        if backend.kept:  # said on screen: a flag's default must never surprise
+            backend.note = " ".join(filter(None, (backend.note, backend.kept)))
+        return backend
 
     source = DataSource(factory, gpus, recorder=recorder)
     source.record_error = record_error
