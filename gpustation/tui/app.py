@@ -561,6 +561,15 @@ class DashboardApp(ProcessActions):
             self.alert_notifier.close(timeout_s=0)  # what is queued still goes out
 
 
+def dashboard_backend(simulate: int | None, sim_card: str | None) -> Backend:
+    """The dashboard's backend: simulated GPUs when no real ones open; what it
+    reused from last time is on the banner, so a flag's default never surprises."""
+    backend = open_backend(simulate=simulate, sim_card=sim_card, fallback_to_sim=True)
+    if backend.kept:
+        backend.note = " ".join(filter(None, (backend.note, backend.kept)))
+    return backend
+
+
 def run_dashboard(
     gpus: Sequence[int] | None = None,
     refresh_s: float = 1.0,
@@ -576,13 +585,9 @@ def run_dashboard(
     sampling thread. ``read_only``: show everything, change nothing.
     """
 
-    def factory() -> Backend:
-        backend = open_backend(simulate=simulate, sim_card=sim_card, fallback_to_sim=True)
-        if backend.kept:  # said on screen: a flag's default must never surprise
-            backend.note = " ".join(filter(None, (backend.note, backend.kept)))
-        return backend
-
-    source = DataSource(factory, gpus, recorder=recorder)
+    source = DataSource(
+        lambda: dashboard_backend(simulate, sim_card), gpus, recorder=recorder
+    )
     source.record_error = record_error
     app = DashboardApp(source, refresh_s=refresh_s, read_only=read_only)
     try:

@@ -86,3 +86,28 @@ def test_an_absurd_fan_count_in_the_static_cache_is_read_again_from_the_driver(
         backend.control.fan_count(1),
     ]
     assert max(backend.control.fan_count(0), backend.control.fan_count(1)) <= 32
+
+
+def test_a_card_kept_from_last_time_is_said_on_stderr_and_an_explicit_flag_wins(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    assert gs("snapshot", "--simulate", "1", "--sim-card", "h200").returncode == 0
+    kept = gs("snapshot", "--json", "--simulate", "2")
+    assert kept.returncode == 0, kept.stderr
+    assert "2 simulated H200, as last time; --sim-card to change" in kept.stderr
+    assert all("H200" in g["name"] for g in json.loads(kept.stdout)["gpus"])
+    asked = gs("snapshot", "--json", "--simulate", "2", "--sim-card", "rtx4090")
+    assert "as last time" not in asked.stderr
+    assert all("4090" in g["name"] for g in json.loads(asked.stdout)["gpus"])
+    # the built-in defaults need no word
+    assert "as last time" not in gs("snapshot", "--simulate").stderr
+
+
+def test_help_names_the_default_a_command_would_open(gpustation_dirs: dict[str, Path]) -> None:
+    def help_text() -> str:
+        return " ".join(gs("power", "set", "--help").stdout.split())
+
+    assert "(default rtx4090)" in help_text() and "(default N: 2)" in help_text()
+    assert gs("snapshot", "--simulate", "3", "--sim-card", "h200").returncode == 0
+    assert "(default h200, as last simulated)" in help_text()
+    assert "(default N: 3, as last simulated)" in help_text()
