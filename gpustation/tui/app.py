@@ -327,8 +327,10 @@ class DashboardApp(ProcessActions):
             )
         try:
             screen = self.screen
-            if isinstance(screen, LiveScreen):
-                screen.show_frame(frame)
+            # The screen under a dialog is still on view: it shows the cards as they are now.
+            shown = next((s for s in reversed(self.screen_stack) if not s.is_modal), None)
+            if isinstance(shown, LiveScreen):
+                shown.show_frame(frame)
             self.update_chrome(screen)
         except Exception as err:  # a drawing bug must not stop the sampling
             self.notify(f"{type(err).__name__}: {err}", title="Display error", severity="error")
