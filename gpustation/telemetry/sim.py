@@ -53,12 +53,7 @@ from gpustation.telemetry.sim_cards import (
     CardSpec,
 )
 from gpustation.telemetry.sim_control import SimControl, gpu_state
-from gpustation.telemetry.sim_last import (
-    LAST_MACHINE_FILE as LAST_MACHINE_FILE,
-    kept_note,
-    last_machine,
-    remember_machine,
-)
+from gpustation.telemetry.sim_last import kept_note, last_machine, remember_machine
 from gpustation.telemetry.sim_reads import READS, SimView
 from gpustation.telemetry.sim_state import gpu_state_ok, new_gpu_state, serials_ok
 

@@ -587,9 +587,7 @@ def run_dashboard(
     sampling thread. ``read_only``: show everything, change nothing.
     """
 
-    source = DataSource(
-        lambda: dashboard_backend(simulate, sim_card), gpus, recorder=recorder
-    )
+    source = DataSource(lambda: dashboard_backend(simulate, sim_card), gpus, recorder=recorder)
     source.record_error = record_error
     app = DashboardApp(source, refresh_s=refresh_s, read_only=read_only)
     try:

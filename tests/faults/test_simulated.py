@@ -7,7 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from gpustation.telemetry.sim import LAST_MACHINE_FILE, SimBackend, machine_path
+from gpustation.telemetry.sim import SimBackend, machine_path
+from gpustation.telemetry.sim_last import LAST_MACHINE_FILE
 from tests.conftest import child_env, gpustation_cmd
 
 

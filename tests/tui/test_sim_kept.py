@@ -8,7 +8,6 @@ from gpustation.errors import NoDriverError
 from gpustation.telemetry.registry import open_backend
 from gpustation.tui.app import DashboardApp, dashboard_backend
 from gpustation.tui.source import DataSource
-
 from gpustation.tui.widgets import LiveText
 
 from .conftest import first_frame
