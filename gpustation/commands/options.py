@@ -17,8 +17,7 @@ from typing import Any
 
 from gpustation.telemetry.backend import Backend, parse_gpu_list, select_gpus
 from gpustation.telemetry.registry import open_backend
-from gpustation.telemetry.sim_cards import CARDS, DEFAULT_CARD, DEFAULT_COUNT
-from gpustation.telemetry.sim_last import last_machine
+from gpustation.telemetry.sim_last import CARD_KEYS, DEFAULT_CARD, DEFAULT_COUNT, last_machine
 
 
 def add_gpu_options(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +48,7 @@ def add_gpu_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--sim-card",
-        choices=list(CARDS),
+        choices=list(CARD_KEYS),
         default=argparse.SUPPRESS,
         help=f"card the simulated GPUs model (default {card_default})",
     )

@@ -1,7 +1,7 @@
 """The simulated machine last opened, reused by a ``--simulate`` without N or ``--sim-card``.
 
-Kept apart from the simulator so that ``--help`` can say what the default is
-without loading the simulator.
+Kept apart from the simulator and its card data so that ``--help`` can say
+what the default is without loading either.
 """
 
 from __future__ import annotations
@@ -14,10 +14,15 @@ from typing import Any
 from gpustation import private
 from gpustation.errors import UsageError
 from gpustation.files import read_text
-from gpustation.telemetry.sim_cards import CARDS, DEFAULT_CARD, DEFAULT_COUNT
 
 #: The machine last opened (card and count).
 LAST_MACHINE_FILE = "sim-last.json"
+
+#: The simulated cards (``sim_cards.CARDS`` holds their data) and what is
+#: simulated when nothing is asked for and nothing was simulated before.
+CARD_KEYS = ("rtx4090", "h200")
+DEFAULT_COUNT = 2
+DEFAULT_CARD = "rtx4090"
 
 
 def last_machine() -> tuple[int | None, str | None]:
@@ -33,7 +38,7 @@ def last_machine() -> tuple[int | None, str | None]:
     card = last.get("card")
     return (
         count if type(count) is int and 1 <= count <= 16 else None,
-        card if isinstance(card, str) and card in CARDS else None,
+        card if isinstance(card, str) and card in CARD_KEYS else None,
     )
 
 
@@ -52,6 +57,8 @@ def remember_machine(count: int, card: str) -> None:
 
 def card_label(card: str) -> str:
     """A card's short name: ``H200``, ``RTX 4090``."""
+    from gpustation.telemetry.sim_cards import CARDS
+
     name = CARDS[card].name.removesuffix(" (simulated)").removeprefix("NVIDIA ")
     return name.removeprefix("GeForce ")
 

@@ -112,3 +112,11 @@ def test_help_names_the_default_a_command_would_open(gpustation_dirs: dict[str, 
     assert gs("snapshot", "--simulate", "3", "--sim-card", "h200").returncode == 0
     assert "(default h200, as last simulated)" in help_text()
     assert "(default N: 3, as last simulated)" in help_text()
+
+
+def test_the_cards_help_offers_are_the_simulated_cards() -> None:
+    from gpustation.telemetry.sim_cards import CARDS
+    from gpustation.telemetry.sim_last import CARD_KEYS, card_label
+
+    assert tuple(CARDS) == CARD_KEYS
+    assert [card_label(c) for c in CARD_KEYS] == ["RTX 4090", "H200"]
