@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +32,9 @@ def add_gpu_options(parser: argparse.ArgumentParser) -> None:
     count, card = last_machine()
     count_default = f"{count}, as last simulated" if count else str(DEFAULT_COUNT)
     card_default = f"{card}, as last simulated" if card else DEFAULT_CARD
+    env_card = os.environ.get("GPUSTATION_SIM_CARD")
+    if env_card in CARD_KEYS:
+        card_default = f"{env_card}, from GPUSTATION_SIM_CARD"
     parser.add_argument(
         "--gpus",
         metavar="LIST",

@@ -112,6 +112,11 @@ def test_help_names_the_default_a_command_would_open(gpustation_dirs: dict[str, 
     assert gs("snapshot", "--simulate", "3", "--sim-card", "h200").returncode == 0
     assert "(default h200, as last simulated)" in help_text()
     assert "(default N: 3, as last simulated)" in help_text()
+    env = child_env(GPUSTATION_SIM_CARD="rtx4090")
+    shown = subprocess.run(
+        gpustation_cmd("snapshot", "--help"), env=env, capture_output=True, text=True, timeout=60
+    )
+    assert "(default rtx4090, from GPUSTATION_SIM_CARD)" in " ".join(shown.stdout.split())
 
 
 def test_the_cards_help_offers_are_the_simulated_cards() -> None:
