@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from gpustation import paths
 from gpustation.errors import UsageError
 from gpustation.telemetry.backend import Backend, parse_gpu_list, select_gpus
 from gpustation.telemetry.registry import open_backend
+from gpustation.telemetry.sim_last import CARD_KEYS, DEFAULT_CARD, DEFAULT_COUNT, last_machine
 
 
 def add_gpu_options(parser: argparse.ArgumentParser) -> None:
@@ -26,8 +28,15 @@ def add_gpu_options(parser: argparse.ArgumentParser) -> None:
 
     Their defaults are left unset so that ``gpustation --simulate 2 snapshot``
     and ``gpustation snapshot --simulate 2`` mean the same; read them with
-    ``getattr(args, name, None)``.
+    ``getattr(args, name, None)``. The defaults said are those a command
+    would open now: the simulated machine last opened, when there is one.
     """
+    count, card = last_machine()
+    count_default = f"{count}, as last simulated" if count else str(DEFAULT_COUNT)
+    card_default = f"{card}, as last simulated" if card else DEFAULT_CARD
+    env_card = os.environ.get("GPUSTATION_SIM_CARD")
+    if env_card in CARD_KEYS:
+        card_default = f"{env_card}, from GPUSTATION_SIM_CARD"
     parser.add_argument(
         "--gpus",
         metavar="LIST",
@@ -41,13 +50,13 @@ def add_gpu_options(parser: argparse.ArgumentParser) -> None:
         const=-1,
         default=argparse.SUPPRESS,
         metavar="N",
-        help="use N simulated GPUs instead of NVML (default N: 2, or as last simulated)",
+        help=f"use N simulated GPUs instead of NVML (default N: {count_default})",
     )
     parser.add_argument(
         "--sim-card",
-        choices=["rtx4090", "h200"],
+        choices=list(CARD_KEYS),
         default=argparse.SUPPRESS,
-        help="card the simulated GPUs model (default rtx4090)",
+        help=f"card the simulated GPUs model (default {card_default})",
     )
 
 
@@ -56,12 +65,16 @@ def backend_from_args(
     fallback_to_sim: bool = False,
     one_shot: bool = False,
 ) -> Backend:
-    return open_backend(
+    """The backend the options ask for; what it reused from last time is said on stderr."""
+    backend = open_backend(
         simulate=getattr(args, "simulate", None),
         sim_card=getattr(args, "sim_card", None),
         fallback_to_sim=fallback_to_sim,
         one_shot=one_shot,
     )
+    if backend.kept:
+        print(f"gpustation: {backend.kept}", file=sys.stderr)
+    return backend
 
 
 class _FleetAction(argparse.Action):

@@ -35,6 +35,13 @@ class Change:
     description: str
     revert: Callable[[], None]
     notes: list[str] = field(default_factory=list)
+    #: what a revert puts back, said after "reverted" ("GPU 0 power limit to
+    #: 400 W (from 450 W)"); the description when empty
+    undone: str = ""
+
+    @property
+    def reverted_text(self) -> str:
+        return self.undone or self.description
 
 
 @dataclass(frozen=True)

@@ -420,10 +420,11 @@ class FanController:
             self.on_poll(report)
 
     def _set(self, card: CardFans, sample: GpuSample, state: FanState, pct: int) -> None:
+        entries: list[journal.JournalEntry | None] = [None] * card.fans
         if not state.taken_over:
             # Manual control starts here: journal what each fan was doing first.
             for fan in range(card.fans):
-                journal.record(
+                entries[fan] = journal.record(
                     gpu=card.index,
                     uuid=card.uuid,
                     what=journal.FAN_SPEED,
@@ -438,7 +439,12 @@ class FanController:
                 )
             state.taken_over = True
         for fan in range(card.fans):
-            self.backend.control.set_fan_speed(card.index, fan, pct)
+            try:
+                self.backend.control.set_fan_speed(card.index, fan, pct)
+            except BaseException as err:
+                _settle_refused(entries[fan:], err)
+                raise
+            _settle(entries[fan], journal.MADE, {"mode": "manual", "pct": pct})
         state.pct = pct
 
     def restore(self, cards: Sequence[CardFans]) -> list[str]:
@@ -446,10 +452,11 @@ class FanController:
         failures: list[str] = []
         for card in cards:
             for fan in range(card.fans):
+                entry = None
                 try:
                     with contextlib.suppress(GpustationError):
                         # The restore must happen even if the journal cannot be written.
-                        journal.record(
+                        entry = journal.record(
                             gpu=card.index,
                             uuid=card.uuid,
                             what=journal.FAN_AUTO,
@@ -461,11 +468,28 @@ class FanController:
                         )
                     self.backend.control.set_fan_auto(card.index, fan)
                 except Exception as err:
+                    _settle_refused([entry], err)
                     failures.append(f"GPU {card.index} fan {fan}: {err}")
                     self.log(
                         f"GPU {card.index} fan {fan}: could not return to automatic control: {err}"
                     )
+                    continue
+                _settle(entry, journal.MADE, {"mode": "auto"})
         return failures
+
+
+def _settle(entry: journal.JournalEntry | None, outcome: str, read_back: Any = None) -> None:
+    if entry is not None:
+        journal.settle(entry, outcome, read_back=read_back)
+
+
+def _settle_refused(entries: Sequence[journal.JournalEntry | None], err: BaseException) -> None:
+    """The fan the card refused, and those after it, which were never tried."""
+    why = str(err) or type(err).__name__
+    for i, entry in enumerate(entries):
+        if entry is not None:
+            error = why if i == 0 else f"not tried: an earlier fan was refused ({why})"
+            journal.settle(entry, journal.REFUSED, error=error)
 
 
 def _at(values: Sequence[Any], i: int) -> Any:

@@ -246,6 +246,7 @@ class LiveControl:
             Change(
                 description=f"GPU {index} power limit {was} -> {watts:g} W",
                 revert=lambda: self._restore_power(changes, "revert power limit"),
+                undone=f"GPU {index} power limit to {was} (from {watts:g} W)",
             )
         )
 

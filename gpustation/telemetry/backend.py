@@ -49,6 +49,9 @@ class Backend(ABC):
     simulated: bool = False
     #: Why this backend is in use, when that is worth telling the user.
     note: str | None = None
+    #: What was reused from the last run rather than asked for (a simulated
+    #: machine), said on screen or on stderr so a flag's default never surprises.
+    kept: str | None = None
     #: Read the energy counter with the slow fields. Each read costs the driver
     #: CPU time, so a reader that never shows it (the dashboard) turns it off;
     #: ``energy_j`` is then ``None``.

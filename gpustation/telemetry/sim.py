@@ -54,6 +54,7 @@ from gpustation.telemetry.sim_cards import (
     CardSpec,
 )
 from gpustation.telemetry.sim_control import SimControl, gpu_state
+from gpustation.telemetry.sim_last import kept_note, last_machine, remember_machine
 from gpustation.telemetry.sim_reads import READS, SimView
 from gpustation.telemetry.sim_state import gpu_state_ok, new_gpu_state, serials_ok
 
@@ -70,10 +71,6 @@ def _fan_auto_pct(spec: CardSpec, temp_c: float) -> float:
     """The card's own fan curve when fans are on automatic control."""
     pct = 30.0 + (temp_c - 40.0) * 1.6
     return max(float(spec.fan_min_pct), min(float(spec.fan_max_pct), pct))
-
-
-#: The machine last opened (card and count), reused by a plain ``--simulate``.
-LAST_MACHINE_FILE = "sim-last.json"
 
 
 def machine_path(card: str, count: int) -> Path:
@@ -143,32 +140,23 @@ class SimBackend(Backend):
         that ``gpustation power set`` acts on the cards the dashboard shows.
         """
 
-        last_path = state_dir() / LAST_MACHINE_FILE
-        last: Any = {}
-        with contextlib.suppress(UsageError, ValueError, RecursionError):
-            last = json.loads(read_text(last_path, "simulator state"))
-        if not isinstance(last, dict):
-            last = {}
+        last_count, last_card = last_machine()
+        count_kept = count is None and last_count is not None
+        card_kept = card is None and last_card is not None
         if count is None:
-            remembered = last.get("count")
-            count = remembered if isinstance(remembered, int) and 1 <= remembered <= 16 else None
-            count = count or DEFAULT_COUNT
+            count = last_count or DEFAULT_COUNT
         if card is None:
-            remembered_card = last.get("card")
-            card = remembered_card if remembered_card in CARDS else DEFAULT_CARD
+            card = last_card or DEFAULT_CARD
         if seed is None:
             seed = seed_from_env()
         # a read-only state directory (a reader under ProtectHome=read-only) keeps it in memory
-        kept = writable(state_dir())
-        path = machine_path(card, count) if kept else None
+        stored = writable(state_dir())
+        path = machine_path(card, count) if stored else None
         backend = cls(count=count, card=card, seed=seed, state_path=path)
-        if not kept:
+        if not stored:
             backend.note = f"{state_dir()} is read-only: the simulated GPUs' state is not kept"
-        if last.get("card") != card or last.get("count") != count:
-            with contextlib.suppress(OSError):
-                tmp = last_path.with_suffix(f".{os.getpid()}.tmp")
-                private.write_text(tmp, json.dumps({"card": card, "count": count}))
-                os.replace(tmp, last_path)
+        backend.kept = kept_note(count, card, count_kept, card_kept)
+        remember_machine(count, card)
         return backend
 
     def _valid(self, state: Any) -> bool:

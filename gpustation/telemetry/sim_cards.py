@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpustation.telemetry import sim_last
+
 
 @dataclass(frozen=True)
 class CardSpec:
@@ -115,8 +117,9 @@ def memory_temperature(spec: CardSpec, ambient_c: float, gpu_c: float, load: flo
     return round(ambient_c + rise, 1)
 
 
-DEFAULT_COUNT = 2
-DEFAULT_CARD = "rtx4090"
+# the defaults and the card names live where --help reads them without this module
+DEFAULT_COUNT = sim_last.DEFAULT_COUNT
+DEFAULT_CARD = sim_last.DEFAULT_CARD
 
 JOB_NAMES = (
     ("python", "python train.py --config configs/llama-lora.yaml"),

@@ -329,8 +329,10 @@ class DashboardApp(ProcessActions):
             )
         try:
             screen = self.screen
-            if isinstance(screen, LiveScreen):
-                screen.show_frame(frame)
+            # The screen under a dialog is still on view: it shows the cards as they are now.
+            shown = next((s for s in reversed(self.screen_stack) if not s.is_modal), None)
+            if isinstance(shown, LiveScreen):
+                shown.show_frame(frame)
             self.update_chrome(screen)
         except Exception as err:  # a drawing bug must not stop the sampling
             self.notify(f"{type(err).__name__}: {err}", title="Display error", severity="error")
@@ -562,6 +564,15 @@ class DashboardApp(ProcessActions):
             self.alert_notifier.close(timeout_s=0)  # what is queued still goes out
 
 
+def dashboard_backend(simulate: int | None, sim_card: str | None) -> Backend:
+    """The dashboard's backend: simulated GPUs when no real ones open; what it
+    reused from last time is on the banner, so a flag's default never surprises."""
+    backend = open_backend(simulate=simulate, sim_card=sim_card, fallback_to_sim=True)
+    if backend.kept:
+        backend.note = " ".join(filter(None, (backend.note, backend.kept)))
+    return backend
+
+
 def run_dashboard(
     gpus: Sequence[int] | None = None,
     refresh_s: float = 1.0,
@@ -577,10 +588,7 @@ def run_dashboard(
     sampling thread. ``read_only``: show everything, change nothing.
     """
 
-    def factory() -> Backend:
-        return open_backend(simulate=simulate, sim_card=sim_card, fallback_to_sim=True)
-
-    source = DataSource(factory, gpus, recorder=recorder)
+    source = DataSource(lambda: dashboard_backend(simulate, sim_card), gpus, recorder=recorder)
     source.record_error = record_error
     app = DashboardApp(source, refresh_s=refresh_s, read_only=read_only)
     try:

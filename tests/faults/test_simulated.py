@@ -7,7 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from gpustation.telemetry.sim import LAST_MACHINE_FILE, SimBackend, machine_path
+from gpustation.telemetry.sim import SimBackend, machine_path
+from gpustation.telemetry.sim_last import LAST_MACHINE_FILE
 from tests.conftest import child_env, gpustation_cmd
 
 
@@ -86,3 +87,41 @@ def test_an_absurd_fan_count_in_the_static_cache_is_read_again_from_the_driver(
         backend.control.fan_count(1),
     ]
     assert max(backend.control.fan_count(0), backend.control.fan_count(1)) <= 32
+
+
+def test_a_card_kept_from_last_time_is_said_on_stderr_and_an_explicit_flag_wins(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    assert gs("snapshot", "--simulate", "1", "--sim-card", "h200").returncode == 0
+    kept = gs("snapshot", "--json", "--simulate", "2")
+    assert kept.returncode == 0, kept.stderr
+    assert "2 simulated H200, as last time; --sim-card to change" in kept.stderr
+    assert all("H200" in g["name"] for g in json.loads(kept.stdout)["gpus"])
+    asked = gs("snapshot", "--json", "--simulate", "2", "--sim-card", "rtx4090")
+    assert "as last time" not in asked.stderr
+    assert all("4090" in g["name"] for g in json.loads(asked.stdout)["gpus"])
+    # the built-in defaults need no word
+    assert "as last time" not in gs("snapshot", "--simulate").stderr
+
+
+def test_help_names_the_default_a_command_would_open(gpustation_dirs: dict[str, Path]) -> None:
+    def help_text() -> str:
+        return " ".join(gs("power", "set", "--help").stdout.split())
+
+    assert "(default rtx4090)" in help_text() and "(default N: 2)" in help_text()
+    assert gs("snapshot", "--simulate", "3", "--sim-card", "h200").returncode == 0
+    assert "(default h200, as last simulated)" in help_text()
+    assert "(default N: 3, as last simulated)" in help_text()
+    env = child_env(GPUSTATION_SIM_CARD="rtx4090")
+    shown = subprocess.run(
+        gpustation_cmd("snapshot", "--help"), env=env, capture_output=True, text=True, timeout=60
+    )
+    assert "(default rtx4090, from GPUSTATION_SIM_CARD)" in " ".join(shown.stdout.split())
+
+
+def test_the_cards_help_offers_are_the_simulated_cards() -> None:
+    from gpustation.telemetry.sim_cards import CARDS
+    from gpustation.telemetry.sim_last import CARD_KEYS, card_label
+
+    assert tuple(CARDS) == CARD_KEYS
+    assert [card_label(c) for c in CARD_KEYS] == ["RTX 4090", "H200"]

@@ -115,6 +115,7 @@ def _open_device_count(
             "simulated": True,
             "simulate": count if simulate in (None, -1) else simulate,
             "sim_card": sim_card or os.environ.get("GPUSTATION_SIM_CARD") or None,
+            **({"kept": backend.kept} if backend.kept else {}),
         }
     return count, {"kind": "nvml", "simulated": False}
 
@@ -165,6 +166,9 @@ def launch(
     record_lost_runs()
     if backend_info is None or device_count == -1:
         device_count, backend_info = _open_device_count(simulate, sim_card)
+        kept = backend_info.pop("kept", None)  # said when the run starts, not recorded
+        if kept:
+            warnings.append(str(kept))
     chosen = resolve_gpus(preset, gpus, device_count)
     if device_count is None and (gpus or preset.gpus):
         warnings.append("no NVIDIA driver: the run starts without GPUs")

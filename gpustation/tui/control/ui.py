@@ -208,6 +208,9 @@ class ControlUI:
     def ask_keep(self, change: Change) -> None:
         """Show "Keep this change?" for a change whose deadline runs in control/."""
         self.events.append(("asked", change.description))
+        # The last sample was read before the change: the screen behind the
+        # dialog shows the new values from a pass made now.
+        self.app.sample_now()
         for note in change.notes:
             self.app.notify(note, title="Control", severity="warning", timeout=8)
         self.refresh_screens()
@@ -241,10 +244,12 @@ class ControlUI:
         if outcome.kind == "error":
             self.error(f"could not revert {description}: {outcome.error}")
             return
-        self.last_outcome = f"reverted {description}"
+        undone = outcome.change.reverted_text
+        self.last_outcome = f"reverted {undone}"
         self.events.append(("reverted", description))
         why = " (not kept in time)" if outcome.timed_out else ""
-        self.app.notify(f"Reverted {description}{why}.", title="Control", severity="warning")
+        self.app.notify(f"Reverted {undone}{why}.", title="Control", severity="warning")
+        self.app.sample_now()  # the screen shows what was put back, not what was undone
         self.refresh_screens()
 
     def fans_auto(self) -> None:
