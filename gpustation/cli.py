@@ -167,11 +167,15 @@ def _refuse_negative_values(argv: Sequence[str]) -> None:
 
 def _restart_queue() -> None:
     """Runs wait in the queue and no scheduler holds it (a reboot, a kill): start one."""
-    from gpustation.runs.queue.folder import has_queued
+    from gpustation.runs.queue.folder import (
+        has_queued,  # start-up time: the queue's modules only where runs wait in it
+    )
 
     if not has_queued():
         return
-    from gpustation.runs.queue.scheduler import ensure_running
+    from gpustation.runs.queue.scheduler import (
+        ensure_running,  # start-up time: the queue's modules only where runs wait in it
+    )
 
     try:
         ensure_running()

@@ -9,8 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpustation import paths
 from gpustation.commands import options
 from gpustation.commands.options import add_gpu_options, print_json
+from gpustation.doctor import bundle
+from gpustation.doctor.checks import FAIL, WARN, diagnose, worst
 from gpustation.textsafe import safe
 
 #: exit statuses (documented in the README): ready; ready with warnings under
@@ -48,8 +51,6 @@ def _named(version: Any) -> dict[str, str] | None:
 
 
 def report(findings: Any) -> dict[str, Any]:
-    from gpustation.doctor.checks import worst
-
     snap = findings.snapshot
     return {
         "schema": "gpustation.doctor/1",
@@ -69,10 +70,6 @@ def report(findings: Any) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpustation import paths
-    from gpustation.doctor import bundle
-    from gpustation.doctor.checks import FAIL, WARN, diagnose
-
     if args.bundle is not None:
         bundle.check_name(args.bundle)
     findings = diagnose(lambda: options.backend_from_args(args), paths.runs_dir())

@@ -10,6 +10,9 @@ import argparse
 import json
 import time
 
+from rich.table import Table
+
+from gpustation.runs.output import console
 from gpustation.runs.queue import entries as queue
 from gpustation.runs.queue.scheduler import ensure_running, running
 from gpustation.textsafe import safe
@@ -75,9 +78,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(order: list[queue.Entry]) -> None:
-    from rich.table import Table
-
-    from gpustation.runs.output import console
 
     table = Table(box=None, pad_edge=False)
     for column in ("#", "ID", "WANTS", "PRIORITY", "SUBMITTED", "WAITING FOR"):

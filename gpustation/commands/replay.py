@@ -18,7 +18,9 @@ from pathlib import Path
 
 from gpustation import colour
 from gpustation.errors import UsageError
+from gpustation.telemetry.model import Snapshot
 from gpustation.telemetry.recording.file import SPEEDS, Recording
+from gpustation.telemetry.table import render_snapshot
 from gpustation.timespec import parse_time
 
 
@@ -79,9 +81,6 @@ def run(args: argparse.Namespace) -> int:
             json.dump(doc, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:
-            from gpustation.telemetry.model import Snapshot
-            from gpustation.telemetry.table import render_snapshot
-
             snap = Snapshot.from_dict(doc)
             sys.stdout.write(render_snapshot(snap, color=colour.wanted(sys.stdout)))
             sys.stdout.write("\n")

@@ -236,7 +236,9 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGINT, lambda *_: interrupts.append(time.monotonic()))
     try:
         if node_options is not None:
-            from gpustation.runs.multinode.launch import launch_multinode
+            from gpustation.runs.multinode.launch import (
+                launch_multinode,  # start-up time: only a multi-node run needs it
+            )
 
             handle = launch_multinode(preset, sets, node_options)
         else:
@@ -292,6 +294,7 @@ def _queue(
     resumed: bool,
 ) -> int:
     """``run --queue``: check the run as a start would, queue it, print its id."""
+    # start-up time: only run --queue needs these
     from gpustation.runs.launch.start import prepare
     from gpustation.runs.queue import entries as queue
     from gpustation.runs.queue.scheduler import ensure_running

@@ -46,6 +46,7 @@ from gpustation.runs.summary import RunSummary
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry.format import NA
 from gpustation.textsafe import safe
+from gpustation.timespec import parse_span
 
 if TYPE_CHECKING:
     from rich.console import Console, JustifyMethod
@@ -174,8 +175,6 @@ def _print_profile(out: Console, r: RunSummary) -> None:
 
 
 def _tidy(store: RunStore, args: argparse.Namespace) -> int:
-    from gpustation.timespec import parse_span
-
     if args.runs_action == "delete":
         for run_id in delete_runs(store, [store.resolve_id(i) for i in args.ids]):
             print(f"deleted {run_id}")

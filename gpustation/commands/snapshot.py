@@ -125,6 +125,7 @@ def _say_if_cache_read_only() -> None:
 
 
 def _emit(snap: Snapshot, as_json: bool, watching: bool = False, group: str | None = None) -> None:
+    # start-up time: the journal and lease readers only once a snapshot is printed
     from gpustation.control.drift import mark_drift
     from gpustation.control.lease import left_notes
 

@@ -47,7 +47,9 @@ from gpustation.runs.sweep.owner import (
 )
 from gpustation.runs.sweep.report import (
     TEXT_COLUMNS,
+    constants,
     point_columns,
+    point_label,
     point_rows,
     recommendation_text,
     svg_plot,
@@ -206,7 +208,6 @@ def _print_plan(sweep: Sweep, limits: dict[str, dict[int, float]]) -> None:
     )
     print(f"Dry run: sweep of {sweep.preset}, {len(sweep.points)} points; nothing is changed.")
     print(f"GPUs: {', '.join(map(str, sweep.gpus)) or 'none'}; estimated time: {total}")
-    from gpustation.runs.sweep.report import constants, point_label
 
     shared = constants(sweep)
     if shared:
@@ -316,8 +317,6 @@ def _report(sweep: Sweep) -> None:
 def print_points(sweep: Sweep) -> None:
     # start-up time: rich, for terminal output only
     from rich.table import Table
-
-    from gpustation.runs.sweep.report import constants
 
     shared = constants(sweep)
     if shared:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gpustation.commands.options import add_gpu_options
 from gpustation.errors import UsageError
+from gpustation.serve.exporter import is_loopback, parse_listen
 from gpustation.serve.webguard import (
     IDLE_TIMEOUT_S,
     MAX_CONNECTIONS,
@@ -183,7 +184,7 @@ def _warning(where: str, allow_control: bool) -> str:
 def _check_web_extra() -> None:
     """UsageError naming the extra to install when the web server's libraries are missing."""
     try:
-        import gpustation.serve.web  # noqa: F401
+        import gpustation.serve.web  # noqa: F401  # guarded: a missing 'web' extra is said, exit 2
     except ModuleNotFoundError as err:
         raise UsageError(
             f"gpustation web needs the web extra ({err.name or err} is not installed): "
@@ -194,7 +195,6 @@ def _check_web_extra() -> None:
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted (Ctrl-C: 130, SIGTERM: 0)."""
     _check_web_extra()
-    from gpustation.serve.exporter import is_loopback, parse_listen
 
     host, port = parse_listen(args.listen)
     host = canonical_host(host).strip("[]")  # 127.1 is 127.0.0.1, and loopback
@@ -212,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
     loopback = is_loopback(host)
     token = _token(args, loopback)
 
+    # optional extra 'web'
     from gpustation.serve.web import (
         DashboardServer,
         dashboard_command,

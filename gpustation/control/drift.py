@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpustation.control import journal
 from gpustation.paths import state_dir
 from gpustation.telemetry.model import GpuSample, Snapshot
 from gpustation.telemetry.slotted import field, record
@@ -84,7 +85,6 @@ def _fans(fans: Sequence[int]) -> str:
 
 def last_applied(entries: Sequence[JournalEntry], simulated: bool) -> dict[str, Applied]:
     """UUID -> what was applied to that card last, from the journal's entries."""
-    from gpustation.control import journal
 
     out: dict[str, Applied] = {}
     for e in entries:
@@ -160,7 +160,6 @@ def applied_now(simulated: bool, path: Path | None = None) -> dict[str, Applied]
         st = os.stat(path)
     except OSError:
         return {}
-    from gpustation.control import journal
 
     stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
     key = (str(path), simulated)

@@ -13,15 +13,22 @@ from __future__ import annotations
 import io
 import json
 import os
+import pwd
 import tarfile
 import time
 import zipfile
 from pathlib import Path
 from typing import Any
 
+import zstandard
+
+from gpustation import private
+from gpustation.control import journal
 from gpustation.doctor.checks import Findings
 from gpustation.errors import UsageError
+from gpustation.privs import invoking_user
 from gpustation.redact import redact_words
+from gpustation.runs.store.index import RunStore
 
 #: how much of the control journal comes along (its newest lines)
 JOURNAL_TAIL_LINES = 200
@@ -41,14 +48,10 @@ def check_name(path: Path) -> None:
 
 
 def _user() -> str | None:
-    from gpustation.privs import invoking_user
-
     user = invoking_user()
     if user is not None:
         return user.name
     try:
-        import pwd
-
         return pwd.getpwuid(os.getuid()).pw_name
     except (KeyError, ImportError):
         return None
@@ -75,8 +78,6 @@ def scrub_snapshot(doc: dict[str, Any], me: str | None) -> dict[str, Any]:
 
 
 def _journal_tail() -> str:
-    from gpustation.control import journal
-
     try:
         with open(journal.journal_path(), "rb") as fh:
             fh.seek(0, os.SEEK_END)
@@ -88,8 +89,6 @@ def _journal_tail() -> str:
 
 
 def _run_tails() -> str:
-    from gpustation.runs.store.index import RunStore
-
     try:
         runs = RunStore().list_runs(limit=RECENT_RUNS)
     except Exception as err:  # a damaged store must not stop the bundle
@@ -125,7 +124,6 @@ def members(findings: Findings, report: dict[str, Any]) -> dict[str, bytes]:
 def write_bundle(path: Path, files: dict[str, bytes]) -> None:
     """Write ``files`` as a zip or a tar.zst (by ``path``'s name), readable by
     its owner alone: it names the machine, its processes and its runs."""
-    from gpustation import private
 
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
@@ -136,8 +134,6 @@ def write_bundle(path: Path, files: dict[str, bytes]) -> None:
                 for name, data in files.items():
                     zf.writestr(f"gpustation-support/{name}", data)
         else:
-            import zstandard
-
             with (
                 zstandard.ZstdCompressor().stream_writer(fh, closefd=False) as zw,
                 tarfile.open(fileobj=zw, mode="w|") as tf,

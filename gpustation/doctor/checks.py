@@ -22,6 +22,7 @@ from typing import Any
 
 from gpustation.control.drift import applied_now, find_drift
 from gpustation.errors import NoDriverError
+from gpustation.privs import as_root
 from gpustation.telemetry import health
 from gpustation.telemetry.alerts import topology_findings
 from gpustation.telemetry.backend import Backend
@@ -117,7 +118,6 @@ def read_kernel_log() -> list[str] | None:
 
 def can_change_limits(simulated: bool) -> tuple[bool, str]:
     """Whether this user may set power limits and fans, and why; nothing is tried."""
-    from gpustation.privs import as_root
 
     with as_root():
         euid = os.geteuid()

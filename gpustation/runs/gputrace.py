@@ -43,6 +43,7 @@ from typing import Any
 from gpustation import private
 from gpustation.runs.tail import file_lines, parse_metric_line
 from gpustation.telemetry.model import LIMITING_REASONS, Snapshot
+from gpustation.telemetry.registry import open_backend
 from gpustation.telemetry.sampler import Sampler
 from gpustation.telemetry.shares import gpu_shares
 
@@ -126,8 +127,6 @@ class TraceSampler:
         simulate: int | None = None,
         sim_card: str | None = None,
     ) -> None:
-        from gpustation.telemetry.registry import open_backend
-
         self.backend = open_backend(simulate=simulate, sim_card=sim_card)
         self.sampler = Sampler(
             self.backend,

@@ -435,7 +435,10 @@ def _runner_option(runner: str | None, dest: str) -> RunnerArg | None:
     preset does not set."""
     if runner is None:
         return None
-    from gpustation.runs.launch.runner_args import RunnerArgsError, runner_args
+    from gpustation.runs.launch.runner_args import (  # cycle: runner_args reads the presets
+        RunnerArgsError,
+        runner_args,
+    )
 
     try:
         options = runner_args(runner)
@@ -445,7 +448,9 @@ def _runner_option(runner: str | None, dest: str) -> RunnerArg | None:
 
 
 def _typed_by_runner(raw_key: str, text: str, option: RunnerArg) -> ArgValue:
-    from gpustation.runs.launch.runner_args import parse_text
+    from gpustation.runs.launch.runner_args import (
+        parse_text,  # cycle: runner_args reads the presets
+    )
 
     try:
         return parse_text(option.kind, text, option.choices)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import time
 from collections.abc import Callable
 
@@ -125,7 +126,6 @@ def list_containers(socket_path: str, deadline_s: float = API_DEADLINE_S) -> dic
     Raises OSError (no socket, refused, too slow, too big) or ValueError (not
     the API's answer): the caller shows short ids.
     """
-    import socket
 
     end = time.monotonic() + deadline_s
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:

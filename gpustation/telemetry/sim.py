@@ -52,6 +52,7 @@ from gpustation.telemetry.sim_cards import (
     IDLE_HOLDER_PID,
     JOB_NAMES,
     CardSpec,
+    card_label,
 )
 from gpustation.telemetry.sim_control import SimControl, gpu_state
 from gpustation.telemetry.sim_last import kept_note, last_machine, remember_machine
@@ -155,7 +156,7 @@ class SimBackend(Backend):
         backend = cls(count=count, card=card, seed=seed, state_path=path)
         if not stored:
             backend.note = f"{state_dir()} is read-only: the simulated GPUs' state is not kept"
-        backend.kept = kept_note(count, card, count_kept, card_kept)
+        backend.kept = kept_note(count, card, card_label(card), count_kept, card_kept)
         remember_machine(count, card)
         return backend
 

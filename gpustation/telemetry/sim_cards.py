@@ -132,3 +132,9 @@ JOB_NAMES = (
 #: that loaded a model and went quiet
 IDLE_HOLDER = ("jupyter", "python -m ipykernel_launcher -f kernel-7c1e.json")
 IDLE_HOLDER_PID = 19000
+
+
+def card_label(card: str) -> str:
+    """A card's short name: ``H200``, ``RTX 4090``."""
+    name = CARDS[card].name.removesuffix(" (simulated)").removeprefix("NVIDIA ")
+    return name.removeprefix("GeForce ")

@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from gpustation.errors import GpustationError, NeedsRootError, NotSupportedError, UsageError
+from gpustation.privs import as_root
 from gpustation.telemetry.backend import Control
 from gpustation.telemetry.sim_cards import CardSpec
 
@@ -30,8 +31,6 @@ class SimControl(Control):
         self._changing = changing
 
     def _check_root(self, what: str) -> None:
-        from gpustation.privs import as_root
-
         # the simulated driver call: as root under sudo, as a real setter is
         with as_root():
             euid = os.geteuid()

@@ -14,6 +14,7 @@ from typing import Any
 from gpustation import private
 from gpustation.errors import UsageError
 from gpustation.files import read_text
+from gpustation.paths import state_dir
 
 #: The machine last opened (card and count).
 LAST_MACHINE_FILE = "sim-last.json"
@@ -27,7 +28,6 @@ DEFAULT_CARD = "rtx4090"
 
 def last_machine() -> tuple[int | None, str | None]:
     """The count and card last simulated, each None when none is on record."""
-    from gpustation.paths import state_dir
 
     last: Any = {}
     with contextlib.suppress(UsageError, ValueError, RecursionError):
@@ -44,7 +44,6 @@ def last_machine() -> tuple[int | None, str | None]:
 
 def remember_machine(count: int, card: str) -> None:
     """Record the machine opened, for the next ``--simulate`` that names no count or card."""
-    from gpustation.paths import state_dir
 
     if last_machine() == (count, card):
         return
@@ -53,14 +52,6 @@ def remember_machine(count: int, card: str) -> None:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         private.write_text(tmp, json.dumps({"card": card, "count": count}))
         os.replace(tmp, path)
-
-
-def card_label(card: str) -> str:
-    """A card's short name: ``H200``, ``RTX 4090``."""
-    from gpustation.telemetry.sim_cards import CARDS
-
-    name = CARDS[card].name.removesuffix(" (simulated)").removeprefix("NVIDIA ")
-    return name.removeprefix("GeForce ")
 
 
 def default_count() -> int:
@@ -73,9 +64,10 @@ def default_card() -> str:
     return last_machine()[1] or DEFAULT_CARD
 
 
-def kept_note(count: int, card: str, count_kept: bool, card_kept: bool) -> str | None:
+def kept_note(count: int, card: str, label: str, count_kept: bool, card_kept: bool) -> str | None:
     """What was reused from last time, said to the user (None when nothing
-    differs from the built-in defaults, so the usual case stays quiet)."""
+    differs from the built-in defaults, so the usual case stays quiet); ``label``
+    is the card's short name (``sim_cards.card_label``)."""
     flags = []
     if count_kept and count != DEFAULT_COUNT:
         flags.append("--simulate N")
@@ -83,4 +75,4 @@ def kept_note(count: int, card: str, count_kept: bool, card_kept: bool) -> str |
         flags.append("--sim-card")
     if not flags:
         return None
-    return f"{count} simulated {card_label(card)}, as last time; {' or '.join(flags)} to change"
+    return f"{count} simulated {label}, as last time; {' or '.join(flags)} to change"

@@ -46,21 +46,27 @@ class ScreenEntry:
 
 def runs_screen() -> type[Screen[Any]]:
     # Imported on first use, for start-up time: the runs screen pulls in the run store.
-    from gpustation.tui.runs.screen import RunsScreen
+    from gpustation.tui.runs.screen import (
+        RunsScreen,  # start-up time: a screen's modules load when it is first opened
+    )
 
     return RunsScreen
 
 
 def control_screen() -> type[Screen[Any]]:
     # Imported on first use, for start-up time: the control screen pulls in control/.
-    from gpustation.tui.control.screen import ControlScreen
+    from gpustation.tui.control.screen import (
+        ControlScreen,  # start-up time: a screen's modules load when it is first opened
+    )
 
     return ControlScreen
 
 
 def control_commands(app: App[Any], screen: Screen[Any]) -> Iterable[SystemCommand]:
     # Imported when the palette opens, for start-up time (as control_screen).
-    from gpustation.tui.control.screen import system_commands
+    from gpustation.tui.control.screen import (
+        system_commands,  # start-up time: a screen's modules load when it is first opened
+    )
 
     return system_commands(app, screen)
 

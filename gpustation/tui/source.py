@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from gpustation.control.drift import mark_drift
 from gpustation.control.fans import unattended_manual_fans
 from gpustation.control.lease import left_notes
 from gpustation.errors import GpustationError
@@ -121,7 +122,6 @@ class DataSource:
         unattended: dict[int, list[int]] = {}
         if any("manual" in g.fan_control for g in snap.gpus):
             unattended = unattended_manual_fans(snap.gpus, self.backend.simulated)
-        from gpustation.control.drift import mark_drift
 
         mark_drift(snap)
 

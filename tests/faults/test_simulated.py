@@ -120,8 +120,8 @@ def test_help_names_the_default_a_command_would_open(gpustation_dirs: dict[str, 
 
 
 def test_the_cards_help_offers_are_the_simulated_cards() -> None:
-    from gpustation.telemetry.sim_cards import CARDS
-    from gpustation.telemetry.sim_last import CARD_KEYS, card_label
+    from gpustation.telemetry.sim_cards import CARDS, card_label
+    from gpustation.telemetry.sim_last import CARD_KEYS
 
     assert tuple(CARDS) == CARD_KEYS
     assert [card_label(c) for c in CARD_KEYS] == ["RTX 4090", "H200"]

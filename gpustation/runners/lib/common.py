@@ -380,7 +380,8 @@ class StopAsked:
             return self.asked
         if step % self.every:
             return False
-        import torch.distributed as dist  # the distributed package only in a distributed job
+        # start-up time: the distributed package only in a distributed job
+        import torch.distributed as dist
 
         flag = torch.tensor([1.0 if self.asked else 0.0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)

@@ -16,7 +16,7 @@ from typing import Any
 
 def probe() -> dict[str, Any]:
     try:
-        import torch
+        import torch  # optional extra 'train'
     except ImportError as err:
         return {"torch": None, "error": f"{type(err).__name__}: {err}"}
     out: dict[str, Any] = {

@@ -41,6 +41,8 @@ from gpustation.runs.presets import RunPreset, apply_values
 from gpustation.runs.rundir import RunState
 from gpustation.runs.store.reconcile import list_active_runs, mark_ended, record_lost_runs
 from gpustation.runs.summary import RunSummary
+from gpustation.telemetry.backend import simulate_from_env
+from gpustation.telemetry.registry import open_backend
 
 
 def new_run_id(name: str, now: float | None = None) -> str:
@@ -96,9 +98,6 @@ class RunHandle:
 def _open_device_count(
     simulate: int | None, sim_card: str | None
 ) -> tuple[int | None, dict[str, Any]]:
-    from gpustation.telemetry.backend import simulate_from_env
-    from gpustation.telemetry.registry import open_backend
-
     try:
         backend = open_backend(simulate=simulate, sim_card=sim_card)
     except NoDriverError as err:

@@ -24,6 +24,7 @@ from typing import Any
 
 from gpustation import private, privs
 from gpustation.errors import UsageError
+from gpustation.redact import redact_env
 from gpustation.runs import rundir
 from gpustation.runs.launch.start import RunRequest, new_run_directory
 from gpustation.runs.presets import RunPreset
@@ -36,6 +37,7 @@ from gpustation.runs.queue.folder import (
     queued_ids,
 )
 from gpustation.runs.rundir import QUEUED, RunState
+from gpustation.runs.store.index import RunStore, sync_run
 
 QUEUE_JSON = "queue.json"
 #: the range of --priority: higher starts first
@@ -119,7 +121,6 @@ def submit(
         },
     )
     # What every reader shows of it (the environment by name only, as for any run).
-    from gpustation.redact import redact_env
 
     rundir.write_json(
         directory / rundir.RUN_JSON,
@@ -147,8 +148,6 @@ def submit(
 
 
 def _index(directory: Path) -> None:
-    from gpustation.runs.store.index import RunStore, sync_run
-
     try:
         sync_run(directory, RunStore(write_wait_s=2.0))
     except Exception:

@@ -17,10 +17,13 @@ import fcntl
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import IO, Any
+
+import psutil
 
 from gpustation import private, privs
 from gpustation.errors import GpustationError
@@ -44,6 +47,7 @@ from gpustation.runs.queue.folder import started as started_run
 from gpustation.runs.queue.free import GpuWatch, QueueSettings, load_settings
 from gpustation.runs.rundir import RunState
 from gpustation.runs.store.reconcile import ActiveRun, list_active_runs
+from gpustation.telemetry.registry import open_backend
 
 #: how often the GPUs are read: a freed GPU is taken within about this
 POLL_S = 0.5
@@ -103,7 +107,6 @@ def ensure_running() -> bool:
             cwd=str(queue_dir()),
             **privs.child_kwargs(),
         )
-    import threading
 
     threading.Thread(target=proc.wait, name="reap-scheduler", daemon=True).start()
     return True
@@ -119,8 +122,6 @@ class Machine:
     """One kind of GPUs the queued runs ask for (the real ones, or a simulated machine)."""
 
     def __init__(self, key: tuple[Any, ...], settings: QueueSettings) -> None:
-        from gpustation.telemetry.registry import open_backend
-
         self.key = key
         self.simulated = key[0] == "sim"
         if self.simulated:
@@ -155,7 +156,6 @@ class Machine:
 
 def _run_pids(state: RunState) -> set[int]:
     """The processes of a run: its child, the descendants it recorded, their children now."""
-    import psutil
 
     pids = {int(p) for p, *_ in state.descendants if p}
     if state.child_pid:
@@ -286,7 +286,6 @@ def recover() -> list[str]:
 
 def _supervised_dirs() -> set[str]:
     """The run directories a supervisor process runs for now (its last argument)."""
-    import psutil
 
     found = set()
     for proc in psutil.process_iter(["cmdline"]):

@@ -312,7 +312,7 @@ def _span(values: list[float]) -> tuple[float, float]:
 def terminal_plot(sweep: Sweep, width: int = 80, height: int = 20, colour: bool = True) -> str:
     """The same scatter drawn with plotext for the terminal, the recommended points
     marked; without ``colour`` as plain text (a file, a pipe, ``NO_COLOR``)."""
-    import plotext as plt
+    import plotext as plt  # start-up time: the terminal plot only when one is drawn
 
     points = measured(sweep)
     if not points:

@@ -21,6 +21,7 @@ from textual.widgets import Checkbox, Label
 
 from gpustation.errors import UsageError
 from gpustation.runs.argvalue import ArgValue
+from gpustation.runs.launch.argv import resolve_gpus
 from gpustation.runs.presets import RunPreset
 from gpustation.textsafe import safe
 
@@ -43,7 +44,6 @@ class Prefill:
 
 def default_gpus(preset: RunPreset, device_count: int | None) -> list[int] | None:
     """The GPUs a launch would take without a choice (None when it cannot be said)."""
-    from gpustation.runs.launch.argv import resolve_gpus
 
     try:
         return resolve_gpus(preset, None, device_count)
