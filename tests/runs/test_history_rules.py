@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 
 import psutil
@@ -257,6 +258,7 @@ def test_the_list_is_newest_first_and_cut_to_its_limit(store: RunStore) -> None:
 
 
 def test_a_warning_is_said_once_a_process(capsys: pytest.CaptureFixture[str]) -> None:
-    store_mod._warn("the index was rebuilt (test)")
-    store_mod._warn("the index was rebuilt (test)")
-    assert capsys.readouterr().err == "gpustation: the index was rebuilt (test)\n"
+    message = f"the index was rebuilt ({uuid.uuid4()})"  # new to this process
+    store_mod._warn(message)
+    store_mod._warn(message)
+    assert capsys.readouterr().err == f"gpustation: {message}\n"
