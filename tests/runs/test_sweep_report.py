@@ -4,6 +4,7 @@ the recommendation's words, the SVG and terminal plots, and the points table."""
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -244,14 +245,30 @@ def test_the_svg_plot_of_one_point_or_none() -> None:
     assert sweep_report._span([1.0, 1.0]) == (pytest.approx(0.884), pytest.approx(1.116))
 
 
+def _visible(text: str) -> list[str]:
+    return [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in text.splitlines()]
+
+
 def test_the_terminal_plot_marks_the_fastest_and_the_recommended() -> None:
-    s = _sweep(_p(0, 100.0, 2.0), _p(1, 200.0, 1.5), _p(2, 195.0, 1.0), _p(3, 50.0, 3.0))
+    s = _sweep(
+        _p(0, 100.0, 2.0, unit="img/s", work_unit="img"),
+        _p(1, 200.0, 1.5),
+        _p(2, 195.0, 1.0),
+        _p(3, 50.0, 3.0),
+    )
     text = sweep_report.terminal_plot(s, width=100, height=24)
-    assert "#2 fastest" in text and "#3 recommended" in text and "Pareto front" in text
-    assert "points" in text and "throughput (/s)" in text and "J/unit" in text
-    assert len(text.splitlines()) == 24
-    alone = sweep_report.terminal_plot(_sweep(_p(0, 100.0, 2.0)), width=60, height=12)
-    assert "#1 fastest, recommended" in alone and "points" not in alone
+    red = "\x1b[38;5;1m"
+    assert f"{red}#2 fastest\x1b[0m" in text and f"{red}#3 recommended\x1b[0m" in text
+    assert set(re.findall(r"\x1b\[[0-9;]*m", text)) == {"\x1b[0m", red}  # the terminal's colours
+    lines = _visible(text)
+    assert len(lines) == 24 and {len(line.rstrip()) <= 100 for line in lines} == {True}
+    assert max(len(line) for line in lines) == 100  # the size asked for
+    assert "▞▞ points" in lines[1] and "•• Pareto front" in lines[2]
+    assert re.search(r"\bJ/img\b", lines[-1]) and "throughput (img/s)" in lines[-1]
+    plain = _visible(sweep_report.terminal_plot(_sweep(_p(0, 100.0, 2.0)), width=60, height=12))
+    assert "#1 fastest, recommended" in "\n".join(plain)
+    assert "points" not in "\n".join(plain) and "•• Pareto front" in plain[1]
+    assert re.search(r"^J/unit\s+throughput \(/s\)", plain[-1])
     assert sweep_report.terminal_plot(_sweep()) == ""
 
 
@@ -304,3 +321,56 @@ def test_the_points_table() -> None:
     plain = _sweep(Point(0, {}))
     assert sweep_report.point_columns(plain)[3:5] == ["throughput (/s)", "J/unit"]
     assert sweep_report.point_rows(plain)[0][2] == "pending"
+
+
+def test_the_svg_plot_s_frame_fits_the_canvas() -> None:
+    s = _sweep(_p(0, 100.0, 2.0), _p(1, 200.0, 1.0), _p(2, 300.0, 1.5), within=60.0)
+    svg = sweep_report.svg_plot(s, width=600, height=400)
+    lines = svg.splitlines()
+    assert lines[0].startswith("<svg ") and lines[-1] == "</svg>"
+    assert all(line.startswith("<") and line.endswith(">") for line in lines)
+    root = ET.fromstring(svg)
+    (rect,) = root.findall(f"{SVG}rect")
+    assert rect.attrib == {"width": "100%", "height": "100%", "fill": "white"}
+    x_axis, y_axis = root.findall(f"{SVG}line")
+    assert [x_axis.get(k) for k in ("x1", "y1", "x2", "y2")] == ["80", "340", "570", "340"]
+    assert [y_axis.get(k) for k in ("x1", "y1", "x2", "y2")] == ["80", "40", "80", "340"]
+    texts = root.findall(f"{SVG}text")
+    title = texts[0]
+    assert (title.get("x"), title.get("y")) == ("300.0", "22")  # centred on the canvas
+    x_label = next(t for t in texts if (t.text or "").startswith("throughput ("))
+    assert (x_label.get("x"), x_label.get("y")) == ("340.0", "385")
+    y_label = next(t for t in texts if (t.text or "").startswith("energy ("))
+    assert (y_label.get("y"), y_label.get("transform")) == ("190.0", "rotate(-90 18 190.0)")
+    legend = next(t for t in texts if t.text == "Pareto front")
+    assert (legend.get("x"), legend.get("y")) == ("570", "40")
+    y_ticks = [t for t in texts if t.get("text-anchor") == "end" and t is not legend]
+    assert {t.get("x") for t in y_ticks} == {"74"}
+    # the lowest tick sits on the x axis, its text's baseline 4 px below it
+    assert float(y_ticks[0].get("y")) == pytest.approx(344.0)
+    line = root.find(f"{SVG}polyline")
+    assert line is not None and len(line.get("points", "").split(" ")) == 2
+    assert (line.get("stroke-width"), line.get("fill")) == ("2", "none")
+    for element in root.iter():
+        for key in ("x", "cx", "x1", "x2"):
+            if key in element.attrib:
+                assert 0 <= float(element.attrib[key]) <= 600, (element.tag, element.attrib)
+        for key in ("y", "cy", "y1", "y2"):
+            if key in element.attrib:
+                assert 0 <= float(element.attrib[key]) <= 400, (element.tag, element.attrib)
+    empty = ET.fromstring(sweep_report.svg_plot(_sweep(), width=600, height=400))
+    none_text = empty.findall(f"{SVG}text")[-1]
+    assert (none_text.get("x"), none_text.get("y")) == ("300.0", "200.0")
+
+
+def test_a_span_of_one_value_is_widened_around_it() -> None:
+    assert sweep_report._span([1.0, 1.5]) == (pytest.approx(0.96), pytest.approx(1.54))
+    lo, hi = sweep_report._span([0.0, 0.0])
+    assert lo == pytest.approx(-1.16e-9, abs=1e-13) and hi == pytest.approx(1.16e-9, abs=1e-13)
+
+
+def test_the_recommendation_s_percentages() -> None:
+    s = _sweep(_p(0, 1000.0, 2.0), _p(1, 500.0, 1.0), within=60.0)
+    assert sweep_report.recommendation_text(s).endswith(
+        "Least energy within 60 % of that: bs=2, 500.0 /s (-50.0 %) at 1 J/unit (-50.0 %)."
+    )
