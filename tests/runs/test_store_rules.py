@@ -236,3 +236,68 @@ def test_a_note_of_digits_stays_text(tmp_path: Path) -> None:
     sync_run(_run(tmp_path / "runs", "r"), store)
     annotate(store, "r", note="42")
     assert store.get("r").note == "42"  # type: ignore[union-attr]
+
+
+def test_a_finished_run_s_state_changed_on_disk_is_read_again(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    store = RunStore(tmp_path / "runs.db")
+    directory = _run(root, "r", status="stopped")
+    sync_run(directory, store)
+    assert store.get("r").status == "stopped"  # type: ignore[union-attr]
+    # a later writer (a reconcile) changed it; its row lags
+    rundir.write_state(
+        directory, RunState(id="r", status="lost", started_at=1000.0, ended_at=1001.0)
+    )
+    assert store.get("r").status == "lost"  # type: ignore[union-attr]
+    assert store.catch_up() == 1
+    assert store.get("r").status == "lost"  # type: ignore[union-attr]
+
+
+def test_lagging_directories_after_an_agreeing_one_are_all_read(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    said: list[str] = []
+    store = RunStore(tmp_path / "runs.db", warn=said.append)
+    for name in ("a", "b", "c"):
+        sync_run(_run(root, name, status="running"), store)
+    for name in ("b", "c"):
+        rundir.write_state(root / name, RunState(id=name, status="failed", started_at=1000.0))
+    assert {r.id: r.status for r in store.list_runs()} == {
+        "a": "running",
+        "b": "failed",
+        "c": "failed",
+    }
+    assert said == []  # a sound index: nothing to say
+
+
+def test_a_missing_index_is_said_to_be_missing_while_the_directories_answer(
+    tmp_path: Path,
+) -> None:
+    said: list[str] = []
+    _run(tmp_path / "runs", "a")
+    store = RunStore(tmp_path / "runs.db", warn=said.append)
+    assert [r.id for r in store.list_runs()] == ["a"]
+    assert said == [
+        f"{store.db} is missing; rebuilt the run history from 1 run directories "
+        "(the next run writes it again)"
+    ]
+
+
+def test_runs_sort_by_start_newest_first_those_without_one_last(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "runs.db")
+    for name, started in (("zero", 0.0), ("half", 0.5), ("none", None)):
+        store.upsert(RunSummary(id=name, status="succeeded", started_at=started))
+    assert [r.id for r in store.list_runs()] == ["half", "zero", "none"]
+
+
+def test_text_an_older_version_stored_as_it_came_is_made_safe(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "runs.db")
+    store.upsert(RunSummary(id="r", status="succeeded"))
+    conn = sqlite3.connect(store.db)
+    conn.execute(
+        "UPDATE runs SET title = ?, tags = ? WHERE id = 'r'", ("a\x1b[2Jb", '["t\\u001b"]')
+    )
+    conn.commit()
+    conn.close()
+    got = store.get("r")
+    assert got is not None and "\x1b" not in (got.title or "") and got.title.startswith("a")
+    assert "\x1b" not in "".join(got.tags)
