@@ -5,9 +5,17 @@ the address the browser used, and the cap on dashboards open at once."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 from aiohttp import ClientSession, CookieJar, WSServerHandshakeError
 from aiohttp.test_utils import TestServer
 
@@ -125,3 +133,47 @@ def test_the_server_keeps_what_it_was_given() -> None:
     assert dashboard_command(["--refresh", "1"], True, python="/py").endswith(
         "-m gpustation --read-only --refresh 1"
     )
+
+
+def test_the_server_answers_until_sigterm_and_closes_idle_connections(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpustation.serve import web as web_mod
+
+    monkeypatch.setattr(web_mod, "connection_cap", lambda wanted, reserve: wanted - 1)
+    dash = DashboardServer("true", "127.0.0.1", 0, TOKEN, "t", max_sessions=2)
+    seen: dict[str, Any] = {}
+
+    def probe(port: int) -> None:
+        try:
+            idle = socket.create_connection(("127.0.0.1", port), timeout=30)
+            began = time.monotonic()
+            seen["idle_end"] = idle.recv(1)  # sends nothing: closed at the idle timeout
+            seen["idle_s"] = time.monotonic() - began
+            idle.close()
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30):
+                pass
+        except urllib.error.HTTPError as err:
+            seen["status"] = err.code
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_ready(port: int) -> None:
+        seen["port"] = port
+        threading.Thread(target=probe, args=(port,), daemon=True).start()
+
+    asyncio.run(
+        asyncio.wait_for(
+            web_mod.serve_until_stopped(dash, on_ready, idle_timeout_s=0.5, max_connections=20),
+            120,
+        )
+    )
+    assert seen["status"] == 403 and seen["idle_end"] == b""
+    assert 0.4 <= seen["idle_s"] < 20
+    assert capsys.readouterr().err == (
+        "gpustation: at most 19 connections at once, not 20: the open-files limit leaves "
+        "room for no more (`ulimit -n` raises it)\n"
+    )
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", seen["port"]), timeout=5)
