@@ -5,6 +5,7 @@ caught up, a lock is waited for only so long."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -38,7 +39,7 @@ def _numeric_looking(annotation: str) -> object:
     if annotation.startswith("int"):
         return 7
     if annotation.startswith("float"):
-        return 7.5
+        return 7.0  # a whole number: a column of the wrong type makes it an int
     if annotation.startswith("list"):
         return ["7"] if "str" in annotation else [7]
     if annotation.startswith("dict"):
@@ -301,3 +302,108 @@ def test_text_an_older_version_stored_as_it_came_is_made_safe(tmp_path: Path) ->
     got = store.get("r")
     assert got is not None and "\x1b" not in (got.title or "") and got.title.startswith("a")
     assert "\x1b" not in "".join(got.tags)
+
+
+def test_numbers_sqlite_cannot_hold_are_stored_as_none(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "runs.db")
+    for run_id, value in (
+        ("inf", float("inf")),
+        ("nan", float("nan")),
+    ):
+        store.upsert(RunSummary(id=run_id, energy_j=value))
+        assert store.get(run_id).energy_j is None  # type: ignore[union-attr]
+    for run_id, code, kept in (
+        ("lowest", -(1 << 63), True),
+        ("below", -(1 << 63) - 1, False),
+        ("highest", (1 << 63) - 1, True),
+        ("above", 1 << 63, False),
+        ("minus-one", -1, True),
+    ):
+        store.upsert(RunSummary(id=run_id, exit_code=code))
+        assert store.get(run_id).exit_code == (code if kept else None), run_id  # type: ignore[union-attr]
+
+
+def test_the_index_s_lock_and_a_kept_aside_file_are_named_and_private(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    store = RunStore(tmp_path / "runs.db", warn=lambda _m: None)
+    sync_run(_run(root, "a"), store)
+    lock = tmp_path / "runs.db.lock"
+    assert lock.exists() and lock.stat().st_mode & 0o777 == 0o600
+    store.db.write_bytes(b"not a database" * 100)
+    sync_run(_run(root, "b"), RunStore(store.db, warn=lambda _m: None))
+    (aside,) = tmp_path.glob("runs.db.bad-*")
+    assert re.fullmatch(r"runs\.db\.bad-\d{8}-\d{6}", aside.name), aside.name
+
+
+def test_a_run_directory_without_a_state_or_a_run_file(tmp_path: Path) -> None:
+    from gpustation.runs.store import record_from_dir
+
+    bare = tmp_path / "runs" / "only-state"
+    bare.mkdir(parents=True)
+    rundir.write_state(
+        bare, RunState(id="only-state", status="failed", started_at=5.0, ended_at=9.0)
+    )
+    got = record_from_dir(bare)
+    assert (got.id, got.status, got.duration_s) == ("only-state", "failed", 4.0)
+    unstated = tmp_path / "runs" / "no-state"
+    unstated.mkdir()
+    rundir.write_json(
+        unstated / rundir.RUN_JSON, {"id": "no-state", "created_at": time.time() - 100}
+    )
+    (unstated / rundir.STATE_JSON).write_text("{not json")
+    took = record_from_dir(unstated)
+    assert took.duration_s is not None and 99.0 <= took.duration_s < 3600.0  # still going
+    gone = tmp_path / "runs" / "gone"
+    with pytest.raises(FileNotFoundError) as err:
+        record_from_dir(gone)
+    assert str(err.value) == f"run directory {gone} is gone"
+    # a state file that cannot be read does not stop the listing
+    store = RunStore(tmp_path / "runs.db")
+    assert [r.id for r in store.list_runs()] == ["no-state"]  # listed: it has a run.json
+    assert [r.id for r in store.list_runs()] == ["no-state"]
+
+
+def test_what_the_gpus_did_goes_into_the_row(tmp_path: Path) -> None:
+    from gpustation.runs.gputrace import TelemetrySummary
+    from gpustation.runs.store import apply_telemetry
+
+    tele = TelemetrySummary(
+        samples=3,
+        duration_s=10.0,
+        energy_j=500.0,
+        avg_power_w=50.0,
+        peak_power_w=80.0,
+        peak_temp_c=70.0,
+        peak_vram_mib=900.0,
+        throttled_s=2.0,
+        tensor_active_pct=40.0,
+    )
+    record = RunSummary(id="r", peak_vram_mib=1200.0, work=100.0)
+    got = apply_telemetry(record, tele, tmp_path)
+    assert (got.energy_j, got.avg_power_w, got.peak_power_w, got.peak_temp_c) == (
+        500.0,
+        50.0,
+        80.0,
+        70.0,
+    )
+    assert (got.tensor_active_pct, got.throttled_s, got.peak_vram_mib) == (40.0, 2.0, 1200.0)
+    assert got.energy_per_unit_j == 5.0 and got.energy_shared is False
+    (tmp_path / rundir.SHARED_GPUS).write_text("")
+    assert apply_telemetry(RunSummary(id="r"), tele, tmp_path).energy_shared is True
+    split = TelemetrySummary(energy_j=500.0, split=True)
+    assert apply_telemetry(RunSummary(id="r"), split, tmp_path).energy_shared is False
+    none = apply_telemetry(RunSummary(id="r", work=100.0), TelemetrySummary(), tmp_path)
+    assert none.energy_per_unit_j is None and none.energy_shared is False
+    assert none.peak_vram_mib is None
+
+
+def test_columns_an_older_index_gains_keep_their_types(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    old = sqlite3.connect(db)
+    old.execute("CREATE TABLE runs (id TEXT PRIMARY KEY, status TEXT)")
+    old.commit()
+    old.close()
+    store = RunStore(db)
+    store.upsert(RunSummary(id="r", title="7", note="8", exit_code=3, steps=4))
+    got = store.get("r")
+    assert got is not None and (got.title, got.note, got.exit_code, got.steps) == ("7", "8", 3, 4)
