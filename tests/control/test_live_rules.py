@@ -4,11 +4,15 @@ fans, what its revert puts back, and the notes for cards without fans."""
 from __future__ import annotations
 
 import threading
+from typing import ClassVar
+
+import pytest
 
 from gpustation.control import journal
 from gpustation.control.confirm import Outcome
 from gpustation.control.live import LiveControl
 from gpustation.control.profiles import load_profile
+from gpustation.errors import GpustationError
 from tests.control.conftest import RecordingSim
 
 WAIT_S = 30.0  # an upper bound: every wait ends on an event
@@ -115,5 +119,55 @@ def test_a_power_limit_change_says_what_it_was_and_reverts_to_it(sim: RecordingS
         assert live.confirm_timeout_s == 120.0
         live.confirm_timeout_s = 5.0
         assert live.confirmer.timeout_s == 5.0
+    finally:
+        live.close()
+
+
+class _Started:
+    """Stands in for the controller process a quitting dashboard starts: its argv and options."""
+
+    calls: ClassVar[list[tuple[list[str], dict]]] = []
+
+    def __init__(self, argv: list[str], **options: object) -> None:
+        self.calls.append((argv, options))
+        self.pid = 4242
+
+
+def test_a_kept_curve_is_handed_to_a_controller_of_its_own_after_it_stops(
+    sim: RecordingSim, monkeypatch: pytest.MonkeyPatch, gpustation_dirs: dict
+) -> None:
+    import subprocess
+
+    live = LiveControl(sim, [0, 1], confirm_timeout_s=120.0)
+    try:
+        with pytest.raises(GpustationError, match="no fan curve is running to leave behind"):
+            live.leave_curve_running()
+        live.apply_profile(load_profile("quiet"))
+        assert live.confirm() and live.curve_running
+        _Started.calls = []
+        monkeypatch.setattr(subprocess, "Popen", _Started)
+        assert live.leave_curve_running() == 4242
+        ((argv, options),) = _Started.calls
+        assert argv[-11:] == [
+            "-m",
+            "gpustation",
+            "fan",
+            "run",
+            "quiet",
+            "--gpus",
+            "0,1",
+            "--simulate",
+            "2",
+            "--sim-card",
+            "rtx4090",
+        ]
+        assert options["stdin"] == subprocess.DEVNULL and options["stderr"] == subprocess.STDOUT
+        assert options["start_new_session"] is True and options["close_fds"] is True
+        log = gpustation_dirs["state"] / "fan-controller.log"
+        assert options["stdout"].name == str(log)  # type: ignore[attr-defined]
+        assert log.stat().st_mode & 0o777 == 0o600
+        # this process's curve stopped first: the two never drive the fans at once
+        assert not live.curve_running and live.curve_profile is None
+        assert _modes(sim, [0, 1]) == {"auto"}
     finally:
         live.close()
