@@ -70,6 +70,7 @@ def _sql_type(name: str) -> str:
         "reason",
         "throughput_unit",
         "work_unit",
+        "note",
         "ran_as",
     }:
         return "TEXT"

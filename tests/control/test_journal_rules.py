@@ -1,0 +1,170 @@
+"""The control journal's rules, in-process: an intent line, then its outcome; a
+change whose outcome never came is unknown; bad lines are named and skipped; the
+profile in force and the values as people read them."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpustation.control import journal
+from gpustation.errors import GpustationError
+
+
+def _record(path: Path, **more: object) -> journal.JournalEntry:
+    args: dict = {
+        "gpu": 0,
+        "uuid": "GPU-a",
+        "what": journal.POWER_LIMIT,
+        "previous": 450.0,
+        "new": 300.0,
+        "command": "gpustation power set 300W",
+        "path": path,
+    }
+    args.update(more)
+    return journal.record(**args)
+
+
+def test_a_change_is_an_intent_then_its_outcome(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    entry = _record(path, fan=None, simulated=True)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert len(lines) == 1 and "outcome" not in lines[0] and "read_back" not in lines[0]
+    assert lines[0]["pid"] == os.getpid() and lines[0]["host"] == socket.gethostname()
+    assert len(lines[0]["id"]) == 16 and lines[0]["simulated"] is True
+    (read,) = journal.read_journal(path).entries
+    assert read.outcome == journal.UNKNOWN  # killed before its read-back: unknown
+    assert (read.previous, read.new, read.command) == (450.0, 300.0, "gpustation power set 300W")
+    journal.settle(entry, journal.MADE, read_back=300.0, path=path)
+    assert (entry.outcome, entry.read_back, entry.error) == (journal.MADE, 300.0, None)
+    outcome = json.loads(path.read_text().splitlines()[1])
+    assert set(outcome) == {"id", "outcome", "time", "read_back"} and outcome["id"] == entry.id
+    (read,) = journal.read_journal(path).entries
+    assert (read.outcome, read.read_back, read.error) == (journal.MADE, 300.0, None)
+    refused = _record(path)
+    journal.settle(refused, journal.REFUSED, error="Insufficient Permissions", path=path)
+    assert "read_back" not in json.loads(path.read_text().splitlines()[-1])
+    entries = journal.read_journal(path).entries
+    assert [(e.outcome, e.error) for e in entries] == [
+        (journal.MADE, None),
+        (journal.REFUSED, "Insufficient Permissions"),
+    ]
+    assert list(journal.read_entries(path)) == entries
+
+
+def test_an_outcome_that_cannot_be_written_leaves_the_change_unknown(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    entry = _record(path)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    journal.settle(entry, journal.MADE, read_back=300.0, path=blocked / "journal.jsonl")
+    assert entry.outcome == journal.MADE  # said to the caller; never raised
+    assert journal.read_journal(path).entries[0].outcome == journal.UNKNOWN
+    with pytest.raises(GpustationError, match="cannot write the control journal"):
+        journal._append(blocked / "journal.jsonl", {"x": 1})
+
+
+def test_bad_lines_are_named_and_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    good = _record(path)
+    with open(path, "ab") as f:
+        f.write(b"\n[1, 2]\n{not json\n\xff\xfe\n")
+        f.write(json.dumps({"id": "nope", "outcome": "made"}).encode() + b"\n")
+        f.write(b"[" * 100_000 + b"\n")
+        f.write(json.dumps({"id": good.id, "outcome": None, "error": 5}).encode() + b"\n")
+    read = journal.read_journal(path)
+    assert [e.id for e in read.entries] == [good.id]
+    assert (read.entries[0].outcome, read.entries[0].error) == (journal.UNKNOWN, "5")
+    assert read.problems[:3] == [
+        "line 3: a JSON list, not an object",
+        "line 4: not JSON (Expecting property name enclosed in double quotes)",
+        "line 5: not text (binary data)",
+    ]
+    assert read.problems[3] == "line 6: an outcome for unknown change 'nope'"
+    assert read.problems[4] in ("line 7: nested too deeply", "line 7: not JSON (Expecting value)")
+    assert len(read.problems) == 5
+    assert journal.read_journal(tmp_path / "none.jsonl").entries == []
+    assert journal.read_journal(tmp_path).problems[0].startswith(f"cannot read {tmp_path}: ")
+
+
+def test_a_torn_last_line_is_ended_before_the_next_entry(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    path.write_bytes(b'{"torn')
+    entry = _record(path)
+    assert path.read_bytes().startswith(b'{"torn\n{')
+    assert [e.id for e in journal.read_journal(path).entries] == [entry.id]
+
+
+def test_the_lock_is_reentrant_and_another_holder_times_out(tmp_path: Path) -> None:
+    lock = tmp_path / "control.lock"
+    with journal.control_lock(lock), journal.control_lock(lock):
+        pass
+    held = threading.Event()
+    done = threading.Event()
+    errors: list[str] = []
+
+    def other_process_like() -> None:
+        # Another open file description: flock treats it as another holder.
+        import fcntl
+
+        fd = os.open(lock, os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        held.set()
+        done.wait(30)
+        os.close(fd)
+
+    t = threading.Thread(target=other_process_like)
+    t.start()
+    try:
+        assert held.wait(30)
+        with pytest.raises(GpustationError) as err, journal.control_lock(lock, timeout_s=0.2):
+            errors.append("taken")
+        assert str(err.value) == (
+            f"another gpustation process has held {lock} for 0.2 s; nothing was changed."
+        )
+    finally:
+        done.set()
+        t.join()
+    assert errors == []
+    with journal.control_lock(lock, timeout_s=5):
+        pass
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with (
+        pytest.raises(GpustationError, match="cannot open the control lock"),
+        journal.control_lock(blocked / "control.lock"),
+    ):
+        pass
+
+
+def test_values_as_people_read_them() -> None:
+    d = journal.describe_value
+    assert d(journal.POWER_LIMIT, 300.0) == "300 W"
+    assert d(journal.POWER_LIMIT, None) == "n/a"
+    assert d(journal.FAN_AUTO, {"mode": "auto", "pct": 40.0}) == "auto (40 %)"
+    assert d(journal.FAN_AUTO, {"mode": "auto", "pct": None}) == "auto"
+    assert d(journal.FAN_AUTO, {"mode": "manual", "pct": 70}) == "70 %"
+    assert d(journal.FAN_AUTO, {"mode": "manual"}) == "manual"
+    assert d("fan_speed", 55) == "55 %"
+    assert d("fan_speed", "odd") == "odd"
+
+
+def test_the_profile_in_force_is_the_latest_change_s(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    assert journal.active_profile(path) is None
+    first = _record(path, command="gpustation profile apply quiet --gpus 0")
+    assert journal.active_profile(path) == "quiet"
+    journal.settle(first, journal.MADE, read_back=300.0, path=path)
+    with open(path, "a") as f:
+        f.write("garbage\n[3]\n")
+    assert journal.active_profile(path) == "quiet"  # outcome and junk lines are passed over
+    _record(path, command="gpustation power set 250W")
+    assert journal.active_profile(path) is None  # a manual change: no profile is
+    with open(path, "a") as f:
+        f.write(json.dumps({"what": "power_limit", "profile": "balanced", "command": "x"}) + "\n")
+    assert journal.active_profile(path) == "balanced"
