@@ -17,6 +17,7 @@ from gpustation.telemetry.holders import device_node_holders
 from gpustation.telemetry.model import GpuSample, ProcessInfo, Snapshot
 from gpustation.telemetry.nvml import NvmlBackend, deep
 from gpustation.telemetry.sampler import Sampler, unowned_memory
+from tests.conftest import XID_TIMINGS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -181,6 +182,37 @@ def test_a_one_shot_read_does_not_watch_and_close_stops_the_watcher(
     assert not any(t.name == "gpustation-xid" for t in threading.enumerate())
     assert all(s.freed for s in fake_nvml.DRIVER.event_sets)
     assert len(fake_nvml.calls_of("nvmlShutdown")) == 2
+
+
+def test_the_watcher_waits_long_in_the_driver_and_closing_does_not_wait_for_it(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in XID_TIMINGS.items():  # the shipped timings, not the tests' short ones
+        monkeypatch.setattr(deep, name, value)
+    waits: list[int] = []
+    wait_in_driver = fake_nvml.nvmlEventSetWait_v2
+
+    def wait(event_set: Any, timeout_ms: int) -> Any:
+        waits.append(timeout_ms)
+        return wait_in_driver(event_set, timeout_ms)
+
+    monkeypatch.setattr(fake_nvml, "nvmlEventSetWait_v2", wait)
+    backend = open_backend()
+    until(lambda: waits)
+    # An idle watcher wakes once per wait: a long one costs next to nothing.
+    assert waits[0] >= 5000
+    start = time.monotonic()
+    backend.close()
+    assert time.monotonic() - start < 1.0  # not held up by the wait in progress
+    # Neither the event set nor NVML goes while the driver's wait may use them ...
+    assert any(t.name == "gpustation-xid" for t in threading.enumerate())
+    assert not fake_nvml.calls_of("nvmlShutdown")
+    assert not any(s.freed for s in fake_nvml.DRIVER.event_sets)
+    fake_nvml.push_xid(1, 79)  # ... and both go as soon as it returns
+    until(lambda: not any(t.name == "gpustation-xid" for t in threading.enumerate()))
+    until(lambda: fake_nvml.calls_of("nvmlShutdown"))
+    assert all(s.freed for s in fake_nvml.DRIVER.event_sets)
+    assert len(waits) == 1
 
 
 def test_a_failing_wait_does_not_spin_or_hide_anything(

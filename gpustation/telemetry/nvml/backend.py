@@ -446,13 +446,18 @@ class NvmlBackend(Backend):
         self._closed = True
         if self._cache is not None:
             self._cache.save()
-        for reader in (getattr(self, "_xid", None), getattr(self, "_gpm", None)):
-            if reader is not None:
-                try:
-                    reader.close()
-                except Exception:  # closing must not raise
-                    pass
-        self._shutdown()
+        gpm = getattr(self, "_gpm", None)
+        if gpm is not None:
+            try:
+                gpm.close()
+            except Exception:  # closing must not raise
+                pass
+        xid = getattr(self, "_xid", None)
+        if xid is None:
+            self._shutdown()
+            return
+        # NVML is shut down once no XID wait uses it (by the watcher when one does)
+        xid.close(then=self._shutdown)
 
 
 #: more fans than any card has: a count above it is a damaged cache or driver answer
