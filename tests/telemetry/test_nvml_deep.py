@@ -277,6 +277,24 @@ def test_remapped_rows_and_per_process_sm(
     assert {p.sm_pct for p in read(backend)[0].processes} == {0.0}
 
 
+def test_per_process_sm_is_read_on_slow_passes_and_kept_between_them(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    backend = open_backend()
+    assert {p.pid: p.sm_pct for p in read(backend)[0].processes} == {4242: 88.0, 1234: 0.0}
+    asked = len(fake_nvml.calls_of("nvmlDeviceGetProcessUtilization"))
+    fake_nvml.DRIVER.devices[0]["process_util"] = []
+    for _ in range(3):  # fast passes: the last slow pass's shares stand
+        rtx = read(backend, slow=False)[0]
+        assert {p.pid: p.sm_pct for p in rtx.processes} == {4242: 88.0, 1234: 0.0}
+    assert len(fake_nvml.calls_of("nvmlDeviceGetProcessUtilization")) == asked
+    # A process that started since the last slow pass has no share until the next.
+    fake_nvml.DRIVER.devices[0]["compute_procs"].append([777, 10 * 1024 * 1024])
+    fresh = {p.pid: p.sm_pct for p in read(backend, slow=False)[0].processes}
+    assert fresh == {4242: 88.0, 1234: 0.0, 777: None}
+    assert {p.sm_pct for p in read(backend)[0].processes} == {0.0}  # read anew
+
+
 def test_mig_mode_and_instances_are_read_and_never_changed(
     fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
 ) -> None:

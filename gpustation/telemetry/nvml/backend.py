@@ -156,6 +156,8 @@ class NvmlBackend(Backend):
         self._gpm = GpmReader(self.q)
         self._nvlink = NvLinkReader(self.q)
         self._process_util = ProcessUtilization(self.q)
+        #: GPU -> (pid -> SM %, the pids listed then), from the last slow pass
+        self._process_sm: dict[int, tuple[dict[int, float], frozenset[int]] | None] = {}
         self._xid: XidWatcher | None = None
         try:
             for gpu in self._gpus:
@@ -293,7 +295,7 @@ class NvmlBackend(Backend):
             samples: dict[int, GpuSample] = {}
             for gpu in live:
                 try:
-                    samples[gpu.index] = self._read_fast(gpu)
+                    samples[gpu.index] = self._read_fast(gpu, slow)
                 except GpuLost as err:
                     self.mark_lost(gpu, str(err))
             if slow_pass is not None:
@@ -317,7 +319,7 @@ class NvmlBackend(Backend):
                 result.append(sample)
             return result
 
-    def _read_fast(self, gpu: Gpu) -> GpuSample:
+    def _read_fast(self, gpu: Gpu, slow: bool = True) -> GpuSample:
         sample = GpuSample(index=gpu.index, uuid=gpu.uuid, name=gpu.name, pci_bus_id=gpu.pci_bus_id)
         for key, value in gpu.static.items():
             _put(sample, _BY_KEY[key], value)
@@ -327,15 +329,27 @@ class NvmlBackend(Backend):
                 continue
             _put(sample, f, self._read(gpu, f, memo))
         sample.processes = self._processes(gpu)
-        if sample.processes:
-            sm = self._process_util.read(gpu)
-            if sm is not None:
-                for proc in sample.processes:
-                    # No sample since the last read: the process did not run.
-                    proc.sm_pct = sm.get(proc.pid, 0.0)
+        self._put_process_sm(gpu, sample.processes, slow)
         if self._xid is not None:
             sample.xid_events = self._xid.events(gpu.index)
         return sample
+
+    def _put_process_sm(self, gpu: Gpu, processes: list[ProcessInfo], slow: bool) -> None:
+        """Each process's SM share, read on slow passes: the driver walks its
+        sample buffer for it, the dearest of the per-pass reads."""
+        if slow:
+            sm = self._process_util.read(gpu) if processes else {}
+            self._process_sm[gpu.index] = (
+                None if sm is None else (sm, frozenset(p.pid for p in processes))
+            )
+        last = self._process_sm.get(gpu.index)
+        if last is None:
+            return
+        sm, listed = last
+        for proc in processes:
+            if proc.pid in listed:
+                # No sample since the last read: the process did not run.
+                proc.sm_pct = sm.get(proc.pid, 0.0)
 
     def _read_gpm(self, gpu: Gpu, sample: GpuSample) -> None:
         if not self.read_gpm:
