@@ -46,7 +46,7 @@ import shutil
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -258,6 +258,8 @@ class Result:
     cpu_first5_s: float
     cpu_steady_s: float
     rss_mib: float
+    #: resident MiB by mapping (a file, [heap], anonymous memory) at the end, largest first
+    rss_by_mapping: list[tuple[str, float]] = field(default_factory=list)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -271,6 +273,24 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def rss_by_mapping(pid: int, top: int = 8) -> list[tuple[str, float]]:
+    """The ``top`` mappings holding most of the process's resident memory, in MiB."""
+    sizes: dict[str, int] = {}
+    name = "?"
+    try:
+        lines = Path(f"/proc/{pid}/smaps").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        parts = line.split()
+        if parts and "-" in parts[0] and not parts[0].endswith(":"):
+            name = parts[5] if len(parts) > 5 else "[anonymous]"
+        elif parts and parts[0] == "Rss:":
+            sizes[name] = sizes.get(name, 0) + int(parts[1])
+    ranked = sorted(sizes.items(), key=lambda kv: -kv[1])[:top]
+    return [(n, kib / 1024) for n, kib in ranked]
 
 
 def measure(
@@ -291,6 +311,7 @@ def measure(
     cpu5 = None
     cpu_end = None
     rss = 0.0
+    mappings: list[tuple[str, float]] = []
     try:
         while True:
             now = time.monotonic() - start
@@ -299,6 +320,7 @@ def measure(
             if now >= warmup_s + steady_s:
                 cpu_end = cpu_seconds(pid)
                 rss = rss_mib(pid)
+                mappings = rss_by_mapping(pid)
                 break
             ready, _, _ = select.select([fd], [], [], 0.05)
             if ready:
@@ -318,7 +340,7 @@ def measure(
         quit_and_reap(pid, fd, grace_s=5)
     if cpu5 is None or cpu_end is None:
         raise SystemExit(f"{name}: exited before the measurement ended")
-    return Result(name, first, found or None, cpu5, cpu_end - cpu5, rss)
+    return Result(name, first, found or None, cpu5, cpu_end - cpu5, rss, mappings)
 
 
 def sampling_pass(count: int, card: str, real: bool, passes: int = 200) -> tuple[float, float]:
@@ -353,6 +375,7 @@ def median_result(name: str, rounds: list[Result]) -> Result:
         statistics.median(r.cpu_first5_s for r in rounds),
         statistics.median(r.cpu_steady_s for r in rounds),
         statistics.median(r.rss_mib for r in rounds),
+        rounds[-1].rss_by_mapping,
     )
 
 
@@ -462,6 +485,9 @@ def main() -> None:
     print("\nfirst full frame marked by:")
     for r in results.values():
         print(f"* {r.name}: {r.marker or 'no marker seen'}")
+    print("\nresident memory by mapping, MiB (the last round):")
+    for r in results.values():
+        print(f"* {r.name}: " + ", ".join(f"{n} {mib:.1f}" for n, mib in r.rss_by_mapping))
     print(
         f"\nsampling pass ({label}, fast fields, no host): {total * 1e3:.3f} ms, "
         f"{per_gpu * 1e3:.3f} ms per GPU"
