@@ -49,6 +49,10 @@ class Frame:
     limits_left: dict[int, str] = field(default_factory=dict)
 
 
+#: how long closing waits for a first pass still in progress
+FIRST_PASS_CLOSE_S = 1.0
+
+
 def dashboard_source(
     gpus: Sequence[int] | None = None,
     simulate: int | None = None,
@@ -214,8 +218,11 @@ class DataSource:
         return out
 
     def close(self) -> None:
-        if self._first is not None:  # never close a backend while it is being opened
-            self._first.join()
+        first = self._first
+        if first is not None:  # never close a backend while it is being opened ...
+            first.join(timeout=FIRST_PASS_CLOSE_S)
+            if first.is_alive():  # ... nor wait on a driver that hangs: the process ends
+                return
         if self.recorder is not None:
             recorder, self.recorder = self.recorder, None
             try:

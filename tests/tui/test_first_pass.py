@@ -96,3 +96,29 @@ def test_the_dashboard_command_starts_the_first_pass_before_importing_the_ui(
         timeout=60,
     )
     assert done.stdout.strip() == "first pass; UI imported: []", done.stderr
+
+
+def test_closing_does_not_wait_on_a_first_pass_whose_driver_hangs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpustation.tui import source as source_module
+
+    monkeypatch.setattr(source_module, "FIRST_PASS_CLOSE_S", 0.2)
+    release = threading.Event()
+    entered = threading.Event()
+
+    def factory() -> Backend:
+        entered.set()
+        release.wait(30)  # a driver whose start hangs
+        return open_backend(simulate=1)
+
+    source = DataSource(factory, host_source=HostSample)
+    source.start_first_pass()
+    assert entered.wait(10)
+    start = time.monotonic()
+    source.close()
+    assert time.monotonic() - start < 5
+    release.set()
+    until(lambda: source.sampler is not None)  # the pass ends by itself later
+    assert source.backend is not None
+    source.backend.close()
