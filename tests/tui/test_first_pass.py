@@ -119,6 +119,5 @@ def test_closing_does_not_wait_on_a_first_pass_whose_driver_hangs(
     source.close()
     assert time.monotonic() - start < 5
     release.set()
-    until(lambda: source.sampler is not None)  # the pass ends by itself later
-    assert source.backend is not None
-    source.backend.close()
+    backend = until(lambda: source.backend)  # the pass ends by itself later
+    backend.close()
