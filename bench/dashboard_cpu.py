@@ -343,9 +343,15 @@ def measure(
     return Result(name, first, found or None, cpu5, cpu_end - cpu5, rss, mappings)
 
 
-def sampling_pass(count: int, card: str, real: bool, passes: int = 200) -> tuple[float, float]:
-    """Median seconds of one fast sampling pass, total and per GPU."""
+def sampling_pass(
+    count: int, card: str, real: bool, passes: int = 200, fake: bool = False
+) -> tuple[float, float]:
+    """Median seconds of one fast sampling pass, total and per GPU (``fake``: on the
+    fake pynvml)."""
     sys.path.insert(0, str(REPO))
+    if fake:
+        sys.path.insert(0, str(REPO / "tests" / "fake_nvml"))
+        real = True
     from gpustation.telemetry.registry import open_backend
     from gpustation.telemetry.sampler import Sampler
 
@@ -417,6 +423,12 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=1, help="simulated GPUs (default 1)")
     ap.add_argument("--card", default="rtx4090", choices=["rtx4090", "h200"])
     ap.add_argument("--real", action="store_true", help="use the real GPUs (NVML), not simulated")
+    ap.add_argument(
+        "--fake-nvml",
+        action="store_true",
+        help="the NVML backend on the test suite's fake pynvml (an RTX 4090 and an H200): "
+        "the XID watcher, GPM and per-process SM run as on real GPUs",
+    )
     ap.add_argument("--nvitop", action="store_true", help="also measure nvitop (if installed)")
     ap.add_argument("--no-reference", action="store_true", help="skip the reference Textual apps")
     ap.add_argument("--steady", type=float, default=20.0, help="steady-state window, s")
@@ -431,12 +443,23 @@ def main() -> None:
     state = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpustation-bench-{os.getpid()}"
     base["GPUSTATION_STATE_DIR"] = str(state / "state")
     env = dict(base, PYTHONPYCACHEPREFIX=str(state / "pycache"))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    fake = [str(REPO / "tests" / "fake_nvml")] if args.fake_nvml else []
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (*fake, str(REPO), env.get("PYTHONPATH", "")) if p
+    )
     py = sys.executable
     gs = [py, "-m", "gpustation"] + (
-        [] if args.real else ["--simulate", str(args.gpus), "--sim-card", args.card]
+        []
+        if args.real or args.fake_nvml
+        else ["--simulate", str(args.gpus), "--sim-card", args.card]
     )
-    label = "real GPUs" if args.real else f"{args.gpus} simulated {args.card}"
+    label = (
+        "real GPUs"
+        if args.real
+        else "fake pynvml, 2 GPUs"
+        if args.fake_nvml
+        else f"{args.gpus} simulated {args.card}"
+    )
     ours = f"gpustation ({label})"
     targets = [(ours, gs, GPUSTATION_MARKERS, env)]
     if not args.no_reference:
@@ -458,10 +481,8 @@ def main() -> None:
         rounds: dict[str, list[Result]] = {name: [] for name, *_ in targets}
         for _ in range(args.rounds):
             for name, argv, markers, target_env in targets:
-                rounds[name].append(
-                    measure(name, argv, markers, target_env, steady_s=args.steady)
-                )
-        total, per_gpu = sampling_pass(args.gpus, args.card, args.real)
+                rounds[name].append(measure(name, argv, markers, target_env, steady_s=args.steady))
+        total, per_gpu = sampling_pass(args.gpus, args.card, args.real, fake=args.fake_nvml)
     finally:
         shutil.rmtree(state, ignore_errors=True)
     results = {name: median_result(name, rs) for name, rs in rounds.items()}
