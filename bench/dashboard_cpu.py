@@ -17,7 +17,16 @@ the output as fast as it comes.
   The table names the marker that matched and the text it matched.
 * CPU: user+sys seconds of the process from /proc/<pid>/stat, in its first
   5 s and over the following 20 s (steady state at the default refresh).
+* RSS: resident memory at the end of the window.
 * sampling: the time of one sampling pass (fast fields) per GPU.
+
+The programs are measured in alternation, ``--rounds`` times (default 3),
+after one unmeasured warm-up round; the table gives each one's medians and
+its rounds. Python code runs byte-compiled, as an installed program does:
+gpustation's (and its dependencies') compiled files go to a cache of the
+benchmark's own, written in the warm-up round; nvitop uses its install's.
+With nvitop measured, the last lines hold gpustation to the targets of
+``gpustation/tui/budget.py`` against nvitop's figures of the same run.
 
     .venv/bin/python bench/dashboard_cpu.py                  # this machine
     .venv/bin/python bench/dashboard_cpu.py --gpus 8         # 8 simulated GPUs
@@ -37,7 +46,7 @@ import shutil
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -249,6 +258,8 @@ class Result:
     cpu_first5_s: float
     cpu_steady_s: float
     rss_mib: float
+    #: resident MiB by mapping (a file, [heap], anonymous memory) at the end, largest first
+    rss_by_mapping: list[tuple[str, float]] = field(default_factory=list)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -262,6 +273,24 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def rss_by_mapping(pid: int, top: int = 8) -> list[tuple[str, float]]:
+    """The ``top`` mappings holding most of the process's resident memory, in MiB."""
+    sizes: dict[str, int] = {}
+    name = "?"
+    try:
+        lines = Path(f"/proc/{pid}/smaps").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        parts = line.split()
+        if parts and "-" in parts[0] and not parts[0].endswith(":"):
+            name = parts[5] if len(parts) > 5 else "[anonymous]"
+        elif parts and parts[0] == "Rss:":
+            sizes[name] = sizes.get(name, 0) + int(parts[1])
+    ranked = sorted(sizes.items(), key=lambda kv: -kv[1])[:top]
+    return [(n, kib / 1024) for n, kib in ranked]
 
 
 def measure(
@@ -282,6 +311,7 @@ def measure(
     cpu5 = None
     cpu_end = None
     rss = 0.0
+    mappings: list[tuple[str, float]] = []
     try:
         while True:
             now = time.monotonic() - start
@@ -290,6 +320,7 @@ def measure(
             if now >= warmup_s + steady_s:
                 cpu_end = cpu_seconds(pid)
                 rss = rss_mib(pid)
+                mappings = rss_by_mapping(pid)
                 break
             ready, _, _ = select.select([fd], [], [], 0.05)
             if ready:
@@ -309,12 +340,18 @@ def measure(
         quit_and_reap(pid, fd, grace_s=5)
     if cpu5 is None or cpu_end is None:
         raise SystemExit(f"{name}: exited before the measurement ended")
-    return Result(name, first, found or None, cpu5, cpu_end - cpu5, rss)
+    return Result(name, first, found or None, cpu5, cpu_end - cpu5, rss, mappings)
 
 
-def sampling_pass(count: int, card: str, real: bool, passes: int = 200) -> tuple[float, float]:
-    """Median seconds of one fast sampling pass, total and per GPU."""
+def sampling_pass(
+    count: int, card: str, real: bool, passes: int = 200, fake: bool = False
+) -> tuple[float, float]:
+    """Median seconds of one fast sampling pass, total and per GPU (``fake``: on the
+    fake pynvml)."""
     sys.path.insert(0, str(REPO))
+    if fake:
+        sys.path.insert(0, str(REPO / "tests" / "fake_nvml"))
+        real = True
     from gpustation.telemetry.registry import open_backend
     from gpustation.telemetry.sampler import Sampler
 
@@ -334,6 +371,51 @@ def sampling_pass(count: int, card: str, real: bool, passes: int = 200) -> tuple
         backend.close()
 
 
+def median_result(name: str, rounds: list[Result]) -> Result:
+    """Each measure's median over the rounds (first frame: over the rounds that saw it)."""
+    seen = [r.first_frame_s for r in rounds if r.first_frame_s is not None]
+    return Result(
+        name,
+        statistics.median(seen) if seen else None,
+        next((r.marker for r in rounds if r.marker), None),
+        statistics.median(r.cpu_first5_s for r in rounds),
+        statistics.median(r.cpu_steady_s for r in rounds),
+        statistics.median(r.rss_mib for r in rounds),
+        rounds[-1].rss_by_mapping,
+    )
+
+
+def verdict(ours: Result, nvitop: Result) -> list[str]:
+    """gpustation against the targets of gpustation/tui/budget.py, nvitop's figures beside."""
+    sys.path.insert(0, str(REPO))
+    from gpustation.tui import budget
+
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:.2f}x" if b > 0 else "n/a"
+
+    lines = []
+    cpu_ok = ours.cpu_steady_s <= budget.STEADY_CPU_VS_NVITOP * nvitop.cpu_steady_s
+    lines.append(
+        f"* steady CPU {ours.cpu_steady_s:.2f} s against nvitop's {nvitop.cpu_steady_s:.2f} s "
+        f"({ratio(ours.cpu_steady_s, nvitop.cpu_steady_s)}; target "
+        f"{budget.STEADY_CPU_VS_NVITOP:g}x): {'met' if cpu_ok else 'NOT met'}"
+    )
+    ff, nff = ours.first_frame_s, nvitop.first_frame_s
+    ff_ok = ff is not None and ff < budget.FIRST_FRAME_S
+    lines.append(
+        f"* first full frame {'never' if ff is None else f'{ff:.2f} s'} (nvitop "
+        f"{'never' if nff is None else f'{nff:.2f} s'}; target under "
+        f"{budget.FIRST_FRAME_S:g} s): {'met' if ff_ok else 'NOT met'}"
+    )
+    rss_ok = ours.rss_mib <= budget.RSS_VS_NVITOP * nvitop.rss_mib
+    lines.append(
+        f"* RSS {ours.rss_mib:.0f} MiB against nvitop's {nvitop.rss_mib:.0f} MiB "
+        f"({ratio(ours.rss_mib, nvitop.rss_mib)}; target {budget.RSS_VS_NVITOP:g}x): "
+        f"{'met' if rss_ok else 'NOT met'}"
+    )
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -341,55 +423,100 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=1, help="simulated GPUs (default 1)")
     ap.add_argument("--card", default="rtx4090", choices=["rtx4090", "h200"])
     ap.add_argument("--real", action="store_true", help="use the real GPUs (NVML), not simulated")
+    ap.add_argument(
+        "--fake-nvml",
+        action="store_true",
+        help="the NVML backend on the test suite's fake pynvml (an RTX 4090 and an H200): "
+        "the XID watcher, GPM and per-process SM run as on real GPUs",
+    )
     ap.add_argument("--nvitop", action="store_true", help="also measure nvitop (if installed)")
     ap.add_argument("--no-reference", action="store_true", help="skip the reference Textual apps")
     ap.add_argument("--steady", type=float, default=20.0, help="steady-state window, s")
+    ap.add_argument("--rounds", type=int, default=3, help="measured rounds (default 3)")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds: 1 or more")
 
-    env = dict(os.environ, TERM="xterm-256color", COLUMNS="160", LINES="48")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    env.pop("GPUSTATION_SIMULATE", None)
-    py = sys.executable
+    base = dict(os.environ, TERM="xterm-256color", COLUMNS="160", LINES="48")
+    base.pop("GPUSTATION_SIMULATE", None)
+    base.pop("PYTHONDONTWRITEBYTECODE", None)
     state = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpustation-bench-{os.getpid()}"
-    env["GPUSTATION_STATE_DIR"] = str(state)
-    gs = [py, "-m", "gpustation"] + (
-        [] if args.real else ["--simulate", str(args.gpus), "--sim-card", args.card]
+    base["GPUSTATION_STATE_DIR"] = str(state / "state")
+    env = dict(base, PYTHONPYCACHEPREFIX=str(state / "pycache"))
+    fake = [str(REPO / "tests" / "fake_nvml")] if args.fake_nvml else []
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (*fake, str(REPO), env.get("PYTHONPATH", "")) if p
     )
-    label = "real GPUs" if args.real else f"{args.gpus} simulated {args.card}"
-    targets = [(f"gpustation ({label})", gs, GPUSTATION_MARKERS)]
+    py = sys.executable
+    gs = [py, "-m", "gpustation"] + (
+        []
+        if args.real or args.fake_nvml
+        else ["--simulate", str(args.gpus), "--sim-card", args.card]
+    )
+    label = (
+        "real GPUs"
+        if args.real
+        else "fake pynvml, 2 GPUs"
+        if args.fake_nvml
+        else f"{args.gpus} simulated {args.card}"
+    )
+    ours = f"gpustation ({label})"
+    targets = [(ours, gs, GPUSTATION_MARKERS, env)]
     if not args.no_reference:
         ref = str(REPO / "bench" / "ref_textual_app.py")
-        targets.append(("minimal Textual app + plotext", [py, ref], REFERENCE_MARKERS))
-        targets.append(("minimal Textual app, no plot", [py, ref, "--no-plot"], REFERENCE_MARKERS))
+        targets.append(("minimal Textual app + plotext", [py, ref], REFERENCE_MARKERS, env))
+        targets.append(
+            ("minimal Textual app, no plot", [py, ref, "--no-plot"], REFERENCE_MARKERS, env)
+        )
     if args.nvitop:
         nvitop = shutil.which("nvitop")
         if nvitop:
-            targets.append(("nvitop", [nvitop], NVITOP_MARKERS))
+            targets.append(("nvitop", [nvitop], NVITOP_MARKERS, base))
         else:
             print("nvitop: not installed, skipped", file=sys.stderr)
 
-    results = [
-        measure(name, argv, markers, env, steady_s=args.steady) for name, argv, markers in targets
-    ]
-    total, per_gpu = sampling_pass(args.gpus, args.card, args.real)
+    try:
+        for name, argv, markers, target_env in targets:  # warm-up: compiled files, disk cache
+            measure(name, argv, markers, target_env, warmup_s=3.0, steady_s=0.0)
+        rounds: dict[str, list[Result]] = {name: [] for name, *_ in targets}
+        for _ in range(args.rounds):
+            for name, argv, markers, target_env in targets:
+                rounds[name].append(measure(name, argv, markers, target_env, steady_s=args.steady))
+        total, per_gpu = sampling_pass(args.gpus, args.card, args.real, fake=args.fake_nvml)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+    results = {name: median_result(name, rs) for name, rs in rounds.items()}
 
-    print(f"\n160x48 pty, default refresh (1 s), CPU over {args.steady:g} s after the first 5 s\n")
+    print(
+        f"\n160x48 pty, default refresh (1 s), CPU over {args.steady:g} s after the first 5 s; "
+        f"medians of {args.rounds} alternated rounds (each round's figures after them)\n"
+    )
     print("| program | first full frame | CPU first 5 s | steady CPU | RSS |")
     print("|---|---|---|---|---|")
-    for r in results:
+    for name, r in results.items():
+        each = rounds[name]
         ff = f"{r.first_frame_s:.2f} s" if r.first_frame_s is not None else "never"
+        ffs = "/".join("-" if x.first_frame_s is None else f"{x.first_frame_s:.2f}" for x in each)
         print(
-            f"| {r.name} | {ff} | {r.cpu_first5_s:.2f} s | {r.cpu_steady_s:.2f} s "
-            f"| {r.rss_mib:.0f} MiB |"
+            f"| {r.name} | {ff} ({ffs}) | {r.cpu_first5_s:.2f} s "
+            f"({'/'.join(f'{x.cpu_first5_s:.2f}' for x in each)}) | {r.cpu_steady_s:.2f} s "
+            f"({'/'.join(f'{x.cpu_steady_s:.2f}' for x in each)}) | {r.rss_mib:.0f} MiB "
+            f"({'/'.join(f'{x.rss_mib:.0f}' for x in each)}) |"
         )
     print("\nfirst full frame marked by:")
-    for r in results:
+    for r in results.values():
         print(f"* {r.name}: {r.marker or 'no marker seen'}")
+    print("\nresident memory by mapping, MiB (the last round):")
+    for r in results.values():
+        print(f"* {r.name}: " + ", ".join(f"{n} {mib:.1f}" for n, mib in r.rss_by_mapping))
     print(
         f"\nsampling pass ({label}, fast fields, no host): {total * 1e3:.3f} ms, "
         f"{per_gpu * 1e3:.3f} ms per GPU"
     )
-    shutil.rmtree(state, ignore_errors=True)
+    if "nvitop" in results:
+        print("\nagainst nvitop (targets: gpustation/tui/budget.py):")
+        for line in verdict(results[ours], results["nvitop"]):
+            print(line)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gpustation.telemetry.nvml import deep
 from gpustation.telemetry.nvml.query import MISSING
 from tests.fleet.sshd import LoopbackSshd, sshd_available
 from tests.receiver import Receiver
@@ -67,6 +68,8 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 FAKE_NVML_DIR = REPO / "tests" / "fake_nvml"
+#: the XID watcher's own timings, which the fake_nvml fixture shortens
+XID_TIMINGS = {"XID_WAIT_MS": deep.XID_WAIT_MS, "XID_CLOSE_GRACE_S": deep.XID_CLOSE_GRACE_S}
 
 
 def _load_fake() -> ModuleType:
@@ -97,6 +100,11 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     fake.reset()
     MISSING.clear()  # what an earlier test's driver lacked
     monkeypatch.setitem(sys.modules, "pynvml", fake)
+    # Short XID waits, and closing waits for them: a backend closed by a test has
+    # ended its watcher before the next test resets the fake (the defaults have
+    # their own test).
+    monkeypatch.setattr(deep, "XID_WAIT_MS", 50)
+    monkeypatch.setattr(deep, "XID_CLOSE_GRACE_S", 10.0)
     yield fake
     fake.reset()
     MISSING.clear()

@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
         from gpustation.tui.fleet.screen import run_fleet
 
         return run_fleet(hosts, refresh_s=refresh, ssh_config=getattr(args, "ssh_config", None))
-    # start-up time: the TUI (textual)
-    from gpustation.tui.app import run_dashboard
+    # start-up time: the recorder and the dashboard's source only for the dashboard
+    from gpustation.tui.source import dashboard_source
 
     # [record] enabled = true: the dashboard keeps a flight recording meanwhile;
     # one that cannot be written is said on the banner, not a reason to stay shut.
@@ -47,14 +47,18 @@ def run(args: argparse.Namespace) -> int:
     except RecordError as err:
         recorder, record_error = None, str(err)
     try:
+        source = dashboard_source(
+            gpus, getattr(args, "simulate", None), getattr(args, "sim_card", None), recorder
+        )
+        source.record_error = record_error
+        # The driver opens and the first sample is read while the UI is imported.
+        source.start_first_pass()
+        from gpustation.tui.app import run_dashboard
+
         return run_dashboard(
-            gpus=gpus,
             refresh_s=refresh,
-            simulate=getattr(args, "simulate", None),
-            sim_card=getattr(args, "sim_card", None),
-            recorder=recorder,
-            record_error=record_error,
             read_only=bool(getattr(args, "read_only", False)),
+            source=source,
         )
     finally:
         if recorder is not None:

@@ -59,7 +59,6 @@ from gpustation.telemetry.alerts import (
 )
 from gpustation.telemetry.backend import Backend
 from gpustation.telemetry.model import Snapshot
-from gpustation.telemetry.registry import open_backend
 from gpustation.telemetry.rings import METRIC_KEYS, METRICS, History
 from gpustation.tui.keys import KeymapConfig, apply_keymap, load_keymap
 from gpustation.tui.modes import (
@@ -76,7 +75,7 @@ from gpustation.tui.screens import (
     DashboardScreen,
     LiveScreen,
 )
-from gpustation.tui.source import DataSource, Frame
+from gpustation.tui.source import DataSource, Frame, dashboard_source
 
 if TYPE_CHECKING:
     from gpustation.telemetry.recording.recorder import Recorder
@@ -564,15 +563,6 @@ class DashboardApp(ProcessActions):
             self.alert_notifier.close(timeout_s=0)  # what is queued still goes out
 
 
-def dashboard_backend(simulate: int | None, sim_card: str | None) -> Backend:
-    """The dashboard's backend: simulated GPUs when no real ones open; what it
-    reused from last time is on the banner, so a flag's default never surprises."""
-    backend = open_backend(simulate=simulate, sim_card=sim_card, fallback_to_sim=True)
-    if backend.kept:
-        backend.note = " ".join(filter(None, (backend.note, backend.kept)))
-    return backend
-
-
 def run_dashboard(
     gpus: Sequence[int] | None = None,
     refresh_s: float = 1.0,
@@ -581,15 +571,19 @@ def run_dashboard(
     recorder: Recorder | None = None,
     record_error: str | None = None,
     read_only: bool = False,
+    source: DataSource | None = None,
 ) -> int:
     """Open the dashboard on this machine's GPUs (simulated ones when asked).
 
     ``recorder`` (the ``[record]`` recording) is fed every sample on the
     sampling thread. ``read_only``: show everything, change nothing.
+    ``source``: one made already (its first pass started before this module
+    was imported); ``gpus``, ``simulate``, ``sim_card`` and ``recorder`` are its own then.
     """
-
-    source = DataSource(lambda: dashboard_backend(simulate, sim_card), gpus, recorder=recorder)
-    source.record_error = record_error
+    if source is None:
+        source = dashboard_source(gpus, simulate, sim_card, recorder)
+    if record_error is not None:
+        source.record_error = record_error
     app = DashboardApp(source, refresh_s=refresh_s, read_only=read_only)
     try:
         result = app.run()

@@ -10,6 +10,7 @@ so screenshots are deterministic.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,31 @@ class Frame:
     limits_left: dict[int, str] = field(default_factory=dict)
 
 
+#: how long closing waits for a first pass still in progress
+FIRST_PASS_CLOSE_S = 1.0
+
+
+def dashboard_source(
+    gpus: Sequence[int] | None = None,
+    simulate: int | None = None,
+    sim_card: str | None = None,
+    recorder: Recorder | None = None,
+) -> DataSource:
+    """The dashboard's source: this machine's GPUs (simulated ones when asked,
+    or when there is no driver)."""
+
+    return DataSource(lambda: dashboard_backend(simulate, sim_card), gpus, recorder=recorder)
+
+
+def dashboard_backend(simulate: int | None, sim_card: str | None) -> Backend:
+    """The dashboard's backend: simulated GPUs when no real ones open; what it
+    reused from last time is on the banner, so a flag's default never surprises."""
+    backend = open_backend(simulate=simulate, sim_card=sim_card, fallback_to_sim=True)
+    if backend.kept:
+        backend.note = " ".join(filter(None, (backend.note, backend.kept)))
+    return backend
+
+
 class DataSource:
     """Opens the backend lazily and samples it (call only from the worker)."""
 
@@ -84,6 +110,38 @@ class DataSource:
         #: while something on screen shows them or a run is live; the pass
         #: hands it to the backend (on this thread, never the UI's)
         self.want_gpm = False
+        self._first: threading.Thread | None = None
+        self._first_result: Frame | BaseException | None = None
+
+    def start_first_pass(self, want_gpm: bool = True) -> None:
+        """Open the backend and take the first sample on a thread of its own, now.
+
+        Called before the UI is imported, so that the driver's start-up and the
+        first reads overlap the UI's; the first :meth:`sample` hands over this
+        pass. ``want_gpm``: the dashboard's first screen shows GPM (full cards).
+        """
+        if self._first is not None or self.backend is not None:
+            return
+        self.want_gpm = want_gpm
+
+        def first() -> None:
+            try:
+                self._first_result = self._sample()
+            except BaseException as err:  # raised again by the sample() that takes it
+                self._first_result = err
+
+        self._first = threading.Thread(target=first, name="gpustation-first-pass", daemon=True)
+        self._first.start()
+
+    def _take_first(self) -> Frame | None:
+        thread, self._first = self._first, None
+        if thread is None:
+            return None
+        thread.join()
+        result, self._first_result = self._first_result, None
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def open(self) -> Backend:
         if self.backend is None:
@@ -105,7 +163,15 @@ class DataSource:
         return self.backend
 
     def sample(self) -> Frame:
-        """One pass: GPUs, host, process CPU/RSS. Raises what the backend raises."""
+        """One pass: GPUs, host, process CPU/RSS. Raises what the backend raises.
+
+        The first call hands over the pass :meth:`start_first_pass` took, if any."""
+        first = self._take_first()
+        if first is not None:
+            return first
+        return self._sample()
+
+    def _sample(self) -> Frame:
         self.open()
         assert self.sampler is not None and self.backend is not None
         # GPM takes driver time and a sample buffer per GPU: only while shown.
@@ -160,6 +226,11 @@ class DataSource:
         return out
 
     def close(self) -> None:
+        first = self._first
+        if first is not None:  # never close a backend while it is being opened ...
+            first.join(timeout=FIRST_PASS_CLOSE_S)
+            if first.is_alive():  # ... nor wait on a driver that hangs: the process ends
+                return
         if self.recorder is not None:
             recorder, self.recorder = self.recorder, None
             try:

@@ -17,6 +17,7 @@ from gpustation.telemetry.holders import device_node_holders
 from gpustation.telemetry.model import GpuSample, ProcessInfo, Snapshot
 from gpustation.telemetry.nvml import NvmlBackend, deep
 from gpustation.telemetry.sampler import Sampler, unowned_memory
+from tests.conftest import XID_TIMINGS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -183,6 +184,37 @@ def test_a_one_shot_read_does_not_watch_and_close_stops_the_watcher(
     assert len(fake_nvml.calls_of("nvmlShutdown")) == 2
 
 
+def test_the_watcher_waits_long_in_the_driver_and_closing_does_not_wait_for_it(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in XID_TIMINGS.items():  # the shipped timings, not the tests' short ones
+        monkeypatch.setattr(deep, name, value)
+    waits: list[int] = []
+    wait_in_driver = fake_nvml.nvmlEventSetWait_v2
+
+    def wait(event_set: Any, timeout_ms: int) -> Any:
+        waits.append(timeout_ms)
+        return wait_in_driver(event_set, timeout_ms)
+
+    monkeypatch.setattr(fake_nvml, "nvmlEventSetWait_v2", wait)
+    backend = open_backend()
+    until(lambda: waits)
+    # An idle watcher wakes once per wait: a long one costs next to nothing.
+    assert waits[0] >= 5000
+    start = time.monotonic()
+    backend.close()
+    assert time.monotonic() - start < 1.0  # not held up by the wait in progress
+    # Neither the event set nor NVML goes while the driver's wait may use them ...
+    assert any(t.name == "gpustation-xid" for t in threading.enumerate())
+    assert not fake_nvml.calls_of("nvmlShutdown")
+    assert not any(s.freed for s in fake_nvml.DRIVER.event_sets)
+    fake_nvml.push_xid(1, 79)  # ... and both go as soon as it returns
+    until(lambda: not any(t.name == "gpustation-xid" for t in threading.enumerate()))
+    until(lambda: fake_nvml.calls_of("nvmlShutdown"))
+    assert all(s.freed for s in fake_nvml.DRIVER.event_sets)
+    assert len(waits) == 1
+
+
 def test_a_failing_wait_does_not_spin_or_hide_anything(
     fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
 ) -> None:
@@ -243,6 +275,24 @@ def test_remapped_rows_and_per_process_sm(
     # No samples at all since the last read (NotFound): every process idled.
     fake_nvml.DRIVER.devices[0]["process_util"] = []
     assert {p.sm_pct for p in read(backend)[0].processes} == {0.0}
+
+
+def test_per_process_sm_is_read_on_slow_passes_and_kept_between_them(
+    fake_nvml: ModuleType, open_backend: Callable[..., NvmlBackend]
+) -> None:
+    backend = open_backend()
+    assert {p.pid: p.sm_pct for p in read(backend)[0].processes} == {4242: 88.0, 1234: 0.0}
+    asked = len(fake_nvml.calls_of("nvmlDeviceGetProcessUtilization"))
+    fake_nvml.DRIVER.devices[0]["process_util"] = []
+    for _ in range(3):  # fast passes: the last slow pass's shares stand
+        rtx = read(backend, slow=False)[0]
+        assert {p.pid: p.sm_pct for p in rtx.processes} == {4242: 88.0, 1234: 0.0}
+    assert len(fake_nvml.calls_of("nvmlDeviceGetProcessUtilization")) == asked
+    # A process that started since the last slow pass has no share until the next.
+    fake_nvml.DRIVER.devices[0]["compute_procs"].append([777, 10 * 1024 * 1024])
+    fresh = {p.pid: p.sm_pct for p in read(backend, slow=False)[0].processes}
+    assert fresh == {4242: 88.0, 1234: 0.0, 777: None}
+    assert {p.sm_pct for p in read(backend)[0].processes} == {0.0}  # read anew
 
 
 def test_mig_mode_and_instances_are_read_and_never_changed(

@@ -6,8 +6,8 @@ import pytest
 
 from gpustation.errors import NoDriverError
 from gpustation.telemetry.registry import open_backend
-from gpustation.tui.app import DashboardApp, dashboard_backend
-from gpustation.tui.source import DataSource
+from gpustation.tui.app import DashboardApp
+from gpustation.tui.source import DataSource, dashboard_backend
 from gpustation.tui.widgets import LiveText
 
 from .conftest import first_frame

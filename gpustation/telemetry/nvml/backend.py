@@ -182,6 +182,8 @@ class NvmlBackend(Backend):
         self._gpm = GpmReader(self.q)
         self._nvlink = NvLinkReader(self.q)
         self._process_util = ProcessUtilization(self.q)
+        #: GPU -> (pid -> SM %, the pids listed then), from the last slow pass
+        self._process_sm: dict[int, tuple[dict[int, float], frozenset[int]] | None] = {}
         self._xid: XidWatcher | None = None
         try:
             for gpu in self._gpus:
@@ -344,7 +346,7 @@ class NvmlBackend(Backend):
             samples: dict[int, GpuSample] = {}
             for gpu in live:
                 try:
-                    samples[gpu.index] = self._read_fast(gpu)
+                    samples[gpu.index] = self._read_fast(gpu, slow)
                 except GpuLost as err:
                     self.mark_lost(gpu, str(err))
             if slow_pass is not None:
@@ -368,7 +370,7 @@ class NvmlBackend(Backend):
                 result.append(sample)
             return result
 
-    def _read_fast(self, gpu: Gpu) -> GpuSample:
+    def _read_fast(self, gpu: Gpu, slow: bool = True) -> GpuSample:
         sample = GpuSample(index=gpu.index, uuid=gpu.uuid, name=gpu.name, pci_bus_id=gpu.pci_bus_id)
         for key, value in gpu.static.items():
             _put(sample, _BY_KEY[key], value)
@@ -378,15 +380,27 @@ class NvmlBackend(Backend):
                 continue
             _put(sample, f, self._read(gpu, f, memo))
         sample.processes = self._processes(gpu)
-        if sample.processes:
-            sm = self._process_util.read(gpu)
-            if sm is not None:
-                for proc in sample.processes:
-                    # No sample since the last read: the process did not run.
-                    proc.sm_pct = sm.get(proc.pid, 0.0)
+        self._put_process_sm(gpu, sample.processes, slow)
         if self._xid is not None:
             sample.xid_events = self._xid.events(gpu.index)
         return sample
+
+    def _put_process_sm(self, gpu: Gpu, processes: list[ProcessInfo], slow: bool) -> None:
+        """Each process's SM share, read on slow passes: the driver walks its
+        sample buffer for it, the dearest of the per-pass reads."""
+        if slow:
+            sm = self._process_util.read(gpu) if processes else {}
+            self._process_sm[gpu.index] = (
+                None if sm is None else (sm, frozenset(p.pid for p in processes))
+            )
+        last = self._process_sm.get(gpu.index)
+        if last is None:
+            return
+        sm, listed = last
+        for proc in processes:
+            if proc.pid in listed:
+                # No sample since the last read: the process did not run.
+                proc.sm_pct = sm.get(proc.pid, 0.0)
 
     def _read_gpm(self, gpu: Gpu, sample: GpuSample) -> None:
         if not self.read_gpm:
@@ -497,13 +511,18 @@ class NvmlBackend(Backend):
         self._closed = True
         if self._cache is not None:
             self._cache.save()
-        for reader in (getattr(self, "_xid", None), getattr(self, "_gpm", None)):
-            if reader is not None:
-                try:
-                    reader.close()
-                except Exception:  # closing must not raise
-                    pass
-        self._shutdown()
+        gpm = getattr(self, "_gpm", None)
+        if gpm is not None:
+            try:
+                gpm.close()
+            except Exception:  # closing must not raise
+                pass
+        xid = getattr(self, "_xid", None)
+        if xid is None:
+            self._shutdown()
+            return
+        # NVML is shut down once no XID wait uses it (by the watcher when one does)
+        xid.close(then=self._shutdown)
 
 
 #: more fans than any card has: a count above it is a damaged cache or driver answer

@@ -5,7 +5,8 @@ Each has a reader of its own here, and every call goes through the one
 refuses is ``None`` and never hides the others:
 
 * :class:`XidWatcher`: XID errors from NVML events, waited for on a thread of
-  its own (a short wait in a loop), so no read ever blocks on them;
+  its own (long waits in the driver, so an idle watcher costs nothing), so no
+  read ever blocks on them;
 * :class:`GpmReader`: profiling metrics (SM activity, occupancy, tensor and
   DRAM activity) from two GPM samples, only while a reader asks for them;
 * :class:`NvLinkReader`: each link's state, data throughput (from the
@@ -37,8 +38,14 @@ _MIB = 1024.0 * 1024.0
 
 # ---- XID events ------------------------------------------------------------------------
 
-#: How long one wait for an event lasts; also how long closing can take.
-XID_WAIT_MS = 200
+#: How long one wait for an event lasts in the driver: the watcher wakes only
+#: this often when no XID comes.
+XID_WAIT_MS = 10_000
+#: How long closing waits for a wait in progress to end before leaving the
+#: rest of the closing to the watcher's thread.
+XID_CLOSE_GRACE_S = 0.1
+#: The pause after a wait the driver failed, before the next one.
+XID_RETRY_MS = 200
 #: XIDs kept per GPU.
 XID_KEEP = 16
 
@@ -47,15 +54,24 @@ class XidWatcher:
     """Registers the GPUs for XID events and gathers them on a thread.
 
     A GPU whose registration the driver refuses (NotSupported) has no list:
-    :meth:`events` gives ``None`` for it, never ``[]``.
+    :meth:`events` gives ``None`` for it, never ``[]``. ``wait_ms`` is how long
+    one wait in the driver lasts (:data:`XID_WAIT_MS` when not given).
     """
 
     def __init__(
-        self, q: Query, gpus: Sequence[Device], clock: Callable[[], float] = time.time
+        self,
+        q: Query,
+        gpus: Sequence[Device],
+        clock: Callable[[], float] = time.time,
+        wait_ms: int | None = None,
     ) -> None:
         self.q = q
         self._clock = clock
+        self.wait_ms = XID_WAIT_MS if wait_ms is None else wait_ms
         self._lock = threading.Lock()
+        self._finish_lock = threading.Lock()
+        self._finished = False
+        self._then: Callable[[], None] | None = None
         self._events: dict[int, deque[XidEvent]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -102,6 +118,13 @@ class XidWatcher:
             return None if found is None or not self.watching else list(found)
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        finally:
+            if self._stop.is_set():  # closed while waiting: the closing is done here
+                self._finish()
+
+    def _watch(self) -> None:
         while not self._stop.is_set():
             try:
                 data = self.q(
@@ -109,7 +132,7 @@ class XidWatcher:
                     "xid_events",
                     "nvmlEventSetWait_v2",
                     self._set,
-                    XID_WAIT_MS,
+                    self.wait_ms,
                     expected=("NVML_ERROR_TIMEOUT",),
                     failed=FAILED,
                 )
@@ -118,9 +141,10 @@ class XidWatcher:
             if data is FAILED:
                 if self._gone():
                     return
-                self._stop.wait(XID_WAIT_MS / 1000.0)  # never spin on a broken wait
+                # never spin on a broken wait
+                self._stop.wait(min(self.wait_ms, XID_RETRY_MS) / 1000.0)
                 continue
-            if data is not None:
+            if data is not None and not self._stop.is_set():
                 self._received(data)
 
     def _gone(self) -> bool:
@@ -158,13 +182,33 @@ class XidWatcher:
             self.q(None, "xid_events", "nvmlEventSetFree", self._set)
             self._set = None
 
-    def close(self) -> None:
+    def close(self, then: Callable[[], None] | None = None) -> None:
+        """Stop watching, free the event set, then call ``then`` (the NVML shutdown).
+
+        Returns within :data:`XID_CLOSE_GRACE_S`. The driver's wait cannot be
+        cut short, and neither the set nor NVML may go while a wait uses them:
+        when one is still in progress, the watcher's thread does the freeing
+        and calls ``then`` as soon as that wait returns.
+        """
+        self._then = then
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5 * XID_WAIT_MS / 1000.0)
-            if self._thread.is_alive():  # a wait that never returns: leave the set be
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=XID_CLOSE_GRACE_S)
+            if thread.is_alive():
                 return
-        self._free()
+        self._finish()
+
+    def _finish(self) -> None:
+        with self._finish_lock:
+            if self._finished:
+                return
+            self._finished = True
+        try:
+            self._free()
+        finally:
+            if self._then is not None:
+                self._then()
 
 
 def _const(q: Query, name: str) -> int | None:
