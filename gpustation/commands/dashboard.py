@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         source.record_error = record_error
         # The driver opens and the first sample is read while the UI is imported.
         source.start_first_pass()
+        # start-up time: the TUI (textual) loads while the first pass reads
         from gpustation.tui.app import run_dashboard
 
         return run_dashboard(
