@@ -15,7 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from gpustation import __version__, paths, privs
 from gpustation.commands.options import add_fleet_options, add_gpu_options
@@ -64,12 +64,47 @@ def _command_in(argv: Sequence[str]) -> str | None:
     return None
 
 
+_P = TypeVar("_P", bound=argparse.ArgumentParser)
+
+
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.commands: argparse._SubParsersAction[argparse.ArgumentParser] | None = None
+        #: the subcommands' action, kept so the innermost parser can be found
+        self.commands: argparse._SubParsersAction[Any] | None = None
 
-    def add_subparsers(self, **kwargs: Any) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    # ArgumentParser's own two forms: the subparsers are of this parser's class, or
+    # of the parser_class given
+    @overload
+    def add_subparsers(
+        self: _P,
+        *,
+        title: str = "subcommands",
+        description: str | None = None,
+        prog: str | None = None,
+        action: str | type[argparse.Action] = ...,
+        option_string: str = ...,
+        dest: str | None = None,
+        required: bool = False,
+        help: str | None = None,
+        metavar: str | None = None,
+    ) -> argparse._SubParsersAction[_P]: ...
+    @overload
+    def add_subparsers(
+        self,
+        *,
+        title: str = "subcommands",
+        description: str | None = None,
+        prog: str | None = None,
+        parser_class: type[_P],
+        action: str | type[argparse.Action] = ...,
+        option_string: str = ...,
+        dest: str | None = None,
+        required: bool = False,
+        help: str | None = None,
+        metavar: str | None = None,
+    ) -> argparse._SubParsersAction[_P]: ...
+    def add_subparsers(self, **kwargs: Any) -> argparse._SubParsersAction[Any]:
         self.commands = super().add_subparsers(**kwargs)
         return self.commands
 

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -21,6 +21,14 @@ from tests.receiver import Receiver
 from tests.tools import missing
 
 REPO = Path(__file__).resolve().parent.parent
+
+_T = TypeVar("_T")
+
+
+def known(value: _T | None) -> _T:
+    """A reading the test's cards or data always give; a missing one fails the test."""
+    assert value is not None, "a reading the test relies on is missing"
+    return value
 
 
 @pytest.fixture(autouse=True)

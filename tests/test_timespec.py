@@ -23,6 +23,18 @@ def test_spans_in_every_unit() -> None:
             parse_span(bad, "--older-than")
 
 
+def test_a_span_may_have_spaces_around_and_before_its_unit_but_only_one_unit() -> None:
+    assert parse_span(" 1.5d ") == 1.5 * 86400
+    assert parse_span("2 w") == 2 * 7 * 86400
+    with pytest.raises(UsageError) as err:
+        parse_span("soon")
+    assert str(err.value) == "the span: a span (90s, 5m, 2h, 3d, 1w), got 'soon'"
+    for bad in ("3", "d", "-1d", "1d2h"):
+        with pytest.raises(UsageError) as err:
+            parse_span(bad, "--older-than")
+        assert str(err.value) == f"--older-than: a span (90s, 5m, 2h, 3d, 1w), got {bad!r}"
+
+
 def test_clock_times_dates_relative_times_and_unix_seconds() -> None:
     assert parse_time("20:02", reference=NOW) == datetime(2026, 12, 1, 20, 2).timestamp()
     assert parse_time("20:02:46", reference=NOW) == datetime(2026, 12, 1, 20, 2, 46).timestamp()

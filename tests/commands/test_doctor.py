@@ -124,8 +124,8 @@ def test_xids_since_boot_and_an_unreadable_kernel_log(
     doctor: Callable[..., dict[str, checks.Check]],
 ) -> None:
     line = "[ 812.4] NVRM: Xid (PCI:0000:01:00): 79, pid=1234, GPU has fallen off the bus."
-    check = doctor(kernel=["[ 1.0] NVRM: loading NVIDIA UNIX x86_64 Kernel Module", line])
-    assert check["XID events"].status == "warn" and "79" in check["XID events"].detail
+    found = doctor(kernel=["[ 1.0] NVRM: loading NVIDIA UNIX x86_64 Kernel Module", line])
+    assert found["XID events"].status == "warn" and "79" in found["XID events"].detail
     check = doctor(kernel=None)["XID events"]
     assert check.status == "skip" and "sudo gpustation doctor" in check.fix
 
@@ -158,7 +158,7 @@ def test_a_limit_that_drifted_is_a_warning(
 def test_permissions_are_decided_from_who_runs_it(
     doctor: Callable[..., dict[str, checks.Check]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(checks.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setattr(checks, "_has_cap_sys_admin", lambda: False)
     found = doctor()
     assert found["power limits"].status == "warn" and "sudo" in found["power limits"].fix
@@ -300,7 +300,9 @@ def _read_bundle(path: Path) -> dict[str, str]:
 # ---- what the checks read: real child processes ---------------------------------------
 
 
-def test_the_kernel_log_is_read_through_dmesg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_the_kernel_log_is_read_through_dmesg(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake = tmp_path / "bin" / "dmesg"
     fake.parent.mkdir()
     fake.write_text(

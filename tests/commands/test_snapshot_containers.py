@@ -15,12 +15,12 @@ DOCKER_ID = "ab" * 32
 
 
 @pytest.fixture
-def no_docker(tmp_path: Path) -> dict[str, str]:
-    """The runtime socket the children ask: none there (short ids)."""
-    return {"DOCKER_HOST": f"unix://{tmp_path / 'no-docker.sock'}"}
+def no_docker(tmp_path: Path) -> str:
+    """The runtime socket the children ask (DOCKER_HOST): none there (short ids)."""
+    return f"unix://{tmp_path / 'no-docker.sock'}"
 
 
-def test_processes_are_named_and_summed_per_container(no_docker: dict[str, str]) -> None:
+def test_processes_are_named_and_summed_per_container(no_docker: str) -> None:
     with (
         process_in_cgroup(f"system.slice/docker-{DOCKER_ID}.scope") as first,
         process_in_cgroup("system.slice/slurmstepd.scope/job_42/step_0") as second,
@@ -32,9 +32,9 @@ def test_processes_are_named_and_summed_per_container(no_docker: dict[str, str])
             load=0.0,
             guests=[[first, 60.0, 4096.0], [second, 20.0, 1024.0], [third, 10.0, 1024.0]],
         )
-        doc = json.loads(run("snapshot", "--simulate", "1", "--json", **no_docker).stdout)
-        table = run("snapshot", "--simulate", "1", **no_docker)
-        grouped = run("snapshot", "--simulate", "1", "--group", "container", **no_docker)
+        doc = json.loads(run("snapshot", "--simulate", "1", "--json", DOCKER_HOST=no_docker).stdout)
+        table = run("snapshot", "--simulate", "1", DOCKER_HOST=no_docker)
+        grouped = run("snapshot", "--simulate", "1", "--group", "container", DOCKER_HOST=no_docker)
     gpu = doc["gpus"][0]
     by_pid = {p["pid"]: p for p in gpu["processes"]}
     assert by_pid[first]["container"] == f"docker/{DOCKER_ID[:12]}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpustation.cli import main
@@ -17,7 +19,10 @@ from gpustation.cli import main
     ],
 )
 def test_a_wrong_flag_shows_the_usage_of_its_own_command(
-    argv: list[str], usage: str, capsys: pytest.CaptureFixture[str], gpustation_dirs: dict
+    argv: list[str],
+    usage: str,
+    capsys: pytest.CaptureFixture[str],
+    gpustation_dirs: dict[str, Path],
 ) -> None:
     with pytest.raises(SystemExit) as exited:
         main(argv)

@@ -13,6 +13,7 @@ import pytest
 
 from gpustation.control import fancurve, live, power, profiles
 from gpustation.errors import GpustationError
+from gpustation.paths import user_profiles_dir
 from tests.control.conftest import RecordingSim
 
 
@@ -38,7 +39,7 @@ def test_the_profile_listing_names_user_files_that_replace_shipped_ones(
     gpustation_dirs: dict[str, Path],
 ) -> None:
     shipped = {p.stem for p in profiles.shipped_profiles_dir().glob("*.toml")}
-    user_dir = profiles.user_profiles_dir()
+    user_dir = user_profiles_dir()
     user_dir.mkdir(parents=True, exist_ok=True)
     (user_dir / "quiet.toml").write_text('description = "mine"\n[power]\nlimit = "60%"\n')
     (user_dir / "broken.toml").write_text("power_limit = [")

@@ -9,10 +9,12 @@ from types import ModuleType
 
 import pytest
 
-from gpustation.control import journal
+from gpustation.control import drift, journal
 from gpustation.control.drift import applied_now, find_drift, mark_drift
+from gpustation.serve.exporter import snapshot_metrics
 from gpustation.telemetry.alerts import conditions
 from gpustation.telemetry.sampler import Sampler
+from gpustation.tui.render import card_text
 from tests.control.conftest import RecordingSim, cli, journal_entries
 
 
@@ -109,10 +111,10 @@ def test_fans_a_curve_held_that_are_back_on_automatic_drifted(
         fan=0, simulated=True,
     )  # fmt: skip
     samples = sim.read_gpus([0, 1], slow=False)
-    drift = find_drift(samples, applied_now(simulated=True))
-    assert list(drift) == [0] and drift[0].fans_left == (0,) and drift[0].power_w is None
+    drifted = find_drift(samples, applied_now(simulated=True))
+    assert list(drifted) == [0] and drifted[0].fans_left == (0,) and drifted[0].power_w is None
     assert "fans 0 on automatic, no longer under `gpustation profile apply quiet`" in (
-        drift[0].text()
+        drifted[0].text()
     )
     code, out, _ = cli(capsys, "profile", "apply", "--again")
     assert code == 0 and "run it again" in out
@@ -121,25 +123,21 @@ def test_fans_a_curve_held_that_are_back_on_automatic_drifted(
     assert find_drift(samples, applied_now(simulated=False)) == {}
 
 
-def test_drift_is_an_alert_and_on_the_card(sim_h200: RecordingSim, capsys) -> None:
+def test_drift_is_an_alert_and_on_the_card(
+    sim_h200: RecordingSim, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert cli(capsys, "power", "set", "400")[0] == 0
-    sim_h200.set_power_limit(0, 700.0)  # not journalled: like a driver reload
+    sim_h200.control.set_power_limit(0, 700.0)  # not journalled: like a driver reload
     snap = Sampler(sim_h200, with_host=False).sample()
     found = mark_drift(snap)
     assert list(found) == [0]
     assert snap.gpus[0].limit_drift is not None
     assert "limit_drifted" in {a.rule for a in conditions(snap)}
-    from gpustation.tui.render import card_text
-
     assert "limit drifted: profile apply --again" in card_text(snap.gpus[0], 160).plain
-    from gpustation.serve.exporter import snapshot_metrics
-
     names = {m.name: m for m in snapshot_metrics(snap)}
     (sample,) = names["gpustation_limit_drifted"].samples
     assert sample.value == 1.0 and "400 W" in sample.labels["note"]
 
 
 def test_the_journal_file_drift_reads_is_the_journal() -> None:
-    from gpustation.control import drift
-
     assert drift.JOURNAL_NAME == journal.JOURNAL_NAME

@@ -13,7 +13,7 @@ from tests.control.conftest import RecordingSim
 
 
 def test_each_fan_is_journalled_with_what_it_was_and_read_back_auto(sim: RecordingSim) -> None:
-    sim.set_fan_speed(1, 0, 80)
+    sim.control.set_fan_speed(1, 0, 80)
     before = sim.read_gpus([1], slow=False)[0]
     done = fans.set_fans_auto(sim, [1], "gpustation fan auto --gpus 1")
     assert [(r.gpu, r.fans, r.were_manual, r.failed, r.journal_error) for r in done] == [
@@ -37,16 +37,16 @@ def test_a_fan_that_failed_is_named_and_the_rest_go_back(
     sim: RecordingSim, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for gpu in (0, 1):
-        sim.set_fan_speed(gpu, 0, 70)
-        sim.set_fan_speed(gpu, 1, 70)
-    real = sim.set_fan_auto
+        sim.control.set_fan_speed(gpu, 0, 70)
+        sim.control.set_fan_speed(gpu, 1, 70)
+    real = sim.control.set_fan_auto
 
     def refuse(index: int, fan: int) -> None:
         if (index, fan) == (0, 0):
             raise GpustationError("the driver refused")
         real(index, fan)
 
-    monkeypatch.setattr(sim, "set_fan_auto", refuse)
+    monkeypatch.setattr(sim.control, "set_fan_auto", refuse)
     done = fans.set_fans_auto(sim, [0, 1], "cmd")
     assert [(r.gpu, r.were_manual, r.failed) for r in done] == [
         (0, 2, ["fan 0: the driver refused"]),
@@ -65,7 +65,7 @@ def test_a_fan_that_failed_is_named_and_the_rest_go_back(
 def test_fans_go_back_even_when_the_journal_cannot_be_written(
     sim: RecordingSim, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sim.set_fan_speed(0, 1, 90)
+    sim.control.set_fan_speed(0, 1, 90)
 
     def full(**_kw: Any) -> journal.JournalEntry:
         raise GpustationError("cannot write the control journal: no space")
@@ -80,7 +80,7 @@ def test_fans_go_back_even_when_the_journal_cannot_be_written(
 def test_a_held_control_lock_does_not_keep_the_fans_manual(
     sim: RecordingSim, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sim.set_fan_speed(0, 0, 90)
+    sim.control.set_fan_speed(0, 0, 90)
 
     def busy(**_kw: Any) -> Any:
         raise GpustationError("another gpustation process has held the lock")

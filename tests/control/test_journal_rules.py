@@ -9,6 +9,7 @@ import os
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from gpustation.errors import GpustationError
 
 
 def _record(path: Path, **more: object) -> journal.JournalEntry:
-    args: dict = {
+    args: dict[str, Any] = {
         "gpu": 0,
         "uuid": "GPU-a",
         "what": journal.POWER_LIMIT,

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -97,7 +98,9 @@ def test_a_lease_file_round_trips_and_a_damaged_one_is_refused() -> None:
         assert str(err.value).startswith(says)
 
 
-def test_taking_a_lease_is_refused_while_a_live_owner_holds_the_gpu(gpustation_dirs: dict) -> None:
+def test_taking_a_lease_is_refused_while_a_live_owner_holds_the_gpu(
+    gpustation_dirs: dict[str, Path],
+) -> None:
     mine = lease.Lease("sweep/1", "sweep 1", [(0, "GPU-x")], simulated=True)
     lease.take(mine)
     assert lease._path("sweep/1").name == "sweep_1.json"
@@ -123,7 +126,9 @@ def test_taking_a_lease_is_refused_while_a_live_owner_holds_the_gpu(gpustation_d
     lease.take(other)
 
 
-def test_what_a_gone_owner_left_is_a_leftover_oldest_first(gpustation_dirs: dict) -> None:
+def test_what_a_gone_owner_left_is_a_leftover_oldest_first(
+    gpustation_dirs: dict[str, Path],
+) -> None:
     gone = _gone_pid()
     for lease_id, created, restore in (("b", 20.0, "gpustation sweeps restore b"), ("a", 10.0, "")):
         lease.take(
@@ -153,7 +158,7 @@ def test_what_a_gone_owner_left_is_a_leftover_oldest_first(gpustation_dirs: dict
     assert lease.left_notes([(0, "GPU-b")], False) == {}
 
 
-def test_ending_holders_waits_for_them_to_let_go(gpustation_dirs: dict) -> None:
+def test_ending_holders_waits_for_them_to_let_go(gpustation_dirs: dict[str, Path]) -> None:
     child = subprocess.Popen(["sleep", "30"])
     stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 30 & wait"])
     try:

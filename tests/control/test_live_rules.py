@@ -3,7 +3,9 @@ fans, what its revert puts back, and the notes for cards without fans."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -42,7 +44,7 @@ def test_a_profile_sets_power_and_runs_its_curve_and_its_revert_puts_both_back(
         on_poll=lambda _r: polled.set(),
     )
     try:
-        sim.set_power_limit(0, 400.0)
+        sim.control.set_power_limit(0, 400.0)
         balanced = load_profile("balanced")
         change = live.apply_profile(balanced)
         assert change.description == "profile balanced" and change.notes == []
@@ -126,7 +128,7 @@ def test_a_power_limit_change_says_what_it_was_and_reverts_to_it(sim: RecordingS
 class _Started:
     """Stands in for the controller process a quitting dashboard starts: its argv and options."""
 
-    calls: ClassVar[list[tuple[list[str], dict]]] = []
+    calls: ClassVar[list[tuple[list[str], dict[str, object]]]] = []
 
     def __init__(self, argv: list[str], **options: object) -> None:
         self.calls.append((argv, options))
@@ -134,10 +136,8 @@ class _Started:
 
 
 def test_a_kept_curve_is_handed_to_a_controller_of_its_own_after_it_stops(
-    sim: RecordingSim, monkeypatch: pytest.MonkeyPatch, gpustation_dirs: dict
+    sim: RecordingSim, monkeypatch: pytest.MonkeyPatch, gpustation_dirs: dict[str, Path]
 ) -> None:
-    import subprocess
-
     live = LiveControl(sim, [0, 1], confirm_timeout_s=120.0)
     try:
         with pytest.raises(GpustationError, match="no fan curve is running to leave behind"):
@@ -164,7 +164,7 @@ def test_a_kept_curve_is_handed_to_a_controller_of_its_own_after_it_stops(
         assert options["stdin"] == subprocess.DEVNULL and options["stderr"] == subprocess.STDOUT
         assert options["start_new_session"] is True and options["close_fds"] is True
         log = gpustation_dirs["state"] / "fan-controller.log"
-        assert options["stdout"].name == str(log)  # type: ignore[attr-defined]
+        assert getattr(options["stdout"], "name", None) == str(log)
         assert log.stat().st_mode & 0o777 == 0o600
         # this process's curve stopped first: the two never drive the fans at once
         assert not live.curve_running and live.curve_profile is None

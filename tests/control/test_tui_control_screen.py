@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
+
+from textual.screen import Screen
 
 from gpustation.telemetry.model import HostSample
 from gpustation.tui.app import DashboardApp
-from gpustation.tui.control import KeepChangeDialog, control_ui
+from gpustation.tui.control import KeepChangeDialog
 from gpustation.tui.source import DataSource
 from gpustation.tui.widgets import LiveText
 from tests.control.conftest import RecordingSim
 from tests.control.test_tui_control import open_control, open_keep_dialog, wait_until
+from tests.tui.conftest import control_ui
 
 
 def gpu_lines(app: DashboardApp) -> str:
     """The control screen's GPU lines, read while a dialog may be above it."""
-    screen = next(s for s in reversed(app.screen_stack) if not s.is_modal)
+    screen: Screen[Any] = next(s for s in reversed(app.screen_stack) if not s.is_modal)
     return screen.query_one("#control-gpus", LiveText).plain
 
 

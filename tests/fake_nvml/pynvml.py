@@ -666,19 +666,19 @@ def nvmlDeviceGetTemperatureThreshold(handle: Handle, threshold: int) -> int:
     if threshold == NVML_TEMPERATURE_THRESHOLD_SLOWDOWN:
         return int(_dev(handle)["slowdown"])
     if threshold == NVML_TEMPERATURE_THRESHOLD_SHUTDOWN:
-        return _dev(handle)["shutdown"]
+        return int(_dev(handle)["shutdown"])
     value = {
         NVML_TEMPERATURE_THRESHOLD_MEM_MAX: _dev(handle)["memory_temp_max"],
         NVML_TEMPERATURE_THRESHOLD_GPU_MAX: _dev(handle)["gpu_max"],
     }.get(threshold)
     if value is None:
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-    return value
+    return int(value)
 
 
 def nvmlDeviceGetPersistenceMode(handle: Handle) -> int:
     _enter("nvmlDeviceGetPersistenceMode", handle)
-    return _dev(handle)["persistence"]
+    return int(_dev(handle)["persistence"])
 
 
 def nvmlDeviceGetMarginTemperature(handle: Handle) -> int:
@@ -687,7 +687,7 @@ def nvmlDeviceGetMarginTemperature(handle: Handle) -> int:
     margin = _dev(handle)["margin"]
     if margin is None:
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-    return margin
+    return int(margin)
 
 
 def nvmlDeviceGetPowerUsage(handle: Handle) -> int:

@@ -12,10 +12,11 @@ is missing, one read at the wrong scale differs.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import pytest
+from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpustation.fleet.prometheus import PrometheusClient, PrometheusFleet
@@ -50,10 +51,10 @@ READ_BACK = (
 )
 
 
-def by_key(families: Iterator[object] | list[object]) -> dict[Key, float]:
+def by_key(families: Iterable[Metric]) -> dict[Key, float]:
     out: dict[Key, float] = {}
     for family in families:
-        for sample in family.samples:  # type: ignore[attr-defined]
+        for sample in family.samples:
             labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k not in CARD_LABELS))
             out[(sample.name, labels)] = float(sample.value)
     return out

@@ -21,9 +21,17 @@ from gpustation.telemetry.model import (
     XidEvent,
     specs,
 )
-from gpustation.telemetry.promnames import GPU_SERIES, SERIES, UNREAD_COUNT, field_series
+from gpustation.telemetry.promnames import (
+    GPU_SERIES,
+    SERIES,
+    UNREAD_COUNT,
+    GpuSeries,
+    Series,
+    field_series,
+)
 from gpustation.telemetry.sampler import Sampler
 from gpustation.telemetry.sim import SimBackend
+from tests.conftest import known
 
 FROZEN = 1e6
 INSTANCE = "h200-box:9400"
@@ -86,7 +94,8 @@ def test_every_exported_series_reads_back_to_the_value_served() -> None:
     snap = busy_h200()
     back = snapshots_from_series(as_results(snap))[INSTANCE]
     want, got = served(snap), served(back)
-    counts = {s.name for s in (*GPU_SERIES, *SERIES) if s.unread == UNREAD_COUNT}
+    every: tuple[GpuSeries | Series, ...] = (*GPU_SERIES, *SERIES)
+    counts = {s.name for s in every if s.unread == UNREAD_COUNT}
     compared = {k: v for k, v in want.items() if k[0] not in counts}
     # the series this sample has: the twelve once left at n/a among them
     names = {name for name, _ in compared}
@@ -122,12 +131,12 @@ def test_read_back_fields_equal_the_served_ones() -> None:
         assert mine.pstate == theirs.pstate and isinstance(mine.pstate, int)
         # the links' sum, not links Prometheus does not have
         assert mine.nvlink is None and mine.nvlink_sum_mb_s is not None
-        total = sum(x.tx_kib_s + x.rx_kib_s for x in theirs.nvlink or () if x.active)
+        total = sum(known(x.tx_kib_s) + known(x.rx_kib_s) for x in theirs.nvlink or () if x.active)
         assert mine.nvlink_sum_mb_s == pytest.approx(total * 1024 / 1e6)
         assert mine.mig is not None and mine.mig.enabled == (theirs.mig and theirs.mig.enabled)
-    busy = back.gpus[0]
-    assert busy.xid_events == [XidEvent(time=FROZEN, code=79, meaning=busy.xid_events[0].meaning)]
-    assert busy.xid_events[0].meaning  # XID 79 is known: the bus
+    xids = known(back.gpus[0].xid_events)
+    assert xids == [XidEvent(time=FROZEN, code=79, meaning=xids[0].meaning)]
+    assert xids[0].meaning  # XID 79 is known: the bus
     assert back.gpus[1].xid_events == []  # watched, none seen
 
 

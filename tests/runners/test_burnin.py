@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -112,14 +113,13 @@ def test_a_gddr_card_has_no_memory_words_in_the_thermal_check() -> None:
     assert thermal["status"] == "pass" and "memory" not in thermal["detail"]
 
 
-def test_the_monitor_reads_hbm_temperature_as_a_field_value(fake_nvml) -> None:
-    fake_nvml.nvmlInit()
-    try:
-        mon = burnin_monitor.Monitor(torch.device("cpu"))
-        mon.nv = fake_nvml
-        for index, want in ((1, 40.0), (0, None)):  # an H200, then an RTX 4090
-            mon.handle = fake_nvml.nvmlDeviceGetHandleByIndex(index)
+def test_the_monitor_reads_hbm_temperature_as_a_field_value(fake_nvml: ModuleType) -> None:
+    for index, want in ((1, 40.0), (0, None)):  # an H200, then an RTX 4090
+        card = burnin_monitor.Card(index=index)
+        mon = burnin_monitor.Monitor(torch.device("cpu"), nvml=fake_nvml, card=card)
+        try:
+            assert mon.available, mon.reason
             mon.static = {"memory_max_c": 95}  # the field's own status decides
             assert mon._memory_temp() == want
-    finally:
-        fake_nvml.nvmlShutdown()
+        finally:
+            mon.stop()

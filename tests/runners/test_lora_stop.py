@@ -20,7 +20,7 @@ from tests.conftest import child_env
 from tests.runners.conftest import CHILD_TIMEOUT_S, read_events
 from tests.runners.test_lora import TINY
 from tests.runners.test_lora_resume_cli import LORA_PRESET, gs
-from tests.runs.conftest import runs_environment, wait_until
+from tests.runs.conftest import RunsEnv, runs_environment, wait_until
 
 SMALL = ("--seq-len", "32", "--batch-size", "4", "--lr", "0.01", "--lr-warmup-steps", "0")
 
@@ -78,16 +78,15 @@ def test_sigint_saves_the_step_it_is_in_and_resume_goes_on_from_it(tmp_path: Pat
 @pytest.fixture
 def runs_env(
     gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> Iterator[dict[str, object]]:
+) -> Iterator[RunsEnv]:
     yield from runs_environment(gpustation_dirs, monkeypatch)
 
 
-def test_runs_stop_keeps_the_step_the_run_was_in(runs_env: dict[str, object]) -> None:
+def test_runs_stop_keeps_the_step_the_run_was_in(runs_env: RunsEnv) -> None:
     preset = LORA_PRESET.replace("steps = 4", "steps = 100000").replace(
         "checkpoint_every = 2", "checkpoint_every = 0"
     )
     write_preset = runs_env["write_preset"]
-    assert callable(write_preset)
     write_preset("long-lora", preset)
     started = gs("run", "long-lora", "--detach")
     assert started.returncode == 0, started.stdout + started.stderr

@@ -96,7 +96,7 @@ def test_a_bad_price_is_named_once_and_the_history_still_shows(
 
 
 def test_since_takes_a_span_a_date_or_a_relative_time(
-    gpustation_dirs: dict, capsys: pytest.CaptureFixture[str]
+    gpustation_dirs: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     from gpustation.cli import main
 

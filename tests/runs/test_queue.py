@@ -23,7 +23,7 @@ from gpustation.runs.store.index import RunStore
 from gpustation.telemetry.model import GpuLink, GpuSample, ProcessInfo, Topology
 from gpustation.telemetry.sim import SimBackend
 from tests.conftest import child_env, gpustation_cmd
-from tests.runs.conftest import runs_environment, wait_until
+from tests.runs.conftest import RunsEnv, runs_environment, wait_until
 
 TIMEOUT_S = 60.0
 
@@ -106,18 +106,28 @@ def test_any_n_takes_the_least_used_or_the_best_connected_set() -> None:
 # ---- a real scheduler on simulated GPUs -----------------------------------------------------
 
 
+class QueueEnv(RunsEnv):
+    """What :func:`queue_env` gives a test: a runs environment and its simulated cards."""
+
+    sim: SimBackend
+
+
 @pytest.fixture
 def queue_env(
     gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> Iterator[dict[str, object]]:
+) -> Iterator[QueueEnv]:
     gen = runs_environment(gpustation_dirs, monkeypatch)
-    env = next(gen)
+    base = next(gen)
     # Idle simulated cards: no simulated job of their own comes and goes.
     backend = SimBackend.open(count=2, card=None)
     for index in range(2):
         backend.poke(index, load=0.0)
-    env["sim"] = backend
-    yield env
+    yield QueueEnv(
+        dirs=base["dirs"],
+        preset_dir=base["preset_dir"],
+        write_preset=base["write_preset"],
+        sim=backend,
+    )
     for entry in queue.entries():
         queue.cancel(entry.id)
     pid = _scheduler_pid()
@@ -151,6 +161,11 @@ def _state(run_id: str) -> rundir.RunState | None:
     return rundir.read_state(rundir.run_dir(run_id))
 
 
+def _status(run_id: str) -> str | None:
+    state = _state(run_id)
+    return state.status if state is not None else None
+
+
 def _ended(run_id: str) -> bool:
     state = _state(run_id)
     return state is not None and state.status in rundir.FINAL_STATUSES
@@ -163,7 +178,7 @@ def _queued(*args: str) -> str:
 
 
 def test_queued_runs_take_a_gpu_one_at_a_time_and_say_what_they_wait_for(
-    queue_env: dict[str, object],
+    queue_env: QueueEnv,
 ) -> None:
     first = _queued("--gpus", "0", "--", "python3", "-c", "import time; time.sleep(0.5)")
     second = _queued("--gpus", "0", "--", "python3", "-c", "pass")
@@ -184,10 +199,9 @@ def test_queued_runs_take_a_gpu_one_at_a_time_and_say_what_they_wait_for(
 
 
 def test_a_foreign_process_holds_a_run_back_named_until_it_lets_go(
-    queue_env: dict[str, object],
+    queue_env: QueueEnv,
 ) -> None:
     sim = queue_env["sim"]
-    assert isinstance(sim, SimBackend)
     sim.poke(1, idle_holder_mib=22 * 1024)
     run_id = _queued("--gpus", "1", "--", "python3", "-c", "pass")
 
@@ -199,13 +213,13 @@ def test_a_foreign_process_holds_a_run_back_named_until_it_lets_go(
     assert words.startswith("GPU 1: pid ") and "holds 22.0 GiB" in words, words
     shown = gs("queue")
     assert run_id in shown.stdout and "holds 22.0 GiB" in shown.stdout
-    assert _state(run_id).status == "queued"  # type: ignore[union-attr]
+    assert _status(run_id) == "queued"
     sim.poke(1, idle_holder_mib=None)
     wait_until(lambda: _ended(run_id), TIMEOUT_S, "the run to start and end")
 
 
 def test_a_killed_scheduler_loses_nothing_and_the_next_command_restarts_it(
-    queue_env: dict[str, object],
+    queue_env: QueueEnv,
 ) -> None:
     assert gs("queue", "pause").returncode == 0
     ids = [_queued("--gpus", "0", "--", "python3", "-c", "pass") for _ in range(3)]
@@ -217,13 +231,13 @@ def test_a_killed_scheduler_loses_nothing_and_the_next_command_restarts_it(
     # Any command that writes brings one back; resume lets it start the runs.
     assert gs("runs", "list").returncode == 0
     wait_until(_scheduler_pid, TIMEOUT_S, "a new scheduler")
-    assert all(_state(r).status == "queued" for r in ids)  # type: ignore[union-attr]
+    assert all(_status(r) == "queued" for r in ids)
     assert gs("queue", "resume").returncode == 0
     wait_until(lambda: all(_ended(r) for r in ids), TIMEOUT_S, "the queued runs")
     assert not queue.entries()
 
 
-def test_order_move_cancel_and_bad_input(queue_env: dict[str, object]) -> None:
+def test_order_move_cancel_and_bad_input(queue_env: QueueEnv) -> None:
     assert gs("queue", "pause").returncode == 0
     a, b, c = (_queued("--gpus", "0", "--", "python3", "-c", "pass") for _ in range(3))
     high = _queued("--gpus", "0", "--priority", "3", "--", "python3", "-c", "pass")
@@ -241,7 +255,7 @@ def test_order_move_cancel_and_bad_input(queue_env: dict[str, object]) -> None:
     assert state.reason == "cancelled in the queue"
     stopped = gs("runs", "stop", c)  # stopping a queued run cancels it
     assert stopped.returncode == 0, stopped.stderr
-    assert _state(c).status == "stopped"  # type: ignore[union-attr]
+    assert _status(c) == "stopped"
     assert [e.id for e in queue.entries()] == [high, a]
 
     for args, word in (

@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from gpustation.telemetry.registry import open_backend
 from tests.conftest import child_env, gpustation_cmd
-from tests.runs.conftest import command_preset, runs_environment
-
-
-@pytest.fixture
-def runs_env(
-    gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> Iterator[dict[str, object]]:
-    yield from runs_environment(gpustation_dirs, monkeypatch)
+from tests.runs.conftest import RunsEnv, command_preset
 
 
 def test_a_run_given_only_a_count_says_the_card_kept_from_last_time(
-    runs_env: dict[str, object],
+    runs_env: RunsEnv,
 ) -> None:
     write_preset = runs_env["write_preset"]
-    assert callable(write_preset)
     write_preset("tiny", command_preset("tiny", "train_ok", "--steps", "2", "--sleep", "0"))
     open_backend(simulate=1, sim_card="h200").close()
     done = subprocess.run(

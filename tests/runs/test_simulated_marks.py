@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,16 +14,9 @@ from gpustation.runs.store.index import RunStore
 from gpustation.runs.summary import RunSummary
 from tests.conftest import child_env, gpustation_cmd
 from tests.control.conftest import cli
-from tests.runs.conftest import command_preset, runs_environment
+from tests.runs.conftest import RunsEnv, command_preset
 
 TIMEOUT_S = 120
-
-
-@pytest.fixture
-def runs_env(
-    gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> Iterator[dict[str, object]]:
-    yield from runs_environment(gpustation_dirs, monkeypatch)
 
 
 def gs(*args: str) -> subprocess.CompletedProcess[str]:
@@ -38,10 +30,9 @@ def _lines(text: str, label: str) -> list[str]:
 
 
 def test_a_run_on_simulated_gpus_is_marked_wherever_its_gpu_figures_show(
-    runs_env: dict[str, object],
+    runs_env: RunsEnv,
 ) -> None:
     write_preset = runs_env["write_preset"]
-    assert callable(write_preset)
     write_preset("tiny", command_preset("tiny", "train_ok", "--steps", "5", "--sleep", "0.2"))
     done = gs("run", "tiny")
     assert done.returncode == 0, done.stdout + done.stderr

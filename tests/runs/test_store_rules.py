@@ -9,13 +9,22 @@ import re
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpustation.runs import rundir
-from gpustation.runs import store as store_mod
+from gpustation.runs.gputrace import TelemetrySummary
 from gpustation.runs.rundir import RunState
-from gpustation.runs.store import RunStore, runs_by_status, sync_run
+from gpustation.runs.store import index as store_mod
+from gpustation.runs.store.index import (
+    RunStore,
+    apply_telemetry,
+    record_from_dir,
+    runs_by_status,
+    sync_run,
+)
+from gpustation.runs.store.tidy import annotate
 from gpustation.runs.summary import RunSummary
 
 
@@ -30,6 +39,13 @@ def _run(root: Path, name: str, status: str = "succeeded", started: float = 1000
         directory, RunState(id=name, status=status, started_at=started, ended_at=started + 5)
     )
     return directory
+
+
+def _got(store: RunStore, run_id: str) -> RunSummary:
+    """The run's row; a missing one fails the test."""
+    got = store.get(run_id)
+    assert got is not None, f"no row for {run_id}"
+    return got
 
 
 def _numeric_looking(annotation: str) -> object:
@@ -48,12 +64,12 @@ def _numeric_looking(annotation: str) -> object:
 
 
 def test_every_column_gives_back_the_type_it_was_given(tmp_path: Path) -> None:
-    values = {
+    values: dict[str, Any] = {
         f.name: _numeric_looking(str(f.type))
         for f in dataclasses.fields(RunSummary)
         if f.name != "id"
     }
-    record = RunSummary(id="20260101-000000-p-abcd", **values)  # type: ignore[arg-type]
+    record = RunSummary(id="20260101-000000-p-abcd", **values)
     store = RunStore(tmp_path / "runs.db")
     store.upsert(record)
     got = store.get(record.id)
@@ -139,7 +155,7 @@ def test_a_row_written_without_a_key_is_taken_as_it_is(tmp_path: Path) -> None:
     record = sync_run(directory, store)
     record.title = "as the follower wrote it"
     store.upsert(record)  # no key
-    assert store.get("r").title == "as the follower wrote it"  # type: ignore[union-attr]
+    assert _got(store, "r").title == "as the follower wrote it"
     assert store.catch_up() == 0
 
 
@@ -231,12 +247,10 @@ def test_the_key_of_a_state_follows_what_a_row_must_agree_on() -> None:
 
 
 def test_a_note_of_digits_stays_text(tmp_path: Path) -> None:
-    from gpustation.runs.history import annotate
-
     store = RunStore(tmp_path / "runs.db")
     sync_run(_run(tmp_path / "runs", "r"), store)
     annotate(store, "r", note="42")
-    assert store.get("r").note == "42"  # type: ignore[union-attr]
+    assert _got(store, "r").note == "42"
 
 
 def test_a_finished_run_s_state_changed_on_disk_is_read_again(tmp_path: Path) -> None:
@@ -244,14 +258,14 @@ def test_a_finished_run_s_state_changed_on_disk_is_read_again(tmp_path: Path) ->
     store = RunStore(tmp_path / "runs.db")
     directory = _run(root, "r", status="stopped")
     sync_run(directory, store)
-    assert store.get("r").status == "stopped"  # type: ignore[union-attr]
+    assert _got(store, "r").status == "stopped"
     # a later writer (a reconcile) changed it; its row lags
     rundir.write_state(
         directory, RunState(id="r", status="lost", started_at=1000.0, ended_at=1001.0)
     )
-    assert store.get("r").status == "lost"  # type: ignore[union-attr]
+    assert _got(store, "r").status == "lost"
     assert store.catch_up() == 1
-    assert store.get("r").status == "lost"  # type: ignore[union-attr]
+    assert _got(store, "r").status == "lost"
 
 
 def test_lagging_directories_after_an_agreeing_one_are_all_read(tmp_path: Path) -> None:
@@ -300,7 +314,7 @@ def test_text_an_older_version_stored_as_it_came_is_made_safe(tmp_path: Path) ->
     conn.commit()
     conn.close()
     got = store.get("r")
-    assert got is not None and "\x1b" not in (got.title or "") and got.title.startswith("a")
+    assert got is not None and "\x1b" not in (got.title or "") and (got.title or "").startswith("a")
     assert "\x1b" not in "".join(got.tags)
 
 
@@ -311,7 +325,7 @@ def test_numbers_sqlite_cannot_hold_are_stored_as_none(tmp_path: Path) -> None:
         ("nan", float("nan")),
     ):
         store.upsert(RunSummary(id=run_id, energy_j=value))
-        assert store.get(run_id).energy_j is None  # type: ignore[union-attr]
+        assert _got(store, run_id).energy_j is None
     for run_id, code, kept in (
         ("lowest", -(1 << 63), True),
         ("below", -(1 << 63) - 1, False),
@@ -320,7 +334,7 @@ def test_numbers_sqlite_cannot_hold_are_stored_as_none(tmp_path: Path) -> None:
         ("minus-one", -1, True),
     ):
         store.upsert(RunSummary(id=run_id, exit_code=code))
-        assert store.get(run_id).exit_code == (code if kept else None), run_id  # type: ignore[union-attr]
+        assert _got(store, run_id).exit_code == (code if kept else None), run_id
 
 
 def test_the_index_s_lock_and_a_kept_aside_file_are_named_and_private(tmp_path: Path) -> None:
@@ -336,8 +350,6 @@ def test_the_index_s_lock_and_a_kept_aside_file_are_named_and_private(tmp_path: 
 
 
 def test_a_run_directory_without_a_state_or_a_run_file(tmp_path: Path) -> None:
-    from gpustation.runs.store import record_from_dir
-
     bare = tmp_path / "runs" / "only-state"
     bare.mkdir(parents=True)
     rundir.write_state(
@@ -364,9 +376,6 @@ def test_a_run_directory_without_a_state_or_a_run_file(tmp_path: Path) -> None:
 
 
 def test_what_the_gpus_did_goes_into_the_row(tmp_path: Path) -> None:
-    from gpustation.runs.gputrace import TelemetrySummary
-    from gpustation.runs.store import apply_telemetry
-
     tele = TelemetrySummary(
         samples=3,
         duration_s=10.0,

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import NoReturn
 
 import psutil
 import pytest
 
 from gpustation.control import lease
 from gpustation.errors import GpustationError
-from gpustation.runs import rundir, sweep, sweep_owner
+from gpustation.runs import rundir
 from gpustation.runs.rundir import RunState
+from gpustation.runs.sweep import model as sweep
+from gpustation.runs.sweep import owner as sweep_owner
 from gpustation.telemetry.sim import SimBackend
 
 
@@ -41,7 +44,7 @@ def _left(sweep_id: str, limits: dict[int, float], uuids: dict[int, str | None])
 
 
 def test_a_limit_goes_back_to_its_card_by_uuid_or_by_index_without_one(
-    gpustation_dirs: dict,
+    gpustation_dirs: dict[str, Path],
 ) -> None:
     sim = SimBackend.open(count=2)
     a, b = sim.read_gpus([0, 1], slow=False)
@@ -58,10 +61,12 @@ def test_a_limit_goes_back_to_its_card_by_uuid_or_by_index_without_one(
     assert not sweep_owner.on_this_machine(gone, sim)
 
 
-def test_a_restore_puts_each_card_back_and_names_what_is_not_here(gpustation_dirs: dict) -> None:
+def test_a_restore_puts_each_card_back_and_names_what_is_not_here(
+    gpustation_dirs: dict[str, Path],
+) -> None:
     sim = SimBackend.open(count=2)
     uuid0 = sim.read_gpus([0], slow=False)[0].uuid
-    sim.set_power_limit(0, 300.0)
+    sim.control.set_power_limit(0, 300.0)
     s = _left("s1", {0: 420.0, 5: 300.0}, {0: uuid0, 5: "GPU-elsewhere"})
     lease.take(lease.Lease("s1", "sweep s1", [(0, uuid0)], True, pid=_gone_pid(), start="1"))
     assert sweep_owner.leftovers_text([s], sim) == "sweep s1: GPU 0 300 W -> 420 W"
@@ -87,12 +92,12 @@ def test_a_restore_puts_each_card_back_and_names_what_is_not_here(gpustation_dir
 
 
 def test_a_backend_that_cannot_be_read_still_says_where_limits_go_back(
-    gpustation_dirs: dict, monkeypatch: pytest.MonkeyPatch
+    gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sim = SimBackend.open(count=1)
     s = _left("s1", {0: 420.0}, {0: None})
 
-    def broken(*_a: object, **_k: object) -> list:
+    def broken(*_a: object, **_k: object) -> NoReturn:
         raise GpustationError("the driver is gone")
 
     monkeypatch.setattr(sim, "read_gpus", broken)
@@ -101,10 +106,10 @@ def test_a_backend_that_cannot_be_read_still_says_where_limits_go_back(
     )
 
 
-def test_leftovers_are_restored_first_and_said(gpustation_dirs: dict) -> None:
+def test_leftovers_are_restored_first_and_said(gpustation_dirs: dict[str, Path]) -> None:
     sim = SimBackend.open(count=1)
     uuid0 = sim.read_gpus([0], slow=False)[0].uuid
-    sim.set_power_limit(0, 300.0)
+    sim.control.set_power_limit(0, 300.0)
     s = _left("s1", {0: 450.0, 4: 200.0}, {0: uuid0, 4: "GPU-far"})
     said: list[str] = []
     sweep_owner.restore_leftovers([], sim, said.append)
@@ -118,7 +123,9 @@ def test_leftovers_are_restored_first_and_said(gpustation_dirs: dict) -> None:
     assert sim.read_gpus([0], slow=False)[0].power_limit_w == 450.0
 
 
-def test_the_limits_of_a_plan_are_checked_against_each_card(gpustation_dirs: dict) -> None:
+def test_the_limits_of_a_plan_are_checked_against_each_card(
+    gpustation_dirs: dict[str, Path],
+) -> None:
     sim = SimBackend.open(count=2)
     assert sweep.plan_limits(sim, [0, 1], ["50%", "300W"]) == {
         "50%": {0: 225.0, 1: 225.0},
@@ -129,7 +136,9 @@ def test_the_limits_of_a_plan_are_checked_against_each_card(gpustation_dirs: dic
         sweep.plan_limits(sim, [0], ["5000W"])
 
 
-def test_a_live_lease_on_the_cards_is_another_sweep_holding_them(gpustation_dirs: dict) -> None:
+def test_a_live_lease_on_the_cards_is_another_sweep_holding_them(
+    gpustation_dirs: dict[str, Path],
+) -> None:
     sim = SimBackend.open(count=2)
     uuid1 = sim.read_gpus([1], slow=False)[0].uuid
     lease.take(lease.Lease("other", "sweep other", [(1, uuid1)], True))
@@ -158,7 +167,7 @@ def _active_run(run_id: str, gpus: list[int], simulated: bool) -> Path:
     return directory
 
 
-def test_a_sweep_waits_for_the_runs_on_its_cards(gpustation_dirs: dict) -> None:
+def test_a_sweep_waits_for_the_runs_on_its_cards(gpustation_dirs: dict[str, Path]) -> None:
     first = _active_run("r1", [0, 1], simulated=True)
     _active_run("r2", [1], simulated=False)
     assert sweep_owner.runs_on([1, 2], True) == [("r1", [1])]

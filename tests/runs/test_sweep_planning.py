@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from gpustation import privs
 from gpustation.control import lease
-from gpustation.errors import GpustationError, UsageError
-from gpustation.runs import rundir, sweep, sweep_owner
+from gpustation.errors import GpustationError, NeedsRootError, UsageError
+from gpustation.runs import rundir
 from gpustation.runs.presets import RunPreset
 from gpustation.runs.rundir import RunState
+from gpustation.runs.sweep import model as sweep
+from gpustation.runs.sweep import runner as sweep_runner
 from gpustation.telemetry.sim import SimBackend
 
 
@@ -144,7 +148,7 @@ def test_a_sweep_file_reads_back_its_limits_and_uuids() -> None:
 
 
 def _save(doc: dict[str, Any]) -> Path:
-    directory = sweep.sweeps_dir() / doc["id"]
+    directory = sweep.sweeps_dir() / str(doc["id"])
     directory.mkdir(parents=True)
     path = directory / sweep.SWEEP_JSON
     path.write_text(json.dumps(doc))
@@ -152,7 +156,7 @@ def _save(doc: dict[str, Any]) -> Path:
 
 
 def test_sweeps_are_found_by_id_prefix_or_last_and_a_damaged_one_is_named(
-    gpustation_dirs: dict,
+    gpustation_dirs: dict[str, Path],
 ) -> None:
     with pytest.raises(UsageError) as err:
         sweep.load_sweep("last")
@@ -167,8 +171,10 @@ def test_sweeps_are_found_by_id_prefix_or_last_and_a_damaged_one_is_named(
     with pytest.raises(UsageError) as err:
         sweep.load_sweep("20260102")
     assert str(err.value) == "2 sweeps matches '20260102'; `gpustation sweeps list` shows them"
+    # the newest that can be read: a damaged file is named when asked for, never "last"
+    assert sweep.load_sweep("last").id == "20260102-sweep-p-2"
     with pytest.raises(UsageError) as err:
-        sweep.load_sweep("last")
+        sweep.load_sweep("20260103")
     assert str(err.value) == (
         f"{bad} is damaged ('repeat' is not a whole number); move it away or delete it"
     )
@@ -184,11 +190,11 @@ def test_sweeps_are_found_by_id_prefix_or_last_and_a_damaged_one_is_named(
     assert str(err.value) == f"{bad} cannot be read (not JSON); move it away or delete it"
 
 
-def test_a_new_sweep_id_never_names_a_directory_that_exists(gpustation_dirs: dict) -> None:
+def test_a_new_sweep_id_never_names_a_directory_that_exists(
+    gpustation_dirs: dict[str, Path],
+) -> None:
     now = 1_700_000_000.0
-    import time
-
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))  # ids are stamped in UTC
     assert sweep.new_sweep_id("p", now) == f"{stamp}-sweep-p"
     (sweep.sweeps_dir() / f"{stamp}-sweep-p").mkdir(parents=True)
     assert sweep.new_sweep_id("p", now) == f"{stamp}-sweep-p-2"
@@ -219,29 +225,27 @@ def test_a_sweep_whose_process_is_gone_is_dead_and_names_the_limits_it_left() ->
 
 
 def test_texts_of_limits_and_figures() -> None:
-    assert sweep._limits_text({1: 300.0, 0: 450.5}) == "GPU 0 450.5 W, GPU 1 300 W"
-    assert sweep._limits_text({}) == "none"
+    assert sweep_runner._limits_text({1: 300.0, 0: 450.5}) == "GPU 0 450.5 W, GPU 1 300 W"
+    assert sweep_runner._limits_text({}) == "none"
     figures = {"throughput": 1234.56, "unit": "img/s", "energy_per_unit_j": 0.123456}
-    assert sweep._figures_text(figures) == " - 1,234.6 img/s, 0.1235 J/unit"
-    assert sweep._figures_text({**figures, "work_unit": "img"}).endswith("J/img")
-    assert sweep._figures_text({"throughput": 5}) == " - 5.0 /s"
-    assert sweep._figures_text({"throughput": "x"}) == ""
+    assert sweep_runner._figures_text(figures) == " - 1,234.6 img/s, 0.1235 J/unit"
+    assert sweep_runner._figures_text({**figures, "work_unit": "img"}).endswith("J/img")
+    assert sweep_runner._figures_text({"throughput": 5}) == " - 5.0 /s"
+    assert sweep_runner._figures_text({"throughput": "x"}) == ""
     s = sweep.Sweep(id="s", preset="p", axes={}, power_limits=[], gpus=[0])
     assert json.loads(sweep.dumps(s))["id"] == "s"
 
 
 def test_only_a_sweep_with_a_power_axis_needs_root(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpustation.errors import NeedsRootError
-
-    monkeypatch.setattr(sweep.privs, "can_be_root", lambda: False)
+    monkeypatch.setattr(privs, "can_be_root", lambda: False)
     plain = sweep.Sweep(id="s", preset="p", axes={}, power_limits=[], gpus=[0])
-    sweep.require_root_for(plain, simulated=False)
+    sweep_runner.require_root_for(plain, simulated=False)
     plain.power_limits = ["70%"]
-    sweep.require_root_for(plain, simulated=True)
+    sweep_runner.require_root_for(plain, simulated=True)
     with pytest.raises(NeedsRootError, match="needs root: run it as sudo gpustation sweep"):
-        sweep.require_root_for(plain, simulated=False)
-    monkeypatch.setattr(sweep.privs, "can_be_root", lambda: True)
-    sweep.require_root_for(plain, simulated=False)
+        sweep_runner.require_root_for(plain, simulated=False)
+    monkeypatch.setattr(privs, "can_be_root", lambda: True)
+    sweep_runner.require_root_for(plain, simulated=False)
 
 
 # ---- the runner ---------------------------------------------------------------------
@@ -256,7 +260,7 @@ class Launcher:
         self.calls: list[tuple[Any, ...]] = []
         self.limits_seen: list[float | None] = []
 
-    def __call__(self, preset: RunPreset, overrides: list[str], gpus: Any, **kw: Any) -> Any:
+    def __call__(self, preset: RunPreset, overrides: dict[str, str], gpus: Any, **kw: Any) -> Any:
         n = len(self.calls)
         self.calls.append((preset.tags, overrides, gpus, kw))
         self.limits_seen.append(self.backend.read_gpus([0], slow=False)[0].power_limit_w)
@@ -292,7 +296,7 @@ def _runner(
 ) -> tuple[Any, Launcher, list[str]]:
     said: list[str] = []
     launcher = Launcher(backend, statuses)
-    runner = sweep.SweepRunner(
+    runner = sweep_runner.SweepRunner(
         sweep=s,
         preset=RunPreset(name="p", title="P", tags=["base"]),
         backend=backend,
@@ -306,10 +310,10 @@ def _runner(
 
 
 def test_the_runner_sets_each_point_s_limit_reads_it_back_and_restores_the_original(
-    gpustation_dirs: dict,
+    gpustation_dirs: dict[str, Path],
 ) -> None:
     sim = SimBackend.open(count=1)
-    sim.set_power_limit(0, 400.0)
+    sim.control.set_power_limit(0, 400.0)
     s = sweep.Sweep(
         id="20260101-000000-sweep-p",
         preset="p",
@@ -327,7 +331,7 @@ def test_the_runner_sets_each_point_s_limit_reads_it_back_and_restores_the_origi
     assert [p.status for p in done.points] == ["succeeded", "oom", "failed", "succeeded"]
     assert [p.limits_w for p in done.points[:3]] == [{0: 300.0}, {0: 225.0}, {0: 300.0}]
     tags, overrides, gpus, kw = launcher.calls[0]
-    assert tags == ["base", "sweep:20260101-000000-sweep-p"] and overrides == ["bs=1"]
+    assert tags == ["base", "sweep:20260101-000000-sweep-p"] and overrides == {"bs": "1"}
     assert gpus == [0] and kw == {"simulate": 1, "sim_card": None, "stop_grace_s": 3.0}
     assert [p.run_id for p in done.points] == ["run-0", "run-1", "run-2", None]
     assert done.points[1].figures["throughput"] == 20.0
@@ -343,7 +347,7 @@ def test_the_runner_sets_each_point_s_limit_reads_it_back_and_restores_the_origi
     assert said[-1] == "power limits restored: GPU 0 400 W"
 
 
-def test_a_runner_without_a_power_axis_touches_no_limit(gpustation_dirs: dict) -> None:
+def test_a_runner_without_a_power_axis_touches_no_limit(gpustation_dirs: dict[str, Path]) -> None:
     sim = SimBackend.open(count=1)
     s = sweep.Sweep(
         id="s2", preset="p", axes={}, power_limits=[], gpus=[], points=sweep.grid({}, [], 2)
@@ -357,7 +361,7 @@ def test_a_runner_without_a_power_axis_touches_no_limit(gpustation_dirs: dict) -
 
 
 def test_a_card_that_reads_back_another_limit_fails_the_sweep_and_the_original_goes_back(
-    gpustation_dirs: dict, monkeypatch: pytest.MonkeyPatch
+    gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sim = SimBackend.open(count=1)
     s = sweep.Sweep(
@@ -369,12 +373,12 @@ def test_a_card_that_reads_back_another_limit_fails_the_sweep_and_the_original_g
         simulated=True,
         points=sweep.grid({}, ["300W"], 1),
     )
-    real = sim.set_power_limit
+    real = sim.control.set_power_limit
 
     def off_by_one(index: int, watts: float) -> None:
         real(index, watts + (1.0 if watts == 300.0 else 0.0))
 
-    monkeypatch.setattr(sim, "set_power_limit", off_by_one)
+    monkeypatch.setattr(sim.control, "set_power_limit", off_by_one)
     runner, _launcher, _said = _runner(sim, s, ["succeeded"])
     with pytest.raises(GpustationError):
         runner.run()
@@ -384,7 +388,7 @@ def test_a_card_that_reads_back_another_limit_fails_the_sweep_and_the_original_g
 
 
 def test_a_card_that_does_not_report_its_limit_is_refused_before_anything(
-    gpustation_dirs: dict, monkeypatch: pytest.MonkeyPatch
+    gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sim = SimBackend.open(count=1)
     real = sim.read_gpus
@@ -411,7 +415,7 @@ def test_a_card_that_does_not_report_its_limit_is_refused_before_anything(
     assert launcher.calls == [] and lease.get("s4") is None
 
 
-def test_ctrl_c_stops_the_running_point_then_restores(gpustation_dirs: dict) -> None:
+def test_ctrl_c_stops_the_running_point_then_restores(gpustation_dirs: dict[str, Path]) -> None:
     sim = SimBackend.open(count=1)
     s = sweep.Sweep(
         id="s5",
@@ -438,7 +442,7 @@ def test_ctrl_c_stops_the_running_point_then_restores(gpustation_dirs: dict) -> 
 
 
 def test_a_restore_that_fails_is_said_with_the_command_that_finishes_it(
-    gpustation_dirs: dict, monkeypatch: pytest.MonkeyPatch
+    gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sim = SimBackend.open(count=1)
     s = sweep.Sweep(
@@ -455,7 +459,7 @@ def test_a_restore_that_fails_is_said_with_the_command_that_finishes_it(
     def broken(*_a: Any) -> list[str]:
         raise GpustationError("the card went away")
 
-    monkeypatch.setattr(sweep_owner, "restore_limits", broken)
+    monkeypatch.setattr(sweep_runner, "restore_limits", broken)
     assert runner.run().status == "finished"
     assert said[-1] == (
         "could not restore the power limits (the card went away); run `gpustation sweeps "

@@ -11,14 +11,17 @@ from typing import Any
 
 import pytest
 
-from gpustation.runs import rundir, sweep_report
+from gpustation.runs import rundir
 from gpustation.runs.rundir import RunState
-from gpustation.runs.sweep import Point, Sweep
+from gpustation.runs.sweep import report as sweep_report
+from gpustation.runs.sweep.model import Point, Sweep
 
 SVG = "{http://www.w3.org/2000/svg}"
 
 
-def _write(directory: Path, metrics: list[dict], telemetry: list[dict], **state: Any) -> Path:
+def _write(
+    directory: Path, metrics: list[dict[str, Any]], telemetry: list[dict[str, Any]], **state: Any
+) -> Path:
     directory.mkdir(parents=True)
     if state:
         rundir.write_state(directory, RunState(id=directory.name, **state))
@@ -27,7 +30,7 @@ def _write(directory: Path, metrics: list[dict], telemetry: list[dict], **state:
     return directory
 
 
-def _sample(time: float, *gpus: dict) -> dict:
+def _sample(time: float, *gpus: dict[str, Any]) -> dict[str, Any]:
     return {"t": time - 100.0, "time": time, "gpus": list(gpus)}
 
 
@@ -191,6 +194,13 @@ def test_the_recommendation_in_words() -> None:
     assert sweep_report.measured(_sweep(_p(0, 10, 2.0))) == []  # whole numbers: not figures
 
 
+def _at(element: ET.Element, name: str) -> float:
+    """An SVG element's numeric attribute; a missing one fails the test."""
+    value = element.get(name)
+    assert value is not None, f"<{element.tag}> has no {name}"
+    return float(value)
+
+
 def _svg(s: Sweep) -> ET.Element:
     return ET.fromstring(sweep_report.svg_plot(s))
 
@@ -205,9 +215,8 @@ def test_the_svg_plot_places_each_point_and_marks_the_front() -> None:
     )
     circles = root.findall(f"{SVG}circle")
     # x: 100..200 with an 8 % margin over 80..690; y: 1..3 J the same over 420..40 (up).
-    got = {
-        c.findtext(f"{SVG}title"): (float(c.get("cx")), float(c.get("cy")), c.get("fill"))
-        for c in circles
+    got: dict[str | None, tuple[object, object, str | None]] = {
+        c.findtext(f"{SVG}title"): (_at(c, "cx"), _at(c, "cy"), c.get("fill")) for c in circles
     }
     assert got == {
         "bs=1": (pytest.approx(122.1, abs=0.06), pytest.approx(230.0, abs=0.06), "#1f77b4"),
@@ -227,7 +236,8 @@ def test_the_svg_plot_places_each_point_and_marks_the_front() -> None:
     ticks_y = [t.text for t in root.findall(f"{SVG}text") if t.get("text-anchor") == "end"][:5]
     assert ticks_y == ["0.84", "1.42", "2", "2.58", "3.16"]
     label = next(t for t in root.findall(f"{SVG}text") if t.text == "bs=1")
-    assert (float(label.get("x")), float(label.get("y"))) == (
+    at: tuple[object, object] = (_at(label, "x"), _at(label, "y"))
+    assert at == (
         pytest.approx(130.1, abs=0.06),
         pytest.approx(224.0, abs=0.06),
     )
@@ -236,13 +246,13 @@ def test_the_svg_plot_places_each_point_and_marks_the_front() -> None:
 def test_the_svg_plot_of_one_point_or_none() -> None:
     root = _svg(_sweep(_p(0, 100.0, 2.0, unit="img/s", work_unit="img")))
     (circle,) = root.findall(f"{SVG}circle")
-    assert (float(circle.get("cx")), float(circle.get("cy"))) == (385.0, 230.0)  # the middle
+    assert (_at(circle, "cx"), _at(circle, "cy")) == (385.0, 230.0)  # the middle
     texts = [t.text for t in root.findall(f"{SVG}text")]
     assert "throughput (img/s)" in texts and "energy (J/img)" in texts
     empty = _svg(_sweep(Point(0, {}, status="failed")))
     assert [t.text for t in empty.findall(f"{SVG}text")][-1] == "no measured point"
     assert empty.findall(f"{SVG}circle") == []
-    assert sweep_report._span([1.0, 1.0]) == (pytest.approx(0.884), pytest.approx(1.116))
+    assert sweep_report._span([1.0, 1.0]) == pytest.approx((0.884, 1.116))
 
 
 def _visible(text: str) -> list[str]:
@@ -314,9 +324,21 @@ def test_the_points_table() -> None:
             "71",
             "3",
             "12,345",
-            "-",
+            "n/a",
         ],
-        ["2", "power=70%", "failed [SIMULATED]", "-", "-", "-", "-", "-", "-", "-", "r2"],
+        [
+            "2",
+            "power=70%",
+            "failed [SIMULATED]",
+            "n/a",
+            "n/a",
+            "n/a",
+            "n/a",
+            "n/a",
+            "n/a",
+            "n/a",
+            "r2",
+        ],
     ]
     plain = _sweep(Point(0, {}))
     assert sweep_report.point_columns(plain)[3:5] == ["throughput (/s)", "J/unit"]
@@ -347,7 +369,7 @@ def test_the_svg_plot_s_frame_fits_the_canvas() -> None:
     y_ticks = [t for t in texts if t.get("text-anchor") == "end" and t is not legend]
     assert {t.get("x") for t in y_ticks} == {"74"}
     # the lowest tick sits on the x axis, its text's baseline 4 px below it
-    assert float(y_ticks[0].get("y")) == pytest.approx(344.0)
+    assert _at(y_ticks[0], "y") == pytest.approx(344.0)
     line = root.find(f"{SVG}polyline")
     assert line is not None and len(line.get("points", "").split(" ")) == 2
     assert (line.get("stroke-width"), line.get("fill")) == ("2", "none")
@@ -364,7 +386,7 @@ def test_the_svg_plot_s_frame_fits_the_canvas() -> None:
 
 
 def test_a_span_of_one_value_is_widened_around_it() -> None:
-    assert sweep_report._span([1.0, 1.5]) == (pytest.approx(0.96), pytest.approx(1.54))
+    assert sweep_report._span([1.0, 1.5]) == pytest.approx((0.96, 1.54))
     lo, hi = sweep_report._span([0.0, 0.0])
     assert lo == pytest.approx(-1.16e-9, abs=1e-13) and hi == pytest.approx(1.16e-9, abs=1e-13)
 

@@ -31,7 +31,7 @@ from gpustation.serve.http import serve
 from gpustation.telemetry.model import THROTTLE_REASONS, Snapshot, encode_throttle
 from gpustation.telemetry.sampler import Sampler
 from gpustation.telemetry.sim import SimBackend
-from tests.conftest import child_env, gpustation_cmd
+from tests.conftest import child_env, gpustation_cmd, known
 from tests.fleet.sshd import free_port
 from tests.tools import tool
 
@@ -590,7 +590,7 @@ def test_the_nvlink_total_sums_the_active_links_or_is_the_sum_read_back() -> Non
     exporter = Exporter(lambda: snap, with_extras=False)
     exporter.sample_once()
     m = _scrape(exporter)
-    total = sum(x.tx_kib_s + x.rx_kib_s for x in links if x.active) * 1024 / 1e6
+    total = sum(known(x.tx_kib_s) + known(x.rx_kib_s) for x in links if x.active) * 1024 / 1e6
     assert _gpu_series(m["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"], 0) == pytest.approx(total)
     assert _gpu_series(m["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"], 1) == 123.5
 

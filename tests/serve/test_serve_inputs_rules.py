@@ -4,6 +4,7 @@ the password file and its Basic credentials, the TLS pair and the token file."""
 from __future__ import annotations
 
 import base64
+import ssl
 import subprocess
 from pathlib import Path
 
@@ -164,7 +165,7 @@ def test_a_tls_pair_that_does_not_fit_is_named(tmp_path: Path) -> None:
         capture_output=True,
     )
     context = http.tls_context(cert, key)
-    assert context.minimum_version == http.ssl.TLSVersion.TLSv1_2
+    assert context.minimum_version == ssl.TLSVersion.TLSv1_2
     with pytest.raises(UsageError) as err:
         http.tls_context(cert, cert)
     assert str(err.value).startswith(f"--tls-cert/--tls-key: cannot use {cert} with {cert}: ")

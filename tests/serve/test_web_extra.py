@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.conftest import child_env
 
@@ -14,7 +15,9 @@ WITHOUT_JINJA = (
 )
 
 
-def test_web_without_its_extra_says_which_to_install_and_exits_2(gpustation_dirs: dict) -> None:
+def test_web_without_its_extra_says_which_to_install_and_exits_2(
+    gpustation_dirs: dict[str, Path],
+) -> None:
     done = subprocess.run(
         [sys.executable, "-c", WITHOUT_JINJA, "web"],
         capture_output=True,
@@ -27,7 +30,7 @@ def test_web_without_its_extra_says_which_to_install_and_exits_2(gpustation_dirs
     assert "aiohttp_jinja2" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_web_help_names_the_extra(gpustation_dirs: dict) -> None:
+def test_web_help_names_the_extra(gpustation_dirs: dict[str, Path]) -> None:
     done = subprocess.run(
         [sys.executable, "-c", WITHOUT_JINJA, "web", "--help"],
         capture_output=True,

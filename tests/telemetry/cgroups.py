@@ -9,7 +9,7 @@ import socketserver
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -99,7 +99,7 @@ class ContainerApi(socketserver.ThreadingUnixStreamServer):
 
     daemon_threads = True
 
-    def __init__(self, path: Path, containers: list[dict[str, object]]) -> None:
+    def __init__(self, path: Path, containers: Sequence[Mapping[str, object]]) -> None:
         self.containers = containers
         self.requests: list[str] = []
         self.silent = False
@@ -115,7 +115,7 @@ class ContainerApi(socketserver.ThreadingUnixStreamServer):
 
 
 @contextmanager
-def container_api(path: Path, containers: list[dict[str, object]]) -> Iterator[ContainerApi]:
+def container_api(path: Path, containers: Sequence[Mapping[str, object]]) -> Iterator[ContainerApi]:
     api = ContainerApi(path, containers)
     try:
         yield api

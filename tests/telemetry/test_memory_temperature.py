@@ -11,6 +11,7 @@ import pytest
 
 from gpustation.telemetry.model import GpuSample
 from gpustation.telemetry.nvml import NvmlBackend
+from gpustation.telemetry.sim import SimBackend
 
 
 @pytest.fixture
@@ -125,15 +126,13 @@ class Clock:
         return self.t
 
 
-def _settle(sim: Any, clock: Clock, load: float | None, seconds: float = 600.0) -> GpuSample:
+def _settle(sim: SimBackend, clock: Clock, load: float | None, seconds: float = 600.0) -> GpuSample:
     sim.poke(0, load=load)
     clock.t += seconds
     return sim.read_gpus([0], slow=False)[0]
 
 
 def test_simulated_hbm_rises_with_power_and_dram_load() -> None:
-    from gpustation.telemetry.sim import SimBackend
-
     clock = Clock()
     sim = SimBackend(count=1, card="h200", clock=clock)
     idle = _settle(sim, clock, 0.0)
@@ -148,8 +147,6 @@ def test_simulated_hbm_rises_with_power_and_dram_load() -> None:
 
 
 def test_simulated_gddr_card_reports_no_memory_temperature() -> None:
-    from gpustation.telemetry.sim import SimBackend
-
     clock = Clock()
     g = _settle(SimBackend(count=1, card="rtx4090", clock=clock), clock, 1.0)
     assert g.memory_temperature_c is None and g.memory_temperature_max_c is None
@@ -209,7 +206,6 @@ def test_a_recording_replays_the_memory_temperature(tmp_path: Any) -> None:
     from gpustation.telemetry.recording.file import Recording
     from gpustation.telemetry.recording.recorder import Recorder
     from gpustation.telemetry.sampler import Sampler
-    from gpustation.telemetry.sim import SimBackend
 
     clock = Clock()
     sampler = Sampler(SimBackend(count=1, card="h200", state_path=None, clock=clock), clock=clock)

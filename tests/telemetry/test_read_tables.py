@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+
 import pytest
 
 from gpustation.telemetry import sim_reads
@@ -9,7 +12,7 @@ from gpustation.telemetry.model import GPM, IDENTITY, field_keys
 from gpustation.telemetry.nvml import reads as nvml_reads
 from gpustation.telemetry.sim import SimBackend
 
-TABLES = {"nvml": nvml_reads.READS, "sim": sim_reads.READS}
+TABLES: dict[str, Mapping[str, object]] = {"nvml": nvml_reads.READS, "sim": sim_reads.READS}
 
 
 @pytest.mark.parametrize("backend", sorted(TABLES))
@@ -36,7 +39,7 @@ def test_every_nvml_converter_named_exists() -> None:
     assert named <= set(available), named - set(available)
 
 
-def test_the_simulator_fills_what_its_table_reads(gpustation_dirs: dict) -> None:
+def test_the_simulator_fills_what_its_table_reads(gpustation_dirs: dict[str, Path]) -> None:
     (sample,) = SimBackend(count=1, card="h200").read_gpus([0], slow=True)
     assert sample.uuid is not None and sample.uuid.startswith("GPU-SIM-")
     assert sample.pcie.max_gen == 5 and sample.pcie.width == 16

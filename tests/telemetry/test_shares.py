@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from gpustation.runs.gputrace import compact_sample, summarize_telemetry
-from gpustation.telemetry.model import ProcessInfo
+from gpustation.telemetry.model import ProcessInfo, Snapshot
 from gpustation.telemetry.sampler import Sampler
 from gpustation.telemetry.shares import IDLE, UNATTRIBUTED, EnergySplit, gpu_shares
 from gpustation.telemetry.sim import SimBackend
+from tests.conftest import known
 
 
 @pytest.fixture
@@ -52,7 +53,7 @@ def test_shares_follow_the_sm_shares_and_split_the_idle_time_evenly() -> None:
     )
 
 
-def _samples(backend: SimBackend, clock: list[float], count: int) -> Iterator[object]:
+def _samples(backend: SimBackend, clock: list[float], count: int) -> Iterator[Snapshot]:
     sampler = Sampler(backend, with_host=False, with_topology=False)
     for _ in range(count):
         clock[0] += 1.0
@@ -74,17 +75,19 @@ def test_the_parts_add_up_to_the_counter_and_follow_the_sm_shares(
     # the simulator's own job and the two real processes, named from /proc
     assert [p.pid for p in gpu.processes][1:] == [first, second]
     assert gpu.processes[1].command is not None and "sys.stdin.read" in gpu.processes[1].command
-    counter = snaps[-1].gpus[0].energy_j - snaps[0].gpus[0].energy_j
+    counter = known(snaps[-1].gpus[0].energy_j) - known(snaps[0].gpus[0].energy_j)
     assert counter > 0 and split.counted == pytest.approx(counter)
     assert sum(split.parts.values()) == pytest.approx(counter, rel=0.01)
     # the SMs' idle time is split evenly between the three
-    idle = (100 - 45 - 15 - gpu.processes[0].sm_pct) / 3
+    idle = (100 - 45 - 15 - known(gpu.processes[0].sm_pct)) / 3
     assert idle > 0
     assert split.parts[first] / split.parts[second] == pytest.approx((45 + idle) / (15 + idle))
     assert UNATTRIBUTED not in split.parts and IDLE not in split.parts
     # each process's power adds up to the GPU's
-    assert sum(p.power_w for p in gpu.processes) == pytest.approx(gpu.power_w, abs=0.2)
-    assert gpu.processes[1].power_w > gpu.processes[2].power_w > 0
+    assert sum(known(p.power_w) for p in gpu.processes) == pytest.approx(
+        known(gpu.power_w), abs=0.2
+    )
+    assert known(gpu.processes[1].power_w) > known(gpu.processes[2].power_w) > 0
 
 
 def test_two_runs_on_one_gpu_get_their_parts_estimated_and_add_up_to_the_counter(
@@ -129,7 +132,7 @@ def test_a_run_alone_on_its_gpu_keeps_the_whole_counter(tmp_path: Path) -> None:
         with path.open("a") as fh:
             fh.write(json.dumps(compact_sample(snap, float(n), {child.pid})) + "\n")
     summary = summarize_telemetry(path)
-    counter = snaps[-1].gpus[0].energy_j - snaps[0].gpus[0].energy_j
+    counter = known(snaps[-1].gpus[0].energy_j) - known(snaps[0].gpus[0].energy_j)
     assert summary.energy_j == pytest.approx(counter) and not summary.estimated
 
 

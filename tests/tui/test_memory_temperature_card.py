@@ -7,7 +7,9 @@ import pytest
 
 from gpustation.telemetry.model import GpuSample, Snapshot
 from gpustation.telemetry.table import gpu_lines
+from gpustation.tui.app import DashboardApp
 from gpustation.tui.render import card_text
+from gpustation.tui.widgets import GpuCard, LiveText
 
 from .conftest import first_frame, make_app, wait_for
 
@@ -66,10 +68,8 @@ async def test_an_hbm_card_gets_no_such_note() -> None:
         await first_frame(pilot)
         await wait_for(pilot, lambda: app.passes >= 2)
         assert app.alerts.notes == []
-        assert "Mem " in app.screen.query(".gpu-card").first().plain  # type: ignore[attr-defined]
+        assert "Mem " in app.screen.query(".gpu-card").first(GpuCard).plain
 
 
-def _alerts_text(app: object) -> str:
-    from gpustation.tui.widgets import LiveText
-
-    return app.screen.query_one("#alert-log", LiveText).plain  # type: ignore[attr-defined]
+def _alerts_text(app: DashboardApp) -> str:
+    return app.screen.query_one("#alert-log", LiveText).plain

@@ -153,7 +153,7 @@ def sleeper(gpustation_dirs: dict[str, Path]) -> Iterator[Any]:
     (preset_dir / "a-sleep.toml").write_text(
         f'title = "Sleeps"\ncommand = ["{sys.executable}", "-c", "{code}"]\ngpus = 1\n'
     )
-    handle = launch(load_presets()[0]["a-sleep"], [], None, simulate=2)
+    handle = launch(load_presets()[0]["a-sleep"], {}, None, simulate=2)
     try:
         yield handle
     finally:

@@ -210,7 +210,7 @@ class ControlUI:
         self.events.append(("asked", change.description))
         # The last sample was read before the change: the screen behind the
         # dialog shows the new values from a pass made now.
-        self.app.sample_now()
+        self.dash.sample_now()
         for note in change.notes:
             self.app.notify(note, title="Control", severity="warning", timeout=8)
         self.refresh_screens()
@@ -249,7 +249,7 @@ class ControlUI:
         self.events.append(("reverted", description))
         why = " (not kept in time)" if outcome.timed_out else ""
         self.app.notify(f"Reverted {undone}{why}.", title="Control", severity="warning")
-        self.app.sample_now()  # the screen shows what was put back, not what was undone
+        self.dash.sample_now()  # the screen shows what was put back, not what was undone
         self.refresh_screens()
 
     def fans_auto(self) -> None:
