@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 from rich.table import Table
 
+from gpustation import timefmt
 from gpustation.runs.output import console
 from gpustation.runs.queue import entries as queue
 from gpustation.runs.queue.scheduler import ensure_running, running
@@ -83,7 +83,7 @@ def _print(order: list[queue.Entry]) -> None:
     for column in ("#", "ID", "WANTS", "PRIORITY", "SUBMITTED", "WAITING FOR"):
         table.add_column(column, no_wrap=column in ("ID", "#"))
     for i, e in enumerate(order, 1):
-        submitted = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.submitted_at))
+        submitted = timefmt.full(e.submitted_at)
         table.add_row(
             str(i),
             safe(e.id),

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpustation.control import journal
 from gpustation.paths import state_dir
 from gpustation.telemetry.model import GpuSample, Snapshot
 from gpustation.telemetry.slotted import field, record
@@ -85,6 +84,8 @@ def _fans(fans: Sequence[int]) -> str:
 
 def last_applied(entries: Sequence[JournalEntry], simulated: bool) -> dict[str, Applied]:
     """UUID -> what was applied to that card last, from the journal's entries."""
+    # start-up time: the journal (and dataclasses) only once a journal is read
+    from gpustation.control import journal
 
     out: dict[str, Applied] = {}
     for e in entries:
@@ -167,6 +168,9 @@ def applied_now(simulated: bool, path: Path | None = None) -> dict[str, Applied]
         hit = _cache.get(key)
         if hit is not None and hit[0] == stamp:
             return hit[1]
+    # start-up time: the journal (and dataclasses) only once there is one to read
+    from gpustation.control import journal
+
     applied = last_applied(journal.read_journal(path).entries, simulated)
     with _cache_lock:
         _cache[key] = (stamp, applied)

@@ -264,13 +264,14 @@ async def test_a_notify_url_apprise_cannot_use_is_said_on_the_dashboard_redacted
 async def test_when_nvml_cannot_start_the_dashboard_runs_on_simulated_gpus_and_says_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import gpustation.telemetry.nvml as nvml
+    import gpustation.telemetry.nvml.backend as nvml
 
     def no_driver(**_: object) -> None:
         raise NoDriverError(
             "NVML could not start: libnvidia-ml.so.1: cannot open shared object file."
         )
 
+    # the registry opens the NVML backend through its module's NvmlBackend
     monkeypatch.setattr(nvml, "NvmlBackend", no_driver)
     source = DataSource(lambda: open_backend(fallback_to_sim=True), hostname="laptop")
     app = DashboardApp(source, refresh_s=10.0)

@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import psutil
 
-from gpustation import private, privs
+from gpustation import private, privs, timefmt
 from gpustation.errors import GpustationError
 from gpustation.pyargv import python_argv
 from gpustation.runs import rundir
@@ -328,7 +328,7 @@ def serve(poll_s: float = POLL_S) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     del argv
-    print(f"scheduler {os.getpid()} started {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
+    print(f"scheduler {os.getpid()} started {timefmt.full()}", flush=True)
     return serve()
 
 
