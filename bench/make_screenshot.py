@@ -126,7 +126,7 @@ async def shoot_runs(out: Path) -> None:
         await wait_until(pilot, "the preset list", lambda: presets.option_count > 0, 30)
         ids = [presets.get_option_at_index(i).id for i in range(presets.option_count)]
         presets.highlighted = ids.index("lora-tiny")
-        ui.launch(ui.presets["lora-tiny"], LORA_ON_CPU, [0])
+        ui.launch(ui.presets["lora-tiny"], dict(s.split("=", 1) for s in LORA_ON_CPU), [0])
         await wait_until(pilot, "the run to start", lambda: bool(ui.live_active()), 60)
         (view,) = ui.live_active()
         plot = app.screen.query_one("#run-plot", LossPlot)
