@@ -128,11 +128,15 @@ async def shoot_runs(out: Path) -> None:
         presets.highlighted = ids.index("lora-tiny")
         ui.launch(ui.presets["lora-tiny"], dict(s.split("=", 1) for s in LORA_ON_CPU), [0])
         await wait_until(pilot, "the run to start", lambda: bool(ui.live_active()), 60)
-        (view,) = ui.live_active()
+        run_id = next(iter(ui.live_active())).id
         plot = app.screen.query_one("#run-plot", LossPlot)
         drawn = plot.draws
 
         def curve() -> bool:
+            # the run's view as the controller holds it now (a refresh may replace it)
+            view = ui.views.get(run_id)
+            if view is None:
+                return False
             losses = view.losses[0] if view.losses else []
             evals = view.evals[0] if view.evals else []
             return len(losses) >= LOSS_POINTS and len(evals) >= EVAL_POINTS
@@ -143,8 +147,9 @@ async def shoot_runs(out: Path) -> None:
             await pilot.pause(0.2)
             app.save_screenshot(filename=out.name, path=str(out.parent))
         finally:
+            view = ui.views[run_id]
             ui.stop(view)
-            await wait_until(pilot, "the run to stop", lambda: not view.active, 60)
+            await wait_until(pilot, "the run to stop", lambda: not ui.views[run_id].active, 60)
     print(f"wrote {out}")
 
 
