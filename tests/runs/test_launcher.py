@@ -183,7 +183,9 @@ def test_reused_pid_is_not_taken_for_the_run(runs_env: RunsEnv, tmp_path: Path) 
     forged.supervisor_create_time = state.supervisor_create_time - 1000
     forged.child_create_time = (state.child_create_time or 0) - 1000
     release.touch()
-    wait_until(lambda: not (rundir.read_state(handle.run_dir) or state).active, TIMEOUT)
+    # The supervisor writes exit-status, then state.json: forge only once it is gone.
+    supervisor = state.supervisor_pid
+    wait_until(lambda: not rundir.process_matches(supervisor, None), TIMEOUT, "the supervisor")
     rundir.write_state(handle.run_dir, forged)
     rundir.prepare_exit_status(handle.run_dir)  # no end written there either
     checked = check_run(handle.run_dir)
