@@ -15,32 +15,38 @@ them was held back by a power, thermal or slowdown limit.
 
 Two runs on one GPU: a GPU's energy counter counts every process on it, so
 each run's figure would be the whole GPU's. Where the card reports its
-processes (NVML does, in the sampled ``processes``), each sample records
-``run_share``: the run's own processes' (the child and the descendants the
-supervisor knows) part of the GPU, from their SM shares and an even part of
-the idle time (``telemetry/shares.py`` says why), or, where the driver gives
-no SM shares, their part of the GPU's process memory. The counter's rise
-between two readings is split by the shares of the samples in between,
-weighted by the power each sample's interval drew. A run alone on its GPU
-has a share of 1: its energy is the counter's, as ever; a run that shared
-has its energy marked estimated (``energy_estimated``). Where it cannot be
-told (no process list, or the run's PIDs are not in it: a container's PID
-namespace, simulated GPUs), nothing is split; a run that shared a GPU with
-another gpustation run (the launcher notes it, in both run directories, as
-``shared-gpus``) then has its energy marked shared: ``energy_shared`` in the
-summary, "(shared)" beside the figure.
+processes (NVML does, in the sampled ``processes``), the runs on a GPU keep
+one account of its energy together (:mod:`gpustation.runs.gpushare`): every
+rise of the counter split between the runs, other processes and idle time by
+the SM shares of all their samples, so the parts of all add up to the
+counter. Each sample line carries the run's part of the entries closed since
+the last one (``gpu_energy``: ``[t0, t1, rise_j, part_j, seen]``), and the
+run's energy on that GPU is the sum of its parts, marked estimated
+(``energy_estimated``) when other processes had some. A run alone on its GPU
+has every part: its energy is the counter's, as ever.
+
+Where there is no account (a run whose state directory is read-only, an older
+run) each sample's ``run_share`` (the run's processes' SM share plus an even
+part of the idle time, ``telemetry/shares.py`` says why) splits the counter
+instead. Where it cannot be told (no process list, or the run's PIDs are not
+in it: a container's PID namespace, simulated GPUs), nothing is split; a run
+that shared a GPU with another gpustation run (the launcher notes it, in both
+run directories, as ``shared-gpus``) then has its energy marked shared:
+``energy_shared`` in the summary, "(shared)" beside the figure.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpustation import private
+from gpustation.runs.gpushare import GpuAccount
 from gpustation.runs.tail import file_lines, parse_metric_line
 from gpustation.telemetry.model import LIMITING_REASONS, Snapshot
 from gpustation.telemetry.registry import open_backend
@@ -117,7 +123,10 @@ class TraceSampler:
 
     Only the given GPUs (None: all), without host or topology figures. Opening
     the backend, and each :meth:`line`, raise what the backend raises: the
-    caller turns the telemetry off, never the run.
+    caller turns the telemetry off, never the run. With ``run_id`` each GPU's
+    energy is also kept in the account the runs on it share
+    (:mod:`gpustation.runs.gpushare`), and the run's part of each entry closed
+    goes in the line as ``gpu_energy``.
     """
 
     def __init__(
@@ -126,6 +135,7 @@ class TraceSampler:
         t0: float,
         simulate: int | None = None,
         sim_card: str | None = None,
+        run_id: str | None = None,
     ) -> None:
         self.backend = open_backend(simulate=simulate, sim_card=sim_card)
         self.sampler = Sampler(
@@ -137,13 +147,42 @@ class TraceSampler:
         )
         #: when the run started (time.monotonic()): the lines' ``t`` counts from it
         self.t0 = t0
+        self.run_id = run_id
+        #: why the shared energy accounts were given up (None: kept, or never asked)
+        self.account_error: str | None = None
+        self._accounts: dict[int, GpuAccount] = {}
+        self._energy_read: dict[int, float | None] = {}
 
     def line(self, pids: set[int] | None = None, final: bool = False) -> dict[str, Any]:
         """The GPUs now; ``final`` reads the slow fields too (the counters at the end)."""
         snap = self.sampler.sample(slow=True if final else None)
-        return compact_sample(snap, time.monotonic() - self.t0, pids)
+        line = compact_sample(snap, time.monotonic() - self.t0, pids)
+        if self.run_id is not None and pids:
+            try:
+                for gpu, entry in zip(snap.gpus, line["gpus"], strict=True):
+                    taken = self._account(gpu, pids, snap.time)
+                    if taken:
+                        entry["gpu_energy"] = taken
+            except OSError as err:
+                # The split falls back to the run's own shares (summarize_telemetry).
+                self.account_error = f"GPU energy accounts not kept: {err}"
+                self.run_id = None
+        return line
+
+    def _account(self, gpu: Any, pids: set[int], now: float) -> list[list[float]]:
+        if gpu.uuid is None:
+            return []
+        account = self._accounts.get(gpu.index)
+        if account is None:
+            account = self._accounts[gpu.index] = GpuAccount(gpu.uuid, str(self.run_id))
+        # Slow fields are carried between slow passes: a counter is new only when it moved.
+        fresh = gpu.energy_j if gpu.energy_j != self._energy_read.get(gpu.index) else None
+        self._energy_read[gpu.index] = gpu.energy_j
+        return account.add(gpu, fresh, pids, now)
 
     def close(self) -> None:
+        for account in self._accounts.values():
+            account.leave()
         with contextlib.suppress(Exception):
             self.backend.close()
 
@@ -182,6 +221,16 @@ def _max(current: float | None, value: Any) -> float | None:
     return float(value) if current is None else max(current, float(value))
 
 
+def _account_entry(entry: Any) -> bool:
+    """``[t0, t1, rise_j, part_j, seen]`` as :class:`~gpustation.runs.gpushare.GpuAccount` gives."""
+    return (
+        isinstance(entry, list)
+        and len(entry) == 5
+        and all(_number(v) and math.isfinite(v) for v in entry)
+        and 0 <= entry[3] <= entry[2] * (1 + 1e-6)
+    )
+
+
 def summarize_telemetry(path: Path) -> TelemetrySummary:
     """Energy, power, temperature, VRAM and throttle time from ``telemetry.jsonl``."""
     summary = TelemetrySummary()
@@ -213,6 +262,11 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
     # power-weighted steps since each GPU's counter last moved: all, and the run's
     since_all: dict[int, float] = {}
     since_mine: dict[int, float] = {}
+    # per GPU, from the account the runs on it share (runs/gpushare.py): the
+    # counter's rises over the run's entries and the run's part of them
+    shared_rise: dict[int, float] = {}
+    shared_part: dict[int, float] = {}
+    shared_seen: set[int] = set()
     prev_t: float | None = None
     prev_power: dict[int, float] = {}
     throttled = 0.0
@@ -268,6 +322,12 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
                         since_all[index] = since_mine[index] = 0.0
                 counter_first.setdefault(index, float(energy))
                 counter_last[index] = float(energy)
+            for entry in gpu.get("gpu_energy") or ():
+                if _account_entry(entry):
+                    shared_rise[index] = shared_rise.get(index, 0.0) + float(entry[2])
+                    shared_part[index] = shared_part.get(index, 0.0) + float(entry[3])
+                    if entry[4]:
+                        shared_seen.add(index)
             summary.peak_temp_c = _max(summary.peak_temp_c, gpu.get("temperature_c"))
             summary.peak_memory_temp_c = _max(
                 summary.peak_memory_temp_c, gpu.get("memory_temperature_c")
@@ -291,7 +351,15 @@ def summarize_telemetry(path: Path) -> TelemetrySummary:
         known = False
         for index in indices:
             moved = counter_last.get(index, 0.0) - counter_first.get(index, 0.0)
-            if index in counter_last and moved > 0:
+            if index in shared_seen:
+                # The account's parts add up to the counter with every other run's.
+                energy += shared_part[index]
+                summary.split = True
+                summary.estimated = summary.estimated or (
+                    shared_part[index] < shared_rise[index] * (1 - 1e-6)
+                )
+                known = True
+            elif index in counter_last and moved > 0:
                 energy += counter_mine.get(index, 0.0) if summary.split else moved
                 known = True
             elif index in integrated:

@@ -202,7 +202,9 @@ class _Telemetry:
             return
         try:
             simulate = backend_info.get("simulate") if backend_info.get("simulated") else None
-            self.trace = TraceSampler(gpus, t0, simulate, backend_info.get("sim_card"))
+            self.trace = TraceSampler(
+                gpus, t0, simulate, backend_info.get("sim_card"), run_id=directory.name
+            )
             # SM and tensor activity while the run is live (cards with GPM)
             self.trace.backend.read_gpm = True
         except Exception as err:
@@ -214,6 +216,9 @@ class _Telemetry:
             return
         try:
             write_sample(self.path, self.trace.line(pids, final))
+            if self.trace.account_error is not None:
+                _log(self.trace.account_error)
+                self.trace.account_error = None
         except Exception as err:
             _log(f"GPU telemetry stopped: {err}")
             self.close()
