@@ -159,7 +159,8 @@ def _set_mig_enabled(g: GpuSample, v: float) -> None:
     g.mig = MigInfo(enabled=v >= 0.5)
 
 
-UNREAD_COUNT = "a count: the records it counts are not in Prometheus"
+#: why a series of a count, or of a sum per container, is not read back
+UNREAD_AGGREGATE = "an aggregate (a count, a sum per container) of records the fleet does not hold"
 
 _F = field_series
 
@@ -329,7 +330,7 @@ GPU_SERIES: tuple[GpuSeries, ...] = (
         lambda g: float(len(g.processes)),
         None,
         ("processes",),
-        unread=UNREAD_COUNT,
+        unread=UNREAD_AGGREGATE,
     ),
     _F(
         "gpustation_unowned_memory_mib",
@@ -342,7 +343,7 @@ GPU_SERIES: tuple[GpuSeries, ...] = (
         lambda g: None if g.device_holders is None else float(len(g.device_holders)),
         None,
         ("device_holders",),
-        unread=UNREAD_COUNT,
+        unread=UNREAD_AGGREGATE,
     ),
     GpuSeries(
         "gpustation_mig_enabled", "1 when MIG mode is on.", _mig_enabled, _set_mig_enabled, ("mig",)
@@ -353,7 +354,7 @@ GPU_SERIES: tuple[GpuSeries, ...] = (
         lambda g: None if g.mig is None or not g.mig.enabled else float(len(g.mig.instances)),
         None,
         ("mig",),
-        unread=UNREAD_COUNT,
+        unread=UNREAD_AGGREGATE,
     ),
 )
 
@@ -367,6 +368,8 @@ class Series:
     labels: tuple[str, ...] = ()
     #: why the fleet does not read it back; "" when it does
     unread: str = ""
+    #: False for a series dcgm-exporter writes and gpustation only reads
+    exported: bool = True
 
 
 _NOT_MODEL = "not part of a GPU's telemetry"
@@ -407,6 +410,7 @@ FB_RESERVED = Series(
     "DCGM_FI_DEV_FB_RESERVED",
     "Framebuffer memory the driver reserves (in MiB); written by dcgm-exporter.",
     GPU_LABELS,
+    exported=False,
 )
 GPUS = Series("gpustation_gpus", "GPUs this exporter reads.")
 SNAPSHOT_TIME = Series(
@@ -434,19 +438,19 @@ CONTAINER_POWER = Series(
     "gpustation_container_power_watts",
     "Estimated power of a container's processes on the GPU, from their SM shares (W).",
     (*GPU_LABELS, "container"),
-    UNREAD_COUNT,
+    UNREAD_AGGREGATE,
 )
 CONTAINER_MEMORY = Series(
     "gpustation_container_memory_used_mib",
     "VRAM held by a container's processes on the GPU (MiB).",
     (*GPU_LABELS, "container"),
-    UNREAD_COUNT,
+    UNREAD_AGGREGATE,
 )
 CONTAINER_PROCESSES = Series(
     "gpustation_container_processes",
     "A container's processes on the GPU.",
     (*GPU_LABELS, "container"),
-    UNREAD_COUNT,
+    UNREAD_AGGREGATE,
 )
 
 #: every series that is not in :data:`GPU_SERIES`

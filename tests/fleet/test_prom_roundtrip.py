@@ -27,7 +27,7 @@ from gpustation.telemetry.promnames import (
     GPU_SERIES,
     SERIES,
     THROTTLE_REASON,
-    UNREAD_COUNT,
+    UNREAD_AGGREGATE,
 )
 from gpustation.telemetry.sim import SimBackend
 from tests.fleet.promserver import (
@@ -45,8 +45,8 @@ Key = tuple[str, tuple[tuple[str, str], ...]]
 CARD_LABELS = {"UUID", "pci_bus_id", "modelName", "hostname", "Hostname"}
 #: every series the fleet reads back (or, the throttle reasons, re-derives from what it reads)
 READ_BACK = (
-    {s.name for s in GPU_SERIES if s.exported and s.unread != UNREAD_COUNT}
-    | {s.name for s in SERIES if not s.unread and s.name != "DCGM_FI_DEV_FB_RESERVED"}
+    {s.name for s in GPU_SERIES if s.exported and s.unread != UNREAD_AGGREGATE}
+    | {s.name for s in SERIES if s.exported and not s.unread}
     | {THROTTLE_REASON.name}
 )
 
@@ -114,7 +114,7 @@ def _read_back(fleet: PrometheusFleet, machine: Machine) -> Snapshot | None:
 
 
 def test_every_served_series_is_declared_and_every_read_one_served(lab: Lab) -> None:
-    declared = {s.name for s in GPU_SERIES if s.exported} | {s.name for s in SERIES}
+    declared = {s.name for s in (*GPU_SERIES, *SERIES) if s.exported}
     served = {name for m in lab.machines for name, _ in m.served}
     assert served - declared == set()
     # the simulated machines exercise every series the fleet reads

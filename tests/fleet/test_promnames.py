@@ -24,7 +24,7 @@ from gpustation.telemetry.model import (
 from gpustation.telemetry.promnames import (
     GPU_SERIES,
     SERIES,
-    UNREAD_COUNT,
+    UNREAD_AGGREGATE,
     GpuSeries,
     Series,
     field_series,
@@ -87,7 +87,7 @@ def test_every_field_with_a_prometheus_name_is_read_back() -> None:
     carried |= {"fans_pct", "lost"}  # the per-fan and lost series
     for series in GPU_SERIES:
         for path in series.fields:
-            assert path in carried or series.unread == UNREAD_COUNT, (series.name, path)
+            assert path in carried or series.unread == UNREAD_AGGREGATE, (series.name, path)
 
 
 def test_every_exported_series_reads_back_to_the_value_served() -> None:
@@ -95,7 +95,7 @@ def test_every_exported_series_reads_back_to_the_value_served() -> None:
     back = snapshots_from_series(as_results(snap))[INSTANCE]
     want, got = served(snap), served(back)
     every: tuple[GpuSeries | Series, ...] = (*GPU_SERIES, *SERIES)
-    counts = {s.name for s in every if s.unread == UNREAD_COUNT}
+    counts = {s.name for s in every if s.unread == UNREAD_AGGREGATE}
     compared = {k: v for k, v in want.items() if k[0] not in counts}
     # the series this sample has: the twelve once left at n/a among them
     names = {name for name, _ in compared}
