@@ -45,6 +45,7 @@ from gpustation import paths
 from gpustation.errors import UsageError
 from gpustation.files import NotRegularFile, read_text, say_skipped
 from gpustation.runs.argvalue import RUNNER_PACKAGE, ArgValue, parse_bool
+from gpustation.runs.launch.runner_args import RunnerArgsError, parse_text, runner_args
 from gpustation.textsafe import safe_doc
 
 if TYPE_CHECKING:
@@ -435,11 +436,6 @@ def _runner_option(runner: str | None, dest: str) -> RunnerArg | None:
     preset does not set."""
     if runner is None:
         return None
-    from gpustation.runs.launch.runner_args import (  # cycle: runner_args reads the presets
-        RunnerArgsError,
-        runner_args,
-    )
-
     try:
         options = runner_args(runner)
     except RunnerArgsError:
@@ -448,10 +444,6 @@ def _runner_option(runner: str | None, dest: str) -> RunnerArg | None:
 
 
 def _typed_by_runner(raw_key: str, text: str, option: RunnerArg) -> ArgValue:
-    from gpustation.runs.launch.runner_args import (
-        parse_text,  # cycle: runner_args reads the presets
-    )
-
     try:
         return parse_text(option.kind, text, option.choices)
     except ValueError as err:

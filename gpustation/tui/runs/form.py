@@ -42,6 +42,7 @@ from gpustation.runs.launch.runner_args import (
 )
 from gpustation.runs.preset_writer import check_name, write_user_preset
 from gpustation.runs.presets import RunPreset, apply_values
+from gpustation.tui.runs.command_form import CommandDialog
 from gpustation.tui.runs.launch_request import (
     GpuChoice,
     LaunchRequest,
@@ -432,8 +433,6 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
 
     def open_command_form(self) -> None:
         """Launch any command instead: the command form, whose launch this form's is."""
-        # cycle: gpustation.tui.runs.command_form imports this module
-        from gpustation.tui.runs.command_form import CommandDialog
 
         def chosen(request: LaunchRequest | None) -> None:
             if request is not None:
