@@ -20,7 +20,7 @@ from gpustation.telemetry.format import NA, duration, duration_words, mib_words
 from gpustation.textsafe import safe
 
 #: what to do when a preset has no history here
-PROBE_HINT = "`run --dry-run --probe` runs a few steps and forecasts from them"
+PROBE_HINT = "`run --dry-run --probe` runs a few steps to make one"
 
 
 def _plural(count: int, word: str) -> str:
@@ -86,6 +86,8 @@ def forecast_line(fc: Forecast, hint: str = PROBE_HINT) -> str:
     if cost is not None:
         energy += f" ({cost})"
     parts = [", ".join((took, energy, memory_text(fc))), basis_text(fc), *fc.notes]
+    if fc.simulated and fc.energy_j is None:
+        parts.append(SIMULATED)  # said where no figure carries it
     return safe("; ".join(parts))
 
 
