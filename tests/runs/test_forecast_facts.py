@@ -12,9 +12,12 @@ import pytest
 
 from gpustation.runs import rundir
 from gpustation.runs.forecast.facts import history
+from gpustation.runs.gputrace import compact_sample
 from gpustation.runs.presets import RunPreset, command_preset
 from gpustation.runs.rundir import RunState
 from gpustation.runs.store.index import sync_run
+from gpustation.telemetry.sampler import Sampler
+from gpustation.telemetry.sim import SimBackend
 
 START = 1_800_000_000.0
 PRESET = RunPreset(name="train", runner="resnet", args={"steps": 60, "batch_size": 32})
@@ -83,7 +86,9 @@ def write_run(
                 "energy_j": 1000.0 + 60.0 * min(t, warmup_s) + power_w * max(0.0, t - warmup_s),
             }
             fh.write(json.dumps({"t": float(t), "time": started_at + t, "gpus": [gpu]}) + "\n")
-    state = RunState(id=run_id, status=status, started_at=started_at, ended_at=started_at + duration)
+    state = RunState(
+        id=run_id, status=status, started_at=started_at, ended_at=started_at + duration
+    )
     rundir.write_state(directory, state)
     sync_run(directory)
     return directory
@@ -168,3 +173,11 @@ def test_runs_without_the_newer_readings_still_count(runs_root: Path) -> None:
     (f,) = history(PRESET).facts
     assert f.power_limit_w is None and f.static_mib is None and f.peak_mib == 3900.0
     assert f.step_s == pytest.approx(0.5)
+
+
+def test_each_telemetry_line_records_the_power_limit_in_force() -> None:
+    sim = SimBackend(count=1, card="rtx4090", state_path=None, clock=lambda: 1e6)
+    sampler = Sampler(sim, with_host=False, clock=lambda: 1e6)
+    assert compact_sample(sampler.sample(), 1.0)["gpus"][0]["power_limit_w"] == 450.0
+    sim.control.set_power_limit(0, 300.0)
+    assert compact_sample(sampler.sample(), 2.0)["gpus"][0]["power_limit_w"] == 300.0

@@ -53,9 +53,7 @@ class FormApp(App[None]):
         self.result: list[LaunchRequest | None] = []
 
     def on_mount(self) -> None:
-        dialog = LaunchDialog(
-            self.preset, 2, options=fake_options(), rooms=ROOMS, simulated=True
-        )
+        dialog = LaunchDialog(self.preset, 2, options=fake_options(), rooms=ROOMS, simulated=True)
         self.push_screen(dialog, self.result.append)
 
 
