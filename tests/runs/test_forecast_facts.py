@@ -38,6 +38,7 @@ def write_run(
     status: str = "succeeded",
     summary: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
+    counter_every: int = 1,
 ) -> Path:
     """A finished run: a slow first step (compile), then ``step_s`` a step reported every
     10 steps with a throughput, the GPU at ``power_w`` its counter rising to match, and
@@ -85,6 +86,8 @@ def write_run(
                 "memory_used_mib": 5000.0,
                 "energy_j": 1000.0 + 60.0 * min(t, warmup_s) + power_w * max(0.0, t - warmup_s),
             }
+            if t % counter_every:
+                gpu["energy_j"] = None  # the counter is read with the slow fields
             fh.write(json.dumps({"t": float(t), "time": started_at + t, "gpus": [gpu]}) + "\n")
     state = RunState(
         id=run_id, status=status, started_at=started_at, ended_at=started_at + duration
@@ -114,6 +117,14 @@ def test_a_run_s_features_and_parts(runs_root: Path) -> None:
     # the peak is the run's own on simulated GPUs; what grew after set-up scales
     assert f.peak_mib == 3900.0 and f.static_mib == pytest.approx(900.0)
     assert f.simulated and not f.probe
+
+
+def test_a_short_stepping_span_takes_the_power_readings(runs_root: Path) -> None:
+    """The counter is read every 5 s: over a 5 s span it says little; the readings do."""
+    write_run(runs_root, "20300101-000000-train-aaaa", steps=20, step_s=0.3, counter_every=5)
+    (f,) = history(PRESET).facts
+    assert f.steady_power_w == pytest.approx(300.0)  # not the run's mean, idle start included
+    assert f.energy_j is not None and f.energy_j / f.duration_s < 250
 
 
 def test_only_succeeded_runs_of_the_same_preset_count_newest_first(runs_root: Path) -> None:

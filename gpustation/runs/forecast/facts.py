@@ -37,6 +37,7 @@ from typing import Any
 from gpustation.files import open_regular
 from gpustation.runs import rundir
 from gpustation.runs.fold import finite_number
+from gpustation.runs.gputrace import SLOW_INTERVAL_S
 from gpustation.runs.forecast.model import RunFacts, theil_sen
 from gpustation.runs.forecast.plan import features, settings
 from gpustation.runs.presets import RunPreset
@@ -202,9 +203,15 @@ def _gpu_values(sample: dict[str, Any], key: str) -> dict[int, float]:
     return out
 
 
+#: the energy counter is read with the slow fields: a span without two readings
+#: is measured by its power readings instead
+MIN_COUNTER_SPAN_S = 0.8 * SLOW_INTERVAL_S
+
+
 def _steady_power(samples: list[dict[str, Any]]) -> float | None:
     """The GPUs' power together over ``samples``: their counters' rise over the time
-    between the first and last sample with a reading, per GPU; None without two."""
+    between the first and last sample with a reading, per GPU; where the counters
+    span too short a time, the mean of the power readings; None without either."""
     first: dict[int, tuple[float, float]] = {}
     last: dict[int, tuple[float, float]] = {}
     for sample in samples:
@@ -214,13 +221,17 @@ def _steady_power(samples: list[dict[str, Any]]) -> float | None:
         for index, energy in _gpu_values(sample, "energy_j").items():
             first.setdefault(index, (t, energy))
             last[index] = (t, energy)
-    total = None
+    total: float | None = 0.0 if first else None
     for index, (t0, e0) in first.items():
         t1, e1 = last[index]
-        if t1 <= t0 or e1 < e0:
-            return None
+        if t1 - t0 < MIN_COUNTER_SPAN_S or e1 < e0:
+            total = None
+            break
         total = (total or 0.0) + (e1 - e0) / (t1 - t0)
-    return total
+    if total is not None:
+        return total
+    powers = [sum(p.values()) for s in samples if (p := _gpu_values(s, "power_w"))]
+    return sum(powers) / len(powers) if powers else None
 
 
 def _power_limit(samples: list[dict[str, Any]]) -> float | None:

@@ -205,7 +205,8 @@ class Forecast:
         out.simulated = doc.get("simulated") is True
         if isinstance(doc.get("plan"), dict):
             out.plan = dict(doc["plan"])
-        for gpu in doc.get("gpus") if isinstance(doc.get("gpus"), list) else []:
+        gpus = doc.get("gpus")
+        for gpu in gpus if isinstance(gpus, list) else []:
             if isinstance(gpu, dict) and isinstance(gpu.get("index"), int):
                 fits = gpu.get("fits")
                 out.gpus.append(
@@ -459,7 +460,7 @@ def _work_ratio(plan: Plan, f: RunFacts) -> float:
 def _step_s(plan: Plan, f: RunFacts, exponent: float) -> float | None:
     if f.step_s is None:
         return None
-    return f.step_s * _work_ratio(plan, f) ** exponent
+    return f.step_s * math.pow(_work_ratio(plan, f), exponent)
 
 
 def _time_and_energy(plan: Plan, f: RunFacts, scales: _Scales) -> tuple[float | None, float | None]:
@@ -577,6 +578,8 @@ class Versus:
 def versus(fc: Forecast, actual: Mapping[str, float | None]) -> list[Versus]:
     """The forecast's figures beside ``actual`` (duration_s, energy_j, cost, peak_vram_mib)."""
     return [
-        Versus(name, getattr(fc, name), actual.get(name))
-        for name in ("duration_s", "energy_j", "cost", "peak_vram_mib")
+        Versus("duration_s", fc.duration_s, actual.get("duration_s")),
+        Versus("energy_j", fc.energy_j, actual.get("energy_j")),
+        Versus("cost", fc.cost, actual.get("cost")),
+        Versus("peak_vram_mib", fc.peak_vram_mib, actual.get("peak_vram_mib")),
     ]

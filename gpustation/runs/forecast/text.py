@@ -123,11 +123,23 @@ def actual_of(fc: Forecast, record: RunSummary) -> dict[str, float | None]:
     }
 
 
-def _figure_text(fc: Forecast, name: str, value: float | None, simulated: bool) -> str:
+def _energy_in(joules: float | None, like: float) -> str:
+    """``joules`` in the unit :func:`fmt_energy` gives ``like``: a row reads in one unit."""
+    if joules is None:
+        return NA
+    for factor, unit, digits in ((3.6e6, "kWh", 2), (3600.0, "Wh", 1)):
+        if like >= factor:
+            return f"{joules / factor:,.{digits}f} {unit}"
+    return f"{joules:,.0f} J"
+
+
+def _figure_text(
+    fc: Forecast, name: str, value: float | None, simulated: bool, like: float
+) -> str:
     if name == "duration_s":
         return duration(value)
     if name == "energy_j":
-        text = fmt_energy(value)
+        text = _energy_in(value, like)
         return f"{text} {SIMULATED}" if simulated and value is not None else text
     if name == "cost":
         return _money(fc, value) or NA
@@ -141,11 +153,12 @@ def versus_rows(fc: Forecast, record: RunSummary) -> list[VersusRow]:
         if v.figure == "cost" and v.forecast is None:
             continue  # no price when it was forecast
         error = NA if v.error_pct is None else f"{v.error_pct:+.1f} %"
+        like = max(v.forecast or 0.0, v.actual or 0.0)
         rows.append(
             VersusRow(
                 _LABELS[v.figure],
-                _figure_text(fc, v.figure, v.forecast, fc.simulated),
-                _figure_text(fc, v.figure, v.actual, record.simulated),
+                _figure_text(fc, v.figure, v.forecast, fc.simulated, like),
+                _figure_text(fc, v.figure, v.actual, record.simulated, like),
                 error,
             )
         )
