@@ -37,9 +37,9 @@ from typing import Any
 from gpustation.files import open_regular
 from gpustation.runs import rundir
 from gpustation.runs.fold import finite_number
-from gpustation.runs.gputrace import SLOW_INTERVAL_S
 from gpustation.runs.forecast.model import RunFacts, theil_sen
 from gpustation.runs.forecast.plan import features, settings
+from gpustation.runs.gputrace import SLOW_INTERVAL_S
 from gpustation.runs.presets import RunPreset
 from gpustation.runs.store.index import RunStore
 from gpustation.runs.summary import RunSummary

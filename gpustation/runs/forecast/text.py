@@ -133,9 +133,7 @@ def _energy_in(joules: float | None, like: float) -> str:
     return f"{joules:,.0f} J"
 
 
-def _figure_text(
-    fc: Forecast, name: str, value: float | None, simulated: bool, like: float
-) -> str:
+def _figure_text(fc: Forecast, name: str, value: float | None, simulated: bool, like: float) -> str:
     if name == "duration_s":
         return duration(value)
     if name == "energy_j":
