@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -159,6 +160,15 @@ def test_runs_with_other_settings_are_left_out_while_like_ones_exist() -> None:
     only = forecast(plan(settings={"precision": "fp16"}), [fp32, bf16])
     assert only.runs == 2
     assert "no past run with these settings: precision differ" in only.notes
+
+
+def test_real_gpus_rest_on_real_runs_where_there_are_some() -> None:
+    sim = replace(past("sim", step_s=2.0), simulated=True)
+    real = past("real")
+    assert forecast(plan(), [sim, real]).run_ids == ["real"]
+    assert forecast(plan(simulated=True), [sim, real]).run_ids == ["sim"]
+    only_sim = forecast(plan(), [sim])
+    assert only_sim.run_ids == ["sim"] and only_sim.simulated  # said SIMULATED
 
 
 def test_no_history_says_so_and_names_the_probe() -> None:

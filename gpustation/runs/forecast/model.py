@@ -299,7 +299,10 @@ def forecast(
             "power_limit_w": plan.power_limit_w,
         },
     )
-    runs = _same_settings(plan, list(history), out.notes)
+    # real GPUs' figures from real runs where there are some (a simulated card's
+    # energy is no measure of a real one's), simulated ones' from simulated runs
+    same_kind = [f for f in history if f.simulated == plan.simulated]
+    runs = _same_settings(plan, same_kind or list(history), out.notes)
     runs = _at_limit(plan, runs, out.notes)
     if skipped:
         out.notes.append(f"{skipped} damaged run{'s' if skipped != 1 else ''} skipped")
