@@ -4,12 +4,15 @@ forecast beside the actual in ``runs show``, ``--json``, ``--probe``, and what i
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from typing import Any
 
+from gpustation.runs import rundir
 from gpustation.runs.store.index import RunStore
-from tests.conftest import run_gpustation
-from tests.runs.conftest import RunsEnv, command_preset
+from gpustation.runs.store.reconcile import list_active_runs
+from tests.conftest import child_env, gpustation_cmd, run_gpustation
+from tests.runs.conftest import RunsEnv, command_preset, wait_until
 
 TIMEOUT = 120.0
 #: the workload's steps: their time dominates a run's
@@ -119,6 +122,38 @@ def test_a_preset_that_never_ran_here_says_so_and_a_probe_makes_history(
     assert "from 1 past run of fresh (1 a probe)" in fc["text"]
     # the probe's steps scale: 50 steps of 0.1 s, more than the probe's whole run took
     assert fc["duration_s"] > probe.duration_s
+
+
+def test_ctrl_c_stops_a_probe_and_forecasts_nothing(runs_env: RunsEnv) -> None:
+    write_work(runs_env, steps=10000, step_s=0.05)
+    proc = subprocess.Popen(
+        gpustation_cmd("run", "work", "--dry-run", "--probe", "5000"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        runs_root = runs_env["dirs"]["data"] / "runs"
+        wait_until(
+            lambda: any(
+                (s := rundir.read_state(p.parent)) is not None and s.status == "running"
+                for p in runs_root.glob(f"*/{rundir.STATE_JSON}")
+            ),
+            TIMEOUT,
+            "the probe to start",
+        )
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert out == ""  # no forecast: the probe did not finish
+    (probe,) = RunStore().list_runs()
+    assert probe.status == "stopped" and "probe" in probe.tags
+    assert list_active_runs() == []
 
 
 def test_what_a_dry_run_refuses(runs_env: RunsEnv) -> None:

@@ -10,6 +10,8 @@ past run of the preset). Ctrl-C stops it as it stops any run.
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -70,18 +72,29 @@ def run_probe(
     it goes. Returns the finished run; a probe that did not succeed raises
     GpustationError naming it. Ctrl-C (KeyboardInterrupt) stops the probe run.
     """
-    handle = launch(
-        probe_preset(preset),
-        {"steps": steps},
-        gpus,
-        simulate=simulate,
-        sim_card=sim_card,
-        stop_grace_s=stop_grace_s,
-    )
+    probe = probe_preset(preset)
+    # Ctrl-C while the run starts must stop it too, not leave it behind the command
+    interrupts: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupts.append(1)) if main else None
+    try:
+        handle = launch(
+            probe,
+            {"steps": steps},
+            gpus,
+            simulate=simulate,
+            sim_card=sim_card,
+            stop_grace_s=stop_grace_s,
+        )
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
     if on_start is not None:
         on_start(handle.id, handle.run_dir)
     follower = RunFollower(handle.run_dir)
     try:
+        if interrupts:
+            raise KeyboardInterrupt
         while True:
             update = follower.poll()
             if on_progress is not None and (update.events or update.ended):
