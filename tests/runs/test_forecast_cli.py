@@ -168,8 +168,13 @@ def test_what_a_dry_run_refuses(runs_env: RunsEnv) -> None:
         result = gs("run", "work", *args)
         assert result.returncode == 2, (args, result.stderr)
         assert words in result.stderr, (args, result.stderr)
-    no_steps = runs_env["write_preset"]
-    no_steps("bare", command_preset("bare", "train_ok"))
+    runs_env["write_preset"]("bare", command_preset("bare", "train_ok"))
     result = gs("run", "bare", "--dry-run", "--probe")
     assert result.returncode == 2 and "has no steps argument" in result.stderr
     assert RunStore().list_runs() == []
+    # a probe that fails: exit 1, naming its run
+    runs_env["write_preset"]("crashy", command_preset("crashy", "crash", args="steps = 5"))
+    crashed = gs("run", "crashy", "--dry-run", "--probe", "3")
+    (probe,) = RunStore().list_runs()
+    assert crashed.returncode == 1 and crashed.stdout == ""
+    assert f"the probe run {probe.id} failed (exit 3)" in crashed.stderr
