@@ -122,6 +122,25 @@ def test_memory_is_the_static_part_and_the_growing_part_times_the_work() -> None
     assert forecast(plan(batch_size=256), two).peak_vram_mib == pytest.approx(18000)
 
 
+def test_a_compiled_model_meets_a_new_batch_with_the_slowest_start() -> None:
+    compiled = {"precision": "bf16", "compile": True}
+    history = [
+        past("warm1", overhead_s=40.0, overhead_energy_j=4000.0, settings=compiled),
+        past("warm2", overhead_s=42.0, overhead_energy_j=4200.0, settings=compiled),
+        past("cold", overhead_s=120.0, overhead_energy_j=9000.0, settings=compiled),
+    ]
+    same_shapes = forecast(plan(steps=200, settings=compiled), history)
+    assert same_shapes.duration_s == pytest.approx(42 + 200 * 0.5)  # its cache is warm
+    new_batch = forecast(plan(batch_size=128, settings=compiled), history)
+    assert new_batch.duration_s == pytest.approx(120 + 100 * 1.0)
+    assert new_batch.energy_j == pytest.approx(9000 + 300 * 100 * 1.0)
+    assert "a new work size compiles anew: the slowest start of the history taken" in (
+        new_batch.notes
+    )
+    eager = [replace(f, settings={"precision": "bf16"}) for f in history]
+    assert forecast(plan(batch_size=128), eager).duration_s == pytest.approx(42 + 100 * 1.0)
+
+
 def test_more_gpus_are_data_parallel_same_time_more_energy() -> None:
     fc = forecast(plan(gpus=(0, 1)), [past(gpus=1)])
     assert fc.duration_s == pytest.approx(100.0)

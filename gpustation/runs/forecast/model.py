@@ -8,7 +8,9 @@ run (:class:`Plan`) changes what changed from each past run:
 - steps scale the per-step part only (compile, load and save stay as they were);
 - work per step per GPU (batch x sequence) scales the step time by an exponent
   fitted on the history when it holds two work sizes or more, else throughput
-  is taken as constant (step time grows with the work: said so);
+  is taken as constant (step time grows with the work: said so); a compiled
+  model (``compile``) meets a new work size with a cold compile, so the slowest
+  start of the history is taken;
 - the GPU count is taken as data-parallel: the per-GPU work is kept, so the
   step time too, and the energy grows with the GPUs;
 - the power limit: the past runs at that limit where there are some, else a
@@ -275,6 +277,9 @@ class _Scales:
     limit: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: peak memory from a line over the work sizes (None: static + growing part)
     memory_line: tuple[float, float] | None = None
+    #: the run whose start (overhead) every run's prediction takes: a compiled model
+    #: meets a new work size with a cold compile (None: each run its own)
+    start: RunFacts | None = None
 
 
 def forecast(
@@ -315,6 +320,7 @@ def forecast(
     scales = _Scales(exponent=_work_exponent(plan, runs, out.notes))
     scales.limit = _limit_factors(plan, runs, scales.exponent, out.notes)
     scales.memory_line = _memory_line(runs)
+    scales.start = _cold_start(plan, runs, out.notes)
     out.extrapolated = _extrapolated(plan, runs)
 
     durations, energies, peaks = [], [], []
@@ -466,6 +472,22 @@ def _step_s(plan: Plan, f: RunFacts, exponent: float) -> float | None:
     return f.step_s * math.pow(_work_ratio(plan, f), exponent)
 
 
+def _cold_start(plan: Plan, runs: list[RunFacts], notes: list[str]) -> RunFacts | None:
+    """The run with the slowest start, when the plan compiles its model (``compile``)
+    for a work size none of the runs had: torch.compile's cache holds compiled code by
+    shape, so the run compiles as the first one of a preset did. None otherwise."""
+    target = plan.work
+    if plan.settings.get("compile") is not True or target is None:
+        return None
+    if any(f.work == target for f in runs):
+        return None
+    timed = [f for f in runs if f.overhead_s is not None]
+    if len(timed) < 2:
+        return None  # one start is the start the forecast takes anyway
+    notes.append("a new work size compiles anew: the slowest start of the history taken")
+    return max(timed, key=lambda f: f.overhead_s or 0.0)
+
+
 def _time_and_energy(plan: Plan, f: RunFacts, scales: _Scales) -> tuple[float | None, float | None]:
     """One past run's prediction of the plan's duration and energy."""
     steps = plan.steps if plan.steps is not None else f.steps
@@ -481,14 +503,16 @@ def _time_and_energy(plan: Plan, f: RunFacts, scales: _Scales) -> tuple[float | 
     step_factor, power_factor = scales.limit.get(f.run_id, (1.0, 1.0))
     step_s = (_step_s(plan, f, scales.exponent) or 0.0) * step_factor
     stepping_s = steps * step_s
-    duration = max(0.0, f.overhead_s + stepping_s)
+    start = scales.start or f
+    duration = max(0.0, (start.overhead_s or 0.0) + stepping_s)
     energy = None
-    if f.steady_power_w is not None and f.overhead_energy_j is not None:
-        gpus = plan.gpu_count / max(1, f.gpu_count)
-        power_w = f.steady_power_w * power_factor
+    if f.steady_power_w is not None and start.overhead_energy_j is not None:
+        # per GPU, then times the plan's GPUs
+        power_w = f.steady_power_w * power_factor / f.gpu_count
         if plan.power_limit_w is not None and f.run_id in scales.limit:
-            power_w = min(power_w, plan.power_limit_w * f.gpu_count)
-        energy = max(0.0, gpus * (f.overhead_energy_j + power_w * stepping_s))
+            power_w = min(power_w, plan.power_limit_w)
+        overhead_j = start.overhead_energy_j / start.gpu_count
+        energy = max(0.0, plan.gpu_count * (overhead_j + power_w * stepping_s))
     elif unchanged:
         energy = f.energy_j
     return duration, energy
