@@ -17,9 +17,7 @@ from typing import Any
 from gpustation.commands.run_follow import Progress
 from gpustation.errors import EXIT_OK, UsageError
 from gpustation.runs.cost import price_or_none
-from gpustation.runs.forecast.make import forecast_for
 from gpustation.runs.forecast.probe import probe_steps, run_probe
-from gpustation.runs.forecast.text import forecast_line
 from gpustation.runs.launch.argv import build_argv, resolve_gpus
 from gpustation.runs.launch.start import prepare
 from gpustation.runs.output import strict_json
@@ -76,6 +74,10 @@ def dry_run(
 ) -> int:
     """Print what ``gpustation run`` would start and its forecast; start nothing
     (but a probe, with ``--probe``)."""
+    # start-up time: the run history (sqlite3) and rich, which only a dry run reads
+    from gpustation.runs.forecast.make import forecast_for
+    from gpustation.runs.forecast.text import forecast_line
+
     for flag, given in (
         ("--queue", args.queue),
         ("--detach", args.detach),

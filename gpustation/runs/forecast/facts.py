@@ -38,7 +38,7 @@ from gpustation.files import open_regular
 from gpustation.runs import rundir
 from gpustation.runs.fold import finite_number
 from gpustation.runs.forecast.model import RunFacts, theil_sen
-from gpustation.runs.forecast.plan import features, settings
+from gpustation.runs.forecast.plan import PROBE_TAG, features, settings
 from gpustation.runs.gputrace import SLOW_INTERVAL_S
 from gpustation.runs.presets import RunPreset
 from gpustation.runs.store.index import RunStore
@@ -50,8 +50,6 @@ from gpustation.textsafe import safe_doc
 MAX_RUNS = 12
 #: bytes of telemetry read at each end of the file
 TELEMETRY_END_BYTES = 256 << 10
-#: the tag of a probe run (``run --dry-run --probe``)
-PROBE_TAG = "probe"
 
 
 @dataclass

@@ -25,6 +25,8 @@ FEATURE_KEYS = ("steps", "batch_size", "seq_len")
 NEUTRAL_KEYS = ("seed", "lr", "log_every", "warmup_steps", "output_dir")
 #: the warm-up a runner without a ``warmup_steps`` argument is taken to have
 DEFAULT_WARMUP_STEPS = 10
+#: the tag of a probe run (``run --dry-run --probe``)
+PROBE_TAG = "probe"
 
 
 def whole(value: Any) -> int | None:

@@ -19,8 +19,7 @@ from pathlib import Path
 
 from gpustation.errors import GpustationError, UsageError
 from gpustation.runs.follow import RunFollower
-from gpustation.runs.forecast.facts import PROBE_TAG
-from gpustation.runs.forecast.plan import DEFAULT_WARMUP_STEPS, whole
+from gpustation.runs.forecast.plan import DEFAULT_WARMUP_STEPS, PROBE_TAG, whole
 from gpustation.runs.launch.start import launch
 from gpustation.runs.launch.stop import DEFAULT_GRACE_S, stop_run
 from gpustation.runs.presets import RunPreset
