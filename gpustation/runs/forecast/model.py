@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpustation.runs.cost import J_PER_KWH
+
 #: two limits within this share of each other are one limit (450 W and 449.9 W)
 SAME_LIMIT = 0.02
 #: the work exponent is kept within these bounds (a noisy fit on two close sizes)
@@ -343,7 +345,7 @@ def forecast(
     if len(durations) < len(runs):
         out.notes.append(f"{len(runs) - len(durations)} of the runs reported no steps to scale by")
     if price_per_kwh is not None and out.energy_j is not None:
-        out.cost = out.energy_j / 3.6e6 * price_per_kwh
+        out.cost = out.energy_j / J_PER_KWH * price_per_kwh
         out.currency = currency
     out.gpus = _memory_fits(plan, out.peak_vram_mib)
     return out
