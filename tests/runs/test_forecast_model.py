@@ -7,13 +7,13 @@ from dataclasses import replace
 
 import pytest
 
+from gpustation.runs.forecast.fit import theil_sen
 from gpustation.runs.forecast.model import (
     Forecast,
     GpuRoom,
     Plan,
     RunFacts,
     forecast,
-    theil_sen,
     versus,
 )
 from gpustation.runs.forecast.text import forecast_line, memory_text, no_history_text

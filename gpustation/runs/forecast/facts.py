@@ -37,7 +37,8 @@ from typing import Any
 from gpustation.files import open_regular
 from gpustation.runs import rundir
 from gpustation.runs.fold import finite_number
-from gpustation.runs.forecast.model import RunFacts, theil_sen
+from gpustation.runs.forecast.fit import theil_sen
+from gpustation.runs.forecast.model import RunFacts
 from gpustation.runs.forecast.plan import PROBE_TAG, features, settings
 from gpustation.runs.gputrace import SLOW_INTERVAL_S
 from gpustation.runs.presets import RunPreset
