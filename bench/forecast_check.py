@@ -221,6 +221,16 @@ def main() -> int:
     if args.simulate is not None:
         base += ["--simulate", str(args.simulate)]
 
+    if args.simulate is None:
+        try:
+            import pynvml  # noqa: F401  (the runs' telemetry reads the GPUs through it)
+        except ImportError:
+            print(
+                "nvidia-ml-py (pynvml) is missing: the runs would have no GPU telemetry, so "
+                "no energy; install it (pip install nvidia-ml-py)",
+                file=sys.stderr,
+            )
+            return 2
     home = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="forecast-check-"))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
