@@ -1,12 +1,13 @@
 """``gpustation run PRESET``: start a run and follow it from a terminal (or over ssh).
 
-The log streams to stdout; when the run reports ``total_steps`` a progress bar
-with an ETA goes to stderr (plain progress lines when stderr is not a
-terminal). Ctrl-C stops the run gracefully; a second Ctrl-C skips the waits.
-The exit status is 0 when the run succeeded, 1 when it failed and 130 when it
-was stopped. With ``--detach`` the run id is printed and the run goes on alone.
+The log streams to stdout and the progress to stderr (``run_follow.py``).
+Ctrl-C stops the run gracefully; a second Ctrl-C skips the waits. The exit
+status is 0 when the run succeeded, 1 when it failed and 130 when it was
+stopped. With ``--detach`` the run id is printed and the run goes on alone.
 With ``--hosts`` the preset runs on those hosts through torchrun
-(``runs/multinode.py``), as one run of the local history.
+(``runs/multinode.py``), as one run of the local history. With ``--dry-run``
+nothing starts: the argv and the run's forecast are printed
+(``forecast_cmd.py``).
 """
 
 from __future__ import annotations
@@ -17,20 +18,17 @@ import os
 import shutil
 import signal
 import sys
-import threading
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
+from gpustation.commands import forecast_cmd
 from gpustation.commands.options import add_gpu_options
-from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, UsageError
+from gpustation.commands.run_follow import follow
+from gpustation.errors import EXIT_OK, UsageError
 from gpustation.fleet.fleet import load_fleet_config
 from gpustation.notify import notify_warnings
-from gpustation.runs import rundir
-from gpustation.runs.follow import RunFollower
 from gpustation.runs.launch.start import launch
-from gpustation.runs.launch.stop import stop_run
 from gpustation.runs.multinode.launch import (
     DEFAULT_RDZV_PORT,
     NodeOptions,
@@ -39,9 +37,7 @@ from gpustation.runs.multinode.launch import (
 )
 from gpustation.runs.multinode.nodes import DEFAULT_START_TIMEOUT_S
 from gpustation.runs.presets import command_preset, find_preset, load_presets, parse_sets
-from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.backend import parse_gpu_list
-from gpustation.telemetry.format import duration
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -78,6 +74,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--detach", action="store_true", help="print the run id and return; the run goes on"
     )
+    forecast_cmd.add_arguments(p)
     queue = p.add_argument_group(
         "the GPU queue",
         "wait for free GPUs instead of starting now (`gpustation queue` lists the queue)",
@@ -226,6 +223,10 @@ def run(args: argparse.Namespace) -> int:
         if not 1 <= args.profile_steps <= 100:
             raise UsageError(f"--profile-steps: between 1 and 100, got {args.profile_steps}")
         preset = replace(preset, args={**preset.args, "profile_steps": args.profile_steps})
+    if args.dry_run:
+        multinode, resumed = node_options is not None, resumed_from is not None
+        return forecast_cmd.dry_run(args, preset, sets, wrap, multinode, resumed)
+    forecast_cmd.check_unused(args)
     if args.queue:
         return _queue(args, preset, sets, wrap, node_options is not None, resumed_from is not None)
     if args.gpus_count is not None or args.priority:
@@ -410,196 +411,3 @@ def _node_dir(text: str | None) -> str | None:
             f"(e.g. {os.path.join('/srv', text)})"
         )
     return os.path.normpath(text)
-
-
-class _Progress:
-    """A Rich bar on a terminal; otherwise a plain line every 10 % (or minute)."""
-
-    def __init__(self, title: str) -> None:
-        self.title = title
-        self.bar: Any = None
-        self.task: Any = None
-        self.fancy = sys.stderr.isatty()
-        self._last_decile = -1
-        self._last_print = 0.0
-
-    def start(self, total: int) -> None:
-        if not self.fancy or self.bar is not None:
-            return
-        # start-up time: rich, for terminal output only
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self.bar = Progress(
-            # The run's title and unit are its own text, never markup.
-            TextColumn("{task.description}", markup=False),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[info]}", markup=False),
-            console=Console(stderr=True),
-            transient=False,
-        )
-        self.bar.start()
-        self.task = self.bar.add_task(self.title, total=total, info="")
-
-    def write_log(self, lines: list[str]) -> None:
-        if self.bar is not None and sys.stdout.isatty():
-            # One terminal: print above the bar so the two do not tangle.
-            for line in lines:
-                self.bar.console.print(line, markup=False, highlight=False)
-        else:
-            sys.stdout.buffer.write(("\n".join(lines) + "\n").encode("utf-8", "replace"))
-            sys.stdout.flush()
-
-    def update(self, run: RunSummary) -> None:
-        if run.steps is None or not run.total_steps:
-            return
-        info = []
-        if run.final_loss is not None:
-            info.append(f"loss {run.final_loss:.4g}")
-        if run.throughput is not None:
-            info.append(f"{run.throughput:.1f} {run.throughput_unit or '/s'}")
-        if self.fancy:
-            self.start(run.total_steps)
-            self.bar.update(
-                self.task, completed=run.steps, total=run.total_steps, info="  ".join(info)
-            )
-            return
-        decile = int(10 * run.steps / run.total_steps)
-        now = time.monotonic()
-        if decile == self._last_decile and now - self._last_print < 60:
-            return
-        self._last_decile, self._last_print = decile, now
-        eta = run.eta_s()
-        pct = 100.0 * run.steps / run.total_steps
-        line = f"gpustation: step {run.steps}/{run.total_steps} ({pct:.0f} %)"
-        if eta is not None:
-            line += f"  ETA {_clock(eta)}"
-        if info:
-            line += "  " + "  ".join(info)
-        print(line, file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar = None
-
-
-def _clock(seconds: float) -> str:
-    """Whole seconds, cut down (0:59 until a full minute is up), never below 0:00."""
-    return duration(int(max(0, seconds)))
-
-
-def follow(
-    directory: Path,
-    grace_s: float | None = 10.0,
-    poll_s: float = 0.1,
-    stop_on_interrupt: bool = True,
-    interrupts: list[float] | None = None,
-    restore_handler: Any = None,
-) -> int:
-    """Stream a run's log and progress until it ends; return the exit status.
-
-    With ``stop_on_interrupt`` Ctrl-C stops the run (graceful, then firm);
-    without it Ctrl-C only stops following and the run goes on.
-    """
-
-    run = rundir.read_run(directory) or {}
-    title = (run.get("preset") or {}).get("name") or directory.name
-    follower = RunFollower(directory)
-    progress = _Progress(title)
-    # Ctrl-C presses, newest last (some may have come before following began).
-    interrupts = interrupts if interrupts is not None else []
-    stopper: threading.Thread | None = None
-
-    def on_sigint(_signum: int, _frame: object) -> None:
-        interrupts.append(time.monotonic())
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    if restore_handler is not None:
-        previous = restore_handler
-    try:
-        while True:
-            if interrupts and not stop_on_interrupt:
-                print(
-                    f"\ngpustation: no longer following run {directory.name}; it goes on "
-                    f"(`gpustation runs stop {directory.name}` stops it)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return EXIT_INTERRUPTED
-            if interrupts and stopper is None:
-                print(
-                    f"\ngpustation: stopping run {directory.name} (Ctrl-C again to skip the waits)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                stopper = threading.Thread(
-                    target=stop_run,
-                    args=(directory,),
-                    kwargs={
-                        "grace_s": grace_s,
-                        "by": "gpustation run (Ctrl-C)",
-                        "force_now": lambda: len(interrupts) > 1,
-                    },
-                    daemon=True,
-                )
-                stopper.start()
-            update = follower.poll()
-            if update.lines:
-                progress.write_log(update.text_lines())
-            if update.events or update.ended:
-                progress.update(follower.summary())
-            if update.ended:
-                break
-            if not update.lines and not update.events:
-                time.sleep(poll_s)
-    finally:
-        progress.close()
-        follower.close()
-        signal.signal(signal.SIGINT, previous)
-    if stopper is not None:
-        stopper.join(timeout=30)
-    state = rundir.read_state(directory) or follower.state
-    return _report(directory, state, follower.summary())
-
-
-def _report(directory: Path, state: rundir.RunState | None, run: RunSummary) -> int:
-    if state is None:
-        print(f"gpustation: run {directory.name}: no state recorded", file=sys.stderr)
-        return EXIT_FAILURE
-    parts = [f"gpustation: run {state.id} {state.status}"]
-    if state.started_at and state.ended_at:
-        parts.append(f"after {_clock(state.ended_at - state.started_at)}")
-    if state.reason and state.status != "succeeded":
-        parts.append(f"- {state.reason}")
-    if run.final_loss is not None:
-        parts.append(f"- final loss {run.final_loss:.4g}")
-    if run.best_throughput is not None:
-        parts.append(f"- best {run.best_throughput:.1f} {run.throughput_unit or '/s'}")
-    try:
-        # start-up time: the run store (sqlite3)
-        from gpustation.runs.store.index import RunStore
-
-        record = RunStore().get(state.id)
-        if record is not None and record.energy_j is not None:
-            energy = f"- GPU energy {record.energy_j / 3600:.2f} Wh"
-            parts.append(f"{energy} SIMULATED" if record.simulated else energy)
-    except Exception:
-        pass
-    print(" ".join(parts), file=sys.stderr, flush=True)
-    if state.status == "succeeded":
-        return EXIT_OK
-    if state.status == "stopped":
-        return EXIT_INTERRUPTED
-    return EXIT_FAILURE

@@ -12,10 +12,10 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpustation import timefmt
-from gpustation.commands.run import follow
+from gpustation.commands.run_follow import follow
 from gpustation.errors import UsageError
 from gpustation.runs import rundir
 from gpustation.runs.compare import (
@@ -29,6 +29,14 @@ from gpustation.runs.compare import (
     status_text,
 )
 from gpustation.runs.cost import Price, price_or_none
+from gpustation.runs.forecast.model import Forecast, versus
+from gpustation.runs.forecast.text import (
+    actual_of,
+    basis_text,
+    forecast_line,
+    launched_without_history,
+    versus_rows,
+)
 from gpustation.runs.kernel_profile import profile_tables, read_top_ops
 from gpustation.runs.launch.stop import stop_run
 from gpustation.runs.multinode.nodes import nodes_energy
@@ -132,10 +140,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if action == "show":
         record = _get(store, args.id)
+        fc = _forecast_of(record)
         if args.json:
-            print(strict_json(record.to_dict()))
+            print(strict_json({**record.to_dict(), "forecast": _forecast_doc(fc, record)}))
         else:
             _print_show(record)
+            _print_forecast(fc, record)
         return 0
     if action in ("delete", "prune", "note", "tag"):
         return _tidy(store, args)
@@ -160,6 +170,56 @@ def run(args: argparse.Namespace) -> int:
             _print_compare(comparison)
         return 0
     raise UsageError(f"unknown action {action!r}")
+
+
+def _forecast_of(record: RunSummary) -> Forecast | None:
+    """The forecast made when the run was launched (run.json), if it has one."""
+    run = rundir.read_run(Path(record.run_dir)) if record.run_dir else None
+    return Forecast.from_dict((run or {}).get("forecast"))
+
+
+def _forecast_doc(fc: Forecast | None, record: RunSummary) -> dict[str, Any] | None:
+    """The forecast for ``runs show --json``: as made, its line, and each figure beside
+    what happened (``versus``: forecast, actual, error_pct)."""
+    if fc is None:
+        return None
+    rows = versus(fc, actual_of(fc, record))
+    return {
+        **fc.to_dict(),
+        "text": forecast_line(fc),
+        "versus": [
+            {
+                "figure": v.figure,
+                "forecast": v.forecast,
+                "actual": v.actual,
+                "error_pct": v.error_pct,
+            }
+            for v in rows
+        ],
+    }
+
+
+def _print_forecast(fc: Forecast | None, record: RunSummary) -> None:
+    """The forecast made at launch beside what the run did, with the error in %."""
+    if fc is None:
+        return
+    # start-up time: rich, for terminal output only
+    from rich.table import Table
+    from rich.text import Text
+
+    out = console()
+    if not fc.runs:
+        out.print(Text.assemble(("forecast ", "bold"), launched_without_history(fc)))
+        return
+    out.print(Text.assemble(("forecast ", "bold"), basis_text(fc)))
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("", "FORECAST", "ACTUAL", "ERROR"):
+        table.add_column(column, justify="left" if not column else "right")
+    for row in versus_rows(fc, record):
+        table.add_row(row.figure, row.forecast, row.actual, row.error)
+    out.print(table)
+    for note in fc.notes:
+        out.print(Text(f"  {note}", style="dim"))
 
 
 def _print_profile(out: Console, r: RunSummary) -> None:

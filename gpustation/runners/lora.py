@@ -294,7 +294,7 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     metrics = MetricsWriter.from_env(rank=dist.rank)
     prof, timer = profiling.profiler_and_timer(args, warmup, device, dist)
     warmup = timer.warmup_steps
-    common.reset_peak_memory(device)
+    common.mark_static_memory(metrics, device)
     tokens_per_step = args.batch_size * args.seq_len * dist.world_size
     losses: list[tuple[int, float]] = []
     eval_losses: list[tuple[int, float]] = []

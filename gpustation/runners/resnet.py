@@ -309,7 +309,7 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
     )
     prof, timer = profiling.profiler_and_timer(args, warmup, device, dist)
     warmup = timer.warmup_steps
-    common.reset_peak_memory(device)
+    common.mark_static_memory(metrics, device)
     global_batch = args.batch_size * dist.world_size
     loss_val = float("nan")
     first_loss: float | None = None

@@ -3,9 +3,9 @@
 The supervisor appends one compact JSON line per sample to
 ``telemetry.jsonl``::
 
-    {"t": 12.0, "gpus": [{"index": 0, "power_w": 301.2, "temperature_c": 64,
-      "memory_used_mib": 20480, "utilization_gpu_pct": 99, "energy_j": 123456.0,
-      "throttle": ["sw_power_cap"]}]}
+    {"t": 12.0, "gpus": [{"index": 0, "power_w": 301.2, "power_limit_w": 450.0,
+      "temperature_c": 64, "memory_used_mib": 20480, "utilization_gpu_pct": 99,
+      "energy_j": 123456.0, "throttle": ["sw_power_cap"]}]}
 
 :func:`summarize_telemetry` turns the file into the figures the run store
 keeps: energy (from the cards' energy counters when they move, else power
@@ -101,6 +101,8 @@ def compact_sample(snapshot: Snapshot, t: float, pids: set[int] | None = None) -
             {
                 "index": gpu.index,
                 "power_w": gpu.power_w,
+                # the limit in force, so a forecast can tell runs at other limits apart
+                "power_limit_w": gpu.power_limit_w,
                 "temperature_c": gpu.temperature_c,
                 # HBM cards only (None on GDDR cards, which have no memory sensor)
                 "memory_temperature_c": gpu.memory_temperature_c,

@@ -4,7 +4,9 @@ A child process finds the file's path in ``GPUSTATION_METRICS_FILE``. Each line
 is an event with ``t`` (seconds since the writer started) and ``step``, plus any
 of ``loss``, ``eval_loss``, ``lr``, ``grad_norm``, ``throughput`` with ``unit``
 (``img/s``, ``tokens/s``, ``TFLOP/s`` ...), ``epoch``, ``total_steps``,
-``mem_peak_mib``; the last line may carry a ``summary`` object. Any other key is
+``mem_peak_mib``, and once, before the first step, ``mem_static_mib`` (the memory
+the model and optimizer hold before any step: what a forecast keeps when the
+batch changes); the last line may carry a ``summary`` object. Any other key is
 allowed and kept. This module imports nothing heavy so any script can use it::
 
     from gpustation.runs.metrics import MetricsWriter
@@ -40,6 +42,7 @@ KNOWN_KEYS = (
     "epoch",
     "total_steps",
     "mem_peak_mib",
+    "mem_static_mib",
     "summary",
 )
 

@@ -42,7 +42,17 @@ CHUNK_BYTES = 1 << 20
 #: integers in an event must fit in 64 bits (the run store is SQLite)
 INT_LIMIT = 1 << 63
 #: keys of the metrics protocol that hold a number (or null)
-NUMBER_KEYS = ("t", "loss", "eval_loss", "lr", "grad_norm", "throughput", "epoch", "mem_peak_mib")
+NUMBER_KEYS = (
+    "t",
+    "loss",
+    "eval_loss",
+    "lr",
+    "grad_norm",
+    "throughput",
+    "epoch",
+    "mem_peak_mib",
+    "mem_static_mib",
+)
 #: ... a whole number (or null)
 INT_KEYS = ("step", "total_steps")
 

@@ -66,6 +66,20 @@ def duration(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def duration_words(seconds: float | None) -> str:
+    """A duration for a sentence: ``45 s``, ``12 min 30 s``, ``2 h 05 min``; n/a when unknown."""
+    if seconds is None or seconds < 0:
+        return NA
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
 def pstate(value: int | None) -> str:
     return NA if value is None else f"P{value}"
 

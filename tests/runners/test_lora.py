@@ -38,6 +38,8 @@ def test_loss_falls_on_shipped_corpus_and_adapter_reloads(run_runner: RunRunner)
     assert s["tokens_per_s"] > 0 and s["model_tflops_per_s"] > 0
     assert s["trainable_params"] < s["params"]
     assert s["adapter_reload_ok"] is True
+    (static,) = [e["mem_static_mib"] for e in r.events if "mem_static_mib" in e]
+    assert 0 < static <= s["mem_peak_mib"]
 
     # Independently of the runner's own check: rebuild base + adapter here and
     # compare with the logits the trained model produced before it was saved.

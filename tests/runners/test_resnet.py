@@ -21,6 +21,10 @@ def test_resnet_reports_throughput_loss_and_memory(run_runner: RunRunner) -> Non
     assert s["img_per_s"] > 0
     assert s["world_size"] == 1 and s["batch_size"] == 4
     assert s["mem_peak_mib"] > 0
+    # what the model and optimizer hold before the first step, said once, ahead of the steps
+    (static,) = [e for e in r.events if "mem_static_mib" in e]
+    assert r.events.index(static) < r.events.index(r.steps[0])
+    assert 0 < static["mem_static_mib"] <= s["mem_peak_mib"] and "step" not in static
     # One fixed synthetic batch: the network memorises it, so the loss must fall.
     assert s["final_loss"] < s["first_loss"]
     steps = [e["step"] for e in r.steps]

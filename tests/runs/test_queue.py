@@ -196,6 +196,9 @@ def test_queued_runs_take_a_gpu_one_at_a_time_and_say_what_they_wait_for(
     assert runs[first].gpus == [0] and runs[second].gpus == [0] and len(runs[third].gpus) == 1
     run_json = rundir.read_run(rundir.run_dir(second)) or {}
     assert run_json["queue"]["waited_s"] >= 0 and run_json["queue"]["priority"] == 0
+    # its forecast is made as it starts, with its GPU's memory read then
+    (room,) = run_json["forecast"]["gpus"]
+    assert room["index"] == 0 and room["total_mib"] > 0 and room["free_mib"] is not None
 
 
 def test_a_foreign_process_holds_a_run_back_named_until_it_lets_go(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpustation.commands import run as run_cmd
+from gpustation.commands import run_follow
 from gpustation.commands import runs as runs_cmd
 from gpustation.runs import rundir
 from gpustation.runs.follow import RunFollower
@@ -54,7 +54,7 @@ def read_everything(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict[s
         while not (update := follower.poll()).ended:
             assert time.monotonic() < deadline, "the follower never saw the end"
             time.sleep(0.02)
-    run_cmd.follow(run_dir, stop_on_interrupt=False)
+    run_follow.follow(run_dir, stop_on_interrupt=False)
     list_active_runs()
     store = RunStore()
     store.list_runs()

@@ -242,6 +242,9 @@ def test_launch_form(
         from gpustation.tui.runs import LaunchDialog
 
         await wait_for(pilot, lambda: isinstance(pilot.app.screen, LaunchDialog))
+        # the forecast line, made in a worker: the preset never ran here
+        line = pilot.app.screen.query_one("#launch-forecast")
+        await wait_for(pilot, lambda: "never ran here" in str(line.render()))
         await pilot.pause()
 
     assert snap_compare(FormApp(preset()), terminal_size=size, run_before=opened)

@@ -219,6 +219,15 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def mark_static_memory(metrics: MetricsWriter, device: torch.device) -> None:
+    """Before the first step: report ``mem_static_mib`` once (what the model and its
+    optimizer hold: allocated by torch on a GPU, resident on the CPU) and start the peak
+    anew, so a forecast tells the memory a bigger batch keeps from what grows with it."""
+    held = torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else host_rss_mib()
+    metrics.log(mem_static_mib=round(held, 1))
+    reset_peak_memory(device)
+
+
 def peak_memory_mib(device: torch.device) -> float:
     """Peak memory: allocated by torch on a GPU, or the process's peak RSS on the CPU."""
     if device.type == "cuda":

@@ -29,6 +29,9 @@ from gpustation.pyargv import python_argv
 from gpustation.redact import redact_env
 from gpustation.runs import rundir
 from gpustation.runs.argvalue import ArgValue
+from gpustation.runs.cost import price_or_none
+from gpustation.runs.forecast.model import GpuRoom
+from gpustation.runs.forecast.plan import read_rooms
 from gpustation.runs.launch.argv import (
     build_argv,
     build_env,
@@ -97,26 +100,33 @@ class RunHandle:
 
 def _open_device_count(
     simulate: int | None, sim_card: str | None
-) -> tuple[int | None, dict[str, Any]]:
+) -> tuple[int | None, dict[str, Any], list[GpuRoom]]:
+    """The GPU count, the backend as run.json records it, and each GPU's room now
+    (memory and power limit, for the run's forecast)."""
     try:
         backend = open_backend(simulate=simulate, sim_card=sim_card)
     except NoDriverError as err:
-        return None, {"kind": "none", "simulated": False, "note": str(err)}
+        return None, {"kind": "none", "simulated": False, "note": str(err)}, []
     try:
         count = backend.device_count()
+        rooms = read_rooms(backend, range(count))
     finally:
         backend.close()
     if backend.simulated:
         if simulate is None:
             simulate = simulate_from_env()
-        return count, {
-            "kind": "sim",
-            "simulated": True,
-            "simulate": count if simulate in (None, -1) else simulate,
-            "sim_card": sim_card or os.environ.get("GPUSTATION_SIM_CARD") or None,
-            **({"kept": backend.kept} if backend.kept else {}),
-        }
-    return count, {"kind": "nvml", "simulated": False}
+        return (
+            count,
+            {
+                "kind": "sim",
+                "simulated": True,
+                "simulate": count if simulate in (None, -1) else simulate,
+                "sim_card": sim_card or os.environ.get("GPUSTATION_SIM_CARD") or None,
+                **({"kept": backend.kept} if backend.kept else {}),
+            },
+            rooms,
+        )
+    return count, {"kind": "nvml", "simulated": False}, rooms
 
 
 def _sharing(chosen: list[int], backend_info: dict[str, Any]) -> list[tuple[Any, list[int]]]:
@@ -163,8 +173,9 @@ def launch(
     # The launcher is a writer: runs found lost since the last launch are
     # recorded now (readers only show them lost; see reconcile.py).
     record_lost_runs()
+    rooms: list[GpuRoom] | None = None
     if backend_info is None or device_count == -1:
-        device_count, backend_info = _open_device_count(simulate, sim_card)
+        device_count, backend_info, rooms = _open_device_count(simulate, sim_card)
         kept = backend_info.pop("kept", None)  # said when the run starts, not recorded
         if kept:
             warnings.append(str(kept))
@@ -174,7 +185,7 @@ def launch(
     created = time.time()
     run_id, directory = new_run_directory(preset.name, created)
     return _start(
-        RunRequest(preset, parsed, warnings, workdir, backend_info, stop_grace_s, wrap),
+        RunRequest(preset, parsed, warnings, workdir, backend_info, stop_grace_s, wrap, rooms),
         chosen,
         run_id,
         directory,
@@ -195,6 +206,9 @@ class RunRequest:
     backend: dict[str, Any]
     stop_grace_s: float = DEFAULT_GRACE_S
     wrap: Sequence[str] = ()
+    #: the GPUs' memory and power limit when it was checked (None: not read; a queued
+    #: run's are read again when it starts)
+    rooms: list[GpuRoom] | None = None
 
 
 def prepare(
@@ -210,10 +224,9 @@ def prepare(
     """A run checked as :func:`launch` checks it, not started; and the GPU count."""
     preset, parsed, warnings = apply_values(preset, overrides or {})
     workdir = str(Path(cwd)) if cwd is not None else working_directory()
-    device_count, backend_info = _open_device_count(simulate, sim_card)
-    return RunRequest(preset, parsed, warnings, workdir, backend_info, stop_grace_s, wrap), (
-        device_count
-    )
+    device_count, backend_info, rooms = _open_device_count(simulate, sim_card)
+    request = RunRequest(preset, parsed, warnings, workdir, backend_info, stop_grace_s, wrap, rooms)
+    return request, device_count
 
 
 def start_prepared(
@@ -287,6 +300,8 @@ def _start(
     }
     if resumed_from:
         run["resumed_from"] = dict(resumed_from)
+    else:
+        run["forecast"] = _forecast(preset, chosen, request.rooms, backend_info)
     if queued:
         run["queue"] = dict(queued)
     sup_env = {**os.environ, **private_env(preset, env)}
@@ -307,6 +322,37 @@ def _start(
         warnings=warnings,
     )
     return start_run(handle, run, sup_env, wait_started_s)
+
+
+def _forecast(
+    preset: RunPreset,
+    chosen: list[int],
+    rooms: list[GpuRoom] | None,
+    backend_info: dict[str, Any],
+) -> dict[str, Any] | None:
+    """The run's forecast as run.json keeps it (``runs show`` sets it beside what
+    happened); None when it cannot be made: a forecast never stops a launch."""
+    # start-up time: the run store (sqlite3), read for the preset's history
+    from gpustation.runs.forecast.make import forecast_for
+
+    simulated = bool(backend_info.get("simulated"))
+    try:
+        if rooms is None and chosen:
+            rooms = _rooms_now(chosen, backend_info)
+        price = price_or_none(lambda _problem: None)  # said by the views that show costs
+        fc = forecast_for(preset, chosen, rooms or [], simulated=simulated, price=price)
+    except Exception:
+        return None
+    return fc.to_dict()
+
+
+def _rooms_now(chosen: list[int], backend_info: dict[str, Any]) -> list[GpuRoom]:
+    """The chosen GPUs' room read now (a queued run's, as it starts)."""
+    if backend_info.get("kind") == "none":
+        return []
+    simulate = int(backend_info.get("simulate", -1)) if backend_info.get("simulated") else None
+    with open_backend(simulate=simulate, sim_card=backend_info.get("sim_card")) as backend:
+        return read_rooms(backend, chosen)
 
 
 def new_run_directory(name: str, created: float) -> tuple[str, Path]:

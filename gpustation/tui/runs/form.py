@@ -5,15 +5,18 @@ the UI thread by :mod:`gpustation.runs.launch.runner_args`): a ``Select`` for
 choices, a ``Switch`` for flags, a checked ``Input`` for numbers, the help
 text under each. A command preset has no parser: its fields are typed by the
 preset's own values. The GPUs are checkboxes; the argv the run would get is
-shown as the fields change. The launch button stays disabled while a field
-holds a bad value. "Save as preset" writes a user preset of the form's
-settings; "run again" opens the form with a past run's settings; "Any
-command…" opens :mod:`.command_form` instead, for a command of the user's.
+shown as the fields change, and under it the run's forecast (time, GPU energy
+and cost, peak memory against the GPUs' free memory), made again in a worker
+from the preset's history whenever the settings change. The launch button
+stays disabled while a field holds a bad value. "Save as preset" writes a
+user preset of the form's settings; "run again" opens the form with a past
+run's settings; "Any command…" opens :mod:`.command_form` instead, for a
+command of the user's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -31,6 +34,10 @@ from textual.widgets import Button, Checkbox, Input, Label, Select, Static, Swit
 from gpustation.errors import GpustationError, UsageError
 from gpustation.redact import REDACTED
 from gpustation.runs.argvalue import ArgValue
+from gpustation.runs.cost import Price
+from gpustation.runs.forecast.make import forecast_for
+from gpustation.runs.forecast.model import GpuRoom
+from gpustation.runs.forecast.text import forecast_line
 from gpustation.runs.launch.argv import build_argv, resolve_gpus
 from gpustation.runs.launch.runner_args import (
     RunnerArg,
@@ -42,6 +49,7 @@ from gpustation.runs.launch.runner_args import (
 )
 from gpustation.runs.preset_writer import check_name, write_user_preset
 from gpustation.runs.presets import RunPreset, apply_values
+from gpustation.textsafe import safe
 from gpustation.tui.runs.command_form import CommandDialog
 from gpustation.tui.runs.launch_request import (
     GpuChoice,
@@ -114,6 +122,15 @@ class PresetSaved(Message):
         self.error = error
 
 
+class ForecastMade(Message):
+    """The forecast line for the form's settings as they were when it was asked for."""
+
+    def __init__(self, asked: int, text: str) -> None:
+        super().__init__()
+        self.asked = asked
+        self.text = text
+
+
 class ArgsRead(Message):
     def __init__(self, options: list[RunnerArg] | None, error: str | None) -> None:
         super().__init__()
@@ -150,6 +167,7 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
     #launch-add-row { margin-top: 1; }
     #launch-gpus { height: auto; width: 1fr; }
     #launch-argv { color: $text-muted; height: auto; padding: 0 1; border: round $panel; }
+    #launch-forecast { height: auto; padding: 0 1; }
     #launch-error { color: $error; height: auto; }
     #launch-buttons { height: auto; }
     #launch-buttons Button { margin-right: 1; }
@@ -164,8 +182,17 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
         prefill: Prefill | None = None,
         options: list[RunnerArg] | None = None,
         saved: Callable[[], None] | None = None,
+        rooms: Sequence[GpuRoom] = (),
+        simulated: bool = False,
+        price: Price | None = None,
     ) -> None:
         super().__init__()
+        #: the GPUs' memory and power limit (the dashboard's last sample), for the forecast
+        self.rooms = list(rooms)
+        self.simulated = simulated
+        self.price = price
+        #: forecasts asked for so far; a worker's answer for older settings is dropped
+        self.forecasts_asked = 0
         #: called once the form's settings are saved as a preset (the list reads them again)
         self.saved = saved
         self.preset = preset
@@ -209,6 +236,7 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
                 yield Label("GPUs")
                 yield GpuChoice(self.device_count, self.initial_gpus, id="launch-gpus")
             yield Static(id="launch-argv")
+            yield Static(Text("forecast: reading the history…", style="dim"), id="launch-forecast")
             yield Label("", id="launch-error")
             with Horizontal(id="launch-buttons"):
                 yield Button("Launch (Enter)", id="launch", variant="primary", compact=True)
@@ -250,8 +278,8 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
 
     def on_resize(self, event: events.Resize) -> None:
         set_size_classes(self, event.size)
-        # The fields scroll; the rest of the box (about 16 lines) stays in view.
-        self.query_one("#launch-args").styles.max_height = max(3, event.size.height - 16)
+        # The fields scroll; the rest of the box (about 18 lines) stays in view.
+        self.query_one("#launch-args").styles.max_height = max(3, event.size.height - 18)
 
     def _focus_first(self) -> None:
         fields = self.query("#launch-args Input, #launch-args Select, #launch-args Switch")
@@ -379,6 +407,37 @@ class LaunchDialog(ModalScreen[LaunchRequest | None]):
             return
         error.update("")
         self.query_one("#launch", Button).disabled = False
+        self.ask_forecast()
+
+    def ask_forecast(self) -> None:
+        """Make the forecast of the form's settings in a worker (it reads the history)."""
+        try:
+            request = self.request()
+        except UsageError:
+            return
+        applied, _, _ = apply_values(request.preset, request.overrides)
+        gpus = resolve_gpus(applied, request.gpus, self.device_count)
+        self.forecasts_asked += 1
+        asked = self.forecasts_asked
+        rooms, simulated, price = self.rooms, self.simulated, self.price
+        hint = f"`gpustation run {applied.name} --dry-run --probe` makes one"
+
+        def job() -> None:
+            try:
+                fc = forecast_for(applied, gpus, rooms, simulated=simulated, price=price)
+                text = forecast_line(fc, hint)
+            except Exception as err:  # a bug must say so, not leave the line waiting
+                text = safe(f"no forecast: {type(err).__name__}: {err}")
+            self.post_message(ForecastMade(asked, text))
+
+        self.app.run_worker(job, thread=True, exit_on_error=False, name="forecast")
+
+    def on_forecast_made(self, message: ForecastMade) -> None:
+        if message.asked != self.forecasts_asked:
+            return  # made for settings the form no longer holds
+        line = Text("forecast: ", style="bold")
+        line.append(message.text)
+        self.query_one("#launch-forecast", Static).update(line)
 
     @staticmethod
     def _words(err: UsageError) -> str:

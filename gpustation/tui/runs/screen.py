@@ -25,6 +25,7 @@ from textual.widgets import DataTable, OptionList
 
 from gpustation.runs import rundir
 from gpustation.runs.compare import gpus_text
+from gpustation.runs.forecast.plan import room_of
 from gpustation.runs.presets import RunPreset
 from gpustation.tui.readonly import refused
 from gpustation.tui.runs import prune, tidy
@@ -433,7 +434,17 @@ class RunsScreen(LiveScreen):
                 self.ui.launch(request.preset, request.overrides, request.gpus)
                 self.runs_changed(False, True)
 
-        dialog = LaunchDialog(preset, device_count, prefill, saved=self.ui.reload_presets)
+        backend = self.dash.backend
+        dialog = LaunchDialog(
+            preset,
+            device_count,
+            prefill,
+            saved=self.ui.reload_presets,
+            # the forecast weighs the peak memory against the GPUs as last sampled
+            rooms=[room_of(g) for g in snap.gpus] if snap is not None else [],
+            simulated=bool(backend is not None and backend.simulated),
+            price=self.ui.price,
+        )
         self.app.push_screen(dialog, chosen)
 
     def action_run_again(self) -> None:
