@@ -91,13 +91,25 @@ def idle_cards(env: dict[str, str]) -> None:
 
 
 def scheduler_pid(env: dict[str, str]) -> int | None:
+    """The scheduler holding the lock now (a PID left in the file by one that
+    ended may belong to another process since: never signal that one)."""
+    import fcntl
+
     lock = Path(env["GPUSTATION_DATA_DIR"]) / "queue" / "scheduler.lock"
     try:
-        pid = int(lock.read_text().strip() or 0)
-        os.kill(pid, 0)
-        return pid
+        with open(lock, "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                pid = int(handle.read().strip() or 0)
+            else:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                return None  # nobody holds it
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except (OSError, ValueError):
         return None
+    return pid if b"gpustation.runs.queue.scheduler" in cmdline else None
 
 
 def latency(runs: int) -> list[float]:
