@@ -5,7 +5,6 @@ going, or with a fan curve kept)."""
 from __future__ import annotations
 
 import signal
-import time
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -15,6 +14,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label
 
+from gpustation import timefmt
 from gpustation.telemetry import format as fmt
 from gpustation.textsafe import safe
 from gpustation.tui.procrows import ProcRow
@@ -28,11 +28,7 @@ def process_details_text(row: ProcRow) -> Text:
     is only a character.
     """
     rss = None if row.rss_bytes is None else row.rss_bytes / (1024 * 1024)
-    started = (
-        fmt.NA
-        if row.started is None
-        else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.started))
-    )
+    started = fmt.NA if row.started is None else timefmt.full(row.started)
     t = Text()
     for label, value in (
         ("PID", str(row.pid)),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import ClassVar
 
 from rich.text import Text
@@ -14,6 +13,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from gpustation import timefmt
 from gpustation.control import journal
 
 #: the newest entries shown
@@ -28,7 +28,7 @@ def journal_text() -> Text:
     if not entries:
         text.append("No changes recorded yet.", style="dim")
     for e in reversed(entries[-MAX_ENTRIES:]):
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time))
+        stamp = timefmt.full(e.time)
         fan = f" fan {e.fan}" if e.fan is not None else ""
         text.append(f"{stamp} ", style="dim")
         text.append(f"GPU {e.gpu}{fan} {e.what}: ")

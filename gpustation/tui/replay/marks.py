@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rich.text import Text
 
+from gpustation import timefmt
 from gpustation.control.journal import describe_value, read_journal
 from gpustation.runs.store.index import RunStore
 from gpustation.telemetry.alerts import AlertLog
@@ -97,7 +98,7 @@ def collect_marks(
 
 
 def clock_text(t: float, with_date: bool) -> str:
-    return time.strftime("%m-%d %H:%M:%S" if with_date else "%H:%M:%S", time.localtime(t))
+    return timefmt.compact(t, seconds=True) if with_date else timefmt.clock(t)
 
 
 def timeline_cells(start: float, end: float, t: float, width: int) -> int:
