@@ -4,8 +4,11 @@ A child process finds the file's path in ``GPUSTATION_METRICS_FILE``. Each line
 is an event with ``t`` (seconds since the writer started) and ``step``, plus any
 of ``loss``, ``eval_loss``, ``lr``, ``grad_norm``, ``throughput`` with ``unit``
 (``img/s``, ``tokens/s``, ``TFLOP/s`` ...), ``epoch``, ``total_steps``,
-``mem_peak_mib``; the last line may carry a ``summary`` object. Any other key is
-allowed and kept. This module imports nothing heavy so any script can use it::
+``mem_peak_mib``, ``phase`` (``train``, ``eval``, ``checkpoint``, ``save`` ...:
+from this event on the runner is in that phase, so a slowdown while it
+evaluates or saves is put down to that); the last line may carry a ``summary``
+object. Any other key is allowed and kept. This module imports nothing heavy
+so any script can use it::
 
     from gpustation.runs.metrics import MetricsWriter
     with MetricsWriter.from_env() as m:
@@ -40,6 +43,7 @@ KNOWN_KEYS = (
     "epoch",
     "total_steps",
     "mem_peak_mib",
+    "phase",
     "summary",
 )
 
