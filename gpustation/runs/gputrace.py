@@ -137,10 +137,12 @@ class TraceSampler:
         )
         #: when the run started (time.monotonic()): the lines' ``t`` counts from it
         self.t0 = t0
+        #: the snapshot the last line was made from (the slowdown watch's evidence)
+        self.last: Snapshot | None = None
 
     def line(self, pids: set[int] | None = None, final: bool = False) -> dict[str, Any]:
         """The GPUs now; ``final`` reads the slow fields too (the counters at the end)."""
-        snap = self.sampler.sample(slow=True if final else None)
+        snap = self.last = self.sampler.sample(slow=True if final else None)
         return compact_sample(snap, time.monotonic() - self.t0, pids)
 
     def close(self) -> None:
