@@ -1,12 +1,13 @@
 """``gpustation run PRESET``: start a run and follow it from a terminal (or over ssh).
 
 The log streams to stdout; when the run reports ``total_steps`` a progress bar
-with an ETA goes to stderr (plain progress lines when stderr is not a
-terminal). Ctrl-C stops the run gracefully; a second Ctrl-C skips the waits.
-The exit status is 0 when the run succeeded, 1 when it failed and 130 when it
-was stopped. With ``--detach`` the run id is printed and the run goes on alone.
-With ``--hosts`` the preset runs on those hosts through torchrun
-(``runs/multinode.py``), as one run of the local history.
+with an ETA goes to stderr (plain progress lines when stderr is not a terminal),
+with a line when the run slows down (and why) and when that ends. Ctrl-C stops
+the run gracefully; a second Ctrl-C skips the waits. The exit status is 0 when
+the run succeeded, 1 when it failed and 130 when it was stopped. With
+``--detach`` the run id is printed and the run goes on alone. With ``--hosts``
+the preset runs on those hosts through torchrun (``runs/multinode.py``), as
+one run of the local history.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from gpustation.runs.multinode.launch import (
 )
 from gpustation.runs.multinode.nodes import DEFAULT_START_TIMEOUT_S
 from gpustation.runs.presets import command_preset, find_preset, load_presets, parse_sets
+from gpustation.runs.slowdown.show import print_slowdowns
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.backend import parse_gpu_list
 from gpustation.telemetry.format import duration
@@ -558,6 +560,7 @@ def follow(
             update = follower.poll()
             if update.lines:
                 progress.write_log(update.text_lines())
+            print_slowdowns(update.slowdowns, follower.slowdowns)
             if update.events or update.ended:
                 progress.update(follower.summary())
             if update.ended:
