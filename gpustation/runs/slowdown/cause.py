@@ -447,7 +447,7 @@ def _input_pipeline(clues: Clues, gpus: list[_Gpu]) -> Cause | None:
     pids = sorted(loaders)
     pcts = ", ".join(f"{loaders[p]:.0f}" for p in pids)
     who = (
-        "the run's own process (it loads its data itself)"
+        "the run's own process, with no loader processes,"
         if itself
         else f"its loader process{'es' if len(pids) > 1 else ''}"
     )
