@@ -86,10 +86,10 @@ def follow_line(row: Mapping[str, Any], record: Mapping[str, Any]) -> str:
         how = "lasted to the end of the run" if row.get("ended_with_run") else "ended"
         return (
             f"gpustation: the slowdown at {at} {how} after "
-            f"{duration(_number(row, 'length_s'))} ({lost_text(row)})"
+            f"{duration(_number(row, 'length_s'))}; throughput {lost_text(row)}"
         )
     words = _cause(row).get("words") or "unknown"
-    return f"gpustation: slowdown at {at} into the run, {lost_text(row)}: {words}"
+    return f"gpustation: slowdown at {at} into the run, throughput {lost_text(row)}; {words}"
 
 
 def print_slowdowns(records: Sequence[Mapping[str, Any]], folded: Mapping[int, Any]) -> None:
