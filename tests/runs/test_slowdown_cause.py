@@ -151,6 +151,20 @@ def test_every_limiting_reason_names_its_kind(reason: str) -> None:
         assert "GPU at 88 °C (slows down at 89 °C)" in cause.words
 
 
+def test_a_process_is_named_by_the_shares_read_so_far() -> None:
+    # NVML reads the SM shares on slow passes only: a process new since the last one
+    # is listed without a share until the next.
+    base = injected("process")
+    unread = replace(BURNER, sm_pct=None)
+    during = [
+        replace(m, gpus=(replace(m.gpus[0], processes=(RUN_PROCESS, unread)),)) if i < 4 else m
+        for i, m in enumerate(base.during)
+    ]
+    cause = name_cause(replace(base, during=during))
+    assert cause.kind == "process" and "pid 4242" in cause.words
+    assert cause.evidence["sm_pct"] == 45.0
+
+
 def test_a_run_that_loads_its_own_data_is_starved_by_itself() -> None:
     cause = name_cause(clues({"utilization_pct": 40.0}, {"run_cpu": ((RUN_PID, 99.0),)}))
     assert cause.kind == "input_pipeline"

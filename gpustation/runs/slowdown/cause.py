@@ -268,30 +268,42 @@ def _other_run(clues: Clues, gpus: list[_Gpu]) -> Cause | None:
     return None
 
 
+def _sm_share(moments: Sequence[GpuEvidence], pid: int) -> float | None:
+    """A process's mean SM share over the moments it has a figure in (absent: 0);
+    None when it was listed but never with a figure (NVML reads the shares on
+    slow passes only: a process new since the last one has none yet)."""
+    values: list[float] = []
+    for g in moments:
+        listed = [p.sm_pct for p in g.processes if p.pid == pid]
+        if not listed:
+            values.append(0.0)
+        elif listed[0] is not None:
+            values.append(listed[0])
+    known = any(p.pid == pid and p.sm_pct is not None for g in moments for p in g.processes)
+    listed_at_all = any(p.pid == pid for g in moments for p in g.processes)
+    if listed_at_all and not known:
+        return None
+    return sum(values) / len(values) if values else None
+
+
 def _process(clues: Clues, gpus: list[_Gpu]) -> Cause | None:
     others = frozenset().union(*(o.pids for o in clues.other_runs))
     best: tuple[float, float, _Gpu, Any] | None = None
     for gpu in gpus:
         if not gpu.before:
             continue
-        during: dict[int, list[float | None]] = {}
-        seen: dict[int, Any] = {}
-        for g in gpu.during:
-            for p in g.processes:
-                if p.pid in clues.run_pids or p.pid in others:
-                    continue
-                during.setdefault(p.pid, []).append(p.sm_pct)
-                seen[p.pid] = p
-        for pid, shares in during.items():
-            if any(s is None for s in shares):
-                continue  # the driver gives no SM share: no figure to name it by
-            sm = sum(s for s in shares if s is not None) / len(gpu.during)
-            before_shares = [p.sm_pct for g in gpu.before for p in g.processes if p.pid == pid]
-            if any(s is None for s in before_shares):
-                continue
-            was = sum(s for s in before_shares if s is not None) / len(gpu.before)
+        seen = {
+            p.pid: p
+            for g in gpu.during
+            for p in g.processes
+            if p.pid not in clues.run_pids and p.pid not in others
+        }
+        for pid, proc in seen.items():
+            sm, was = _sm_share(gpu.during, pid), _sm_share(gpu.before, pid)
+            if sm is None or was is None:
+                continue  # no figure to name it by, or none to compare with
             if sm >= PROCESS_MIN_SM_PCT and was <= sm / 2 and (best is None or sm > best[0]):
-                best = (sm, was, gpu, seen[pid])
+                best = (sm, was, gpu, proc)
     if best is None:
         return None
     sm, was, gpu, proc = best
