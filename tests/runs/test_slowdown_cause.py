@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpustation.runs.slowdown.cause import Clues, OtherRun, name_cause
+from gpustation.runs.slowdown.cause import Clues, OtherRun, name_cause, phase_seconds
 from gpustation.runs.slowdown.evidence import GpuEvidence, HostEvidence, Moment, ProcessShare
 
 T0 = 1_700_000_000.0
@@ -63,7 +63,7 @@ def clues(
 BURNER = ProcessShare(4242, 45.0, "bob", "python burn.py")
 #: each cause as the evidence of a drop: (changes to the GPU, to the host, to the clues)
 CAUSES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
-    "phase": ({}, {}, {"phases": ("checkpoint",)}),
+    "phase": ({}, {}, {"phases": (("train", 5.0), ("checkpoint", 6.0)), "phase_window_s": 11.0}),
     "power_cap": ({"throttle": ("sw_power_cap",), "power_w": 699.6, "clock_sm_mhz": 1410.0}, {},
                   {}),
     "other_run": ({}, {}, {"other_runs": (OtherRun("20260101-000000-b-1a2b", (0,), T0 + 21.0),)}),
@@ -81,7 +81,8 @@ CAUSES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
 }  # fmt: skip
 #: the words each names the cause with: the figures that show it
 WORDS = {
-    "phase": "checkpoint phase: the runner reported its checkpoint phase",
+    "phase": "checkpoint phase: the runner reported its checkpoint phase for 6 s of the 11 s "
+    "around the drop",
     "power_cap": "power cap: 700 W limit, GPU at 700 W, SM clock 1410 of 1980 MHz",
     "other_run": "another gpustation run (20260101-000000-b-1a2b): run 20260101-000000-b-1a2b "
     "shares GPU 0, started 1 s after the slowdown began",
@@ -125,6 +126,20 @@ def test_each_cause_is_named_with_its_figures(kind: str) -> None:
 def test_causes_are_tried_in_order(first: str, second: str) -> None:
     assert name_cause(injected(first, second)).kind == first
     assert name_cause(injected(second, first)).kind == first
+
+
+def test_a_phase_names_the_drop_only_when_it_took_a_real_part_of_it() -> None:
+    changes = [(T0, "train"), (T0 + 10, "eval"), (T0 + 10.5, "train"), (T0 + 30, "save")]
+    # A half-second eval in the 11 s around a drop explains nothing ...
+    spent = phase_seconds(changes, T0 + 5, T0 + 16)
+    assert dict(spent) == pytest.approx({"train": 10.5, "eval": 0.5})
+    assert name_cause(clues(phases=spent, phase_window_s=11.0)).kind == "unknown"
+    # ... a save that goes on through it does.
+    spent = phase_seconds(changes, T0 + 27, T0 + 38)
+    assert dict(spent) == pytest.approx({"train": 3.0, "save": 8.0})
+    assert name_cause(clues(phases=spent, phase_window_s=11.0)).kind == "phase"
+    # Before the runner's first phase report it was in none.
+    assert phase_seconds(changes, T0 - 10, T0 + 1) == (("train", 1.0),)
 
 
 def test_the_figures_are_kept_as_numbers_too() -> None:

@@ -25,8 +25,11 @@ from gpustation.runs.slowdown.evidence import GpuEvidence, Moment
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry.model import LIMITING_REASONS, POWER_REASONS, THERMAL_REASONS
 
-#: the runner's phases that are its normal work: any other one names the cause
+#: the runner's phases that are its normal work: any other one names the cause ...
 WORK_PHASES = frozenset({"train", "training"})
+#: ... when it took at least this share of the time from min_s before the drop to its
+#: confirmation (a short eval a while before it explains nothing)
+PHASE_SHARE = 0.2
 #: a reason explains the drop when present in at least this share of its seconds ...
 REASON_DURING = 0.5
 #: ... and in at most this share of the seconds before it
@@ -116,8 +119,10 @@ class Clues:
     #: the run's GPUs and processes
     gpus: tuple[int, ...] = ()
     run_pids: frozenset[int] = frozenset()
-    #: the phases the runner reported from a little before the drop on
-    phases: tuple[str, ...] = ()
+    #: seconds the runner spent in each phase it reported (:func:`phase_seconds`) over
+    #: the ``phase_window_s`` from a little before the drop to its confirmation
+    phases: tuple[tuple[str, float], ...] = ()
+    phase_window_s: float = 0.0
     other_runs: tuple[OtherRun, ...] = ()
 
 
@@ -178,13 +183,42 @@ def _where(gpu: _Gpu, many: bool) -> str:
 # ---- the rules, in order --------------------------------------------------------------------
 
 
+def phase_seconds(
+    changes: Sequence[tuple[float, str]], start: float, end: float
+) -> tuple[tuple[str, float], ...]:
+    """Seconds spent in each phase from ``start`` to ``end``, from the runner's phase
+    changes (time, phase), oldest first; the time before its first report is in none."""
+    seconds: dict[str, float] = {}
+    current: str | None = None
+    since = start
+    for when, phase in changes:
+        if when <= start:
+            current = phase
+            continue
+        if when >= end:
+            break
+        if current is not None:
+            seconds[current] = seconds.get(current, 0.0) + when - since
+        current, since = phase, when
+    if current is not None:
+        seconds[current] = seconds.get(current, 0.0) + end - since
+    return tuple(seconds.items())
+
+
 def _phase(clues: Clues, gpus: list[_Gpu]) -> Cause | None:
-    other = [p for p in clues.phases if p.strip().lower() not in WORK_PHASES]
-    if not other:
+    window = clues.phase_window_s
+    spent = [(s, p) for p, s in clues.phases if p.strip().lower() not in WORK_PHASES]
+    if not spent or window <= 0:
         return None
-    phase = other[-1]
+    seconds, phase = max(spent)
+    if seconds < PHASE_SHARE * window:
+        return None
     return Cause(
-        "phase", f"{phase} phase", f"the runner reported its {phase} phase", {"phase": phase}
+        "phase",
+        f"{phase} phase",
+        f"the runner reported its {phase} phase for {seconds:.0f} s of the {window:.0f} s "
+        "around the drop",
+        {"phase": phase, "seconds": round(seconds, 1), "window_s": round(window, 1)},
     )
 
 

@@ -30,7 +30,7 @@ from gpustation.runs import rundir
 from gpustation.runs.fold import finite_number
 from gpustation.runs.rundir import RunState
 from gpustation.runs.slowdown import records
-from gpustation.runs.slowdown.cause import Cause, Clues, OtherRun, name_cause
+from gpustation.runs.slowdown.cause import Cause, Clues, OtherRun, name_cause, phase_seconds
 from gpustation.runs.slowdown.detect import Detector, DetectSettings, Span, StepRate
 from gpustation.runs.slowdown.evidence import EvidenceRing, HostReader, Moment, gpu_evidence
 from gpustation.runs.slowdown.settings import load_settings
@@ -164,12 +164,6 @@ class SlowdownWatch:
                 self._ended(change.span)
 
     # -- a slowdown ------------------------------------------------------------------------------
-    def _phases_from(self, t: float) -> tuple[str, ...]:
-        """The phase in effect at ``t`` and every one reported since."""
-        earlier = [p for when, p in self.phases if when <= t]
-        later = [p for when, p in self.phases if when > t]
-        return tuple(([earlier[-1]] if earlier else []) + later)
-
     def _other_runs(self) -> tuple[OtherRun, ...]:
         found = []
         for other in list_active_runs():
@@ -188,12 +182,16 @@ class SlowdownWatch:
 
     def _cause(self, span: Span) -> Cause:
         since = max(span.start - BEFORE_S, self.detector.steady_since or span.start - BEFORE_S)
+        # The phases from a little before the drop (an eval just ended lowers the next
+        # reports' rate) to its confirmation.
+        phase_from = span.start - self.settings.min_s
         clues = Clues(
             before=self.ring.between(since, span.start),
             during=self.ring.between(span.start, float("inf")),
             gpus=self.gpus,
             run_pids=self.pids,
-            phases=self._phases_from(span.start - self.settings.min_s),
+            phases=phase_seconds(list(self.phases), phase_from, span.confirmed),
+            phase_window_s=span.confirmed - phase_from,
             other_runs=self._other_runs(),
         )
         return name_cause(clues)
