@@ -44,6 +44,7 @@ def healthy_host() -> HostEvidence:
         swap_out_mib_s=0.0,
         run_cpu=((RUN_PID, 100.0),),
         main_pid=RUN_PID,
+        run_on_cpu_pct=95.0,
     )
 
 
@@ -77,7 +78,7 @@ CAUSES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
         {"run_cpu": ((RUN_PID, 30.0), (101, 99.0), (102, 98.0))},
         {},
     ),
-    "host_cpu": ({}, {"cpu_pct": 100.0}, {}),
+    "host_cpu": ({}, {"cpu_pct": 100.0, "run_on_cpu_pct": 40.0}, {}),
 }  # fmt: skip
 #: the words each names the cause with: the figures that show it
 WORDS = {
@@ -95,8 +96,8 @@ WORDS = {
     "swap": "swapping: 40.0 MiB/s in, 10.0 MiB/s out (was 0.0 MiB/s)",
     "input_pipeline": "input pipeline starving the GPU: GPU utilisation 97 → 45 %, its loader "
     "processes at 99, 98 % CPU (pid 101, 102)",
-    "host_cpu": "host CPU saturated: 100 % of 16 cores busy (was 40 %), the run's processes at "
-    "100 % CPU (were 100 %)",
+    "host_cpu": "host CPU saturated: 100 % of 16 cores busy (was 40 %), the run's processes "
+    "on a CPU 40 % of their ready time (was 95 %)",
 }
 #: the order they are tried in
 ORDER = list(CAUSES)
@@ -189,18 +190,22 @@ def test_a_run_that_loads_its_own_data_is_starved_by_itself() -> None:
     assert idle.kind == "unknown"
 
 
-def test_a_host_that_was_busy_before_starves_a_run_whose_share_fell() -> None:
-    busy_before = [
-        replace(m, host=replace(m.host, cpu_pct=95.0)) for m in clues().before
-    ]  # fmt: skip
-    starved = clues(host={"cpu_pct": 100.0, "run_cpu": ((RUN_PID, 50.0),)})
-    cause = name_cause(replace(starved, before=busy_before))
-    assert (
-        cause.kind == "host_cpu" and "the run's processes at 50 % CPU (were 100 %)" in cause.words
-    )
-    # Busy before and after, the run's share the same: that explains nothing.
-    same = clues(host={"cpu_pct": 100.0})
-    assert name_cause(replace(same, before=busy_before)).kind == "unknown"
+def test_a_host_busy_before_too_starves_a_run_that_now_waits_for_a_cpu() -> None:
+    busy = [replace(m, host=replace(m.host, cpu_pct=95.0, run_on_cpu_pct=33.0))
+            for m in clues().before]  # fmt: skip
+    starved = clues(host={"cpu_pct": 100.0, "run_on_cpu_pct": 20.0})
+    cause = name_cause(replace(starved, before=busy))
+    assert cause.kind == "host_cpu"
+    assert "on a CPU 20 % of their ready time (was 33 %)" in cause.words
+    # Busy before and after, and the run waits no more than it did: no finding. (A run
+    # that went from 8 loader workers to 1 uses less CPU by itself, and waits less.)
+    fewer = clues(host={"cpu_pct": 100.0, "run_on_cpu_pct": 60.0, "run_cpu": ((RUN_PID, 55.0),)})
+    assert name_cause(replace(fewer, before=busy)).kind == "unknown"
+    # Where the wait cannot be read (no schedstat), only a host that got busier counts.
+    unread = [replace(m, host=replace(m.host, run_on_cpu_pct=None)) for m in busy]
+    blind = clues(host={"cpu_pct": 100.0, "run_on_cpu_pct": None})
+    assert name_cause(replace(blind, before=unread)).kind == "unknown"
+    assert name_cause(clues(host={"cpu_pct": 100.0, "run_on_cpu_pct": None})).kind == "host_cpu"
 
 
 def test_nothing_explains_it_unknown_with_the_figures_looked_at() -> None:
@@ -208,7 +213,7 @@ def test_nothing_explains_it_unknown_with_the_figures_looked_at() -> None:
     assert cause.kind == "unknown"
     assert cause.words == (
         "unknown: no reading explains it (SM clock 1980 of 1980 MHz, utilisation 97 %, "
-        "throttle none; host CPU 40 %)"
+        "throttle none; host CPU 40 % (was 40 %))"
     )
 
 

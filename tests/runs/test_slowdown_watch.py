@@ -16,6 +16,7 @@ from gpustation.runs import rundir
 from gpustation.runs.rundir import RunState
 from gpustation.runs.slowdown import records, watch
 from gpustation.runs.slowdown.detect import DetectSettings
+from gpustation.runs.slowdown.evidence import HostReader
 from gpustation.runs.slowdown.settings import load_settings
 from gpustation.runs.slowdown.show import follow_line, slowdowns_table
 from gpustation.runs.slowdown.watch import SlowdownWatch
@@ -197,3 +198,19 @@ def test_the_table_and_the_lines_say_start_length_loss_cause_and_figures() -> No
     assert follow_line(row, {"state": "ended"}) == (
         "gpustation: the slowdown at 0:42 ended after 1:15; throughput -48 % (-392 img/s of 812)"
     )
+
+
+def test_the_run_s_time_on_a_cpu_is_read_from_schedstat(tmp_path: Path) -> None:
+    reader = HostReader(proc_root=str(tmp_path))
+    for pid in (10, 11):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "schedstat").write_text("1000000 5000000 3\n")
+    assert reader.on_cpu({10, 11, 12}) is None  # the baseline
+    # 300 ms on a CPU and 100 ms waiting, and 100 ms on and 500 ms waiting
+    (tmp_path / "10" / "schedstat").write_text("301000000 105000000 9\n")
+    (tmp_path / "11" / "schedstat").write_text("101000000 505000000 9\n")
+    assert reader.on_cpu({10, 11, 12}) == pytest.approx(40.0)
+    # A process new since the last reading counts from the next one; nothing moved: None.
+    (tmp_path / "12").mkdir()
+    (tmp_path / "12" / "schedstat").write_text("1 999000000 1\n")
+    assert reader.on_cpu({10, 11, 12}) is None

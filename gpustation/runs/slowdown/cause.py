@@ -54,9 +54,11 @@ LOADER_BUSY_PCT = 85.0
 LOADER_MIN_PCT = 5.0
 #: the host's CPU is saturated at this total (%) ...
 HOST_BUSY_PCT = 90.0
-#: ... having risen by this many points, or the run's own share having fallen to this part
+#: ... having risen by this many points, or the run's processes getting a CPU for at
+#: most this part of the share of their ready time they got before (a run that uses
+#: less CPU by itself, fewer loader workers, waits less, not more)
 HOST_RISE_PCT = 10.0
-RUN_CPU_FALL = 0.8
+ON_CPU_FALL = 0.75
 
 #: what each kind of cause is called
 KIND_LABELS = {
@@ -515,24 +517,29 @@ def _host_cpu(clues: Clues, gpus: list[_Gpu]) -> Cause | None:
     was = _mean(m.host.cpu_pct for m in clues.before)
     if now is None or was is None or now < HOST_BUSY_PCT:
         return None
-    run_now = sum(_process_cpu(clues.during).values())
-    run_was = sum(_process_cpu(clues.before).values())
-    starved = run_was > 0 and run_now <= RUN_CPU_FALL * run_was
+    got = _mean(m.host.run_on_cpu_pct for m in clues.during)
+    had = _mean(m.host.run_on_cpu_pct for m in clues.before)
+    starved = got is not None and had is not None and got <= ON_CPU_FALL * had
     if was > now - HOST_RISE_PCT and not starved:
         return None
     cores = next((m.host.cores for m in clues.during if m.host.cores), None)
     of = f" of {cores} cores" if cores else ""
+    detail = f"{now:.0f} %{of} busy (was {was:.0f} %)"
+    if got is not None and had is not None:
+        detail += (
+            f", the run's processes on a CPU {got:.0f} % of their ready time (was {had:.0f} %)"
+        )
     return Cause(
         "host_cpu",
         KIND_LABELS["host_cpu"],
-        f"{now:.0f} %{of} busy (was {was:.0f} %), the run's processes at {run_now:.0f} % CPU "
-        f"(were {run_was:.0f} %)",
+        detail,
         {
             "cpu_pct": round(now, 1),
             "cpu_pct_before": round(was, 1),
             "cores": cores,
-            "run_cpu_pct": round(run_now, 1),
-            "run_cpu_pct_before": round(run_was, 1),
+            "run_on_cpu_pct": _r(got),
+            "run_on_cpu_pct_before": _r(had),
+            "run_cpu_pct": round(sum(_process_cpu(clues.during).values()), 1),
         },
     )
 
@@ -568,8 +575,11 @@ def _unknown(clues: Clues, gpus: list[_Gpu]) -> Cause:
             "throttle": reasons,
         }
     cpu = _mean(m.host.cpu_pct for m in clues.during)
-    parts.append(f"host CPU {_n(cpu, ' %')}")
-    evidence["cpu_pct"] = _r(cpu)
+    was = _mean(m.host.cpu_pct for m in clues.before)
+    parts.append(f"host CPU {_n(cpu, ' %')} (was {_n(was, ' %')})")
+    evidence["cpu_pct"], evidence["cpu_pct_before"] = _r(cpu), _r(was)
+    for key in ("run_on_cpu_pct", "swap_in_mib_s", "swap_out_mib_s"):
+        evidence[key] = _r(_mean(getattr(m.host, key) for m in clues.during))
     detail = "no reading explains it (" + "; ".join(parts) + ")"
     return Cause("unknown", "unknown", detail, evidence)
 

@@ -3,10 +3,10 @@
 Each second the watch makes a :class:`Moment`: the run's GPUs as the
 supervisor's telemetry sampler read them anyway (:func:`gpu_evidence` takes
 its snapshot: nothing more is asked of NVML), and the host through psutil
-(:class:`HostReader`: total CPU, swap in and out, and the CPU of each of the
-run's processes). An :class:`EvidenceRing` keeps the last minute of them, so
-that when a slowdown is confirmed the seconds before it and during it are
-both there to compare.
+(:class:`HostReader`: total CPU, swap in and out, the CPU of each of the
+run's processes and, on Linux, how long they waited for one). An
+:class:`EvidenceRing` keeps the last minute of them, so that when a slowdown
+is confirmed the seconds before it and during it are both there to compare.
 """
 
 from __future__ import annotations
@@ -87,6 +87,10 @@ class HostEvidence:
     swap_out_mib_s: float | None = None
     #: (pid, CPU % of one core) of each of the run's processes
     run_cpu: tuple[tuple[int, float], ...] = ()
+    #: of the time the run's processes were ready to run, the share they ran (%; the
+    #: rest they waited on a run queue, Linux's /proc/PID/schedstat): what a host
+    #: saturated by others costs them, whatever the run itself asks for
+    run_on_cpu_pct: float | None = None
     #: the run's first process (the one the supervisor started)
     main_pid: int | None = None
 
@@ -146,8 +150,10 @@ class HostReader:
     Rates need two readings: the first call of each gives None for them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, proc_root: str = "/proc") -> None:
+        self.proc_root = proc_root
         self._procs: dict[int, Any] = {}
+        self._sched: dict[int, tuple[int, int]] = {}
         self._cpu_primed = False
         self._swap: tuple[float, int, int] | None = None
         self.cores = psutil.cpu_count() or os.cpu_count()
@@ -178,7 +184,27 @@ class HostReader:
             swap_out_mib_s=swap_out,
             run_cpu=self._run_cpu(set(pids)),
             main_pid=main_pid,
+            run_on_cpu_pct=self.on_cpu(set(pids)),
         )
+
+    def on_cpu(self, pids: set[int]) -> float | None:
+        """Of the time the run's processes were ready since the last reading, the share
+        (%) they ran (None on the first reading, or where /proc has no schedstat)."""
+        sched: dict[int, tuple[int, int]] = {}
+        for pid in pids:
+            try:
+                with open(f"{self.proc_root}/{pid}/schedstat", encoding="ascii") as fh:
+                    ran, waited = fh.read().split()[:2]
+                sched[pid] = (int(ran), int(waited))
+            except (OSError, ValueError):
+                continue
+        before, self._sched = self._sched, sched
+        ran = waited = 0
+        for pid, (r, w) in sched.items():
+            if pid in before:
+                ran += max(0, r - before[pid][0])
+                waited += max(0, w - before[pid][1])
+        return 100.0 * ran / (ran + waited) if ran + waited > 0 else None
 
     def _run_cpu(self, pids: set[int]) -> tuple[tuple[int, float], ...]:
         for gone in set(self._procs) - pids:
