@@ -115,11 +115,12 @@ def reported_s(directory: Path) -> float:
     return times[-1] - times[0] if len(times) > 1 else 0.0
 
 
-def slowdowns(directory: Path) -> list[dict[str, Any]]:
+def slowdowns(directory: Path, since: float = 0.0) -> list[dict[str, Any]]:
+    """The run's slowdowns that started from ``since`` on (Unix time, a little slack)."""
     # gpustation's own reader of slowdowns.jsonl (headless)
     from gpustation.runs.slowdown.records import read_slowdowns
 
-    return read_slowdowns(directory)
+    return [s for s in read_slowdowns(directory) if s.get("start_time", 0.0) >= since - 2.0]
 
 
 def ended(directory: Path) -> bool:
@@ -168,19 +169,25 @@ def check_process(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             [sys.executable, "-c", code], env=child_env, start_new_session=True
         )
         result["interferer_pid"] = interferer.pid
-        started = time.time()
+        started = result["interferer_started"] = time.time()
         print(f"  started a bf16 matmul on GPU {args.gpu}: pid {interferer.pid}", flush=True)
         if args.simulate:  # a simulated card lists a host process only when told
             poke(env, guests=[[interferer.pid, 50.0, 2048.0]])
-        found = wait("a slowdown", 25, lambda: slowdowns(directory))
+        found = wait("a slowdown", 25, lambda: slowdowns(directory, started))
         result["found_after_s"] = round(time.time() - started, 1) if found else None
         interferer.send_signal(signal.SIGKILL)
         interferer.wait()
-        wait("the slowdown to end", 10, lambda: slowdowns(directory)[0].get("state") == "ended")
+        wait(
+            "the slowdown to end",
+            10,
+            lambda: all(s.get("state") == "ended" for s in slowdowns(directory, started)),
+        )
     finally:
         gpustation(env, "runs", "stop", directory.name, timeout=90)
     result["slowdowns"] = show(env, directory).get("slowdowns") or []
-    first = (result["slowdowns"] or [{}])[0].get("cause") or {}
+    # The first slowdown since the matmul started (one before it has another cause).
+    since = [s for s in result["slowdowns"] if s.get("start_time", 0.0) >= started - 2.0]
+    first = (since or [{}])[0].get("cause") or {}
     pid = (first.get("evidence") or {}).get("pid")
     result["cause"] = first.get("words")
     result["ok"] = first.get("kind") == "process" and pid == result.get("interferer_pid")

@@ -229,6 +229,7 @@ def run_matrix(world: World) -> tuple[dict[str, Case], str]:
     # The host saturated: alone, as busy loops slow every run down.
     follower, control = world.follow("host", 0, "--cpu")
     host = wait_until(lambda: next(world.runs_root.glob("*-host-*"), None), 30, "the host run")
+    assert host is not None
     case = cases["host"] = Case("host", 0, host, control)
     wait_until(lambda: steady(case), 60, "the host run to be steady")
     loops: list[subprocess.Popen[Any]] = []

@@ -199,12 +199,12 @@ class HostReader:
             except (OSError, ValueError):
                 continue
         before, self._sched = self._sched, sched
-        ran = waited = 0
+        on = off = 0
         for pid, (r, w) in sched.items():
             if pid in before:
-                ran += max(0, r - before[pid][0])
-                waited += max(0, w - before[pid][1])
-        return 100.0 * ran / (ran + waited) if ran + waited > 0 else None
+                on += max(0, r - before[pid][0])
+                off += max(0, w - before[pid][1])
+        return 100.0 * on / (on + off) if on + off > 0 else None
 
     def _run_cpu(self, pids: set[int]) -> tuple[tuple[int, float], ...]:
         for gone in set(self._procs) - pids:
