@@ -17,10 +17,11 @@ gpustation's headless parts and torch (the image's python3), not textual.
 
     python3 bench/slowdown_check.py --gpu 0 --out slowdown-check.json
 
-``--simulate`` runs the same steps on a simulated GPU with the CPU standing in (the
-interfering process is put on the simulated card as a guest; a simulated card's
-utilisation does not follow a run, so the second check's cause is not expected there):
-it shows the script works where there is no GPU.
+``--simulate`` runs the same steps on a simulated GPU, to show the script works where
+there is no GPU: the first run is a small steady loop that halves its pace when the
+stand-in process starts (as sharing a real GPU's SMs does), and the stand-in is put on
+the simulated card as a guest with half its SMs; the probe runs a tiny model on the CPU,
+and as a simulated card's utilisation does not follow a run, its cause is not expected.
 """
 
 from __future__ import annotations
@@ -47,8 +48,25 @@ while time.monotonic() < end:
         c = a @ b
     torch.cuda.synchronize()
 """
-#: the stand-in on a simulated GPU: a CPU-bound loop (put on the card as a guest)
-BUSY = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end:\n    pass\n"
+#: --simulate: the stand-in process (put on the simulated card as a guest) ...
+STAND_IN = "import time\ntime.sleep(60)\n"
+#: ... and the run: steps at a steady pace, slower by the factor in its control file
+STEADY_RUN = """
+import sys, time
+from pathlib import Path
+from gpustation.runs.metrics import MetricsWriter
+control = Path(sys.argv[1])
+with MetricsWriter.from_env() as m:
+    last, steps, end = time.monotonic(), 0, time.monotonic() + 170
+    while time.monotonic() < end:
+        factor = float(control.read_text() or 1) if control.exists() else 1.0
+        time.sleep(0.02 * factor)
+        steps += 1
+        now = time.monotonic()
+        if now - last >= 0.25:
+            m.log(step=steps, throughput=steps / (now - last), unit="steps/s")
+            last, steps = now, 0
+"""
 
 #: seconds of steady throughput reports before the matmul starts (after the warm-up)
 STEADY_S = 12.0
@@ -83,10 +101,12 @@ def environment(root: Path, name: str, config: str, simulate: bool) -> dict[str,
     return env
 
 
-def start(env: dict[str, str], gpu: int, preset: str, sets: list[str]) -> Path:
-    argv = ["run", "--detach", "--gpus", str(gpu), preset]
+def start(env: dict[str, str], gpu: int, preset: str, sets: list[str], *command: str) -> Path:
+    """Start a run of ``preset`` (or, given, of ``command``)."""
+    argv = ["run", "--detach", "--gpus", str(gpu)]
     for value in sets:
         argv += ["--set", value]
+    argv += ["--", *command] if command else [preset]
     run_id = gpustation(env, *argv).strip().splitlines()[-1]
     return Path(env["GPUSTATION_DATA_DIR"]) / "runs" / run_id
 
@@ -152,31 +172,38 @@ def check_process(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     sets = ["steps=1000000"]
     if args.preset == "lora-tiny":  # no eval or checkpoint pauses: the matmul alone
         sets += ["eval_every=1000000", "keep_checkpoints=0"]
-    if args.simulate:  # the CPU stands in: a small, eager model on a card at a steady load
-        sets += ["device=cpu", "model_preset=tiny", "precision=fp32", "compile=false"]
-        sets += ["batch_size=4", "seq_len=64", "log_every=5"]
+    control = root / "pace"
+    if args.simulate:  # a steady loop on a card at a steady load
         poke(env, load=0.7)
-    directory = start(env, args.gpu, args.preset, sets)
-    print(f"check 1: run {directory.name} ({args.preset}) on GPU {args.gpu}", flush=True)
+        directory = start(env, args.gpu, "", [], sys.executable, "-c", STEADY_RUN, str(control))
+    else:
+        directory = start(env, args.gpu, args.preset, sets)
+    what = "a steady loop" if args.simulate else args.preset
+    print(f"check 1: run {directory.name} ({what}) on GPU {args.gpu}", flush=True)
     result: dict[str, Any] = {"check": "another process", "run": directory.name}
     try:
         if not wait("steady throughput", 90, lambda: reported_s(directory) >= WARMUP_S + STEADY_S):
             result["error"] = "the run reported no steady throughput in time"
             return result
         child_env = {**env, "CUDA_VISIBLE_DEVICES": str(args.gpu)}
-        code = BUSY if args.simulate else MATMUL
+        code = STAND_IN if args.simulate else MATMUL
         interferer = subprocess.Popen(
             [sys.executable, "-c", code], env=child_env, start_new_session=True
         )
         result["interferer_pid"] = interferer.pid
         started = result["interferer_started"] = time.time()
-        print(f"  started a bf16 matmul on GPU {args.gpu}: pid {interferer.pid}", flush=True)
+        what = "a stand-in process" if args.simulate else "a bf16 matmul"
+        print(f"  started {what} on GPU {args.gpu}: pid {interferer.pid}", flush=True)
         if args.simulate:  # a simulated card lists a host process only when told
+            control.write_text("2")
             poke(env, guests=[[interferer.pid, 50.0, 2048.0]])
         found = wait("a slowdown", 25, lambda: slowdowns(directory, started))
         result["found_after_s"] = round(time.time() - started, 1) if found else None
         interferer.send_signal(signal.SIGKILL)
         interferer.wait()
+        if args.simulate:
+            control.write_text("1")
+            poke(env, guests=[])
         wait(
             "the slowdown to end",
             10,
@@ -233,8 +260,6 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="where the JSON goes")
     ap.add_argument("--simulate", action="store_true", help="a simulated GPU, the CPU working")
     args = ap.parse_args()
-    if args.simulate and args.preset != "lora-tiny":
-        ap.error("--simulate: lora-tiny only (the CPU stands in for the GPU)")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpustation-slowdown-check-") as tmp:
         results = [check_process(args, Path(tmp)), check_loader(args, Path(tmp))]

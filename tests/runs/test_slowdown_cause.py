@@ -84,7 +84,7 @@ CAUSES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
 WORDS = {
     "phase": "checkpoint phase: the runner reported its checkpoint phase for 6 s of the 11 s "
     "around the drop",
-    "power_cap": "power cap: 700 W limit, GPU at 700 W, SM clock 1410 of 1980 MHz",
+    "power_cap": "power cap: 700 W limit, GPU at 700 W, SM clock 1410 of 1980 MHz (was 1980)",
     "other_run": "another gpustation run (20260101-000000-b-1a2b): run 20260101-000000-b-1a2b "
     "shares GPU 0, started 1 s after the slowdown began",
     "process": "another process (pid 4242): pid 4242 (bob, python burn.py) at 45 % of GPU 0's SMs",
@@ -141,6 +141,21 @@ def test_a_phase_names_the_drop_only_when_it_took_a_real_part_of_it() -> None:
     assert name_cause(clues(phases=spent, phase_window_s=11.0)).kind == "phase"
     # Before the runner's first phase report it was in none.
     assert phase_seconds(changes, T0 - 10, T0 + 1) == (("train", 1.0),)
+
+
+def test_a_cap_that_explains_little_of_the_drop_gives_way_to_what_does() -> None:
+    # A matmul beside the run pushed the card to its power limit: clocks 7 % down,
+    # the run at half speed. The process explains it; the cap does not.
+    capped = {"throttle": ("sw_power_cap",), "power_w": 700.0, "clock_sm_mhz": 1850.0}
+    both = clues({**capped, "processes": (RUN_PROCESS, BURNER)}, lost_pct=50.0)
+    assert name_cause(both).kind == "process"
+    # With nothing else to name, the cap is still what was seen.
+    alone = name_cause(clues(capped, lost_pct=50.0))
+    assert alone.kind == "power_cap" and "SM clock 1850 of 1980 MHz (was 1980)" in alone.words
+    # A cap that took the clocks down as far as the throughput comes first.
+    deep = clues({**capped, "clock_sm_mhz": 1000.0, "processes": (RUN_PROCESS, BURNER)},
+                 lost_pct=50.0)  # fmt: skip
+    assert name_cause(deep).kind == "power_cap"
 
 
 def test_the_figures_are_kept_as_numbers_too() -> None:

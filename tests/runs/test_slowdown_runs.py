@@ -3,8 +3,8 @@
 Each case is a ``gpustation run -- python slowdown_workload.py`` on a GPU of
 its own of one simulated machine. Once the runs are steady the test slows
 each one down (its control file) and at the same moment injects a cause:
-the card held at its power cap (full load on an RTX 4090 draws more than its
-450 W limit), a real host process put on the card with a share of its SMs,
+the card's power limit lowered to its minimum (an RTX 4090 held at 150 W, its
+SM clock well down), a real host process put on the card with a share of its SMs,
 the card's PCIe link trained down, a second gpustation run started on the
 same GPU. A last run does CPU work per step and is slowed by busy loops that
 saturate the host, followed by ``gpustation run`` so its lines are seen.
@@ -206,7 +206,7 @@ def run_matrix(world: World) -> tuple[dict[str, Case], str]:
     for case in cases.values():
         wait_until(partial(steady, case), 60, f"{case.name} to be steady")
     other: list[Case] = []
-    inject(cases["throttle"], lambda: world.sim.poke(0, load=1.0))
+    inject(cases["throttle"], lambda: world.sim.control.set_power_limit(0, 150.0))
     inject(cases["process"], lambda: world.sim.poke(1, guests=[[guest.pid, 45.0, 1000.0]]))
     inject(cases["link"], lambda: world.sim.poke(2, pcie_gen=2))
     inject(cases["run"], lambda: other.append(world.start("other", 3)))
@@ -216,7 +216,7 @@ def run_matrix(world: World) -> tuple[dict[str, Case], str]:
         wait_until(partial(confirmed, case), 30, f"a slowdown of {case.name}")
     cases["run"].names = other[0].directory.name
     # Back to normal: each slowdown ends.
-    world.sim.poke(0, load=STEADY_LOAD)
+    world.sim.control.set_power_limit(0, 450.0)
     world.sim.poke(1, guests=[])
     world.sim.poke(2, pcie_gen=None)
     other[0].control.write_text("stop")
@@ -263,7 +263,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
 
 
 EXPECTED = {
-    "throttle": ("power_cap", "power cap: 450 W limit, GPU at 450 W, SM clock 2783 of 3105 MHz"),
+    "throttle": ("power_cap", "power cap: 150 W limit, GPU at 150 W, SM clock 1905 of 3105 MHz"),
     "process": ("process", "at 45 % of GPU 1's SMs"),
     "link": ("pcie", "PCIe link below its maximum: Gen2 x16 of Gen4 x16"),
     "run": ("other_run", "another gpustation run"),
@@ -317,6 +317,6 @@ def test_gpustation_run_says_when_a_slowdown_starts_and_ends(matrix: Matrix) -> 
 
 def test_the_supervisor_logs_each_slowdown(matrix: Matrix) -> None:
     log = (matrix.cases["throttle"].directory / rundir.SUPERVISOR_LOG).read_text()
-    assert "slowdown 1: " in log and "power cap: 450 W limit" in log
+    assert "slowdown 1: " in log and "power cap: 150 W limit" in log
     assert "slowdown 1 ended after" in log and "the throughput is back" in log
     assert "slowdown watch stopped" not in log

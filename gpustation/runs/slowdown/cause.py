@@ -3,7 +3,9 @@
 :func:`name_cause` tries each rule in turn and takes the first whose
 evidence holds, in this order: a phase the runner reported (checkpoint,
 eval, save ...); a throttle reason present in the drop and absent before it
-(power cap, thermal, hardware slowdown); another gpustation run on the GPU;
+(power cap, thermal, hardware slowdown: named after the rules below when the SM
+clock fell by much less than the throughput, as another process pushing the card to
+its power limit makes it); another gpustation run on the GPU;
 another process with a real share of the SMs; a PCIe link below its
 maximum; SM clocks held below their maximum with no reason given; memory
 temperature near its maximum; swapping; the input pipeline starving the GPU
@@ -32,8 +34,12 @@ WORK_PHASES = frozenset({"train", "training"})
 PHASE_SHARE = 0.2
 #: a reason explains the drop when present in at least this share of its seconds ...
 REASON_DURING = 0.5
-#: ... and in at most this share of the seconds before it
+#: ... and in at most this share of the seconds before it ...
 REASON_BEFORE = 0.25
+#: ... and the SM clock fell by at least this part of the throughput lost: a cap that
+#: took 10 % off the clocks does not explain a run at half speed (another process
+#: pushing the card to its power limit does), so a later rule is looked for first
+CLOCK_SHARE_OF_LOSS = 0.5
 #: the least share of the SMs (%) another process must take to explain a drop
 PROCESS_MIN_SM_PCT = 10.0
 #: SM clocks are held back below this share of their maximum ...
@@ -86,6 +92,8 @@ class Cause:
     label: str
     detail: str
     evidence: dict[str, Any] = field(default_factory=dict)
+    #: it holds but explains only part of the drop: named only when no later rule holds
+    partial: bool = False
 
     @property
     def words(self) -> str:
@@ -126,6 +134,8 @@ class Clues:
     phases: tuple[tuple[str, float], ...] = ()
     phase_window_s: float = 0.0
     other_runs: tuple[OtherRun, ...] = ()
+    #: how far below its steady level the run's throughput fell (%)
+    lost_pct: float | None = None
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -238,32 +248,38 @@ def _throttle(clues: Clues, gpus: list[_Gpu]) -> Cause | None:
         return None
     share, reason, gpu = found
     where = _where(gpu, len(gpus) > 1)
+    clock, was = gpu.mean("clock_sm_mhz"), gpu.mean("clock_sm_mhz", during=False)
+    fell = 100.0 * (was - clock) / was if clock is not None and was else None
+    partial = fell is not None and clues.lost_pct is not None
+    partial = partial and (fell or 0.0) < CLOCK_SHARE_OF_LOSS * (clues.lost_pct or 0.0)
     evidence = {
         "gpu": gpu.index,
         "reason": reason,
         "share_of_drop": round(share, 2),
         "power_w": _r(gpu.mean("power_w")),
         "power_limit_w": _r(gpu.last("power_limit_w")),
-        "clock_sm_mhz": _r(gpu.mean("clock_sm_mhz"), 0),
+        "clock_sm_mhz": _r(clock, 0),
+        "clock_sm_mhz_before": _r(was, 0),
         "clock_sm_max_mhz": _r(gpu.last("clock_sm_max_mhz"), 0),
         "temperature_c": _r(gpu.mean("temperature_c")),
     }
+    clocks = f"{gpu.clock_text()} (was {_n(was)})"
     if reason in POWER_REASONS:
         label = "power cap" if reason == "sw_power_cap" else "power brake"
         detail = (
             f"{where}{_n(gpu.last('power_limit_w'))} W limit, GPU at "
-            f"{_n(gpu.mean('power_w'))} W, {gpu.clock_text()}"
+            f"{_n(gpu.mean('power_w'))} W, {clocks}"
         )
-        return Cause("power_cap", label, detail, evidence)
+        return Cause("power_cap", label, detail, evidence, partial)
     if reason in THERMAL_REASONS:
         evidence["temperature_slowdown_c"] = _r(gpu.last("temperature_slowdown_c"))
         detail = (
             f"{where}GPU at {_n(gpu.mean('temperature_c'))} °C (slows down at "
-            f"{_n(gpu.last('temperature_slowdown_c'))} °C), {gpu.clock_text()}"
+            f"{_n(gpu.last('temperature_slowdown_c'))} °C), {clocks}"
         )
-        return Cause("thermal", KIND_LABELS["thermal"], detail, evidence)
-    detail = f"{where}the GPU reports HW slowdown, {gpu.clock_text()}, {_n(gpu.mean('power_w'))} W"
-    return Cause("hw_slowdown", KIND_LABELS["hw_slowdown"], detail, evidence)
+        return Cause("thermal", KIND_LABELS["thermal"], detail, evidence, partial)
+    detail = f"{where}the GPU reports HW slowdown, {clocks}, {_n(gpu.mean('power_w'))} W"
+    return Cause("hw_slowdown", KIND_LABELS["hw_slowdown"], detail, evidence, partial)
 
 
 def _listed(gpus: Sequence[GpuEvidence], pids: frozenset[int]) -> bool:
@@ -585,10 +601,13 @@ def _unknown(clues: Clues, gpus: list[_Gpu]) -> Cause:
 
 
 def name_cause(clues: Clues) -> Cause:
-    """The first rule whose evidence holds, else ``unknown``."""
+    """The first rule whose evidence holds (one that explains only part of the drop
+    when no later one holds), else ``unknown``."""
     gpus = _gpus(clues)
+    partial: Cause | None = None
     for rule in RULES:
         found = rule(clues, gpus)
-        if found is not None:
+        if found is not None and not found.partial:
             return found
-    return _unknown(clues, gpus)
+        partial = partial or found
+    return partial or _unknown(clues, gpus)

@@ -39,8 +39,10 @@ from gpustation.runs.tail import Tailer, parse_metric_line
 from gpustation.telemetry.format import duration
 from gpustation.telemetry.model import Snapshot
 
-#: seconds of the steady time before a slowdown its cause is compared with
+#: seconds of the steady time before a slowdown its cause is compared with, ending this
+#: long before its first slow report (the cause may have come in the report's interval)
 BEFORE_S = 30.0
+BEFORE_GAP_S = 1.0
 #: phase changes kept (the phase in effect, and the changes since a little before a drop)
 MAX_PHASES = 64
 #: the longest phase name kept
@@ -186,13 +188,14 @@ class SlowdownWatch:
         # reports' rate) to its confirmation.
         phase_from = span.start - self.settings.min_s
         clues = Clues(
-            before=self.ring.between(since, span.start),
+            before=self.ring.between(since, span.start - BEFORE_GAP_S),
             during=self.ring.between(span.start, float("inf")),
             gpus=self.gpus,
             run_pids=self.pids,
             phases=phase_seconds(list(self.phases), phase_from, span.confirmed),
             phase_window_s=span.confirmed - phase_from,
             other_runs=self._other_runs(),
+            lost_pct=span.lost_pct,
         )
         return name_cause(clues)
 
