@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
-from gpustation.runs.slowdown.cause import Clues, OtherRun, name_cause, phase_seconds
+from gpustation.runs.slowdown.cause import name_cause
+from gpustation.runs.slowdown.clues import Clues, OtherRun
 from gpustation.runs.slowdown.evidence import GpuEvidence, HostEvidence, Moment, ProcessShare
+from gpustation.runs.slowdown.run_rules import phase_seconds
 
 T0 = 1_700_000_000.0
 RUN_PID = 100

@@ -6,7 +6,7 @@ minute of evidence (``evidence.py``), reads the metric events appended since
 (by byte offset, a bite at a time), feeds their throughput, or steps a
 second where a run reports only its step, to the detector (``detect.py``)
 and keeps the phases the runner reported. When a slowdown is confirmed it
-names the cause from the seconds before and during it (``cause.py``; other
+names the cause from the seconds before and during it (``cause.py`` and its rules; other
 gpustation runs are looked for then, never on every pass), appends the
 slowdown to ``slowdowns.jsonl`` (``records.py``), says it in the supervisor's
 log and sends the ``run_slowdown`` notification on a thread of its own;
@@ -30,9 +30,11 @@ from gpustation.runs import rundir
 from gpustation.runs.fold import finite_number
 from gpustation.runs.rundir import RunState
 from gpustation.runs.slowdown import records
-from gpustation.runs.slowdown.cause import Cause, Clues, OtherRun, name_cause, phase_seconds
+from gpustation.runs.slowdown.cause import name_cause
+from gpustation.runs.slowdown.clues import Cause, Clues, OtherRun
 from gpustation.runs.slowdown.detect import Detector, DetectSettings, Span, StepRate
 from gpustation.runs.slowdown.evidence import EvidenceRing, HostReader, Moment, gpu_evidence
+from gpustation.runs.slowdown.run_rules import phase_seconds
 from gpustation.runs.slowdown.settings import load_settings
 from gpustation.runs.store.reconcile import list_active_runs
 from gpustation.runs.tail import Tailer, parse_metric_line
