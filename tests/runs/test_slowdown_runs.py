@@ -136,6 +136,16 @@ class World:
         self.processes.append(proc)
         return proc
 
+    def diagnosis(self) -> str:
+        """What each run left: its supervisor's log, slowdowns and reports (for a failure)."""
+        parts = []
+        for directory in sorted(self.runs_root.glob("*")):
+            log = rundir.tail_lines(directory / rundir.SUPERVISOR_LOG, 8)
+            reports = rundir.tail_lines(directory / rundir.METRICS_FILE, 2)
+            found = read_slowdowns(directory)
+            parts.append(f"{directory.name}: {log} last reports {reports} slowdowns {found}")
+        return "\n".join(parts)
+
     def close(self) -> None:
         for proc in self.processes:
             if proc.poll() is None:
@@ -253,7 +263,10 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
     receiver = Receiver()
     world = World(tmp_path_factory.mktemp("slowdowns"), receiver)
     try:
-        cases, err = run_matrix(world)
+        try:
+            cases, err = run_matrix(world)
+        except (Exception, pytest.fail.Exception) as failed:
+            raise AssertionError(f"{failed}\n{world.diagnosis()}") from failed
         # the notifications go out on a thread of their own: give the last one a moment
         wait_until(lambda: len(receiver.messages) >= 5, 30, "the notifications")
         yield Matrix(cases, list(receiver.messages), err)

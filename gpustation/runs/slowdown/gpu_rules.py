@@ -51,6 +51,7 @@ MEMORY_MARGIN_C = 5.0
 
 
 def throttle(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
+    """A limiting throttle reason in most of the drop's seconds and few of those before."""
     found: tuple[float, str, GpuClues] | None = None
     for gpu in gpus:
         if not gpu.before:
@@ -106,6 +107,7 @@ def _listed(gpus: Sequence[GpuEvidence], pids: frozenset[int]) -> bool:
 
 
 def other_run(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
+    """Another gpustation run on one of the run's GPUs, started (or come onto it) since."""
     if not clues.before or not clues.during:
         return None
     since, start = clues.before[0].time, clues.during[0].time
@@ -158,6 +160,7 @@ def _sm_share(moments: Sequence[GpuEvidence], pid: int) -> float | None:
 
 
 def process(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
+    """Another process that took a real share of the SMs, which it had not before."""
     others = frozenset().union(*(o.pids for o in clues.other_runs))
     best: tuple[float, float, GpuClues, Any] | None = None
     for gpu in gpus:
@@ -197,6 +200,7 @@ def process(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
 
 
 def pcie(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
+    """The GPU's PCIe link below its maximum gen or width in the drop, at it before."""
     for gpu in gpus:
         if not gpu.before:
             continue
@@ -227,6 +231,7 @@ def pcie(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
 
 
 def clocks(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
+    """A busy GPU's SM clock held well below its maximum and what it was, no reason given."""
     for gpu in gpus:
         top = gpu.last("clock_sm_max_mhz")
         now, was = gpu.mean("clock_sm_mhz"), gpu.mean("clock_sm_mhz", during=False)
@@ -257,6 +262,7 @@ def clocks(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
 
 
 def memory_temperature(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
+    """The memory within a few degrees of its maximum in the drop, not before."""
     for gpu in gpus:
         top = gpu.last("memory_temperature_max_c")
         hot = [g.memory_temperature_c for g in gpu.during if g.memory_temperature_c is not None]

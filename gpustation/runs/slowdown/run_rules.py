@@ -59,6 +59,7 @@ def phase_seconds(
 
 
 def phase(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
+    """A phase other than its work that the runner reported for a real part of the time."""
     window = clues.phase_window_s
     spent = [(s, p) for p, s in clues.phases if p.strip().lower() not in WORK_PHASES]
     if not spent or window <= 0:
@@ -83,6 +84,7 @@ def _swap_rate(moments: Sequence[Moment]) -> tuple[float | None, float | None]:
 
 
 def swap(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
+    """Swap traffic in the drop, next to none before."""
     swap_in, swap_out = _swap_rate(clues.during)
     was_in, was_out = _swap_rate(clues.before)
     if swap_in is None or swap_out is None or was_in is None or was_out is None:
@@ -112,6 +114,7 @@ def _process_cpu(moments: Sequence[Moment]) -> dict[int, float]:
 
 
 def input_pipeline(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
+    """GPU utilisation fell while each of the run's loader processes used about a core."""
     now = mean_of(g.mean("utilization_pct") for g in gpus)
     was = mean_of(g.mean("utilization_pct", during=False) for g in gpus)
     if now is None or was is None or was - now < UTIL_FALL_PCT:
@@ -146,6 +149,7 @@ def input_pipeline(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
 
 
 def host_cpu(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
+    """The host's CPU saturated: busier than before, or the run on a CPU less of its ready time."""
     now = mean_of(m.host.cpu_pct for m in clues.during)
     was = mean_of(m.host.cpu_pct for m in clues.before)
     if now is None or was is None or now < HOST_BUSY_PCT:
