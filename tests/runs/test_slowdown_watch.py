@@ -169,10 +169,12 @@ def test_readers_fold_the_lines_of_a_slowdown_and_leave_out_what_is_not_one(
     assert fifth["id"] == 5 and "steady" not in fifth
     assert fifth["cause"] == {"kind": "unknown", "label": "unknown", "detail": "",
                               "words": "unknown", "evidence": {}}  # fmt: skip
-    # A FIFO in its place is not waited on.
+    # A FIFO in its place is not waited on, by a reader or by the supervisor's watch.
     (tmp_path / rundir.SLOWDOWNS_FILE).unlink()
     os.mkfifo(tmp_path / rundir.SLOWDOWNS_FILE)
     assert records.read_slowdowns(tmp_path) == []
+    with pytest.raises(OSError):  # refused at once (no reader: ENXIO), never waited on
+        records.append(tmp_path, {"id": 1, "state": "ended"})
 
 
 def test_the_table_and_the_lines_say_start_length_loss_cause_and_figures() -> None:

@@ -24,6 +24,8 @@ made safe (rule 8), and a value of the wrong shape is left out.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -57,9 +59,19 @@ def path_of(directory: Path) -> Path:
 
 
 def append(directory: Path, record: dict[str, Any]) -> None:
-    """Add one line (the watch's; raises OSError)."""
-    with open(path_of(directory), "a", encoding="utf-8", opener=private.opener) as fh:
-        fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+    """Add one line (the watch's; raises OSError).
+
+    The run can put anything in its directory: a FIFO or a link in the file's
+    place is refused, never waited on or followed.
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW
+    fd = os.open(path_of(directory), flags, private.FILE_MODE)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path_of(directory)} is not a regular file")
+        os.write(fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def _cause(value: Any) -> dict[str, Any] | None:
