@@ -1,4 +1,4 @@
-"""Being told: a run ended, a GPU was lost or throttled by heat, a GPU is held idle.
+"""Being told: a run ended or slowed down, a GPU was lost or throttled by heat, a GPU is held idle.
 
 ``[notify]`` in config.toml::
 
@@ -12,7 +12,8 @@ when URLs are configured) and, where a terminal is attached, the bell. A
 failure to notify is logged and never raised: a run's outcome, the dashboard,
 the exporter and the recorder never depend on a notification service.
 
-Run ends are sent by the supervisor (:mod:`gpustation.runs.launch.notify_end`); GPU
+Run ends are sent by the supervisor (:mod:`gpustation.runs.launch.notify_end`), and so
+are slowdowns (:mod:`gpustation.runs.slowdown.watch`); GPU
 events by :class:`AlertNotifier`, which the dashboard, ``gpustation serve``
 and ``gpustation record`` feed with the alerts their alert log raises.
 """
@@ -41,6 +42,7 @@ EVENTS = {
     "run_finished": "a run finished",
     "run_failed": "a run failed",
     "run_oom": "a run ran out of GPU memory",
+    "run_slowdown": "a run slowed down (with its cause)",
     "gpu_lost": "a GPU fell off the bus",
     "gpu_hot": "a GPU is throttled by heat",
     "gpu_idle_held": "a process holds a GPU's memory but leaves it idle",

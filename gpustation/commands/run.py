@@ -1,13 +1,13 @@
 """``gpustation run PRESET``: start a run and follow it from a terminal (or over ssh).
 
-The log streams to stdout and the progress to stderr (``run_follow.py``).
-Ctrl-C stops the run gracefully; a second Ctrl-C skips the waits. The exit
-status is 0 when the run succeeded, 1 when it failed and 130 when it was
-stopped. With ``--detach`` the run id is printed and the run goes on alone.
-With ``--hosts`` the preset runs on those hosts through torchrun
-(``runs/multinode.py``), as one run of the local history. With ``--dry-run``
-nothing starts: the argv and the run's forecast are printed
-(``forecast_cmd.py``).
+The log streams to stdout and the progress to stderr, with a line when the
+run slows down (and why) and when that ends (``run_follow.py``). Ctrl-C stops
+the run gracefully; a second Ctrl-C skips the waits. The exit status is 0 when
+the run succeeded, 1 when it failed and 130 when it was stopped. With
+``--detach`` the run id is printed and the run goes on alone. With ``--hosts``
+the preset runs on those hosts through torchrun (``runs/multinode.py``), as
+one run of the local history. With ``--dry-run`` nothing starts: the argv and
+the run's forecast are printed (``forecast_cmd.py``).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from gpustation.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
 from gpustation.runs import rundir
 from gpustation.runs.follow import RunFollower
 from gpustation.runs.launch.stop import stop_run
+from gpustation.runs.slowdown.show import print_slowdowns
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.format import duration
 
@@ -169,6 +170,7 @@ def follow(
             update = follower.poll()
             if update.lines:
                 progress.write_log(update.text_lines())
+            print_slowdowns(update.slowdowns, follower.slowdowns)
             if update.events or update.ended:
                 progress.update(follower.summary())
             if update.ended:

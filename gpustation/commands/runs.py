@@ -42,6 +42,7 @@ from gpustation.runs.launch.stop import stop_run
 from gpustation.runs.multinode.nodes import nodes_energy
 from gpustation.runs.output import console, strict_json
 from gpustation.runs.phases import phases_table
+from gpustation.runs.slowdown.show import slowdowns_table
 from gpustation.runs.store.index import RunStore, record_from_dir
 from gpustation.runs.store.reconcile import check_run
 from gpustation.runs.store.tidy import (
@@ -435,6 +436,9 @@ def _print_show(r: RunSummary) -> None:
     phases = phases_table(r.summary)
     if phases is not None:
         out.print(phases)
+    slowdowns = slowdowns_table(r.slowdowns, r.simulated, r.active)
+    if slowdowns is not None:
+        out.print(slowdowns)
     _print_profile(out, r)
     if r.error_tail:
         out.print("[bold]last lines of the log[/bold]")

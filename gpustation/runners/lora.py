@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from gpustation.runners.lib import checkpoint, common, llm, lora_output, profiling
+from gpustation.runners.lib import checkpoint, common, llm, lora_output, phase, profiling
 from gpustation.runs.metrics import MetricsWriter
 
 ADAPTER_DIR = "adapter"
@@ -321,7 +321,8 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
             prof.after_step(step)
             timer.step_done(step, tokens_per_step)
             if held_out is not None and (step % args.eval_every == 0 or step == args.steps):
-                eval_val = eval_loss(model, held_out, args, prec, device, dist)
+                with phase.within(metrics, "eval", step):
+                    eval_val = eval_loss(model, held_out, args, prec, device, dist)
                 eval_losses.append((step, eval_val))
                 metrics.log(step=step, eval_loss=eval_val, total_steps=args.steps)
                 say(f"step {step:>5}/{args.steps}  eval loss {eval_val:.4f}", flush=True)
@@ -344,14 +345,15 @@ def _train(args: argparse.Namespace, dist: common.Dist) -> int:
                 )
             stopping = step < args.steps and stop.now(step)
             if dist.is_main and (stopping or _checkpoint_due(args, step)):
-                last_checkpoint = checkpoint.save(
-                    common.output_dir(args),
-                    trainer,
-                    step=step,
-                    total_steps=args.steps,
-                    keep=args.keep_checkpoints,
-                    data_position={"batches": step, **position},
-                )
+                with phase.within(metrics, "checkpoint", step):
+                    last_checkpoint = checkpoint.save(
+                        common.output_dir(args),
+                        trainer,
+                        step=step,
+                        total_steps=args.steps,
+                        keep=args.keep_checkpoints,
+                        data_position={"batches": step, **position},
+                    )
                 say(f"checkpoint at step {step}: {last_checkpoint}", flush=True)
             if stopping:
                 stopped_at = step

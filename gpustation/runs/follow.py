@@ -1,4 +1,4 @@
-"""Following one run: its new log lines, metric events and state, poll by poll.
+"""Following one run: its new log lines, metric events, slowdowns and state, poll by poll.
 
 :class:`RunFollower` is what a log pane, a loss-curve pane or ``gpustation
 run`` needs from a run directory. Creating one does no I/O; each
@@ -21,6 +21,7 @@ from typing import Any
 from gpustation.runs import rundir
 from gpustation.runs.fold import MetricsFold
 from gpustation.runs.rundir import RunState
+from gpustation.runs.slowdown import records as slowdown_records
 from gpustation.runs.store.reconcile import check_run
 from gpustation.runs.summary import RunSummary
 from gpustation.runs.tail import MetricsReader, Tailer
@@ -33,6 +34,8 @@ class FollowUpdate:
 
     lines: list[bytes] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    #: the records of ``slowdowns.jsonl`` written since (a slowdown confirmed, or ended)
+    slowdowns: list[dict[str, Any]] = field(default_factory=list)
     #: the run's state when it was last checked (None before the first check)
     state: RunState | None = None
     #: True once the run has ended and everything it wrote has been read
@@ -60,6 +63,9 @@ class RunFollower:
         self.log = Tailer(self.directory / rundir.OUTPUT_LOG, keep_tail=True)
         self.metrics = MetricsReader(self.directory / rundir.METRICS_FILE)
         self.fold = MetricsFold()
+        self._slowdowns = slowdown_records.SlowdownTail(self.directory)
+        #: the run's slowdowns so far, folded by id
+        self.slowdowns: dict[int, dict[str, Any]] = {}
         self._run: dict[str, Any] | None = None
         self.state: RunState | None = None
         self._next_check = 0.0
@@ -85,6 +91,8 @@ class RunFollower:
         update = FollowUpdate(state=self.state)
         update.lines = self.log.read_new(max_bytes=self.max_bytes)
         update.events = self.metrics.read_new()
+        update.slowdowns = self._slowdowns.read_new()
+        slowdown_records.fold(update.slowdowns, self.slowdowns)
         if final and self.log.at_end():
             # Ended and drained: take a last line written without a newline.
             rest = self.log.read_partial()
@@ -111,6 +119,7 @@ class RunFollower:
     def close(self) -> None:
         self.log.close()
         self.metrics.close()
+        self._slowdowns.close()
 
     def __enter__(self) -> RunFollower:
         return self

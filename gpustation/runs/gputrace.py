@@ -154,10 +154,12 @@ class TraceSampler:
         self.account_error: str | None = None
         self._accounts: dict[int, GpuAccount] = {}
         self._energy_read: dict[int, float | None] = {}
+        #: the snapshot the last line was made from (the slowdown watch's evidence)
+        self.last: Snapshot | None = None
 
     def line(self, pids: set[int] | None = None, final: bool = False) -> dict[str, Any]:
         """The GPUs now; ``final`` reads the slow fields too (the counters at the end)."""
-        snap = self.sampler.sample(slow=True if final else None)
+        snap = self.last = self.sampler.sample(slow=True if final else None)
         line = compact_sample(snap, time.monotonic() - self.t0, pids)
         if self.run_id is not None and pids:
             try:

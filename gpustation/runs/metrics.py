@@ -4,10 +4,13 @@ A child process finds the file's path in ``GPUSTATION_METRICS_FILE``. Each line
 is an event with ``t`` (seconds since the writer started) and ``step``, plus any
 of ``loss``, ``eval_loss``, ``lr``, ``grad_norm``, ``throughput`` with ``unit``
 (``img/s``, ``tokens/s``, ``TFLOP/s`` ...), ``epoch``, ``total_steps``,
-``mem_peak_mib``, and once, before the first step, ``mem_static_mib`` (the memory
+``mem_peak_mib``, once before the first step ``mem_static_mib`` (the memory
 the model and optimizer hold before any step: what a forecast keeps when the
-batch changes); the last line may carry a ``summary`` object. Any other key is
-allowed and kept. This module imports nothing heavy so any script can use it::
+batch changes), and ``phase`` (``train``, ``eval``, ``checkpoint``, ``save``
+...: from this event on the runner is in that phase, so a slowdown while it
+evaluates or saves is put down to that); the last line may carry a
+``summary`` object. Any other key is allowed and kept. This module imports
+nothing heavy so any script can use it::
 
     from gpustation.runs.metrics import MetricsWriter
     with MetricsWriter.from_env() as m:
@@ -43,6 +46,7 @@ KNOWN_KEYS = (
     "total_steps",
     "mem_peak_mib",
     "mem_static_mib",
+    "phase",
     "summary",
 )
 

@@ -3,7 +3,8 @@
 ``runs/<id>/`` holds ``run.json`` (what was launched: the resolved preset,
 argv, GPUs, the environment gpustation set), ``state.json`` (where the run
 stands: PIDs, status, exit code), ``output.log``, ``metrics.jsonl``,
-``telemetry.jsonl``, ``supervisor.log``, ``exit-status`` (a fixed-size file
+``telemetry.jsonl``, ``slowdowns.jsonl`` (what slowed the run down, as its
+supervisor found it), ``supervisor.log``, ``exit-status`` (a fixed-size file
 the supervisor overwrites in place with the run's end, so a full disk cannot
 lose it), ``shared-gpus`` when another run used the same GPU meanwhile,
 once someone asks for a stop, a ``stop_requested`` marker and, for a
@@ -38,6 +39,8 @@ STATE_JSON = "state.json"
 OUTPUT_LOG = "output.log"
 METRICS_FILE = "metrics.jsonl"
 TELEMETRY_FILE = "telemetry.jsonl"
+#: the run's slowdowns and their causes (``runs/slowdown/records.py``)
+SLOWDOWNS_FILE = "slowdowns.jsonl"
 SUPERVISOR_LOG = "supervisor.log"
 STOP_MARKER = "stop_requested"
 EXIT_STATUS = "exit-status"

@@ -87,6 +87,8 @@ class RunSummary:
     resumed_from: dict[str, Any] = field(default_factory=dict)
     #: who the run's processes ran as: ``alice (uid 1000, through sudo)``
     ran_as: str | None = None
+    #: the run's slowdowns with their causes, oldest first (``runs/slowdown/records.py``)
+    slowdowns: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -307,9 +307,10 @@ def valid_event(event: Any) -> bool:
         value = event.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             return False
-    unit = event.get("unit")
-    if unit is not None and not isinstance(unit, str):
-        return False
+    for key in ("unit", "phase"):
+        text = event.get(key)
+        if text is not None and not isinstance(text, str):
+            return False
     summary = event.get("summary")
     return summary is None or isinstance(summary, dict)
 

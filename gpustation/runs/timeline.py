@@ -5,9 +5,11 @@
 events the run's follower already read, so nothing is read twice. Each
 telemetry sample becomes a :class:`GpuMoment` (the run's GPUs together: power
 summed, the hottest temperature, the mean utilisation, every limiting reason);
-each event with a loss a :class:`LossMoment`. Both are kept in a
+each event with a loss or a throughput a :class:`LossMoment`. Both are kept in a
 :class:`Thinned` list, at most ``MAX_POINTS`` each as the loss curve is, so a
-long run costs the same memory as a short one.
+long run costs the same memory as a short one. The run's slowdowns (the
+records of ``slowdowns.jsonl`` its follower read) are folded into
+:class:`SlowdownSpan` s on the same axis.
 
 Times: both files carry ``time`` (Unix seconds), so a moment's place is its
 ``time`` less the run's start; a line without one falls back to its ``t``
@@ -28,6 +30,7 @@ from typing import Any, Generic, TypeVar
 
 from gpustation.runs import rundir
 from gpustation.runs.fold import MAX_POINTS, finite_number
+from gpustation.runs.slowdown import records as slowdown_records
 from gpustation.runs.tail import Tailer, parse_metric_line
 
 T = TypeVar("T")
@@ -82,12 +85,27 @@ class GpuMoment:
 
 @dataclass(frozen=True)
 class LossMoment:
-    """One metric event with a loss (or an eval loss)."""
+    """One metric event with a loss (or an eval loss, or a throughput)."""
 
     t_s: float
     step: int | None
     loss: float | None
     eval_loss: float | None = None
+    throughput: float | None = None
+
+
+@dataclass(frozen=True)
+class SlowdownSpan:
+    """One slowdown of the run, on its time axis."""
+
+    start_s: float
+    #: None while it goes on
+    end_s: float | None
+    #: the cause in a few words ("power cap"), and with its figures
+    label: str
+    words: str
+    lost_pct: float | None = None
+    ongoing: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,6 +116,7 @@ class Timeline:
     loss: tuple[LossMoment, ...] = ()
     #: the run's GPU power integrated over the samples read so far (None: no power)
     energy_j: float | None = None
+    slowdowns: tuple[SlowdownSpan, ...] = ()
     _gpu_t: tuple[float, ...] = field(default=(), repr=False, compare=False)
     _loss_t: tuple[float, ...] = field(default=(), repr=False, compare=False)
 
@@ -162,6 +181,7 @@ class TimelineReader:
         self.origin: float | None = None
         self.energy_j: float | None = None
         self._prev: tuple[float, float] | None = None  # (t, power) of the last sample
+        self._slowdowns: dict[int, dict[str, Any]] = {}
         self.changed = False
 
     def start_at(self, started_at: float | None) -> None:
@@ -178,21 +198,52 @@ class TimelineReader:
         return t
 
     def add_events(self, events: Iterable[dict[str, Any]]) -> None:
-        """Metric events (read by the run's follower) with a loss or an eval loss."""
+        """Metric events (read by the run's follower) with a loss, an eval loss or a throughput."""
         for event in events:
-            loss, eval_loss = (
+            loss, eval_loss, rate = (
                 finite_number(event.get("loss")),
                 finite_number(event.get("eval_loss")),
+                finite_number(event.get("throughput")),
             )
-            if loss is None and eval_loss is None:
+            if loss is None and eval_loss is None and rate is None:
                 continue
             t_s = self._place(event, from_line_start=False)
             if t_s is None:
                 continue
             step = event.get("step")
             step = step if isinstance(step, int) and not isinstance(step, bool) else None
-            self.loss.add(LossMoment(t_s, step, loss, eval_loss))
+            self.loss.add(LossMoment(t_s, step, loss, eval_loss, rate))
             self.changed = True
+
+    def add_slowdowns(self, records: list[dict[str, Any]]) -> None:
+        """Records of ``slowdowns.jsonl`` (read by the run's follower)."""
+        if records:
+            slowdown_records.fold(records, self._slowdowns)
+            self.changed = True
+
+    def _on_axis(self, row: dict[str, Any], key: str, fallback: float | None) -> float | None:
+        when = finite_number(row.get(key))
+        if when is not None and self.origin is not None:
+            return max(0.0, when - self.origin)
+        return fallback
+
+    def spans(self) -> tuple[SlowdownSpan, ...]:
+        """The slowdowns folded so far, on the run's time axis."""
+        out = []
+        for row in slowdown_records.as_list(self._slowdowns):
+            start = self._on_axis(row, "start_time", finite_number(row.get("start_s")))
+            if start is None:
+                continue
+            ongoing = row.get("state") != "ended"
+            length = finite_number(row.get("length_s"))
+            end = None if ongoing else self._on_axis(row, "end_time", start + (length or 0.0))
+            cause = row["cause"]
+            out.append(
+                SlowdownSpan(
+                    start, end, cause["label"], cause["words"], row.get("lost_pct"), ongoing
+                )
+            )
+        return tuple(out)
 
     def read_telemetry(self, max_bytes: int | None = None) -> None:
         """The telemetry lines written since the last call (at most ``max_bytes`` of them)."""
@@ -220,7 +271,7 @@ class TimelineReader:
     def data(self) -> Timeline:
         """The kept moments as a frozen :class:`Timeline` (clears :attr:`changed`)."""
         self.changed = False
-        return Timeline(self.gpu.snapshot(), self.loss.snapshot(), self.energy_j)
+        return Timeline(self.gpu.snapshot(), self.loss.snapshot(), self.energy_j, self.spans())
 
     def close(self) -> None:
         self.tailer.close()

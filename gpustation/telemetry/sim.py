@@ -469,12 +469,17 @@ class SimBackend(Backend):
         (VRAM used that no listed process holds), ``holders`` ((pid, command)
         of each process holding the device node open without being listed),
         ``guests`` ((pid, SM %, MiB) of each real process of this host listed
-        on the card beside the schedule's job, with its share of the SMs)."""
+        on the card beside the schedule's job, with its share of the SMs),
+        ``pcie_gen`` and ``pcie_width`` (the link trained down to that gen or
+        width, None for the card's own)."""
         xid = values.pop("xid", None)
         if "holders" in values:
             values["holders"] = [[int(pid), str(cmd)] for pid, cmd in values["holders"]]
         if "guests" in values:
             values["guests"] = [[int(p), float(sm), float(mib)] for p, sm, mib in values["guests"]]
+        for key in ("pcie_gen", "pcie_width"):
+            if values.get(key) is not None:
+                values[key] = int(values[key])
         if "orphaned_mib" in values:
             values["orphaned_mib"] = float(values["orphaned_mib"])
         allowed = {
@@ -488,6 +493,8 @@ class SimBackend(Backend):
             "orphaned_mib",
             "holders",
             "guests",
+            "pcie_gen",
+            "pcie_width",
         }
         unknown = set(values) - allowed
         if unknown:

@@ -57,6 +57,13 @@ def _memory_temperature(v: SimView) -> float | None:
     return memory_temperature(v.spec, float(v.g["ambient_c"]), float(v.g["temperature_c"]), v.load)
 
 
+def _pcie_gen(v: SimView) -> int:
+    """The link's gen: what it was poked down to, else the card's own (lower when idle)."""
+    trained = v.spec.pcie_max_gen if v.busy else v.spec.pcie_idle_gen
+    poked = v.g.get("pcie_gen")
+    return trained if poked is None else min(int(poked), trained)
+
+
 def _pstate(v: SimView) -> int:
     if not v.spec.fans:  # a datacenter card stays in P0
         return 0
@@ -113,8 +120,8 @@ READS: dict[str, Read | None] = {
     "fan_control": lambda v: list(v.g["fan_mode"]),
     "pstate": _pstate,
     "throttle_reasons": lambda v: list(v.g["throttle"]),
-    "pcie.gen": lambda v: v.spec.pcie_max_gen if v.busy else v.spec.pcie_idle_gen,
-    "pcie.width": lambda v: 16,
+    "pcie.gen": _pcie_gen,
+    "pcie.width": lambda v: int(v.g.get("pcie_width") or 16),
     "pcie.max_gen": lambda v: v.spec.pcie_max_gen,
     "pcie.max_width": lambda v: 16,
     "pcie.tx_kib_s": lambda v: v.pcie_slow[0],

@@ -36,6 +36,9 @@ def new_gpu_state(spec: CardSpec) -> dict[str, Any]:
         "holders": [],
         # [pid, SM %, MiB] of each real process poked onto the card
         "guests": [],
+        # the PCIe link poked down (a gen or width the link trained to; None: the card's own)
+        "pcie_gen": None,
+        "pcie_width": None,
         # derived each step, kept for readers
         "power_w": spec.power_idle_w,
         "fans_pct": [float(spec.fan_min_pct)] * spec.fans,
@@ -45,7 +48,7 @@ def new_gpu_state(spec: CardSpec) -> dict[str, Any]:
     }
 
 
-_NULLABLE = frozenset({"load", "ecc_uncorrected", "idle_holder_mib"})
+_NULLABLE = frozenset({"load", "ecc_uncorrected", "idle_holder_mib", "pcie_gen", "pcie_width"})
 
 
 def _ranges(spec: CardSpec) -> dict[str, tuple[float, float]]:
@@ -66,6 +69,8 @@ def _ranges(spec: CardSpec) -> dict[str, tuple[float, float]]:
         "orphaned_mib": (0.0, spec.memory_total_mib),
         "power_w": (0.0, 10.0 * spec.power_max_w),
         "clock_sm_mhz": (0.0, spec.clock_sm_max_mhz),
+        "pcie_gen": (1.0, float(spec.pcie_max_gen)),
+        "pcie_width": (1.0, 16.0),
     }
 
 
@@ -98,9 +103,11 @@ def gpu_state_ok(g: Any, spec: CardSpec) -> bool:
     """One GPU's saved state has every key, each of the type (and list length)
     a fresh one has: a hand-edited or foreign file never crashes a read."""
     fresh = new_gpu_state(spec)
-    # a state saved before guests were simulated has none
+    # a state saved before guests or a poked link were simulated has none
     if isinstance(g, dict):
         g.setdefault("guests", [])
+        g.setdefault("pcie_gen", None)
+        g.setdefault("pcie_width", None)
     if not isinstance(g, dict) or not fresh.keys() <= g.keys():
         return False
     for key, template in fresh.items():

@@ -335,3 +335,22 @@ def test_a_knob_out_of_range_is_refused_and_changes_nothing() -> None:
         sim.poke(0, ambient_c=float("inf"))
     g = sim.read_gpus([0], slow=False)[0]
     assert g.utilization_gpu_pct == 100
+
+
+def test_a_link_poked_down_reads_below_its_maximum_until_it_is_given_back(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "sim.json"
+    sim = SimBackend(count=1, card="h200", state_path=path)
+    sim.poke(0, load=0.8)
+    assert not sim.read_gpus([0], slow=False)[0].pcie.below_max
+    # Another process (a test) pokes the shared machine; this one reads it.
+    SimBackend(count=1, card="h200", state_path=path).poke(0, pcie_gen=3, pcie_width=8)
+    link = sim.read_gpus([0], slow=False)[0].pcie
+    assert (link.gen, link.width, link.max_gen, link.max_width) == (3, 8, 5, 16)
+    assert link.below_max
+    sim.poke(0, pcie_gen=None, pcie_width=None)
+    link = sim.read_gpus([0], slow=False)[0].pcie
+    assert (link.gen, link.width) == (5, 16) and not link.below_max
+    with pytest.raises(ValueError, match="out of range"):
+        sim.poke(0, pcie_gen=6)  # an H200 is Gen5

@@ -42,6 +42,7 @@ from gpustation.runs.launch.argv import (
 from gpustation.runs.launch.stop import DEFAULT_GRACE_S
 from gpustation.runs.presets import RunPreset, apply_values
 from gpustation.runs.rundir import RunState
+from gpustation.runs.slowdown.settings import load_settings
 from gpustation.runs.store.reconcile import list_active_runs, mark_ended, record_lost_runs
 from gpustation.runs.summary import RunSummary
 from gpustation.telemetry.backend import simulate_from_env
@@ -255,6 +256,7 @@ def _start(
     queued: dict[str, Any] | None = None,
 ) -> RunHandle:
     preset, parsed, warnings = request.preset, request.overrides, list(request.warnings)
+    warnings += load_settings()[1]  # a bad [slowdown] value, named as the run starts
     backend_info, workdir, wrap = request.backend, request.cwd, request.wrap
     stop_grace_s = request.stop_grace_s
     for other, common in _sharing(chosen, backend_info):

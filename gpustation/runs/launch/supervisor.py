@@ -52,8 +52,10 @@ from gpustation.runs.launch.argv import child_env
 from gpustation.runs.launch.stop import DEFAULT_GRACE_S, signal_name, terminate_group
 from gpustation.runs.multinode.nodes import failure_reason
 from gpustation.runs.rundir import RunState
+from gpustation.runs.slowdown.watch import SlowdownWatch
 from gpustation.runs.store.reconcile import mark_ended, record_end, stopped_reason
 from gpustation.runs.tail import parse_metric_line
+from gpustation.telemetry.model import Snapshot
 from gpustation.textsafe import NEWLINE
 
 #: how long the end of a run is retried when it cannot be written (a full disk)
@@ -222,6 +224,11 @@ class _Telemetry:
         except Exception as err:
             _log(f"GPU telemetry stopped: {err}")
             self.close()
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        """The run's GPUs as last sampled (None: telemetry is off)."""
+        return self.trace.last if self.trace is not None else None
 
     def close(self) -> None:
         if self.trace is not None:
@@ -406,6 +413,7 @@ def supervise(directory: Path) -> int:
     _log(f"started {run['argv']} as pid {child.pid}")
 
     telemetry = _Telemetry(directory, list(run.get("gpus") or []), run.get("backend") or {})
+    watch = SlowdownWatch.start(directory, run, state, _log)  # None: slowdowns not watched
     grace_s = float(run.get("stop_grace_s", DEFAULT_GRACE_S))
     next_sample = time.monotonic()
     stopping = False
@@ -430,6 +438,8 @@ def supervise(directory: Path) -> int:
         now = time.monotonic()
         if now >= next_sample:
             telemetry.sample(pids=_run_pids(child.pid, state))
+            if watch is not None:
+                watch.tick(telemetry.snapshot, _run_pids(child.pid, state))
             next_sample = now + SAMPLE_INTERVAL_S
         if _note_descendants(child.pid, state):
             _write_state(directory, state)
@@ -440,6 +450,8 @@ def supervise(directory: Path) -> int:
             continue
     telemetry.sample(final=True, pids=_run_pids(child.pid, state))  # the counters at the end
     telemetry.close()
+    if watch is not None:
+        watch.close()  # a slowdown under way ends with the run, before the run's end is recorded
     # Anything the child left behind (in its group, or workers in sessions of
     # their own, re-parented here) goes with it: no orphan outlives its run.
     _note_descendants(child.pid, state)

@@ -50,10 +50,12 @@ from gpustation.runs.gputrace import TelemetrySummary, summarize_telemetry
 from gpustation.runs.multinode.nodes import combined_telemetry, nodes_energy
 from gpustation.runs.output import strict_json
 from gpustation.runs.rundir import RunState
+from gpustation.runs.slowdown.records import read_slowdowns
 from gpustation.runs.summary import RunSummary
 from gpustation.textsafe import safe_doc, valid_unicode
 
-_JSON_FIELDS = {"overrides", "gpus", "argv", "summary", "error_tail", "tags", "resumed_from"}
+_JSON_FIELDS = {"overrides", "gpus", "argv", "summary", "error_tail", "tags", "resumed_from",
+                "slowdowns"}  # fmt: skip
 _BOOL_FIELDS = {"simulated", "oom", "energy_shared", "energy_estimated"}
 
 
@@ -536,6 +538,7 @@ def record_from_dir(directory: Path, state: RunState | None = None) -> RunSummar
     fold = MetricsFold()
     record.malformed_metrics = fold.read(directory / rundir.METRICS_FILE)
     fold.apply(record)
+    record.slowdowns = read_slowdowns(directory)
     node_energy = nodes_energy(directory)  # a multi-node run: its nodes' GPUs, read on each
     tele = (
         combined_telemetry(node_energy)

@@ -32,6 +32,7 @@ from gpustation.runs.launch.stop import stop_run, stop_runs
 from gpustation.runs.presets import PresetProblem, RunPreset, load_presets
 from gpustation.runs.rundir import RunState
 from gpustation.runs.summary import RunSummary
+from gpustation.runs.timeline import Timeline
 from gpustation.tui.dash import dashboard
 from gpustation.tui.poll import Poller
 from gpustation.tui.readonly import refused
@@ -218,6 +219,7 @@ class RunsUI:
                 view.evals = delta.evals
                 view.curve_version += 1
             if delta.timeline is not None:
+                self._tell_slowdowns(view, delta.timeline)
                 view.timeline = delta.timeline
                 view.curve_version += 1
             if delta.profile is not None:
@@ -234,6 +236,14 @@ class RunsUI:
             self._take_history(result.history, now)
             table_changed = True
         return Applied(table_changed, changed_selected, log)
+
+    def _tell_slowdowns(self, view: RunView, timeline: Timeline) -> None:
+        """A toast for each slowdown newly seen going on in a live run."""
+        for span in timeline.slowdowns[len(view.timeline.slowdowns) :]:
+            if span.ongoing and view.active:
+                self.app.notify(
+                    f"{view.title}: {span.words}", title="Run slowed down", severity="warning"
+                )
 
     def _take_history(self, history: list[RunSummary], now: float) -> None:
         self.history_ids = [r.id for r in history]

@@ -78,6 +78,7 @@ class RunTrack:
         if state is not None:
             self.timeline.start_at(state.started_at)
         self.timeline.add_events(update.events)
+        self.timeline.add_slowdowns(update.slowdowns)
         self.timeline.read_telemetry(max_bytes=self.follower.max_bytes)
         # Ended only once the telemetry has been read to its end too.
         delta = RunDelta(self.id, ended=update.ended and self.timeline.drained())

@@ -1,12 +1,15 @@
 """The selected run's timeline: its loss and its GPUs on one time axis, and a cursor.
 
-The loss curve (:class:`~gpustation.tui.runs.widgets.LossPlot`) and the GPU
-plot under it (:class:`GpuPlot`: power in W on the left axis, utilisation in %
-on the right, throttled samples marked) share their x axis, seconds since
-the run started: both figures span the same range and give their y axes
-labels of the same width, so a column is the same moment in both. The data
-is a :class:`~gpustation.runs.timeline.Timeline` the poller read; nothing
-here reads a file.
+The loss curve (:class:`~gpustation.tui.runs.widgets.LossPlot`; the
+throughput, for a run that reports no loss) and the GPU plot under it
+(:class:`GpuPlot`: power in W on the left axis, utilisation in % on the
+right, throttled samples marked) share their x axis, seconds since the run
+started: both figures span the same range and give their y axes labels of
+the same width, so a column is the same moment in both. Each slowdown of the
+run is marked on the upper plot: its span, its bounds and its cause in
+words; one going on in a live run is also :func:`slowdown_alert`'s line in
+the run's header. The data is a :class:`~gpustation.runs.timeline.Timeline`
+the poller read; nothing here reads a file.
 
 :class:`TimeCursor` is where the user stands on that axis: at the end (it
 follows a live run) until ``[``/``]`` step it a sample back or on and
@@ -31,6 +34,10 @@ from gpustation.tui.runs.runplot import RunPlot
 LABEL_W = 7
 #: what ``{`` and ``}`` move by: this share of the run
 BIG_STEP = 0.1
+#: the colour a slowdown is marked in
+SLOWDOWN_COLOR = "magenta"
+#: the longest cause drawn over a span
+SPAN_LABEL_CHARS = 32
 
 
 def _labels(lo: float, hi: float, height: int) -> tuple[list[float], list[str]]:
@@ -68,6 +75,18 @@ def _blank_right_axis(plt: Any, x: float, y: float) -> None:
     plt.yticks([y], [" " * LABEL_W], yside="right")
 
 
+def _slowdowns(plt: Any, timeline: Timeline, top: float) -> None:
+    """Each slowdown: its span along the top of the plot, its bounds, its cause in words."""
+    for span in timeline.slowdowns:
+        end = span.end_s if span.end_s is not None else max(timeline.end_s(), span.start_s)
+        plt.plot([span.start_s, end], [top, top], marker="━", color=SLOWDOWN_COLOR)
+        plt.vline(span.start_s, SLOWDOWN_COLOR)
+        if span.end_s is not None:
+            plt.vline(span.end_s, SLOWDOWN_COLOR)
+        label = span.label[:SPAN_LABEL_CHARS]
+        plt.text(label, x=span.start_s, y=top, color=SLOWDOWN_COLOR, alignment="left")
+
+
 def loss_time_plot(
     timeline: Timeline, width: int, height: int, cursor_s: float | None = None
 ) -> Text:
@@ -91,8 +110,38 @@ def loss_time_plot(
         lo, hi = min(ys), max(ys)
         plt.yticks(*_labels(lo, hi, height))
         _blank_right_axis(plt, 0.0, lo)
+        _slowdowns(plt, timeline, hi)
     _cursor(plt, cursor_s)
     return Text.from_ansi(plt.build())
+
+
+def throughput_time_plot(
+    timeline: Timeline, width: int, height: int, cursor_s: float | None = None, unit: str = ""
+) -> Text:
+    """Throughput against seconds since the run started (a run that reports no loss)."""
+    plt = _frame(width, height, timeline.end_s())
+    points = [(m.t_s, m.throughput) for m in timeline.loss if m.throughput is not None]
+    if points:
+        ys = [p[1] for p in points]
+        plt.plot([p[0] for p in points], ys, marker="braille", color="cyan",
+                 label=f"throughput {unit}".strip())  # fmt: skip
+        plt.yticks(*_labels(min(ys), max(ys), height))
+        _blank_right_axis(plt, 0.0, min(ys))
+        _slowdowns(plt, timeline, max(ys))
+    _cursor(plt, cursor_s)
+    return Text.from_ansi(plt.build())
+
+
+def slowdown_alert(view: RunView | None) -> Text | None:
+    """A live run's slowdown going on, with its cause (None: none)."""
+    if view is None or not view.active or not view.timeline.slowdowns:
+        return None
+    span = view.timeline.slowdowns[-1]
+    if not span.ongoing:
+        return None
+    lost = f", {span.lost_pct:.0f} % below its steady level" if span.lost_pct is not None else ""
+    return Text(f"⚠ slowed down since {fmt_duration(span.start_s)}{lost}: {span.words}",
+                style="bold yellow")  # fmt: skip
 
 
 def gpu_time_plot(

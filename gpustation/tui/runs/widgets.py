@@ -42,7 +42,7 @@ from gpustation.tui.runs.model import (
     fmt_value,
 )
 from gpustation.tui.runs.runplot import RunPlot
-from gpustation.tui.runs.timeline import loss_time_plot
+from gpustation.tui.runs.timeline import loss_time_plot, slowdown_alert, throughput_time_plot
 
 
 def loss_plot(
@@ -167,6 +167,10 @@ def run_header(view: RunView | None, now: float, price: Price | None = None) -> 
     if energy is not None:
         header.append(" · ")
         header.append_text(energy)
+    alert = slowdown_alert(view)
+    if alert is not None:
+        header.append("\n")
+        header.append_text(alert)
     if view.reason and not view.active:
         header.append(f"\n{view.reason}", style="dim")
     return header
@@ -443,7 +447,8 @@ class QuietFooter(Footer):
 
 class LossPlot(RunPlot):
     """The selected run's loss curve; for a run without a loss that reported phases
-    (the contention runner's), the table of its phases.
+    (the contention runner's), the table of its phases; for one that reports only its
+    throughput, that. Its slowdowns are marked on the curve.
 
     Against seconds since the start when the run's timeline has its loss (it
     shares that axis with the GPU plot under it), else against the step.
@@ -459,6 +464,11 @@ class LossPlot(RunPlot):
             phases = phases_table(view.summary.summary)
             if phases is not None:
                 self.update(phases, layout=False)
+                return True
+            if any(m.throughput is not None for m in view.timeline.loss):
+                unit = view.summary.throughput_unit or ""
+                plot = throughput_time_plot(view.timeline, width, height, cursor_s, unit)
+                self.update(plot, layout=False)
                 return True
             self.update(Text("No loss reported yet.", style="dim"), layout=False)
         elif view.timeline.loss:

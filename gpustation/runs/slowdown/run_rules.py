@@ -1,0 +1,181 @@
+"""The rules a slowdown's cause is found by in what the runner and the host show.
+
+A phase the runner reported over a real part of the time around the drop,
+swapping, the input pipeline starving the GPU (utilisation fell while the
+run's loader processes each use about a whole core), the host's CPU
+saturated. Each returns a :class:`~gpustation.runs.slowdown.clues.Cause`
+with the figures that show it, or None. Pure logic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpustation.runs.slowdown.clues import KIND_LABELS, Cause, Clues, GpuClues, mean_of, rounded
+from gpustation.runs.slowdown.evidence import Moment
+
+#: the runner's phases that are its normal work: any other one names the cause ...
+WORK_PHASES = frozenset({"train", "training"})
+#: ... when it took at least this share of the time from min_s before the drop to its
+#: confirmation (a short eval a while before it explains nothing)
+PHASE_SHARE = 0.2
+#: swap traffic (in and out, MiB/s) that slows a run
+SWAP_MIB_S = 1.0
+#: GPU utilisation must fall by at least this many points for a starved GPU
+UTIL_FALL_PCT = 15.0
+#: a loader process at this share of one core (%) is saturated
+LOADER_BUSY_PCT = 85.0
+#: a child of the run doing less than this (%) is not loading anything
+LOADER_MIN_PCT = 5.0
+#: the host's CPU is saturated at this total (%) ...
+HOST_BUSY_PCT = 90.0
+#: ... having risen by this many points, or the run's processes getting a CPU for at
+#: most this part of the share of their ready time they got before (a run that uses
+#: less CPU by itself, fewer loader workers, waits less, not more)
+HOST_RISE_PCT = 10.0
+ON_CPU_FALL = 0.75
+
+
+def phase_seconds(
+    changes: Sequence[tuple[float, str]], start: float, end: float
+) -> tuple[tuple[str, float], ...]:
+    """Seconds spent in each phase from ``start`` to ``end``, from the runner's phase
+    changes (time, phase), oldest first; the time before its first report is in none."""
+    seconds: dict[str, float] = {}
+    current: str | None = None
+    since = start
+    for when, phase in changes:
+        if when <= start:
+            current = phase
+            continue
+        if when >= end:
+            break
+        if current is not None:
+            seconds[current] = seconds.get(current, 0.0) + when - since
+        current, since = phase, when
+    if current is not None:
+        seconds[current] = seconds.get(current, 0.0) + end - since
+    return tuple(seconds.items())
+
+
+def phase(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
+    """A phase other than its work that the runner reported for a real part of the time."""
+    window = clues.phase_window_s
+    spent = [(s, p) for p, s in clues.phases if p.strip().lower() not in WORK_PHASES]
+    if not spent or window <= 0:
+        return None
+    seconds, phase = max(spent)
+    if seconds < PHASE_SHARE * window:
+        return None
+    return Cause(
+        "phase",
+        f"{phase} phase",
+        f"the runner reported its {phase} phase for {seconds:.0f} s of the {window:.0f} s "
+        "around the drop",
+        {"phase": phase, "seconds": round(seconds, 1), "window_s": round(window, 1)},
+    )
+
+
+def _swap_rate(moments: Sequence[Moment]) -> tuple[float | None, float | None]:
+    return (
+        mean_of(m.host.swap_in_mib_s for m in moments),
+        mean_of(m.host.swap_out_mib_s for m in moments),
+    )
+
+
+def swap(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
+    """Swap traffic in the drop, next to none before."""
+    swap_in, swap_out = _swap_rate(clues.during)
+    was_in, was_out = _swap_rate(clues.before)
+    if swap_in is None or swap_out is None or was_in is None or was_out is None:
+        return None
+    now, was = swap_in + swap_out, was_in + was_out
+    if now < SWAP_MIB_S or was >= now / 4:
+        return None
+    return Cause(
+        "swap",
+        KIND_LABELS["swap"],
+        f"{swap_in:.1f} MiB/s in, {swap_out:.1f} MiB/s out (was {was:.1f} MiB/s)",
+        {
+            "swap_in_mib_s": round(swap_in, 2),
+            "swap_out_mib_s": round(swap_out, 2),
+            "swap_before_mib_s": round(was, 2),
+        },
+    )
+
+
+def _process_cpu(moments: Sequence[Moment]) -> dict[int, float]:
+    """Each of the run's processes' mean CPU (% of one core) over the moments it was seen in."""
+    seen: dict[int, list[float]] = {}
+    for m in moments:
+        for pid, pct in m.host.run_cpu:
+            seen.setdefault(pid, []).append(pct)
+    return {pid: sum(v) / len(v) for pid, v in seen.items()}
+
+
+def input_pipeline(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
+    """GPU utilisation fell while each of the run's loader processes used about a core."""
+    now = mean_of(g.mean("utilization_pct") for g in gpus)
+    was = mean_of(g.mean("utilization_pct", during=False) for g in gpus)
+    if now is None or was is None or was - now < UTIL_FALL_PCT:
+        return None
+    main = next((m.host.main_pid for m in clues.during if m.host.main_pid is not None), None)
+    cpu = _process_cpu(clues.during)
+    loaders = {pid: pct for pid, pct in cpu.items() if pid != main and pct >= LOADER_MIN_PCT}
+    itself = not loaders
+    if itself:
+        # No workers: the run's own process loads its data.
+        loaders = {main: cpu[main]} if main in cpu else {}
+    if not loaders or min(loaders.values()) < LOADER_BUSY_PCT:
+        return None
+    pids = sorted(loaders)
+    pcts = ", ".join(f"{loaders[p]:.0f}" for p in pids)
+    who = (
+        "the run's own process, with no loader processes,"
+        if itself
+        else f"its loader process{'es' if len(pids) > 1 else ''}"
+    )
+    return Cause(
+        "input_pipeline",
+        KIND_LABELS["input_pipeline"],
+        f"GPU utilisation {was:.0f} → {now:.0f} %, {who} at {pcts} % CPU "
+        f"(pid {', '.join(map(str, pids))})",
+        {
+            "utilization_pct": round(now, 1),
+            "utilization_pct_before": round(was, 1),
+            "loaders": [{"pid": p, "cpu_pct": round(loaders[p], 1)} for p in pids],
+        },
+    )
+
+
+def host_cpu(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
+    """The host's CPU saturated: busier than before, or the run on a CPU less of its ready time."""
+    now = mean_of(m.host.cpu_pct for m in clues.during)
+    was = mean_of(m.host.cpu_pct for m in clues.before)
+    if now is None or was is None or now < HOST_BUSY_PCT:
+        return None
+    got = mean_of(m.host.run_on_cpu_pct for m in clues.during)
+    had = mean_of(m.host.run_on_cpu_pct for m in clues.before)
+    starved = got is not None and had is not None and got <= ON_CPU_FALL * had
+    if was > now - HOST_RISE_PCT and not starved:
+        return None
+    cores = next((m.host.cores for m in clues.during if m.host.cores), None)
+    of = f" of {cores} cores" if cores else ""
+    detail = f"{now:.0f} %{of} busy (was {was:.0f} %)"
+    if got is not None and had is not None:
+        detail += (
+            f", the run's processes on a CPU {got:.0f} % of their ready time (was {had:.0f} %)"
+        )
+    return Cause(
+        "host_cpu",
+        KIND_LABELS["host_cpu"],
+        detail,
+        {
+            "cpu_pct": round(now, 1),
+            "cpu_pct_before": round(was, 1),
+            "cores": cores,
+            "run_on_cpu_pct": rounded(got),
+            "run_on_cpu_pct_before": rounded(had),
+            "run_cpu_pct": round(sum(_process_cpu(clues.during).values()), 1),
+        },
+    )
