@@ -21,6 +21,7 @@ from textual.widgets import Select
 from gpustation.telemetry.rings import METRIC_KEYS, METRICS
 from gpustation.tui import render
 from gpustation.tui.dash import Dashboard, dashboard
+from gpustation.tui.footer import KeysFooter
 from gpustation.tui.linecache import KeepsLines
 from gpustation.tui.procrows import process_rows
 from gpustation.tui.source import Frame
@@ -31,7 +32,6 @@ from gpustation.tui.widgets import (
     GpuCard,
     HistoryGraph,
     HostPane,
-    KeysFooter,
     LiveText,
     ProcessTable,
     Rows,
@@ -88,6 +88,9 @@ class DashboardScreen(LiveScreen):
         Binding("enter", "details", "Process details", show=False, id="dashboard.details"),
         Binding("escape", "close_filter", "Close filter", show=False, id="dashboard.close_filter"),
     ]
+    #: the footer's keys, most needed first (see tui/footer.py): the refresh
+    #: keys have no other place on screen; the history has its metric selector
+    FOOTER_NEED = ("kill", "filter", "quit", "show_help", "slower", "faster", "cycle_metric")
 
     def compose(self) -> ComposeResult:
         yield LiveText(id="banner")

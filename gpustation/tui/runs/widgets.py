@@ -23,7 +23,7 @@ from textual.scroll_view import ScrollView
 from textual.scrollbar import ScrollTo, ScrollUp
 from textual.selection import Selection
 from textual.strip import Strip
-from textual.widgets import DataTable, Footer
+from textual.widgets import DataTable
 
 from gpustation.runs.compare import SIMULATED, energy_text, fmt_energy, fmt_num, sim_marked
 from gpustation.runs.cost import Price
@@ -34,6 +34,7 @@ from gpustation.telemetry import format as fmt
 from gpustation.telemetry import health
 from gpustation.telemetry.model import GpuSample
 from gpustation.textsafe import safe
+from gpustation.tui.footer import KeysFooter
 from gpustation.tui.runs.model import (
     MAX_LOG_LINES,
     STATUS_STYLE,
@@ -415,7 +416,7 @@ class RunsTable(DataTable[Any]):
         fit_scrollbars(self, size)
 
 
-class QuietFooter(Footer):
+class QuietFooter(KeysFooter):
     """A footer rebuilt only when the keys it would show change.
 
     Textual's footer rebuilds itself (a dozen widgets, so a relayout of the
