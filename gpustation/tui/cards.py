@@ -58,7 +58,7 @@ def throttle_text(gpu: GpuSample, short: bool = False) -> Text:
     if not limiting:
         return Text("idle" if reasons else "none", style="dim")
     words = [(r, fmt.THROTTLE_WORDS.get(r, r)) for r in limiting]
-    if short and THERMAL_REASONS <= set(limiting):
+    if short and set(limiting) >= THERMAL_REASONS:
         at = min(limiting.index(r) for r in THERMAL_REASONS)
         words = [w for w in words if w[0] not in THERMAL_REASONS]
         words.insert(at, ("sw_thermal", "thermal (SW, HW)"))

@@ -115,7 +115,9 @@ def fit(
     for plan in tries:
         if plan.width() <= width:
             return plan
-    rank = {name: n for n, name in enumerate(need)}
+    rank: dict[str, int] = {}
+    for name in need:
+        rank.setdefault(name, len(rank))
 
     def neediness(position: int) -> tuple[int, int]:
         known = [rank[a] for a in merged[position].actions if a in rank]
