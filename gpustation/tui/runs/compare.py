@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from rich.console import RenderableType
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
@@ -18,6 +19,7 @@ from gpustation.runs.compare import compare
 from gpustation.runs.curves import RunCurves, read_curves
 from gpustation.runs.store.index import RunStore
 from gpustation.tui.runs.overlay import OverlayPlot, OverlayRun, legend
+from gpustation.tui.widgets import set_size_classes
 
 
 class CompareRead(Message):
@@ -71,6 +73,8 @@ class CompareScreen(ModalScreen[None]):
                       text-overflow: ellipsis; }
     #compare-scroll { height: 1fr; padding: 0 1; }
     #compare-caption { height: auto; padding: 0 1; color: $text-muted; }
+    CompareScreen.-short #compare-box { width: 100%; height: 100%; }
+    CompareScreen.-short #compare-plot { height: 7; }
     """
 
     def __init__(self, run_ids: list[str]) -> None:
@@ -88,7 +92,12 @@ class CompareScreen(ModalScreen[None]):
             yield Static("", id="compare-caption")
 
     def on_mount(self) -> None:
+        # A short terminal: the whole screen, and the plot gives the table its rows.
+        set_size_classes(self, self.app.size)
         self.run_worker(self._load, thread=True, exit_on_error=False)
+
+    def on_resize(self, event: events.Resize) -> None:
+        set_size_classes(self, event.size)
 
     def _load(self) -> None:
         try:
