@@ -53,7 +53,7 @@ COLUMN_NEED = (
     "gpus",
 )
 #: the widest the tags and note column gets (a longer cell is cut at its end)
-NOTES_MAX_W = 30
+NOTES_MAX_W = 24
 #: columns a cell's padding takes (one each side), and those kept for the scrollbar
 CELL_PAD = 2
 SCROLLBAR_W = 2
