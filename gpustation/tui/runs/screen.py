@@ -291,6 +291,8 @@ class RunsScreen(LiveScreen):
     def on_launched(self, message: Launched) -> None:
         view = self.ui.launched(message)
         self.runs_changed(True, False, select=view.id)
+        if self.pane is not None:
+            self.show_pane("run")  # the run just launched, followed
 
     def on_launch_failed(self, message: LaunchFailed) -> None:
         self.ui.launch_failed(message)
