@@ -18,6 +18,7 @@ from textual.widgets import Static
 from gpustation.runs.compare import compare
 from gpustation.runs.curves import RunCurves, read_curves
 from gpustation.runs.store.index import RunStore
+from gpustation.tui.runs.model import short_ids
 from gpustation.tui.runs.overlay import OverlayPlot, OverlayRun, legend
 from gpustation.tui.widgets import set_size_classes
 
@@ -50,8 +51,10 @@ def read_comparison(run_ids: list[str]) -> CompareRead:
         ]
         curves = read_curves(Path(r.run_dir)) if r.run_dir else RunCurves()
         runs.append(OverlayRun(r.id, r.preset or "", " ".join(differs), curves))
+    # The legend names each run whole: the table's columns go by the ends of their ids.
+    short = short_ids([r.id for r in records])
     return CompareRead(
-        comparison.renderable(),
+        comparison.renderable(labels=[short[r.id] for r in records]),
         comparison.caption(),
         runs,
         [r.id for r in records],
@@ -92,6 +95,7 @@ class CompareScreen(ModalScreen[None]):
             yield Static("", id="compare-caption")
 
     def on_mount(self) -> None:
+        self.query_one("#compare-box").border_title = "x steps/time · Esc closes"
         # A short terminal: the whole screen, and the plot gives the table its rows.
         set_size_classes(self, self.app.size)
         self.run_worker(self._load, thread=True, exit_on_error=False)
@@ -111,9 +115,7 @@ class CompareScreen(ModalScreen[None]):
         self.shown = message.run_ids
         self.query_one("#compare-legend", Static).update(legend(message.runs))
         self.query_one("#compare-table", Static).update(message.table)
-        self.query_one("#compare-caption", Static).update(
-            Text(f"{message.caption} · x steps/time · Esc closes")
-        )
+        self.query_one("#compare-caption", Static).update(Text(message.caption))
         self.query_one("#compare-plot", OverlayPlot).show(message.runs)
 
     def action_toggle_axis(self) -> None:

@@ -67,10 +67,11 @@ from gpustation.tui.runs.widgets import (
 )
 from gpustation.tui.screens import LiveScreen
 from gpustation.tui.source import Frame
-from gpustation.tui.widgets import LiveText
+from gpustation.tui.widgets import NARROW_W, SHORT_H, LiveText
 
-#: smaller than this, the screen shows one pane at a time (o moves on)
-ONE_PANE_W, ONE_PANE_H = 100, 28
+#: smaller than this, the screen shows one pane at a time (o moves on): the
+#: screens' narrow and short sizes
+ONE_PANE_W, ONE_PANE_H = NARROW_W, SHORT_H
 #: the panes shown one at a time, in the order o goes through them: the runs
 #: and presets, the selected run's loss curve and log, its GPU plot
 PANES = ("runs", "run", "gpus")
@@ -118,7 +119,7 @@ class RunsScreen(LiveScreen):
             "o",
             "next_pane",
             "Next pane",
-            tooltip="below 100 columns or 28 rows one pane shows at a time: the runs and "
+            tooltip="below 100 columns or 32 rows one pane shows at a time: the runs and "
             "presets, the loss curve and log, the GPU plot",
             id="runs.pane",
         ),
@@ -149,8 +150,8 @@ class RunsScreen(LiveScreen):
     #run-gpus { height: auto; padding: 0 1; }
     #run-detail { height: 3fr; }
     #run-detail.-profile { height: 1fr; }
-    #run-plot { height: 3fr; min-height: 5; }
-    #run-telemetry { height: 2fr; min-height: 5; }
+    #run-plot { height: 3fr; min-height: 7; }
+    #run-telemetry { height: 2fr; min-height: 6; }
     #run-cursor { height: 1; padding: 0 1; }
     LogPane { height: 2fr; min-height: 5; }
     #run-log { height: 1fr; border: round $panel; }

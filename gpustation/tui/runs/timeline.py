@@ -177,15 +177,16 @@ class TimeCursor:
 KEY_HINTS = ("[ ] { } move", "P profile", "S sweeps")
 
 
-#: the parts of the cursor's line given up first where it is short of room
-#: (higher first): the key hints, "not throttled", the step (the header has it)
-_SPARE = {"not throttled": 3, "step": 2, "temperature": 1}
+#: the parts of the cursor's line given up where it is short of room, the first
+#: first: "not throttled", the step (the header has it), the temperature, the
+#: utilisation (the key hints go before any)
+_SPARE = {"not throttled": 4, "step": 3, "temperature": 2, "utilisation": 1}
 
 
 def cursor_line(view: RunView | None, cursor: TimeCursor, width: int = 0) -> Text:
     """The run and its GPUs at the cursor, in one line of ``width`` (0: any) columns:
-    the loss, power and throttling stay; the step, the temperature, "not throttled"
-    and the key hints go where there is no room for them."""
+    the loss, power and throttling stay; the key hints, "not throttled", the step,
+    the temperature and the utilisation go where there is no room for them."""
     line = Text()
     if view is None:
         return line
@@ -206,7 +207,7 @@ def cursor_line(view: RunView | None, cursor: TimeCursor, width: int = 0) -> Tex
     if gpu is not None:
         parts.append(("", f"· {fmt.num(gpu.power_w, 0, ' W')} ", ""))
         parts.append(("temperature", f"· {fmt.num(gpu.temperature_c, 0, ' °C')} ", ""))
-        parts.append(("", f"· util {fmt.num(gpu.utilization_pct, 0, ' %')} ", ""))
+        parts.append(("utilisation", f"· util {fmt.num(gpu.utilization_pct, 0, ' %')} ", ""))
         if view.summary.simulated:
             parts.append(("", f"{SIMULATED} ", "bold yellow"))
         if gpu.throttle:
