@@ -75,7 +75,7 @@ ONE_PANE_W, ONE_PANE_H = NARROW_W, SHORT_H
 #: the panes shown one at a time, in the order o goes through them: the runs
 #: and presets, the selected run's loss curve and log, its GPU plot
 PANES = ("runs", "run", "gpus")
-#: this wide and more, the runs and presets take half the width
+#: this wide and more, the runs and presets take over half the width
 ROOMY_W = 200
 
 

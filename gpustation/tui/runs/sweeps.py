@@ -52,6 +52,13 @@ def sweep_of(tags: list[str]) -> str | None:
     return next((t[len(SWEEP_TAG) :] for t in tags if t.startswith(SWEEP_TAG)), None)
 
 
+def _short_heading(heading: str) -> str:
+    """``throughput (img/s)`` -> ``img/s``; the others from :data:`SHORT_HEADINGS`."""
+    if heading.startswith("throughput (") and heading.endswith(")"):
+        return heading.removeprefix("throughput (").removesuffix(")")
+    return SHORT_HEADINGS.get(heading, heading)
+
+
 def _words(text: str) -> int:
     return max((len(word) for word in text.split()), default=0)
 
@@ -68,22 +75,14 @@ def points_table(sweep: Sweep, width: int) -> tuple[Table, int]:
     headings = point_columns(sweep)
     rows = point_rows(sweep, constants_apart=True)
     short_runs = short_ids([row[-1] for row in rows])
-    tries = []
-    for short in (False, True):
-        for whole_ids in (True, False) if not short else (False,):
-            shown = [(SHORT_HEADINGS.get(h, h) if short else h) for h in headings]
-            if short and shown[3].startswith("throughput ("):
-                shown[3] = shown[3].removeprefix("throughput (").removesuffix(")")
-            cells = [[*r[:-1], r[-1] if whole_ids else short_runs.get(r[-1], r[-1])] for r in rows]
-            tries.append((shown, cells))
-    for shown, cells in tries:
-        widths = _fit_widths(shown, cells, width)
-        if widths is not None:
+    # (shorter headings, whole run ids), the roomiest first
+    for short, whole_ids in ((False, True), (False, False), (True, False)):
+        shown = [_short_heading(h) if short else h for h in headings]
+        cells = [[*r[:-1], r[-1] if whole_ids else short_runs.get(r[-1], r[-1])] for r in rows]
+        fitted = _fit_widths(shown, cells, width)
+        if fitted is not None:
             break
-    else:
-        shown, cells = tries[-1]
-        widths = _fit_widths(shown, cells, 0)
-        assert widths is not None
+    widths = fitted or _fit_widths(shown, cells, 0) or []
     table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1, 0, 0))
     for n, heading in enumerate(shown):
         left = headings[n] in TEXT_COLUMNS

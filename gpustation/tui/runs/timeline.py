@@ -215,7 +215,7 @@ def cursor_line(view: RunView | None, cursor: TimeCursor, width: int = 0) -> Tex
         else:
             parts.append(("not throttled", "· not throttled ", "dim"))
     for what, _ in sorted(_SPARE.items(), key=lambda item: -item[1]):
-        if not width or sum(len(p[1]) for p in parts) <= width:
+        if not width or sum(len(p[1]) for p in parts) - 1 <= width:  # less its last space
             break
         parts = [p for p in parts if p[0] != what]
     for _, text, style in parts:
