@@ -132,7 +132,8 @@ class RunsScreen(LiveScreen):
     #: the footer's keys, most needed first (see tui/footer.py)
     FOOTER_NEED = ("next_pane", "follow", "launch", "stop", "quit", "show_help", "mark", "compare")
     # Side by side: the presets and runs take 40 % of the width up to 64
-    # columns (over half of a roomy terminal: every column of the runs table);
+    # columns (84 on a wide terminal; over half of a roomy one, for every
+    # column of the runs table);
     # the run's plots and log share the rest of the height, 3 to 2. Smaller
     # than ONE_PANE_W x ONE_PANE_H, one pane fills the screen at a time (o
     # moves on): the runs and presets, the loss curve and log, the GPU plot.
@@ -160,6 +161,7 @@ class RunsScreen(LiveScreen):
     RunsScreen.-profile LogPane { display: none; }
     RunsScreen.-short #runs-presets { height: 8; }
     RunsScreen.-tall #runs-presets { height: 16; }
+    RunsScreen.-wide #runs-left { max-width: 84; }
     RunsScreen.-roomy #runs-left { width: 55%; max-width: 140; }
     RunsScreen.-one-pane #runs-left { width: 100%; max-width: 100%; }
     RunsScreen.-one-pane #runs-right { width: 100%; }
