@@ -298,12 +298,16 @@ class Comparison:
             "same": self.same,
         }
 
-    def renderable(self, title: str | None = None) -> RenderableType:
-        """The table (a column per run), then the shared settings and the caption."""
+    def renderable(
+        self, title: str | None = None, labels: Sequence[str] | None = None
+    ) -> RenderableType:
+        """The table (a column per run, headed by its id or its ``labels``), then the
+        shared settings and the caption."""
         table = Table(header_style="bold", box=None, pad_edge=False, title=title)
         table.add_column("")
-        for r in self.records:
-            table.add_column(Text(safe(r.id)), justify="right", overflow="fold")
+        for n, r in enumerate(self.records):
+            label = labels[n] if labels is not None else r.id
+            table.add_column(Text(safe(label)), justify="right", overflow="fold")
         for row in self.rows:
             # Text, not str: a run's settings are the user's text, never markup.
             cells = [Text(safe(c)) for c in row.cells()]

@@ -501,15 +501,16 @@ class DashboardApp(ProcessActions):
         return [self.remapped(b) for b in out]
 
     def screen_bindings(self) -> list[tuple[str, list[Binding]]]:
-        """Each added screen's title and the keys its footer shows (remapped), for help."""
+        """Every key of each added screen and of the views it opens over itself (its
+        ``HELP_OVERLAYS``), remapped, for help: (heading, keys)."""
         out = []
-        for entry in self._modes_in_use:
-            if entry.mode in BUILTIN_MODES:
-                continue
-            bindings = entry.screen().BINDINGS
-            keys = [self.remapped(b) for b in bindings if isinstance(b, Binding) and b.show]
-            if keys:
-                out.append((entry.title, keys))
+        for entry in (e for e in self._modes_in_use if e.mode not in BUILTIN_MODES):
+            screen = entry.screen()
+            views = [(f"On the {entry.title.lower()} screen", screen)]
+            views += [(f"In its {name}", cls) for name, cls in getattr(screen, "HELP_OVERLAYS", ())]
+            for heading, cls in views:
+                keys = [self.remapped(b) for b in cls.BINDINGS if isinstance(b, Binding)]
+                out += [(heading, keys)] if keys else []
         return out
 
     def remapped(self, binding: Binding) -> Binding:

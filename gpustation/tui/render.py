@@ -17,42 +17,12 @@ from rich.text import Text
 from gpustation.telemetry import format as fmt
 from gpustation.telemetry import health
 from gpustation.telemetry.alerts import topology_findings
-from gpustation.telemetry.health import short_name
 from gpustation.telemetry.model import GpuSample, HostSample, Snapshot
 from gpustation.telemetry.rings import METRICS, History, bucket
 from gpustation.textsafe import safe
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 EIGHTHS = " ▏▎▍▌▋▊▉█"
-
-
-_TEMP_STYLES = {
-    health.CRITICAL: "bold white on red",
-    health.HOT: "bold yellow",
-    health.WARM: "green",
-    health.COOL: "cyan",
-}
-
-
-def temp_style(gpu: GpuSample) -> str:
-    """Colour by the health rules' temperature band."""
-    band = health.temperature_band(gpu)
-    if band is None:
-        return "bold" if gpu.temperature_c is not None else "dim"
-    return _TEMP_STYLES[band]
-
-
-def memory_temperature_text(gpu: GpuSample) -> Text:
-    """``  Mem 41 C (max 95)`` coloured by its distance to the memory maximum;
-    nothing on a card without a memory sensor (the alert log says so once)."""
-    if gpu.memory_temperature_c is None:
-        return Text()
-    band = health.memory_temperature_band(gpu)
-    t = Text("  Mem ")
-    t.append(f"{fmt.num(gpu.memory_temperature_c)} C", style=_TEMP_STYLES.get(band or "", "bold"))
-    if gpu.memory_temperature_max_c is not None:
-        t.append(f" (max {gpu.memory_temperature_max_c:.0f})", style="dim")
-    return t
 
 
 def pct_style(pct: float | None) -> str:
@@ -78,39 +48,10 @@ def bar(frac: float | None, width: int, style: str) -> Text:
     return Text.assemble((filled, style), ("·" * (width - len(filled)), "bright_black"))
 
 
-def _frac(cur: float | None, top: float | None) -> float | None:
+def fraction(cur: float | None, top: float | None) -> float | None:
     if cur is None or not top:
         return None
     return cur / top
-
-
-def throttle_text(gpu: GpuSample) -> Text:
-    """Throttle reasons in words; thermal and power cap stand out in colour."""
-    reasons = gpu.throttle_reasons
-    if reasons is None:
-        return Text(fmt.NA, style="dim")
-    limiting = [r for r in reasons if r != "gpu_idle"]
-    if not limiting:
-        return Text("idle" if reasons else "none", style="dim")
-    out = Text()
-    for n, reason in enumerate(limiting):
-        if n:
-            out.append(", ")
-        word = fmt.THROTTLE_WORDS.get(reason, reason)
-        if reason in ("sw_thermal", "hw_thermal", "hw_slowdown"):
-            out.append(f"{word} throttling", style="bold white on red")
-        elif reason in ("sw_power_cap", "hw_power_brake"):
-            out.append(f"{word} throttling", style="bold black on yellow")
-        else:
-            out.append(word, style="yellow")
-    return out
-
-
-def fans_text(gpu: GpuSample) -> str:
-    if not gpu.fans_pct:
-        return "no fans"
-    manual = any(c == "manual" for c in gpu.fan_control)
-    return " ".join(f"{f:.0f}" for f in gpu.fans_pct) + " %" + (" manual" if manual else "")
 
 
 def pcie_text(gpu: GpuSample, arrows: bool = True) -> Text:
@@ -122,105 +63,6 @@ def pcie_text(gpu: GpuSample, arrows: bool = True) -> Text:
         out.stylize("bold yellow")
     if arrows:
         out.append(f"  rx {fmt.kib_rate(p.rx_kib_s)} tx {fmt.kib_rate(p.tx_kib_s)}")
-    return out
-
-
-def card_text(gpu: GpuSample, width: int, focused: bool = False) -> Text:
-    """The full card: seven lines; focus adds the default and range of the power limit."""
-    title = Text.assemble((f"GPU {gpu.index} ", "bold"), (short_name(gpu.name), "bold cyan"))
-    if gpu.lost:
-        title.append("  LOST: the driver no longer answers for this GPU", style="bold white on red")
-        return title
-    title.append(f"  {fmt.pstate(gpu.pstate)}", style="dim")
-    title.append(
-        f"  enc {fmt.num(gpu.encoder_utilization_pct, unit=' %')}"
-        f" dec {fmt.num(gpu.decoder_utilization_pct, unit=' %')}",
-        style="dim",
-    )
-    barw = max(6, min(30, width - (70 if focused else 44)))
-    t = Text()
-    t.append_text(title)
-    t.append("\nTemp  ")
-    t.append(f"{fmt.num(gpu.temperature_c)} C", style=temp_style(gpu))
-    if gpu.temperature_slowdown_c is not None:
-        t.append(f" (slowdown {gpu.temperature_slowdown_c:.0f} C)", style="dim")
-    t.append_text(memory_temperature_text(gpu))
-    t.append("  Fans ")
-    t.append(fans_text(gpu), style="dim" if not gpu.fans_pct else "")
-    t.append("\nPower ")
-    t.append_text(bar(_frac(gpu.power_w, gpu.power_limit_w), barw, pct_style(gpu.power_pct)))
-    t.append(f" {fmt.pair(gpu.power_w, gpu.power_limit_w, ' W')}")
-    if focused:
-        # On focus the power range joins the line (no extra row, no relayout).
-        t.append(
-            f"  default {fmt.num(gpu.power_default_w)},"
-            f" {fmt.num(gpu.power_min_w)}-{fmt.num(gpu.power_max_w, unit=' W')}",
-            style="italic",
-        )
-    t.append("\nSM    ")
-    t.append_text(bar(_frac(gpu.clock_sm_mhz, gpu.clock_sm_max_mhz), barw, "blue"))
-    t.append(f" {fmt.pair(gpu.clock_sm_mhz, gpu.clock_sm_max_mhz, ' MHz')}")
-    t.append(f"  mem {fmt.pair(gpu.clock_mem_mhz, gpu.clock_mem_max_mhz, ' MHz')}", style="dim")
-    if gpu.sm_active_pct is not None or gpu.tensor_active_pct is not None:
-        # GPM: what the SMs really do (only where the card has it and it is read).
-        t.append(
-            f"  active {fmt.num(gpu.sm_active_pct, unit=' %')}"
-            f" tensor {fmt.num(gpu.tensor_active_pct, unit=' %')}"
-            f" dram {fmt.num(gpu.dram_active_pct, unit=' %')}",
-            style="green",
-        )
-    t.append("\nVRAM  ")
-    t.append_text(
-        bar(_frac(gpu.memory_used_mib, gpu.memory_total_mib), barw, pct_style(gpu.memory_pct))
-    )
-    t.append(f" {fmt.mib(gpu.memory_used_mib)}/{fmt.mib(gpu.memory_total_mib)}")
-    t.append(
-        f"  util {fmt.num(gpu.utilization_gpu_pct, unit=' %')}"
-        f" mem {fmt.num(gpu.utilization_memory_pct, unit=' %')}"
-    )
-    t.append("\nPCIe  ")
-    t.append_text(pcie_text(gpu))
-    t.append("\nThrottle ")
-    t.append_text(throttle_text(gpu))
-    t.append_text(health_text(gpu))
-    if gpu.limit_drift:
-        t.append("  limit drifted: profile apply --again", style="bold black on yellow")
-    t.append_text(mig_text(gpu))
-    return t
-
-
-def health_text(gpu: GpuSample) -> Text:
-    """The last XID and a pending or failed row remap, for the end of a card."""
-    out = Text()
-    if gpu.xid_events:
-        last = gpu.xid_events[-1]
-        out.append(f"  XID {last.code}", style="bold white on red")
-        if last.meaning:
-            out.append(f" {last.meaning}", style="red")
-    rows = gpu.remapped_rows
-    if rows.failure:
-        out.append("  row remap failed", style="bold white on red")
-    elif rows.pending:
-        out.append("  row remap pending: reset", style="bold black on yellow")
-    return out
-
-
-def mig_text(gpu: GpuSample) -> Text:
-    """A line per MIG device under its GPU (MIG mode is shown, never changed)."""
-    out = Text()
-    mig = gpu.mig
-    if mig is None or not mig.enabled:
-        return out
-    for inst in mig.instances:
-        procs = len(inst.processes)
-        out.append(f"\n  MIG {inst.index} ", style="bold")
-        out.append(f"{inst.profile or fmt.NA:<8}", style="cyan")
-        out.append(
-            f" GI {fmt.num(inst.gpu_instance_id)}"
-            f"  VRAM {fmt.mib(inst.memory_used_mib)}/{fmt.mib(inst.memory_total_mib)}"
-            f"  {procs} proc{'s' if procs != 1 else ''}",
-            style="dim",
-        )
     return out
 
 
@@ -247,47 +89,6 @@ def unowned_text(snap: Snapshot, command_width: int = 60) -> Text:
 
 def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def compact_text(gpu: GpuSample, width: int, focused: bool = False) -> Text:
-    """Two lines per GPU for small terminals and many GPUs.
-
-    Focus swaps the PCIe link for the power limit's default and range.
-    """
-    t = Text()
-    t.append(f"{gpu.index} ", style="bold")
-    t.append(f"{short_name(gpu.name)[:18]:<18}", style="bold cyan")
-    if gpu.lost:
-        t.append(" LOST: the driver no longer answers", style="bold white on red")
-        return t
-    t.append(" ")
-    t.append(f"{fmt.num(gpu.temperature_c):>3}C", style=temp_style(gpu))
-    barw = max(4, min(16, width - 66))
-    t.append(f" {fmt.pair(gpu.power_w, gpu.power_limit_w, 'W'):>9} ")
-    t.append_text(bar(_frac(gpu.power_w, gpu.power_limit_w), barw, pct_style(gpu.power_pct)))
-    t.append(f" util {fmt.num(gpu.utilization_gpu_pct):>3}%")
-    t.append(f" SM {fmt.pair(gpu.clock_sm_mhz, gpu.clock_sm_max_mhz)}")
-    t.append(f" {fmt.pstate(gpu.pstate)}", style="dim")
-    t.append("\n  VRAM ")
-    t.append(f"{fmt.mib(gpu.memory_used_mib):>6}/{fmt.mib(gpu.memory_total_mib):<6} ")
-    t.append_text(
-        bar(_frac(gpu.memory_used_mib, gpu.memory_total_mib), barw, pct_style(gpu.memory_pct))
-    )
-    t.append(f" fan {fans_text(gpu)}" if gpu.fans_pct else " no fans", style="dim")
-    t.append(" ")
-    if focused:
-        t.append(
-            f"limit default {fmt.num(gpu.power_default_w)},"
-            f" {fmt.num(gpu.power_min_w)}-{fmt.num(gpu.power_max_w, unit=' W')}",
-            style="italic",
-        )
-    else:
-        t.append_text(pcie_text(gpu, arrows=False))
-    if any(r != "gpu_idle" for r in gpu.throttle_reasons or ()):
-        t.append(" ")
-        t.append_text(throttle_text(gpu))
-    t.truncate(width * 2 + 1)
-    return t
 
 
 @functools.cache
@@ -447,7 +248,7 @@ def host_text(host: HostSample, hostname: str, width: int) -> Text:
             t.append(BLOCKS[max(1, min(8, round(pct / 100 * 8)))], style=pct_style(pct))
     t.append("\nRAM  ")
     used, total = host.memory_used_mib, host.memory_total_mib
-    t.append_text(bar(_frac(used, total), barw, "magenta"))
+    t.append_text(bar(fraction(used, total), barw, "magenta"))
     t.append(f" {fmt.mib(used)}/{fmt.mib(total)}")
     t.append(f"\nswap {fmt.mib(host.swap_used_mib)}/{fmt.mib(host.swap_total_mib)}")
     t.append(f"\ndisk r {fmt.rate(host.disk_read_bytes_s)} w {fmt.rate(host.disk_write_bytes_s)}")

@@ -7,13 +7,14 @@ visible again, so hidden screens cost nothing.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual import events
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import Select
@@ -21,6 +22,7 @@ from textual.widgets import Select
 from gpustation.telemetry.rings import METRIC_KEYS, METRICS
 from gpustation.tui import render
 from gpustation.tui.dash import Dashboard, dashboard
+from gpustation.tui.footer import KeysFooter
 from gpustation.tui.linecache import KeepsLines
 from gpustation.tui.procrows import process_rows
 from gpustation.tui.source import Frame
@@ -31,7 +33,6 @@ from gpustation.tui.widgets import (
     GpuCard,
     HistoryGraph,
     HostPane,
-    KeysFooter,
     LiveText,
     ProcessTable,
     Rows,
@@ -88,6 +89,9 @@ class DashboardScreen(LiveScreen):
         Binding("enter", "details", "Process details", show=False, id="dashboard.details"),
         Binding("escape", "close_filter", "Close filter", show=False, id="dashboard.close_filter"),
     ]
+    #: the footer's keys, most needed first (see tui/footer.py): the refresh
+    #: keys have no other place on screen; the history has its metric selector
+    FOOTER_NEED = ("kill", "filter", "quit", "show_help", "slower", "faster", "cycle_metric")
 
     def compose(self) -> ComposeResult:
         yield LiveText(id="banner")
@@ -320,8 +324,43 @@ KEY_NAMES = {
 }
 
 
+def key_text(app: App[Any], binding: Binding) -> str:
+    """The keys of ``binding`` as help names them (``Esc, S, q``; ``[``)."""
+    if binding.key_display:
+        return binding.key_display
+    keys = binding.key.split(",")
+    return ", ".join(KEY_NAMES.get(k) or app.get_key_display(Binding(k, "")) for k in keys)
+
+
+def key_lines(app: App[Any], bindings: list[Binding]) -> list[tuple[str, str, str]]:
+    """(keys, what they do, more) for help: neighbours with one action share a line
+    (``[ ]  Earlier / Later``; ``1-9  Profile`` for a run of them)."""
+    out: list[tuple[str, str, str]] = []
+    group: list[Binding] = []
+    for binding in [*bindings, None]:
+        if group and (binding is None or _action(binding) != _action(group[0])):
+            keys = [key_text(app, b) for b in group]
+            words = [b.description for b in group]
+            if len(group) > 3:
+                columns = zip(*(w.split() for w in words), strict=False)
+                common = [c[0] for c in itertools.takewhile(lambda c: len(set(c)) == 1, columns)]
+                out.append((f"{keys[0]}-{keys[-1]}", " ".join(common) or words[0], ""))
+            else:
+                out.append((" ".join(keys), " / ".join(words), group[0].tooltip))
+            group = []
+        if binding is not None:
+            group.append(binding)
+    return out
+
+
+def _action(binding: Binding) -> str:
+    """The action a help line groups by: its name, but a screen's own (``switch_to('runs')``)."""
+    return binding.action if "('" in binding.action else binding.action.partition("(")[0]
+
+
 class HelpScreen(LiveScreen):
-    """Keys and what they do; every action is also in the command palette (Ctrl+P)."""
+    """Every key of every screen and what it does; every action is also in the command
+    palette (Ctrl+P)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "app.show_dashboard", "Back", id="help.back")
@@ -336,19 +375,24 @@ class HelpScreen(LiveScreen):
         yield LiveText(id="status")
         yield KeysFooter()
 
+    def _keys(self, t: Text, bindings: list[Binding]) -> None:
+        for keys, description, tooltip in key_lines(self.app, bindings):
+            t.append(f"  {keys:<10}", style="bold cyan")
+            t.append(description)
+            if tooltip:
+                t.append(f": {tooltip}", style="dim")
+            t.append("\n")
+
     def help_text(self) -> Text:
         t = Text()
         t.append("gpustation dashboard\n\n", style="bold underline")
         t.append("Everywhere\n", style="bold")
-        for b in self.dash.all_bindings():
-            t.append(f"  {b.key_display or KEY_NAMES.get(b.key, b.key):<10}", style="bold cyan")
-            t.append(f"{b.description}\n")
+        self._keys(t, self.dash.all_bindings())
         t.append("\nOn the main screen\n", style="bold")
-        for binding in DashboardScreen.BINDINGS:
-            if isinstance(binding, Binding):
-                binding = self.dash.remapped(binding)
-                t.append(f"  {KEY_NAMES.get(binding.key, binding.key):<10}", style="bold cyan")
-                t.append(f"{binding.description}\n")
+        self._keys(
+            t,
+            [self.dash.remapped(b) for b in DashboardScreen.BINDINGS if isinstance(b, Binding)],
+        )
         t.append(f"  {'↑ ↓':<10}", style="bold cyan")
         t.append("move in the process table (also PgUp, PgDn, Home, End)\n")
         t.append(
@@ -362,14 +406,12 @@ class HelpScreen(LiveScreen):
         return t
 
     def screens_help_text(self) -> Text:
-        """The keys of the other screens (runs, control ...), a section each."""
+        """The keys of the other screens (runs, control ...) and of the views they open
+        over themselves (compare, sweeps ...), a section each."""
         t = Text()
-        for title, bindings in self.dash.screen_bindings():
-            t.append(f"On the {title.lower()} screen\n", style="bold")
-            for binding in bindings:
-                key = binding.key_display or KEY_NAMES.get(binding.key, binding.key)
-                t.append(f"  {key:<10}", style="bold cyan")
-                t.append(f"{binding.description}\n")
+        for heading, bindings in self.dash.screen_bindings():
+            t.append(f"{heading}\n", style="bold")
+            self._keys(t, bindings)
             t.append("\n")
         t.rstrip()
         return t

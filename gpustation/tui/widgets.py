@@ -18,11 +18,11 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
-from textual.widgets import Footer, Input, Label
+from textual.widgets import Input, Label
 
 from gpustation.telemetry.model import GpuSample, Snapshot
 from gpustation.telemetry.rings import History
-from gpustation.tui import render
+from gpustation.tui import cards, render
 from gpustation.tui.linecache import KeepsLines
 from gpustation.tui.procrows import COLUMNS, DESCENDING, SORT_KEYS, WIDTHS, ProcRow
 
@@ -63,63 +63,6 @@ def set_size_classes(node: Widget, size: Size) -> None:
     node.set_class(size.width >= WIDE_W, "-wide")
     node.set_class(size.height < SHORT_H, "-short")
     node.set_class(size.height >= TALL_H, "-tall")
-
-
-#: app keys in the order the footer shows them, after the screen's own keys:
-#: moving between screens and quitting before the rest
-APP_KEY_ORDER = (
-    "quit",
-    "show_help",
-    "switch_to",
-    "show_topology",
-    "show_alerts",
-    "toggle_pause",
-    "cycle_metric",
-    "slower",
-    "faster",
-)
-#: keys left out of a footer narrower than WIDE_W (help and the palette list them;
-#: the dashboard has a metric selector)
-MINOR_ACTIONS = frozenset({"cycle_metric", "slower", "faster"})
-
-
-class KeysFooter(KeepsLines, Footer):
-    """The ``Footer``, keeping its lines between key changes.
-
-    The screen's own keys come first, then the app's in :data:`APP_KEY_ORDER`;
-    below WIDE_W columns the keys are drawn compact and the minor ones left out,
-    below NARROW_W the palette key too (Ctrl+P still opens it).
-    """
-
-    _size_band: int | None = None
-
-    def _band(self) -> int:
-        width = self.app.size.width
-        return 0 if width < NARROW_W else 1 if width < WIDE_W else 2
-
-    def compose(self) -> ComposeResult:
-        band = self._size_band = self._band()
-        self.compact = band < 2
-        self.set_reactive(Footer.show_command_palette, band > 0)
-        later: list[tuple[int, int, Widget]] = []
-        for widget in super().compose():
-            action = getattr(widget, "action", None)
-            if not isinstance(action, str) or widget.has_class("-grouped", "-command-palette"):
-                yield widget  # groups keep their place: their keys sit inside them
-                continue
-            name = action.partition("(")[0]
-            if band < 2 and name in MINOR_ACTIONS:
-                continue
-            if name in APP_KEY_ORDER:
-                later.append((APP_KEY_ORDER.index(name), len(later), widget))
-            else:
-                yield widget
-        for _, _, widget in sorted(later, key=lambda item: item[:2]):
-            yield widget
-
-    def on_resize(self) -> None:
-        if self._size_band is not None and self._band() != self._size_band:
-            self.call_after_refresh(self.recompose)
 
 
 class LiveText(KeepsLines, Widget):
@@ -272,9 +215,9 @@ class GpuCard(DrawnText):
             return
         width = self.content_region.width or 78
         if self.compact:
-            self.show(render.compact_text(g, width, focused=self._focused))
+            self.show(cards.compact_text(g, width, focused=self._focused))
         else:
-            self.show(render.card_text(g, width, focused=self._focused))
+            self.show(cards.card_text(g, width, focused=self._focused))
             if self.border_title is not None:
                 self.border_title = None  # setting it repaints the whole card
 

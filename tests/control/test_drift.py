@@ -14,7 +14,7 @@ from gpustation.control.drift import applied_now, find_drift, mark_drift
 from gpustation.serve.exporter import snapshot_metrics
 from gpustation.telemetry.alerts import conditions
 from gpustation.telemetry.sampler import Sampler
-from gpustation.tui.render import card_text
+from gpustation.tui.cards import card_text
 from tests.control.conftest import RecordingSim, cli, journal_entries
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import html
 import inspect
+import re
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -161,3 +163,30 @@ def control_ui(app: Any) -> ControlUI:
         if isinstance(screen, ControlScreen):
             return screen.ui
     raise AssertionError(f"no control screen in {app.screen_stack}")
+
+
+_SVG_TEXT = re.compile(r'<text class="[^"]*" x="([\d.]+)" y="([\d.]+)"[^>]*>(.*?)</text>')
+#: the cell size Rich's SVG export draws with (rich.console.Console.export_svg)
+_CELL_W, _LINE_H, _BASELINE = 20 * 0.61, 20 * 1.22, 20
+
+
+def screen_lines(app: Any) -> list[str]:
+    """The screen as drawn, a string per row: the text of ``app.export_screenshot()``
+    put back at its cells (what a user sees, dialogs over their screen included)."""
+    rows: dict[int, dict[int, str]] = {}
+    for m in _SVG_TEXT.finditer(app.export_screenshot()):
+        x, y = float(m.group(1)), float(m.group(2))
+        text = html.unescape(m.group(3)).replace("\xa0", " ")
+        rows.setdefault(round((y - _BASELINE) / _LINE_H), {})[round(x / _CELL_W)] = text
+    height = app.size[1]
+    out = []
+    for row in range(height):
+        line = ""
+        for column, text in sorted(rows.get(row, {}).items()):
+            line = line.ljust(column)[:column] + text
+        out.append(line.rstrip())
+    return out
+
+
+def screen_text(app: Any) -> str:
+    return "\n".join(screen_lines(app))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from textual.app import App, ComposeResult
 from textual.geometry import Region
 
-from gpustation.tui.widgets import KeysFooter, LiveText, Rows, ScrollRows
+from gpustation.tui.footer import KeysFooter
+from gpustation.tui.widgets import LiveText, Rows, ScrollRows
 
 
 class Page(App[None]):

@@ -47,7 +47,7 @@ async def test_a_remapped_key_runs_the_action_and_the_default_key_no_longer_does
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
         help_text = app.screen.query_one("#help").plain  # type: ignore[attr-defined]
         assert "x         Metric" in help_text  # help shows the keys in force
-        assert "o,f5      Sort" in help_text
+        assert "o, f5     Sort" in help_text
 
 
 @pytest.mark.parametrize(

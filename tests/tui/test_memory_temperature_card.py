@@ -8,7 +8,7 @@ import pytest
 from gpustation.telemetry.model import GpuSample, Snapshot
 from gpustation.telemetry.table import gpu_lines
 from gpustation.tui.app import DashboardApp
-from gpustation.tui.render import card_text
+from gpustation.tui.cards import card_text
 from gpustation.tui.widgets import GpuCard, LiveText
 
 from .conftest import first_frame, make_app, wait_for

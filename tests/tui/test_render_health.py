@@ -10,7 +10,7 @@ from gpustation.telemetry.model import (
     RemappedRows,
     XidEvent,
 )
-from gpustation.tui.render import card_text
+from gpustation.tui.cards import card_text
 
 
 def h200(**kw: object) -> GpuSample:
@@ -59,7 +59,7 @@ def test_gpm_xid_remap_and_mig_instances_show_on_the_card() -> None:
 def test_a_lost_gpu_says_lost_on_both_cards_and_shows_no_stale_figure() -> None:
     """A lost GPU's last readings are never drawn as if live, on the full card
     or on the two-line card used for small terminals and many GPUs."""
-    from gpustation.tui.render import compact_text
+    from gpustation.tui.cards import compact_text
 
     gpu = h200(
         lost=True,

@@ -49,7 +49,7 @@ from .conftest import make_app as make_dashboard
 
 pytestmark = pytest.mark.timeout(120)
 
-PRESET, STATUS = 1, 4  # the runs table's columns
+PRESET, STATUS = 1, 5  # the runs table's columns (mark, preset, run, step, loss, status)
 RUNS_ENTRY = next(e for e in SCREENS_BY_MODE if e.mode == "runs")
 
 

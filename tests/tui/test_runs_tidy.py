@@ -157,7 +157,8 @@ async def test_note_and_tags_are_written_and_shown(gpustation_dirs: dict[str, Pa
     first, second = past_runs(root, [("resnet50-bf16", {}), ("resnet50-bf16", {"lr": 0.2})])
     notes_file = root / first / rundir.ANNOTATIONS_JSON
     app = make_app()
-    async with app.run_test(size=(160, 48)) as pilot:
+    # wide enough for the table's tags and note column
+    async with app.run_test(size=(240, 70)) as pilot:
         await open_runs(pilot, 2)
         await select(pilot, first)
         # The preset's own tags (train, vision, bench) are not repeated in every row.
@@ -222,7 +223,8 @@ async def test_a_note_with_brackets_is_shown_as_written(gpustation_dirs: dict[st
     root = gpustation_dirs["data"] / "runs"
     (first,) = past_runs(root, [("resnet50-bf16", {})])
     app = make_app()
-    async with app.run_test(size=(160, 48)) as pilot:
+    # wide enough for the table's tags and note column
+    async with app.run_test(size=(240, 70)) as pilot:
         await open_runs(pilot, 1)
         await select(pilot, first)
         await pilot.press("n")

@@ -33,10 +33,11 @@ from gpustation.tui.control.ui import (
     FansHandedBack,
     ordered_profiles,
 )
+from gpustation.tui.footer import KeysFooter
 from gpustation.tui.readonly import refused
 from gpustation.tui.screens import LiveScreen
 from gpustation.tui.source import Frame
-from gpustation.tui.widgets import KeysFooter, LiveText
+from gpustation.tui.widgets import LiveText
 
 
 class ControlScreen(LiveScreen):

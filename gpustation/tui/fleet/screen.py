@@ -47,13 +47,13 @@ from gpustation.fleet.fleet import (
 from gpustation.fleet.ssh import UP
 from gpustation.telemetry.model import Snapshot
 from gpustation.telemetry.rings import METRIC_KEYS, METRICS, History
+from gpustation.tui.footer import KeysFooter
 from gpustation.tui.keys import KeymapConfig, apply_keymap, load_keymap
 from gpustation.tui.procrows import process_rows
 from gpustation.tui.widgets import (
     GpuCard,
     HistoryGraph,
     HostPane,
-    KeysFooter,
     ProcessTable,
     set_size_classes,
 )

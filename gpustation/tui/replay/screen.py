@@ -127,6 +127,8 @@ class ReplayApp(DashboardApp):
         Binding("n", "mark(1)", "Next mark", id="replay.next_mark"),
         Binding("N", "mark(-1)", "Prev mark", key_display="N", id="replay.prev_mark"),
     ]
+    #: the footer's keys, most needed first (see tui/footer.py): moving in the recording
+    FOOTER_NEED = ("seek", "step", "toggle_pause", "goto", "mark", "speed")
 
     source: ReplaySource
 

@@ -4,6 +4,7 @@ A module per job: :mod:`.model` (a run as the screen shows it, no textual),
 :mod:`.poller` (reading run directories off the UI thread),
 :mod:`.controller` (the screen's runs: views, launching, stopping, quitting;
 it posts messages to the screen and never imports it), :mod:`.widgets`,
+:mod:`.table` (the runs table),
 :mod:`.dialogs`, the launch forms (:mod:`.form`, :mod:`.command_form`, both
 dismissing with :mod:`.launch_request`'s request), :mod:`.compare`, and the
 panes, each a widget handed the screen's :class:`RunsUI`: the preset list
@@ -24,7 +25,8 @@ from gpustation.tui.runs.launch_request import LaunchRequest
 from gpustation.tui.runs.model import MAX_LOG_LINES, RunView
 from gpustation.tui.runs.screen import RunsScreen
 from gpustation.tui.runs.sweeps import SweepsScreen
-from gpustation.tui.runs.widgets import LossPlot, QuietFooter, RunLog, RunsTable
+from gpustation.tui.runs.table import RunsTable
+from gpustation.tui.runs.widgets import LossPlot, QuietFooter, RunLog
 
 __all__ = [
     "MAX_LOG_LINES",

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from rich.console import RenderableType
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
@@ -17,7 +18,9 @@ from textual.widgets import Static
 from gpustation.runs.compare import compare
 from gpustation.runs.curves import RunCurves, read_curves
 from gpustation.runs.store.index import RunStore
+from gpustation.tui.runs.model import short_ids
 from gpustation.tui.runs.overlay import OverlayPlot, OverlayRun, legend
+from gpustation.tui.widgets import set_size_classes
 
 
 class CompareRead(Message):
@@ -48,8 +51,10 @@ def read_comparison(run_ids: list[str]) -> CompareRead:
         ]
         curves = read_curves(Path(r.run_dir)) if r.run_dir else RunCurves()
         runs.append(OverlayRun(r.id, r.preset or "", " ".join(differs), curves))
+    # The legend names each run whole: the table's columns go by the ends of their ids.
+    short = short_ids([r.id for r in records])
     return CompareRead(
-        comparison.renderable(),
+        comparison.renderable(labels=[short[r.id] for r in records]),
         comparison.caption(),
         runs,
         [r.id for r in records],
@@ -71,6 +76,8 @@ class CompareScreen(ModalScreen[None]):
                       text-overflow: ellipsis; }
     #compare-scroll { height: 1fr; padding: 0 1; }
     #compare-caption { height: auto; padding: 0 1; color: $text-muted; }
+    CompareScreen.-short #compare-box { width: 100%; height: 100%; }
+    CompareScreen.-short #compare-plot { height: 7; }
     """
 
     def __init__(self, run_ids: list[str]) -> None:
@@ -88,7 +95,13 @@ class CompareScreen(ModalScreen[None]):
             yield Static("", id="compare-caption")
 
     def on_mount(self) -> None:
+        self.query_one("#compare-box").border_title = "x steps/time · Esc closes"
+        # A short terminal: the whole screen, and the plot gives the table its rows.
+        set_size_classes(self, self.app.size)
         self.run_worker(self._load, thread=True, exit_on_error=False)
+
+    def on_resize(self, event: events.Resize) -> None:
+        set_size_classes(self, event.size)
 
     def _load(self) -> None:
         try:
@@ -102,9 +115,7 @@ class CompareScreen(ModalScreen[None]):
         self.shown = message.run_ids
         self.query_one("#compare-legend", Static).update(legend(message.runs))
         self.query_one("#compare-table", Static).update(message.table)
-        self.query_one("#compare-caption", Static).update(
-            Text(f"{message.caption} · x steps/time · Esc closes")
-        )
+        self.query_one("#compare-caption", Static).update(Text(message.caption))
         self.query_one("#compare-plot", OverlayPlot).show(message.runs)
 
     def action_toggle_axis(self) -> None:

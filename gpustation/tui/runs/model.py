@@ -9,6 +9,7 @@ textual import.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,22 @@ def fmt_value(value: float | None, digits: int = 4) -> str:
     if abs(value) >= 10000:
         return f"{value:,.0f}"
     return f"{value:.{digits}f}"
+
+
+def short_ids(ids: Sequence[str], least: int = 4) -> dict[str, str]:
+    """Each run id's shortest tail of whole ``-`` parts (``least`` characters or more)
+    that no other of ``ids`` contains: enough for ``gpustation runs show`` to find
+    that run among them. An id with no such tail stands whole."""
+    out: dict[str, str] = {}
+    for run_id in ids:
+        parts = run_id.split("-")
+        out[run_id] = run_id
+        for n in range(1, len(parts)):
+            tail = "-".join(parts[-n:])
+            if len(tail) >= least and not any(tail in other for other in ids if other != run_id):
+                out[run_id] = tail
+                break
+    return out
 
 
 # ---- what the poll worker hands over ---------------------------------------------------------

@@ -50,6 +50,7 @@ class PruneDialog(ModalScreen[tuple[float, str, str | None] | None]):
     PruneDialog { align: center middle; }
     #prune-box { width: 64; max-width: 100%; height: auto; border: round $warning;
                  background: $panel; padding: 1 2; }
+    #prune-box Label { width: 100%; }
     #prune-error { color: $error; height: auto; }
     #prune-buttons { height: auto; margin-top: 1; }
     #prune-buttons Button { margin-right: 2; }
@@ -183,6 +184,7 @@ class FilterDialog(ModalScreen[str | None]):
     FilterDialog { align: center middle; }
     #filter-box { width: 70; max-width: 100%; height: auto; border: round $accent;
                   background: $panel; padding: 1 2; }
+    #filter-box Label { width: 100%; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
 

@@ -12,7 +12,6 @@ collection walks only what was made since.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -20,7 +19,9 @@ from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.geometry import Size
 from textual.message import Message
+from textual.screen import Screen
 from textual.widgets import DataTable, OptionList
 
 from gpustation.runs import rundir
@@ -58,16 +59,25 @@ from gpustation.tui.runs.overlay import too_many
 from gpustation.tui.runs.poller import RunsPolled
 from gpustation.tui.runs.preset_pane import PresetPane
 from gpustation.tui.runs.sweeps import SweepsScreen, sweep_of
+from gpustation.tui.runs.table import RunRow, RunsTable
 from gpustation.tui.runs.widgets import (
     QuietFooter,
-    RunsTable,
     energy_cell,
     run_gpus,
     run_header,
 )
 from gpustation.tui.screens import LiveScreen
 from gpustation.tui.source import Frame
-from gpustation.tui.widgets import LiveText
+from gpustation.tui.widgets import NARROW_W, SHORT_H, LiveText
+
+#: smaller than this, the screen shows one pane at a time (o moves on): the
+#: screens' narrow and short sizes
+ONE_PANE_W, ONE_PANE_H = NARROW_W, SHORT_H
+#: the panes shown one at a time, in the order o goes through them: the runs
+#: and presets, the selected run's loss curve and log, its GPU plot
+PANES = ("runs", "run", "gpus")
+#: this wide and more, the runs and presets take over half the width
+ROOMY_W = 200
 
 
 class RunRead(Message):
@@ -77,21 +87,6 @@ class RunRead(Message):
         super().__init__()
         self.run = run
 
-
-#: the runs table's columns (label, key), in the order of :meth:`RunsScreen._cells`
-RUN_COLUMNS = (
-    ("", "mark"),
-    ("preset", "preset"),
-    ("step", "step"),
-    ("loss", "loss"),
-    ("status", "status"),
-    ("energy", "energy"),
-    ("time", "time"),
-    ("GPUs", "gpus"),
-    ("started", "started"),
-    ("tags · note", "notes"),
-)
-STATUS_COLUMN = 4
 
 # ---- the screen -----------------------------------------------------------------------------
 
@@ -121,10 +116,28 @@ class RunsScreen(LiveScreen):
         Binding("j", "cursor(1)", "Down", show=False, id="runs.down"),
         Binding("k", "cursor(-1)", "Up", show=False, id="runs.up"),
         Binding("escape", "app.show_dashboard", "Back", id="runs.back"),
+        Binding(
+            "o",
+            "next_pane",
+            "Next pane",
+            tooltip="below 100 columns or 32 rows one pane shows at a time: the runs and "
+            "presets, the loss curve and log, the GPU plot",
+            id="runs.pane",
+        ),
     ]
-    # The presets and runs pane takes 40 % of the width up to 64 columns (84
-    # on a wide terminal, for more of the runs table); below 100
-    # columns the panes stack. Short terminals get smaller lists and plot.
+    #: the views the screen opens over itself, for help: (what each is, its class)
+    HELP_OVERLAYS: ClassVar[tuple[tuple[str, type[Screen[None]]], ...]] = (
+        ("compare view (v)", CompareScreen),
+        ("sweeps view (S)", SweepsScreen),
+    )
+    #: the footer's keys, most needed first (see tui/footer.py)
+    FOOTER_NEED = ("next_pane", "follow", "launch", "stop", "quit", "show_help", "mark", "compare")
+    # Side by side: the presets and runs take 40 % of the width up to 64
+    # columns (84 on a wide terminal; over half of a roomy one, for every
+    # column of the runs table);
+    # the run's plots and log share the rest of the height, 3 to 2. Smaller
+    # than ONE_PANE_W x ONE_PANE_H, one pane fills the screen at a time (o
+    # moves on): the runs and presets, the loss curve and log, the GPU plot.
     DEFAULT_CSS = """
     #runs-body { height: 1fr; }
     #runs-left { width: 40%; min-width: 36; max-width: 64; }
@@ -137,29 +150,31 @@ class RunsScreen(LiveScreen):
     #runs-right { width: 1fr; }
     #run-header { height: 4; padding: 0 1; }
     #run-gpus { height: auto; padding: 0 1; }
-    #run-plot { height: 14; }
+    #run-detail { height: 3fr; }
+    #run-detail.-profile { height: 1fr; }
+    #run-plot { height: 3fr; min-height: 7; }
+    #run-telemetry { height: 2fr; min-height: 6; }
+    #run-cursor { height: 1; padding: 0 1; }
+    LogPane { height: 2fr; min-height: 5; }
     #run-log { height: 1fr; border: round $panel; }
     #run-log:focus { border: round $accent; }
     #run-log-hint { height: 1; padding: 0 1; }
-    #run-telemetry { height: 9; }
-    #run-cursor { height: 1; padding: 0 1; }
     RunsScreen.-profile LogPane { display: none; }
-    RunsScreen.-short #run-telemetry { height: 6; }
-    RunsScreen.-tall #run-telemetry { height: 12; }
-    RunsScreen.-narrow.-short #run-telemetry { display: none; }
-    RunsScreen.-narrow.-short #run-cursor { display: none; }
-    RunsScreen.-wide #runs-left { max-width: 84; }
     RunsScreen.-short #runs-presets { height: 8; }
-    RunsScreen.-short #run-plot { height: 8; }
     RunsScreen.-tall #runs-presets { height: 16; }
-    RunsScreen.-tall #run-plot { height: 20; }
-    RunsScreen.-narrow #runs-body { layout: vertical; }
-    RunsScreen.-narrow #runs-left { width: 100%; max-width: 100%; height: 45%; min-height: 11; }
-    RunsScreen.-narrow #runs-right { height: 1fr; }
-    RunsScreen.-narrow #runs-presets { height: 5; }
-    RunsScreen.-narrow #runs-table { min-height: 6; }
-    RunsScreen.-narrow #runs-preset-info { display: none; }
-    RunsScreen.-narrow.-short #run-plot { display: none; }
+    RunsScreen.-wide #runs-left { max-width: 84; }
+    RunsScreen.-roomy #runs-left { width: 55%; max-width: 140; }
+    RunsScreen.-one-pane #runs-left { width: 100%; max-width: 100%; }
+    RunsScreen.-one-pane #runs-right { width: 100%; }
+    RunsScreen.-one-pane #runs-presets { height: 6; }
+    RunsScreen.-one-pane #runs-preset-info { display: none; }
+    RunsScreen.-pane-runs #runs-right { display: none; }
+    RunsScreen.-pane-run #runs-left, RunsScreen.-pane-gpus #runs-left { display: none; }
+    RunsScreen.-pane-run #run-detail, RunsScreen.-pane-run LogPane { height: 1fr; }
+    RunsScreen.-pane-run #run-telemetry, RunsScreen.-pane-run #run-cursor { display: none; }
+    RunsScreen.-pane-run #run-plot { height: 1fr; }
+    RunsScreen.-pane-gpus LogPane, RunsScreen.-pane-gpus #run-plot { display: none; }
+    RunsScreen.-pane-gpus #run-detail, RunsScreen.-pane-gpus #run-telemetry { height: 1fr; }
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -168,16 +183,13 @@ class RunsScreen(LiveScreen):
         self.ui = RunsUI(self.app)
         # The panes, each handed the RunsUI: they read it and never reach back here.
         self.preset_pane = PresetPane(self.ui)
-        self.detail = RunDetail(self.ui)
+        self.detail = RunDetail(self.ui, id="run-detail")
         self.log_pane = LogPane(self.ui)
-        self._columns_ready = False
-        self._row_ids: list[str] = []
-        self._row_cells: dict[str, tuple[str, ...]] = {}
         self._dirty = True
-        #: whether the energy column was last labelled with a cost
-        self._priced: bool | None = None
         #: the runs table shows only the runs matching this (prune.matches); "" all
         self.run_filter = ""
+        #: the pane shown on a small terminal (one of PANES); None: side by side
+        self.pane: str | None = None
 
     def compose(self) -> ComposeResult:
         yield LiveText(id="banner")
@@ -196,13 +208,9 @@ class RunsScreen(LiveScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        table = self.query_one("#runs-table", DataTable)
-        table.border_title = RUNS_TITLE
-        # Preset, step and loss first: a narrow table keeps them in view (the
-        # selected run's status is in the run pane too).
-        for label, key in RUN_COLUMNS:
-            table.add_column(label, key=key)
+        self.query_one("#runs-table", DataTable).border_title = RUNS_TITLE
         self.ui.start(self)
+        self.fit_panes(self.app.size)
         self.preset_pane.show_presets()
         self.runs_changed(True, True)
         self.query_one("#runs-presets", OptionList).focus()
@@ -213,8 +221,49 @@ class RunsScreen(LiveScreen):
         self.ui.close()
 
     def on_resize(self, event: events.Resize) -> None:
+        self.fit_panes(event.size)
         # The preset lines are cut to the list's width: cut them again for the new one.
         self.call_after_refresh(self.preset_pane.show_presets)
+
+    # -- one pane at a time on a small terminal -------------------------------------------
+    def fit_panes(self, size: Size) -> None:
+        """Side by side, or one pane at a time below ONE_PANE_W x ONE_PANE_H."""
+        if not size.width:
+            return
+        self.set_class(size.width >= ROOMY_W, "-roomy")
+        small = size.width < ONE_PANE_W or size.height < ONE_PANE_H
+        if small == (self.pane is not None):
+            return
+        self.set_class(small, "-one-pane")
+        # The runs and presets first: where a run is chosen or launched.
+        self.show_pane(PANES[0] if small else None)
+        self.refresh_bindings()  # o shows in the footer only now
+
+    def show_pane(self, pane: str | None) -> None:
+        """Show ``pane`` alone (None: every pane, side by side) and give it the focus."""
+        self.pane = pane
+        for name in PANES:
+            self.set_class(pane == name, f"-pane-{name}")
+        if pane == "runs":
+            self.query_one("#runs-table", DataTable).focus()
+        elif pane == "run":
+            self.query_one("#run-log").focus()
+        elif pane == "gpus":
+            self.set_focus(None)
+        # Plots hidden until now are drawn for their size once laid out.
+        self.call_after_refresh(self._show_selected)
+
+    def action_next_pane(self) -> None:
+        if self.pane is not None:
+            self.show_pane(PANES[(PANES.index(self.pane) + 1) % len(PANES)])
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # o moves between panes only where they are shown one at a time
+        return self.pane is not None if action == "next_pane" else True
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if self.pane == "runs":
+            self.show_pane("run")  # Enter on a run: its loss curve and log
 
     def on_screen_resume(self) -> None:
         super().on_screen_resume()
@@ -246,6 +295,8 @@ class RunsScreen(LiveScreen):
     def on_launched(self, message: Launched) -> None:
         view = self.ui.launched(message)
         self.runs_changed(True, False, select=view.id)
+        if self.pane is not None:
+            self.show_pane("run")  # the run just launched, followed
 
     def on_launch_failed(self, message: LaunchFailed) -> None:
         self.ui.launch_failed(message)
@@ -278,7 +329,7 @@ class RunsScreen(LiveScreen):
         self.action_launch()
 
     # -- the runs table -------------------------------------------------------------------
-    def _cells(self, v: RunView, now: float) -> tuple[str, ...]:
+    def _row(self, v: RunView, now: float) -> RunRow:
         started = (
             time.strftime("%m-%d %H:%M", time.localtime(v.started_at)) if v.started_at else "-"
         )
@@ -286,18 +337,20 @@ class RunsScreen(LiveScreen):
         step = s.steps
         total = s.total_steps
         step_text = "-" if step is None else (f"{step}/{total}" if total else str(step))
-        return (
-            "✓" if v.marked else "",
-            v.preset or v.title or "?",
-            step_text,
-            fmt_value(s.final_loss),
-            v.status_text(),
-            energy_cell(v.summary, self.ui.price),
-            fmt_duration(v.elapsed_s(now)) if not v.active else "",
-            gpus_text(v.summary),
-            started,
-            tidy.notes_cell(v.summary, self.ui.presets),
-        )
+        cells = {
+            "mark": "✓" if v.marked else "",
+            "preset": v.preset or v.title or "?",
+            "id": v.id,
+            "step": step_text,
+            "loss": fmt_value(s.final_loss),
+            "status": v.status_text(),
+            "energy": energy_cell(v.summary, self.ui.price),
+            "time": fmt_duration(v.elapsed_s(now)) if not v.active else "",
+            "gpus": gpus_text(v.summary),
+            "started": started,
+            "notes": tidy.notes_cell(v.summary, self.ui.presets),
+        }
+        return RunRow(v.id, cells, STATUS_STYLE.get(v.status, ""))
 
     def runs_changed(self, table: bool, selected: bool, select: str | None = None) -> None:
         """The UI has new data: redraw what is visible (or remember to, when hidden)."""
@@ -307,80 +360,29 @@ class RunsScreen(LiveScreen):
             self._dirty = True
             return
         self._dirty = False
-        if self.price_changed(RUN_COLUMNS):
-            self._row_ids = []  # the rows are made again under the new column
-        if table or select:
+        runs = self.query_one("#runs-table", RunsTable)
+        if table or select or (self.ui.price is not None) != runs.priced:
             self._update_table(select)
         if selected or select:
             self._show_selected()
             self.log_pane.show_hint()
 
-    def price_changed(self, columns: Sequence[tuple[str, str]]) -> bool:
-        """Label the energy column for the price known now; True: the rows must be made again.
-
-        ``columns``: the runs table's (label, key), the energy column's key ``energy``.
-        """
-        priced = self.ui.price is not None
-        if priced == self._priced:
-            return False
-        self._priced = priced
-        table = self.query_one("#runs-table", DataTable)
-        table.clear(columns=True)
-        for label, key in columns:
-            if key == "energy" and priced:
-                label = "energy · cost"
-            table.add_column(label, key=key)
-        return True
-
     def _update_table(self, select: str | None = None) -> None:
-        table = self.query_one("#runs-table", DataTable)
+        table = self.query_one("#runs-table", RunsTable)
         now = time.time()
         views = self.ui.ordered()
         if self.run_filter:
             views = prune.filtered(views, self.run_filter)
-        ids = [v.id for v in views]
-        if ids != self._row_ids:
-            current = select or self.ui.selected
-            table.clear()
-            self._row_cells.clear()
-            for v in views:
-                cells = self._cells(v, now)
-                self._row_cells[v.id] = cells
-                table.add_row(*self._styled(cells, v), key=v.id)
-            self._row_ids = ids
-            if current in ids:
-                table.move_cursor(row=ids.index(current), animate=False)
-            elif ids:
-                table.move_cursor(row=0, animate=False)
-        else:
-            if select in ids:
-                table.move_cursor(row=ids.index(select), animate=False)
-            columns = list(table.columns)
-            for v in views:
-                cells = self._cells(v, now)
-                old = self._row_cells.get(v.id)
-                if cells == old:
-                    continue
-                self._row_cells[v.id] = cells
-                styled = self._styled(cells, v)
-                for n, value in enumerate(styled):
-                    if old is None or cells[n] != old[n]:
-                        table.update_cell(v.id, columns[n], value, update_width=True)
+        rows = [self._row(v, now) for v in views]
+        table.show_runs(rows, self.ui.price is not None, select, self.ui.selected)
         self._sync_selection()
 
-    @staticmethod
-    def _styled(cells: tuple[str, ...], v: RunView) -> list[Text]:
-        # Text, never markup: presets, notes and tags are the user's words ("[/]" too).
-        out = [Text(cell) for cell in cells]
-        out[STATUS_COLUMN] = Text(cells[STATUS_COLUMN], style=STATUS_STYLE.get(v.status, ""))
-        return out
-
     def _sync_selection(self) -> None:
-        table = self.query_one("#runs-table", DataTable)
+        table = self.query_one("#runs-table", RunsTable)
         run_id: str | None = None
         if table.row_count:
             row = min(max(table.cursor_row, 0), table.row_count - 1)
-            run_id = self._row_ids[row] if row < len(self._row_ids) else None
+            run_id = table.row_ids[row] if row < len(table.row_ids) else None
         if run_id != self.ui.selected:
             self.ui.select(run_id)
             self.log_pane.reload()
@@ -554,6 +556,8 @@ class RunsScreen(LiveScreen):
     def action_profile(self) -> None:
         detail = self.detail
         detail.toggle_profile()
+        if self.pane == "runs":
+            self.show_pane("run")  # the profile shows where the loss curve and log do
         self.set_class(detail.profile, "-profile")  # the profile takes the log's place too
 
     def action_sweeps(self) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from rich.text import Text
 
+from gpustation.runs.compare import SIMULATED
 from gpustation.runs.fold import ema
 from gpustation.runs.timeline import Timeline
 from gpustation.telemetry import format as fmt
@@ -225,8 +226,16 @@ class TimeCursor:
 KEY_HINTS = ("[ ] { } move", "P profile", "S sweeps")
 
 
+#: the parts of the cursor's line given up where it is short of room, the first
+#: first: "not throttled", the step (the header has it), the temperature, the
+#: utilisation (the key hints go before any)
+_SPARE = {"not throttled": 4, "step": 3, "temperature": 2, "utilisation": 1}
+
+
 def cursor_line(view: RunView | None, cursor: TimeCursor, width: int = 0) -> Text:
-    """The run and its GPUs at the cursor, in one line (``width``: room for the key hints)."""
+    """The run and its GPUs at the cursor, in one line of ``width`` (0: any) columns:
+    the loss, power and throttling stay; the key hints, "not throttled", the step,
+    the temperature and the utilisation go where there is no room for them."""
     line = Text()
     if view is None:
         return line
@@ -237,20 +246,29 @@ def cursor_line(view: RunView | None, cursor: TimeCursor, width: int = 0) -> Tex
         return line
     at = cursor.position(timeline)
     loss, gpu = timeline.at(at)
-    line.append("▶ " if cursor.at_s is not None else "at the end ", style="bold")
-    line.append(f"{fmt_duration(at)} ", style="bold")
+    parts: list[tuple[str, str, str]] = []  # (what, text, style)
+    parts.append(("", "▶ " if cursor.at_s is not None else "at the end ", "bold"))
+    parts.append(("", f"{fmt_duration(at)} ", "bold"))
     if loss is not None:
         if loss.step is not None:
-            line.append(f"· step {loss.step:,} ")
-        line.append(f"· loss {fmt_value(loss.loss)} ")
+            parts.append(("step", f"· step {loss.step:,} ", ""))
+        parts.append(("", f"· loss {fmt_value(loss.loss)} ", ""))
     if gpu is not None:
-        line.append(f"· {fmt.num(gpu.power_w, 0, ' W')} ")
-        line.append(f"· {fmt.num(gpu.temperature_c, 0, ' °C')} ")
-        line.append(f"· util {fmt.num(gpu.utilization_pct, 0, ' %')} ")
+        parts.append(("", f"· {fmt.num(gpu.power_w, 0, ' W')} ", ""))
+        parts.append(("temperature", f"· {fmt.num(gpu.temperature_c, 0, ' °C')} ", ""))
+        parts.append(("utilisation", f"· util {fmt.num(gpu.utilization_pct, 0, ' %')} ", ""))
+        if view.summary.simulated:
+            parts.append(("", f"{SIMULATED} ", "bold yellow"))
         if gpu.throttle:
-            line.append(f"· throttled: {fmt.throttle(list(gpu.throttle))} ", style="yellow")
+            parts.append(("", f"· throttled: {fmt.throttle(list(gpu.throttle))} ", "yellow"))
         else:
-            line.append("· not throttled ", style="dim")
+            parts.append(("not throttled", "· not throttled ", "dim"))
+    for what, _ in sorted(_SPARE.items(), key=lambda item: -item[1]):
+        if not width or sum(len(p[1]) for p in parts) - 1 <= width:  # less its last space
+            break
+        parts = [p for p in parts if p[0] != what]
+    for _, text, style in parts:
+        line.append(text, style=style)
     hints = ""
     for hint in KEY_HINTS:
         more = f"{hints} · {hint}" if hints else f" {hint}"

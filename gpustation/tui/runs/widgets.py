@@ -1,4 +1,4 @@
-"""The runs screen's widgets: the log pane, the runs table, the loss curve, the footer.
+"""The runs screen's widgets: the log pane, the loss curve, the footer.
 
 Keys stay quick while a run floods its log (``bench/log_flood.py``): the log
 pane and the runs table change their scrollable size without a relayout of
@@ -17,13 +17,11 @@ from rich.segment import Segment
 from rich.text import Text
 from textual import events
 from textual.geometry import Size
-from textual.reactive import Reactive
 from textual.screen import Screen
 from textual.scroll_view import ScrollView
 from textual.scrollbar import ScrollTo, ScrollUp
 from textual.selection import Selection
 from textual.strip import Strip
-from textual.widgets import DataTable, Footer
 
 from gpustation.runs.compare import SIMULATED, energy_text, fmt_energy, fmt_num, sim_marked
 from gpustation.runs.cost import Price
@@ -34,6 +32,7 @@ from gpustation.telemetry import format as fmt
 from gpustation.telemetry import health
 from gpustation.telemetry.model import GpuSample
 from gpustation.textsafe import safe
+from gpustation.tui.footer import KeysFooter
 from gpustation.tui.runs.model import (
     MAX_LOG_LINES,
     STATUS_STYLE,
@@ -120,7 +119,8 @@ def energy_line(view: RunView, price: Price | None) -> Text | None:
         per_unit = energy / s.work
     unit = s.work_unit or "unit"
     if per_unit:
-        line.append(f" · {fmt_num(per_unit, 3)} J/{unit} · {fmt_num(1 / per_unit, 2)} {unit}/J")
+        figures = f"{fmt_num(per_unit, 3)} J/{unit} · {fmt_num(1 / per_unit, 2)} {unit}/J"
+        line.append(f" · {sim_marked(s, figures)}")
     return line
 
 
@@ -404,22 +404,7 @@ class RunLog(ScrollView, can_focus=True):
             self._on_change()
 
 
-class RunsTable(DataTable[Any]):
-    """The runs table: a new row changes its scrollable height, never the screen's layout.
-
-    Only for a table whose size the stylesheet fixes (``height: 1fr``): then
-    the rows it holds move its scrollbar and nothing else, and a run starting
-    or ending need not lay the whole screen out again. Showing or hiding the
-    scrollbar still does (its own reactive).
-    """
-
-    virtual_size: Reactive[Size] = Reactive(Size(0, 0), layout=False)
-
-    def watch_virtual_size(self, size: Size) -> None:
-        fit_scrollbars(self, size)
-
-
-class QuietFooter(Footer):
+class QuietFooter(KeysFooter):
     """A footer rebuilt only when the keys it would show change.
 
     Textual's footer rebuilds itself (a dozen widgets, so a relayout of the
