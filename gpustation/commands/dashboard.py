@@ -23,9 +23,13 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--prometheus: give --host or --prometheus, not both")
         # start-up time: the TUI (textual)
         from gpustation.tui.fleet.screen import FleetApp
+        from gpustation.tui.keyids import keymap_from_config
 
         app = FleetApp(
-            [], refresh_s=refresh, fleet=prometheus_fleet(prometheus, load_fleet_config(), refresh)
+            [],
+            refresh_s=refresh,
+            fleet=prometheus_fleet(prometheus, load_fleet_config(), refresh),
+            keymap=keymap_from_config(),
         )
         try:
             return int(app.run() or 0)
@@ -34,8 +38,14 @@ def run(args: argparse.Namespace) -> int:
     if hosts:
         # start-up time: the TUI (textual)
         from gpustation.tui.fleet.screen import run_fleet
+        from gpustation.tui.keyids import keymap_from_config
 
-        return run_fleet(hosts, refresh_s=refresh, ssh_config=getattr(args, "ssh_config", None))
+        return run_fleet(
+            hosts,
+            refresh_s=refresh,
+            ssh_config=getattr(args, "ssh_config", None),
+            keymap=keymap_from_config(),
+        )
     # start-up time: the recorder and the dashboard's source only for the dashboard
     from gpustation.tui.source import dashboard_source
 
@@ -55,11 +65,13 @@ def run(args: argparse.Namespace) -> int:
         source.start_first_pass()
         # start-up time: the TUI (textual) loads while the first pass reads
         from gpustation.tui.app import run_dashboard
+        from gpustation.tui.keyids import keymap_from_config
 
         return run_dashboard(
             refresh_s=refresh,
             read_only=bool(getattr(args, "read_only", False)),
             source=source,
+            keymap=keymap_from_config(),
         )
     finally:
         if recorder is not None:

@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
         return 0
     # start-up time: the TUI (textual)
+    from gpustation.tui.keyids import keymap_from_config
     from gpustation.tui.replay.screen import run_replay
 
-    return run_replay(recording, speed=speed, start=start)
+    return run_replay(recording, speed=speed, start=start, keymap=keymap_from_config())

@@ -60,7 +60,7 @@ from gpustation.telemetry.alerts import (
 from gpustation.telemetry.backend import Backend
 from gpustation.telemetry.model import Snapshot
 from gpustation.telemetry.rings import METRIC_KEYS, METRICS, History
-from gpustation.tui.keys import KeymapConfig, apply_keymap, load_keymap
+from gpustation.tui.keys import KeymapConfig, apply_keymap
 from gpustation.tui.modes import (
     BUILTIN_MODES,
     SCREENS_BY_MODE,
@@ -186,7 +186,7 @@ class DashboardApp(ProcessActions):
         self._modes_in_use = [e for e in entries if available(e)]
         self.MODES = {e.mode: screen_maker(e) for e in self._modes_in_use}  # type: ignore[misc]
         #: the [keys] table of config.toml, applied on mount
-        self.keymap_config = keymap if keymap is not None else load_keymap()
+        self.keymap_config = keymap if keymap is not None else KeymapConfig()
         super().__init__()
         known = {e.mode for e in SCREENS_BY_MODE}
         for entry in self._modes_in_use:
@@ -573,6 +573,7 @@ def run_dashboard(
     record_error: str | None = None,
     read_only: bool = False,
     source: DataSource | None = None,
+    keymap: KeymapConfig | None = None,
 ) -> int:
     """Open the dashboard on this machine's GPUs (simulated ones when asked).
 
@@ -585,7 +586,7 @@ def run_dashboard(
         source = dashboard_source(gpus, simulate, sim_card, recorder)
     if record_error is not None:
         source.record_error = record_error
-    app = DashboardApp(source, refresh_s=refresh_s, read_only=read_only)
+    app = DashboardApp(source, refresh_s=refresh_s, read_only=read_only, keymap=keymap)
     try:
         result = app.run()
     finally:

@@ -19,7 +19,7 @@ default) and named in the report.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,14 +30,6 @@ from textual.dom import DOMNode
 
 from gpustation.config import config_path, read_config
 from gpustation.errors import UsageError
-
-#: the modules whose screens and widgets define gpustation's bindings
-BINDING_MODULES = (
-    "gpustation.tui.app",
-    "gpustation.tui.fleet.screen",
-    "gpustation.tui.control.screen",
-    "gpustation.tui.runs",
-)
 
 
 @dataclass
@@ -69,7 +61,7 @@ def _subclasses(cls: type) -> Iterator[type]:
         yield from _subclasses(sub)
 
 
-def binding_ids(modules: Iterable[str] = BINDING_MODULES) -> set[str]:
+def binding_ids(modules: Iterable[str]) -> set[str]:
     """Every binding id of gpustation's Textual classes (imports ``modules`` first)."""
     for name in modules:
         try:
@@ -99,18 +91,21 @@ def _keys_value(value: object) -> str | None:
     return ",".join(keys)
 
 
-def parse_keys(table: object, known: set[str] | None = None) -> KeymapConfig:
-    """Check a ``[keys]`` table: the keymap of its good entries and the problems."""
+def parse_keys(table: object, known: Callable[[], set[str]] | set[str]) -> KeymapConfig:
+    """Check a ``[keys]`` table: the keymap of its good entries and the problems.
+
+    ``known``: the binding ids there are, or what gives them (called only when
+    the table has entries: it imports every screen)."""
     config = KeymapConfig()
     if not isinstance(table, dict):
         config.problems.append("[keys] must be a table of binding id = key(s); using the defaults")
         return config
     if not table:
         return config
-    known = binding_ids() if known is None else known
+    ids = known() if callable(known) else known
     for binding_id, value in table.items():
         keys = _keys_value(value)
-        if binding_id not in known:
+        if binding_id not in ids:
             config.problems.append(f"unknown binding id {binding_id!r} in [keys]")
         elif keys is None:
             config.problems.append(
@@ -122,8 +117,11 @@ def parse_keys(table: object, known: set[str] | None = None) -> KeymapConfig:
     return config
 
 
-def load_keymap(path: Path | None = None, known: set[str] | None = None) -> KeymapConfig:
-    """Read ``[keys]`` from config.toml; a missing file or table means the defaults."""
+def load_keymap(known: Callable[[], set[str]] | set[str], path: Path | None = None) -> KeymapConfig:
+    """Read ``[keys]`` from config.toml; a missing file or table means the defaults.
+
+    The commands that open an app read it (``tui/keyids.py`` gives ``known``)
+    and hand it over: the screens never import the list that names them."""
     path = path or config_path()
     try:
         data = read_config(path)

@@ -15,6 +15,8 @@ from textual.pilot import Pilot
 from gpustation.fleet.fleet import Fleet
 from gpustation.telemetry.model import GpuSample, Snapshot
 from gpustation.tui.fleet.screen import FleetApp, FleetScreen, FleetTable, HostScreen
+from gpustation.tui.keyids import known_binding_ids
+from gpustation.tui.keys import load_keymap
 from gpustation.tui.widgets import GpuCard
 
 pytestmark = pytest.mark.timeout(180)
@@ -181,7 +183,7 @@ def test_the_fleet_takes_its_keys_from_config(
 
     async def scenario() -> None:
         fleet = Fleet(["a"], interval=0.3, argv_for=_argv_for(tmp_path), backoff_initial_s=5)
-        app = FleetApp([], fleet=fleet)
+        app = FleetApp([], fleet=fleet, keymap=load_keymap(known_binding_ids))
         async with app.run_test(size=(160, 40)) as pilot:
             await _wait(pilot, lambda: isinstance(app.screen, FleetScreen))
             screen = app.screen

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpustation.tui.keys import binding_ids, load_keymap, parse_keys
+from gpustation.tui.keyids import keymap_from_config, known_binding_ids
+from gpustation.tui.keys import load_keymap, parse_keys
 from gpustation.tui.screens import DashboardScreen, HelpScreen
 
 from .conftest import first_frame, make_app, notifications, wait_for
@@ -25,7 +26,8 @@ async def test_a_remapped_key_runs_the_action_and_the_default_key_no_longer_does
         gpustation_dirs["config"],
         '[keys]\n"app.metric" = "x"\n"dashboard.sort" = ["o", "f5"]\n',
     )
-    app, _ = make_app(count=2)
+    # read as the dashboard command reads it, and handed to the app
+    app, _ = make_app(count=2, keymap=keymap_from_config())
     async with app.run_test(size=(160, 48)) as pilot:
         await first_frame(pilot)
         assert app.metric == "util"
@@ -64,7 +66,7 @@ async def test_a_bad_keys_table_is_reported_and_the_defaults_stay(
     gpustation_dirs: dict[str, Path], config: str, named: str
 ) -> None:
     write_config(gpustation_dirs["config"], config)
-    app, _ = make_app(count=1)
+    app, _ = make_app(count=1, keymap=keymap_from_config())
     async with app.run_test(size=(160, 48)) as pilot:
         await first_frame(pilot)
         await wait_for(pilot, lambda: any(named in n for n in notifications(app)))
@@ -83,7 +85,22 @@ def test_good_entries_stay_when_another_is_bad() -> None:
 
 
 def test_every_screen_s_binding_ids_are_known(gpustation_dirs: dict[str, Path]) -> None:
-    ids = binding_ids()
-    for binding_id in ("app.quit", "app.control", "dashboard.kill", "control.power", "fleet.sort"):
+    ids = known_binding_ids()
+    for binding_id in (
+        "app.quit",
+        "app.control",
+        "dashboard.kill",
+        "control.power",
+        "fleet.sort",
+        "replay.play",
+    ):
         assert binding_id in ids
-    assert load_keymap().keymap == {} and load_keymap().problems == []  # no config.toml
+    # no config.toml: the defaults, and no screen imported to check ids
+    asked: list[str] = []
+
+    def known() -> set[str]:
+        asked.append("the screens")
+        return set()
+
+    config = load_keymap(known)
+    assert config.keymap == {} and config.problems == [] and asked == []

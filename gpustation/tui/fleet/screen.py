@@ -48,7 +48,7 @@ from gpustation.fleet.ssh import UP
 from gpustation.telemetry.model import Snapshot
 from gpustation.telemetry.rings import METRIC_KEYS, METRICS, History
 from gpustation.tui.footer import KeysFooter
-from gpustation.tui.keys import KeymapConfig, apply_keymap, load_keymap
+from gpustation.tui.keys import KeymapConfig, apply_keymap
 from gpustation.tui.procrows import process_rows
 from gpustation.tui.widgets import (
     GpuCard,
@@ -520,7 +520,7 @@ class FleetApp(App[int]):
     ) -> None:
         super().__init__()
         #: the [keys] table of config.toml, applied on mount
-        self.keymap_config = keymap if keymap is not None else load_keymap()
+        self.keymap_config = keymap if keymap is not None else KeymapConfig()
         refresh = refresh_s
         if fleet is None:
             config = load_fleet_config()
@@ -548,9 +548,14 @@ class FleetApp(App[int]):
         self.fleet.close()
 
 
-def run_fleet(hosts: Sequence[str], refresh_s: float = 1.0, ssh_config: str | None = None) -> int:
+def run_fleet(
+    hosts: Sequence[str],
+    refresh_s: float = 1.0,
+    ssh_config: str | None = None,
+    keymap: KeymapConfig | None = None,
+) -> int:
     """Open the fleet view for ``hosts`` and close every ssh stream on exit."""
-    app = FleetApp(hosts, refresh_s=refresh_s, ssh_config=ssh_config)
+    app = FleetApp(hosts, refresh_s=refresh_s, ssh_config=ssh_config, keymap=keymap)
     try:
         return int(app.run() or 0)
     finally:

@@ -34,6 +34,7 @@ from gpustation.telemetry.alerts import AlertLog
 from gpustation.telemetry.recording.file import SPEEDS, Recording
 from gpustation.timespec import parse_time
 from gpustation.tui.app import DashboardApp, FrameReady
+from gpustation.tui.keys import KeymapConfig
 from gpustation.tui.modes import SCREENS_BY_MODE
 from gpustation.tui.poll import Poller
 from gpustation.tui.procrows import ProcRow
@@ -335,8 +336,13 @@ class ReplayApp(DashboardApp):
         super().on_unmount()
 
 
-def run_replay(recording: Recording, speed: float = 1.0, start: float | None = None) -> int:
+def run_replay(
+    recording: Recording,
+    speed: float = 1.0,
+    start: float | None = None,
+    keymap: KeymapConfig | None = None,
+) -> int:
     """Open the dashboard on ``recording`` (playing from ``start``, or its start)."""
     source = ReplaySource(recording, start=start, speed=speed)
-    app = ReplayApp(source)
+    app = ReplayApp(source, keymap=keymap)
     return int(app.run() or 0)
