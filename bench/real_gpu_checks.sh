@@ -33,22 +33,22 @@ run() {  # NAME SECONDS COMMAND...: the part's output in OUT_DIR/NAME.txt, its t
 limits >"$out/limits-before.csv"
 for part in $parts; do
   case $part in
-    memtemp) run memtemp 120 "$py" bench/memory_temperature.py --idle 2 --load-s 30 --every-s 10 \
+    memtemp) run memtemp 120 "$py" bench/memory_temperature.py --idle 1 --load-s 20 --every-s 10 \
       --out "$out/memtemp.json" ;;
-    shared) run shared 180 "$py" bench/shared_energy.py --gpu 0 --seconds 30 ;;
+    shared) run shared 180 "$py" bench/shared_energy.py --gpu 0 --seconds 25 ;;
     phases)
       run phases 60 "$py" bench/startup_phases.py
       run phases-S 60 "$py" -S bench/startup_phases.py
       "$py" -X importtime -c "import gpustation.tui.app" 2>"$out/importtime.txt" ;;
     doctor) run doctor 90 "$py" -m gpustation doctor ;;
     dashboard) run dashboard 300 "$py" bench/dashboard_cpu.py --real --nvitop --no-reference \
-      --rounds 2 --steady 15 ;;
-    forecast-lora) run forecast-lora 330 "$py" bench/forecast_check.py --presets lora-tiny \
-      --steps 150 --set compile=false --run-timeout 120 --out "$out/forecast-lora.json" ;;
+      --rounds 1 --steady 15 ;;
+    forecast-lora) run forecast-lora 200 "$py" bench/forecast_check.py --presets lora-tiny \
+      --steps 100 --set compile=false --run-timeout 60 --out "$out/forecast-lora.json" ;;
     forecast-resnet) run forecast-resnet 330 "$py" bench/forecast_check.py \
       --presets resnet50-bf16 --steps 100 --set compile=false --run-timeout 120 \
       --out "$out/forecast-resnet.json" ;;
-    slowdown) run slowdown 300 "$py" bench/slowdown_check.py --gpu 0 --out "$out/slowdown.json" ;;
+    slowdown) run slowdown 240 "$py" bench/slowdown_check.py --gpu 0 --out "$out/slowdown.json" ;;
     *) echo "unknown part: $part" >&2; exit 2 ;;
   esac
 done
