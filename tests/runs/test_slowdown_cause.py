@@ -207,6 +207,21 @@ def test_a_run_that_loads_its_own_data_is_starved_by_itself() -> None:
     assert idle.kind == "unknown"
 
 
+def test_loaders_that_were_replaced_in_the_drop_are_not_its_loaders() -> None:
+    # Eight workers wind down as the loader starts again with one (as on an H100 when
+    # a DataLoader went from 8 workers to 1): only the one left is the loader.
+    base = clues({"utilization_pct": 24.0})
+    old = tuple((200 + n, 60.0) for n in range(8))
+    during = [
+        replace(m, host=replace(m.host, run_cpu=((RUN_PID, 28.0), *(old if i < 2 else ()),
+                                                  (300, 100.0))))
+        for i, m in enumerate(base.during)
+    ]  # fmt: skip
+    cause = name_cause(replace(base, during=during))
+    assert cause.kind == "input_pipeline"
+    assert "its loader process at 100 % CPU (pid 300)" in cause.words
+
+
 def test_a_host_busy_before_too_starves_a_run_that_now_waits_for_a_cpu() -> None:
     busy = [replace(m, host=replace(m.host, cpu_pct=95.0, run_on_cpu_pct=33.0))
             for m in clues().before]  # fmt: skip
@@ -232,6 +247,9 @@ def test_nothing_explains_it_unknown_with_the_figures_looked_at() -> None:
         "unknown: no reading explains it (SM clock 1980 of 1980 MHz, utilisation 97 %, "
         "throttle none; host CPU 40 % (was 40 %))"
     )
+    # the figures looked at, kept for whoever looks into it
+    assert cause.evidence["gpu0"]["utilization_pct_before"] == 97.0
+    assert cause.evidence["run_cpu_pct"] == {str(RUN_PID): 100.0}
 
 
 def test_what_was_there_before_the_drop_explains_nothing() -> None:

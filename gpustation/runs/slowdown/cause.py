@@ -64,6 +64,7 @@ def _unknown(clues: Clues, gpus: list[GpuClues]) -> Cause:
         evidence[f"gpu{gpu.index}"] = {
             "clock_sm_mhz": rounded(gpu.mean("clock_sm_mhz"), 0),
             "utilization_pct": rounded(gpu.mean("utilization_pct")),
+            "utilization_pct_before": rounded(gpu.mean("utilization_pct", during=False)),
             "throttle": reasons,
         }
     cpu = mean_of(m.host.cpu_pct for m in clues.during)
@@ -72,6 +73,10 @@ def _unknown(clues: Clues, gpus: list[GpuClues]) -> Cause:
     evidence["cpu_pct"], evidence["cpu_pct_before"] = rounded(cpu), rounded(was)
     for key in ("run_on_cpu_pct", "swap_in_mib_s", "swap_out_mib_s"):
         evidence[key] = rounded(mean_of(getattr(m.host, key) for m in clues.during))
+    # each of the run's processes' CPU (% of a core), for whoever looks into it
+    evidence["run_cpu_pct"] = {
+        str(pid): rounded(pct) for pid, pct in run_rules.process_cpu(clues.during).items()
+    }
     detail = "no reading explains it (" + "; ".join(parts) + ")"
     return Cause("unknown", "unknown", detail, evidence)
 

@@ -104,13 +104,16 @@ def swap(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
     )
 
 
-def _process_cpu(moments: Sequence[Moment]) -> dict[int, float]:
-    """Each of the run's processes' mean CPU (% of one core) over the moments it was seen in."""
+def process_cpu(moments: Sequence[Moment]) -> dict[int, float]:
+    """The mean CPU (% of one core) of each of the run's processes still there at the
+    last moment, over the moments it was seen in: workers a loader just replaced (the
+    old ones winding down) are not its loaders any more."""
     seen: dict[int, list[float]] = {}
     for m in moments:
         for pid, pct in m.host.run_cpu:
             seen.setdefault(pid, []).append(pct)
-    return {pid: sum(v) / len(v) for pid, v in seen.items()}
+    last = next((m.host.run_cpu for m in reversed(moments) if m.host.run_cpu), ())
+    return {pid: sum(seen[pid]) / len(seen[pid]) for pid, _ in last}
 
 
 def input_pipeline(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
@@ -120,7 +123,7 @@ def input_pipeline(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
     if now is None or was is None or was - now < UTIL_FALL_PCT:
         return None
     main = next((m.host.main_pid for m in clues.during if m.host.main_pid is not None), None)
-    cpu = _process_cpu(clues.during)
+    cpu = process_cpu(clues.during)
     loaders = {pid: pct for pid, pct in cpu.items() if pid != main and pct >= LOADER_MIN_PCT}
     itself = not loaders
     if itself:
@@ -176,6 +179,6 @@ def host_cpu(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
             "cores": cores,
             "run_on_cpu_pct": rounded(got),
             "run_on_cpu_pct_before": rounded(had),
-            "run_cpu_pct": round(sum(_process_cpu(clues.during).values()), 1),
+            "run_cpu_pct": round(sum(process_cpu(clues.during).values()), 1),
         },
     )
