@@ -437,7 +437,8 @@ def compare(
         values = [r.summary.get(key) for r in records]
         integral = all(isinstance(v, int) for v in values if finite_number(v) is not None)
         rows.append(CompareRow(key, values, digits=0 if integral else 4, kinds=kinds))
-    shown = [row for row in rows if row.setting or any(v not in (None, "-") for v in row.values)]
+    missing = (None, "-", NA)
+    shown = [row for row in rows if row.setting or any(v not in missing for v in row.values)]
     return Comparison(records, shown, same)
 
 

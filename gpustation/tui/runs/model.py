@@ -60,7 +60,7 @@ fmt_duration = fmt.duration
 
 def fmt_value(value: float | None, digits: int = 4) -> str:
     if value is None:
-        return "-"
+        return fmt.NA
     if value != 0 and abs(value) < 10 ** -(digits - 1):
         return f"{value:.3g}"
     if abs(value) >= 10000:

@@ -24,10 +24,12 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, OptionList
 
+from gpustation import timefmt
 from gpustation.runs import rundir
 from gpustation.runs.compare import gpus_text
 from gpustation.runs.forecast.plan import room_of
 from gpustation.runs.presets import RunPreset
+from gpustation.telemetry import format as fmt
 from gpustation.tui.readonly import refused
 from gpustation.tui.runs import prune, tidy
 from gpustation.tui.runs.compare import CompareScreen
@@ -330,13 +332,11 @@ class RunsScreen(LiveScreen):
 
     # -- the runs table -------------------------------------------------------------------
     def _row(self, v: RunView, now: float) -> RunRow:
-        started = (
-            time.strftime("%m-%d %H:%M", time.localtime(v.started_at)) if v.started_at else "-"
-        )
+        started = timefmt.compact(v.started_at) if v.started_at else fmt.NA
         s = v.summary
         step = s.steps
         total = s.total_steps
-        step_text = "-" if step is None else (f"{step}/{total}" if total else str(step))
+        step_text = fmt.NA if step is None else (f"{step}/{total}" if total else str(step))
         cells = {
             "mark": "✓" if v.marked else "",
             "preset": v.preset or v.title or "?",

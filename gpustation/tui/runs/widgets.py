@@ -127,7 +127,7 @@ def energy_line(view: RunView, price: Price | None) -> Text | None:
 def energy_cell(s: RunSummary, price: Price | None) -> str:
     """The runs table's energy column: the energy, and its cost when a price is set."""
     if s.energy_j is None:
-        return "-"
+        return fmt.NA
     text = energy_text(s)
     return f"{text} · {price.text(s.energy_j)}" if price is not None else text
 
