@@ -179,3 +179,14 @@ def test_a_full_card_keeps_its_gpm_figures_and_its_throttle_line() -> None:
     throttled = sample("rtx4090", hot=True)
     lines = card_text(throttled, 60).plain.split("\n")
     assert all(len(line) <= 60 for line in lines), lines
+
+
+def test_a_figure_not_known_reads_n_a_on_the_runs_side_as_everywhere() -> None:
+    from gpustation.runs.summary import RunSummary
+    from gpustation.telemetry.format import NA
+    from gpustation.tui.runs.model import fmt_value
+    from gpustation.tui.runs.widgets import energy_cell
+
+    assert fmt_value(None) == NA == "n/a"
+    assert energy_cell(RunSummary(id="r"), None) == NA
+    assert fmt_value(0.5) == "0.5000"
