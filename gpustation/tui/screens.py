@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -19,6 +18,7 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import Select
 
+from gpustation import timefmt
 from gpustation.telemetry.rings import METRIC_KEYS, METRICS
 from gpustation.tui import render
 from gpustation.tui.dash import Dashboard, dashboard
@@ -302,7 +302,7 @@ class AlertLogScreen(LiveScreen):
         if not log:
             t.append("No alerts so far.", style="green")
         for alert in reversed(log):
-            stamp = time.strftime("%H:%M:%S", time.localtime(alert.time))
+            stamp = timefmt.clock(alert.time)
             style = {"critical": "bold red", "cleared": "green", "note": "dim"}.get(
                 alert.severity, "yellow"
             )
