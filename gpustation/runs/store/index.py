@@ -38,7 +38,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +54,9 @@ from gpustation.runs.slowdown.records import read_slowdowns
 from gpustation.runs.summary import RunSummary
 from gpustation.textsafe import safe_doc, valid_unicode
 
-_JSON_FIELDS = {"overrides", "gpus", "argv", "summary", "error_tail", "tags", "resumed_from",
-                "slowdowns"}  # fmt: skip
-_BOOL_FIELDS = {"simulated", "oom", "energy_shared", "energy_estimated"}
+# Lists and dicts are kept as JSON text, flags as 0/1: both read off the summary's fields.
+_JSON_FIELDS = {f.name for f in fields(RunSummary) if f.default_factory is not MISSING}
+_BOOL_FIELDS = {f.name for f in fields(RunSummary) if f.type in ("bool", bool)}
 
 
 def _sql_type(name: str) -> str:
