@@ -60,6 +60,7 @@ from gpustation.tui.runs.model import (
 from gpustation.tui.runs.overlay import too_many
 from gpustation.tui.runs.poller import RunsPolled
 from gpustation.tui.runs.preset_pane import PresetPane
+from gpustation.tui.runs.queue import QueueScreen
 from gpustation.tui.runs.sweeps import SweepsScreen, sweep_of
 from gpustation.tui.runs.table import RunRow, RunsTable
 from gpustation.tui.runs.widgets import (
@@ -110,6 +111,7 @@ class RunsScreen(LiveScreen):
         Binding("end", "follow", "Follow log", priority=True, id="runs.follow"),
         Binding("P", "profile", "Profile", show=False, id="runs.profile"),
         Binding("S", "sweeps", "Sweeps", show=False, id="runs.sweeps"),
+        Binding("Q", "queue", "Queue", show=False, id="runs.queue"),
         # the timeline's cursor: a sample back or on, a tenth of the run back or on
         Binding("left_square_bracket", "time(-1)", "Earlier", show=False, id="runs.earlier"),
         Binding("right_square_bracket", "time(1)", "Later", show=False, id="runs.later"),
@@ -131,6 +133,7 @@ class RunsScreen(LiveScreen):
     HELP_OVERLAYS: ClassVar[tuple[tuple[str, type[Screen[None]]], ...]] = (
         ("compare view (v)", CompareScreen),
         ("sweeps view (S)", SweepsScreen),
+        ("queue view (Q)", QueueScreen),
     )
     #: the footer's keys, most needed first (see tui/footer.py)
     FOOTER_NEED = ("next_pane", "follow", "launch", "stop", "quit", "show_help", "mark", "compare")
@@ -563,6 +566,9 @@ class RunsScreen(LiveScreen):
     def action_sweeps(self) -> None:
         view = self.current_view()
         self.app.push_screen(SweepsScreen(sweep_of(view.summary.tags) if view else None))
+
+    def action_queue(self) -> None:
+        self.app.push_screen(QueueScreen())
 
     def action_cursor(self, delta: int) -> None:
         focused = self.focused
