@@ -13,6 +13,7 @@ from gpustation.errors import NoDriverError
 from gpustation.telemetry.registry import open_backend
 from gpustation.tui.app import DashboardApp
 from gpustation.tui.dialogs import KillDialog
+from gpustation.tui.keys import KeymapConfig
 from gpustation.tui.screens import DashboardScreen
 from gpustation.tui.source import DataSource
 from gpustation.tui.widgets import GpuCard, HistoryGraph, LiveText, ProcessTable
@@ -480,8 +481,11 @@ def test_run_dashboard_hands_hosts_to_the_fleet_view(monkeypatch: pytest.MonkeyP
 
     seen: list[list[str]] = []
 
-    def fake_run_fleet(hosts: list[str], refresh_s: float, ssh_config: str | None) -> int:
+    def fake_run_fleet(
+        hosts: list[str], refresh_s: float, ssh_config: str | None, keymap: KeymapConfig
+    ) -> int:
         seen.append(hosts)
+        assert keymap.problems == []  # read from config.toml (none here) and handed over
         return 7
 
     monkeypatch.setattr(fleet, "run_fleet", fake_run_fleet)

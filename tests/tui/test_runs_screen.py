@@ -471,17 +471,20 @@ async def test_a_flood_keeps_a_bounded_log_and_scrolling_back_pauses(
 async def test_launching_is_said_in_the_run_pane_not_in_toasts(
     presets: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpustation.runs.launch import start as launcher
+    from gpustation.tui.runs import controller
 
-    # The launch waits until the test has seen the pane say so.
+    # The launch waits until the test has seen the pane say so (the controller's own
+    # name for it is the one patched: it is what the launch worker calls).
     seen = threading.Event()
-    real_launch = launcher.launch
+    real_launch = launch  # the launcher's, which the controller imported
+    held: list[bool] = []
 
     def slow_launch(*args: Any, **kwargs: Any) -> Any:
+        held.append(True)
         assert seen.wait(30), "the test never released the launch"
         return real_launch(*args, **kwargs)
 
-    monkeypatch.setattr(launcher, "launch", slow_launch)
+    monkeypatch.setattr(controller, "launch", slow_launch)
     app, _ = make_app(count=1)
     async with app.run_test(size=(160, 48)) as pilot:
         ui = await open_runs(pilot)
@@ -491,6 +494,7 @@ async def test_launching_is_said_in_the_run_pane_not_in_toasts(
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, RunsScreen))
         await wait_for(pilot, lambda: "Launching a-train…" in plain(app, "#run-header"))
+        await wait_for(pilot, lambda: bool(held))  # the launch is held, not already done
         seen.set()
         await wait_for(pilot, lambda: bool(ui.live_active()), timeout=40)
         (view,) = ui.live_active()
