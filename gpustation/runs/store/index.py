@@ -359,8 +359,8 @@ class RunStore:
                     state = rundir.read_state(directory)
                     try:
                         record = record_from_dir(directory, state)
-                    except FileNotFoundError:
-                        continue  # deleted meanwhile
+                    except Exception:  # deleted meanwhile or unreadable: as in a rebuild
+                        continue
                     self._write(conn, record, state_key(state))
 
         self._retry(job)
