@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -267,3 +269,51 @@ def test_a_line_with_only_the_required_fields_is_an_entry(tmp_path: Path) -> Non
         "",
     )
     assert (entry.previous, entry.new, entry.outcome) == (None, None, journal.MADE)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 16 KiB tmpfs (mounted for the test: everything here runs as root)."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.parametrize("room", [0, 50])
+def test_a_full_disk_refuses_the_change_and_leaves_the_journal_as_it_was(
+    tiny_disk: Path, room: int
+) -> None:
+    path = tiny_disk / "journal.jsonl"
+    _record(path)
+    page = os.statvfs(tiny_disk).f_bsize
+    with open(path, "ab") as f:  # blank lines, which readers skip, up to `room` short of a page
+        f.write(b"\n" * (page - room - path.stat().st_size))
+    filler = os.open(tiny_disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while os.write(filler, b"x" * page):
+            pass
+    except OSError:
+        pass  # the disk is full
+    finally:
+        os.close(filler)
+    before = path.read_bytes()
+    with pytest.raises(GpustationError) as raised:
+        _record(path)
+    why = "No space left on device" if room == 0 else f"only {room} of "
+    assert str(raised.value).startswith(f"cannot write the control journal {path}: {why}")
+    assert str(raised.value).endswith(
+        "; nothing was changed. Check that the state directory is writable and has free space "
+        "(or set GPUSTATION_STATE_DIR)."
+    )
+    assert path.read_bytes() == before  # no fragment of the refused entry
+    assert len(journal.read_journal(path).entries) == 1

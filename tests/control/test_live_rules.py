@@ -308,12 +308,16 @@ def test_a_limit_the_card_did_not_report_is_not_put_back(
 
     monkeypatch.setattr(sim, "read_gpus", no_limit)
     done = threading.Event()
-    live = LiveControl(sim, [0], confirm_timeout_s=120.0, on_outcome=lambda o: done.set())
+    outcomes: list[Outcome] = []
+    live = LiveControl(
+        sim, [0], confirm_timeout_s=120.0, on_outcome=lambda o: (outcomes.append(o), done.set())
+    )
     try:
         change = live.set_power_limit(0, 300.0)
         assert change.description == "GPU 0 power limit n/a -> 300 W"
         assert change.reverted_text == "GPU 0 power limit to n/a (from 300 W)"
         assert live.revert() and done.wait(WAIT_S)
+        assert [o.kind for o in outcomes] == ["reverted"]
         assert sim.set_calls == [("power", 0, 300.0)]  # nothing known to go back to
     finally:
         live.close()

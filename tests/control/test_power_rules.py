@@ -4,13 +4,16 @@ a refusal, an undo and a read-back that does not match."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpustation.control import journal, lease
 from gpustation.control.power import PowerChange, apply_power, plan_power, power_range
 from gpustation.control.profiles import PowerValue
-from gpustation.errors import GpustationError, NotSupportedError
+from gpustation.errors import GpustationError, NotSupportedError, UsageError
 from gpustation.telemetry.model import GpuSample
+from gpustation.telemetry.sim import machine_path
 from tests.control.conftest import RecordingSim, journal_entries
 
 
@@ -141,3 +144,45 @@ def test_a_limit_read_back_within_half_a_watt_is_the_limit(sim: RecordingSim) ->
     sim.control.set_power_limit = lambda i, w: real(i, w - 0.25)  # type: ignore[method-assign]
     changes = plan_power(sim.read_gpus([0], slow=False), PowerValue("watts", 300))
     assert [c.gpu for c in apply_power(sim, changes, "test")] == [0]
+
+
+def test_a_limit_at_either_end_of_the_range_fits_and_every_card_past_it_is_named(
+    sim: RecordingSim,
+) -> None:
+    samples = sim.read_gpus([0, 1], slow=False)
+    low = plan_power(samples, PowerValue("watts", 150.0))
+    assert [(c.gpu, c.new_w, c.name) for c in low] == [(s.index, 150.0, s.name) for s in samples]
+    assert [c.new_w for c in plan_power(samples, PowerValue("watts", 600.0))] == [600.0, 600.0]
+    with pytest.raises(UsageError) as raised:
+        plan_power(samples, PowerValue("percent", 140.0))
+    assert str(raised.value) == (
+        "GPU 0: 630 W (140%) is outside the card's range 150-600 W; "
+        "GPU 1: 630 W (140%) is outside the card's range 150-600 W. Nothing was changed."
+    )
+
+
+def test_an_undo_skips_a_card_whose_limit_was_unknown_and_puts_the_others_back(
+    gpustation_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    three = RecordingSim(count=3, card="rtx4090", state_path=machine_path("rtx4090", 3))
+    real_read, real_set = three.read_gpus, three.control.set_power_limit
+
+    def unknown_on_1(indices: list[int], slow: bool) -> list[GpuSample]:
+        samples = real_read(indices, slow)
+        for s in samples:
+            if s.index == 1:
+                s.power_limit_w = None
+        return samples
+
+    def refuse_2(index: int, watts: float) -> None:
+        if index == 2:
+            raise GpustationError("GPU 2 refused")
+        real_set(index, watts)
+
+    monkeypatch.setattr(three, "read_gpus", unknown_on_1)
+    monkeypatch.setattr(three.control, "set_power_limit", refuse_2)
+    changes = plan_power(three.read_gpus([0, 1, 2], slow=False), PowerValue("watts", 300))
+    with pytest.raises(GpustationError, match="GPU 2 refused"):
+        apply_power(three, changes, "test")
+    assert [g.power_limit_w for g in real_read([0, 1, 2], False)] == [450.0, 300.0, 450.0]
+    assert three.set_calls == [("power", 0, 300.0), ("power", 1, 300.0), ("power", 0, 450.0)]
