@@ -289,6 +289,12 @@ def test_after_an_emergency_or_a_rise_the_spin_down_delay_starts_afresh() -> Non
     assert state.low_since == 13.0
     assert decide(LINE, card, state, 40.0, 87.0, now=22.9) == (70, None)
     assert decide(LINE, card, state, 40.0, 87.0, now=23.0) == (53, None)
+    state.pct = 53
+    # Near the slowdown temperature: flat out; cooler again: the delay counts from then.
+    assert decide(LINE, card, state, 85.0, 87.0, now=30.0)[0] == 100
+    state.pct = 100
+    assert decide(LINE, card, state, 40.0, 87.0, now=31.0) == (100, None)
+    assert state.low_since == 31.0
 
 
 def test_a_sample_that_lists_fewer_fans_than_the_card_has_is_taken_over(
