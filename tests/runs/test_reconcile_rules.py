@@ -218,6 +218,9 @@ def test_the_launcher_records_the_ends_found_and_leaves_the_rest(
     gpustation_dirs: object, sleepers: list[subprocess.Popen[bytes]]
 ) -> None:
     assert reconcile.record_lost_runs() == []  # no runs directory yet
+    done_first = make_run("0-done", status="failed")
+    garbage = make_run("0-garbage", status="running")
+    (garbage / rundir.STATE_JSON).write_text("{not json")
     pid, started = sleeper(sleepers)
     live = make_run("1-live", status="running", supervisor_pid=pid, supervisor_create_time=started)
     lost = make_run("2-lost", log="out of memory\n", status="running", supervisor_pid=gone())
@@ -227,7 +230,8 @@ def test_the_launcher_records_the_ends_found_and_leaves_the_rest(
     (paths.runs_dir() / "5-empty").mkdir()
     found = reconcile.record_lost_runs()
     assert [(s.id, s.status) for s in found] == [("2-lost", "lost"), ("3-stopped", "stopped")]
-    assert [on_disk(d) for d in (live, lost, stopped, done)] == [
+    assert [on_disk(d) for d in (done_first, live, lost, stopped, done)] == [
+        "failed",
         "running",
         "lost",
         "stopped",
@@ -264,15 +268,26 @@ def test_the_runs_still_going_are_listed_oldest_first(
 ) -> None:
     assert reconcile.list_active_runs() == []  # no runs directory yet
     pid, started = sleeper(sleepers)
+    make_run("0-lost", status="running", supervisor_pid=gone())
+    make_run("0-done", status="failed")
+    (make_run("0-garbage", status="running") / rundir.STATE_JSON).write_text("{not json")
     make_run("b-live", status="running", supervisor_pid=pid, supervisor_create_time=started)
     make_run("a-starting", status="starting")
-    make_run("c-lost", status="running", supervisor_pid=gone())
-    make_run("d-done", status="failed")
+    other, other_started = sleeper(sleepers)
+    make_run(  # its supervisor's pid now names another process; its child still runs
+        "c-unsupervised",
+        status="running",
+        supervisor_pid=pid,
+        supervisor_create_time=started - 1000.0,
+        child_pid=other,
+        child_create_time=other_started,
+    )
     (paths.runs_dir() / "e-empty").mkdir()
     found = reconcile.list_active_runs()
     assert [(r.id, r.state.status, r.supervised) for r in found] == [
         ("a-starting", "starting", True),
         ("b-live", "running", True),
+        ("c-unsupervised", "running", False),
     ]
     assert found[1].run == {"id": "b-live", "preset": {"name": "p"}}
-    assert on_disk(paths.runs_dir() / "c-lost") == "running"  # listing writes nothing
+    assert on_disk(paths.runs_dir() / "0-lost") == "running"  # listing writes nothing

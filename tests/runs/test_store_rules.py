@@ -481,10 +481,10 @@ def test_a_rebuilt_index_keeps_each_row_s_state_key_and_skips_what_it_cannot_rea
     broken = _run(root, "b-broken")
     (broken / rundir.RUN_JSON).write_text(json.dumps({"id": "b", "gpus": 5, "preset": 3}))
     _run(root, "c-good", started=3000.0)
-    sync_run(_run(root, "d-new", started=4000.0), store)  # the first writer rebuilds
+    sync_run(_run(root, "0-new", started=4000.0), store)  # the first writer rebuilds
     rows = dict(sqlite3.connect(store.db).execute(f"SELECT id, {store_mod.KEY_COLUMN} FROM runs"))
-    assert sorted(rows) == ["a-good", "c-good", "d-new"]
-    for name in ("a-good", "c-good", "d-new"):
+    assert sorted(rows) == ["0-new", "a-good", "c-good"]
+    for name in ("0-new", "a-good", "c-good"):
         assert rows[name] == store_mod.state_key(rundir.read_state(root / name))
 
 
@@ -497,9 +497,13 @@ def test_a_run_directory_that_cannot_be_read_does_not_hold_back_the_others(
     broken = _run(root, "b-broken")
     (broken / rundir.RUN_JSON).write_text(json.dumps({"id": "b", "gpus": 5, "preset": 3}))
     _run(root, "c-lagging", started=2000.0)  # written while the index was locked, say
+    assert [r.id for r in store.list_runs()] == ["c-lagging", "a"]  # readers skip it too
     assert store.catch_up() == 2
     ids = [r[0] for r in sqlite3.connect(store.db).execute("SELECT id FROM runs ORDER BY id")]
     assert ids == ["a", "c-lagging"]
+    # caught up with its state's key: a later change of the state is seen again
+    rundir.write_state(root / "c-lagging", RunState(id="c-lagging", status="failed"))
+    assert {r.id: r.status for r in store.list_runs()}["c-lagging"] == "failed"
 
 
 def test_a_row_is_written_from_the_state_it_is_given(tmp_path: Path) -> None:
