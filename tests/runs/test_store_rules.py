@@ -488,7 +488,7 @@ def test_a_rebuilt_index_keeps_each_row_s_state_key_and_skips_what_it_cannot_rea
         assert rows[name] == store_mod.state_key(rundir.read_state(root / name))
 
 
-def test_a_run_directory_that_cannot_be_read_does_not_hold_back_the_others(
+def test_a_run_directory_that_cannot_be_read_holds_back_no_reader_or_writer(
     tmp_path: Path,
 ) -> None:
     root = tmp_path / "runs"
