@@ -12,6 +12,17 @@ from gpustation.control.confirm import Change, Confirmer, Outcome
 WAIT_S = 30.0  # only an upper bound: every wait below ends on an event
 
 
+class Outcomes:
+    """Keeps each outcome and sets ``done`` at the first."""
+
+    def __init__(self, seen: list[Outcome], done: threading.Event) -> None:
+        self.seen, self.done = seen, done
+
+    def __call__(self, outcome: Outcome) -> None:
+        self.seen.append(outcome)
+        self.done.set()
+
+
 class FakeClock:
     """A clock that moves only when the test moves it."""
 
@@ -32,7 +43,7 @@ def test_a_confirmer_that_never_held_a_change_closes_and_refuses_to_revert() -> 
 def test_a_change_s_own_timeout_wins_over_the_confirmer_s() -> None:
     done = threading.Event()
     outcomes: list[Outcome] = []
-    confirmer = Confirmer(timeout_s=3600.0, on_outcome=lambda o: (outcomes.append(o), done.set()))
+    confirmer = Confirmer(timeout_s=3600.0, on_outcome=Outcomes(outcomes, done))
     change = Change("profile quiet", lambda: None)
     confirmer.propose(change, timeout_s=0.05)
     assert done.wait(WAIT_S)
@@ -72,7 +83,7 @@ def test_a_change_reverted_at_its_deadline_cannot_be_kept_or_reverted_again() ->
         started.set()
         release.wait(WAIT_S)
 
-    confirmer = Confirmer(timeout_s=0.01, on_outcome=lambda o: (outcomes.append(o), done.set()))
+    confirmer = Confirmer(timeout_s=0.01, on_outcome=Outcomes(outcomes, done))
     change = Change("power limit 300 W", slow_revert)
     confirmer.propose(change)
     assert started.wait(WAIT_S)
@@ -93,7 +104,7 @@ def test_a_revert_that_fails_at_the_deadline_says_it_timed_out() -> None:
     def broken() -> None:
         raise RuntimeError("the driver is gone")
 
-    confirmer = Confirmer(timeout_s=0.01, on_outcome=lambda o: (outcomes.append(o), done.set()))
+    confirmer = Confirmer(timeout_s=0.01, on_outcome=Outcomes(outcomes, done))
     change = Change("profile quiet", broken)
     confirmer.propose(change)
     assert done.wait(WAIT_S)
@@ -103,7 +114,11 @@ def test_a_revert_that_fails_at_the_deadline_says_it_timed_out() -> None:
 def test_closing_waits_for_the_revert_no_longer_than_it_is_told() -> None:
     release, done = threading.Event(), threading.Event()
     confirmer = Confirmer(timeout_s=3600.0, on_outcome=lambda o: done.set())
-    confirmer.propose(Change("profile balanced", lambda: release.wait(WAIT_S)))
+
+    def slow_revert() -> None:
+        release.wait(WAIT_S)  # a driver that takes its time
+
+    confirmer.propose(Change("profile balanced", slow_revert))
     began = time.monotonic()
     confirmer.close(timeout_s=0.2)
     assert time.monotonic() - began < WAIT_S / 2

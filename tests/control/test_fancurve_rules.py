@@ -118,7 +118,7 @@ def test_each_log_line_reaches_the_file_as_it_is_written(sim: RecordingSim, tmp_
     log = tmp_path / "fan-controller.log"
     seen: list[str] = []
     with open(log, "w", encoding="utf-8") as out:
-        ctl = FanController(sim, [0], LINE, "cmd", out=out, interval_s=0.01)  # type: ignore[arg-type]
+        ctl = FanController(sim, [0], LINE, "cmd", out=out, interval_s=0.01)
         stop_after(ctl, 1, lambda n: seen.append(log.read_text(encoding="utf-8")))
         ctl.run()
     assert "fan controller started on GPU 0" in seen[0]
@@ -326,13 +326,19 @@ def test_the_takeover_is_journalled_once_per_fan_and_the_restore_says_what_each_
     sim.poke(1, load=0.0, temperature_c=45.0)
     before = sim.read_gpus([0, 1], slow=False)
     ctl = controller(sim)
+
     # Hotter at every poll: the speed rises each time, journalled only at the takeover.
-    stop_after(ctl, 3, lambda n: [sim.poke(i, temperature_c=45.0 + 15 * n) for i in (0, 1)])
+    def hotter(n: int) -> None:
+        for i in (0, 1):
+            sim.poke(i, temperature_c=45.0 + 15 * n)
+
+    stop_after(ctl, 3, hotter)
     assert ctl.run() == 0
     taken = entries(journal.FAN_SPEED)
     assert [(e.gpu, e.fan) for e in taken] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for e in taken:
         card = before[e.gpu]
+        assert e.fan is not None
         assert e.uuid == card.uuid and e.command == "gpustation fan run line" and e.simulated
         assert e.previous == {"mode": card.fan_control[e.fan], "pct": card.fans_pct[e.fan]}
         assert e.outcome == journal.MADE and e.read_back == {"mode": "manual", "pct": e.new}

@@ -16,6 +16,7 @@ import pytest
 from gpustation.control import journal
 from gpustation.control import live as live_module
 from gpustation.control.confirm import Outcome
+from gpustation.control.fancurve import stop_controllers
 from gpustation.control.live import LiveControl, PollReport
 from gpustation.control.profiles import Profile, load_profile
 from gpustation.errors import GpustationError, NotSupportedError
@@ -25,6 +26,17 @@ from gpustation.telemetry.sim import machine_path
 from tests.control.conftest import RecordingSim, standin
 
 WAIT_S = 30.0  # an upper bound: every wait ends on an event
+
+
+class Outcomes:
+    """Keeps each outcome and sets ``done`` at the first."""
+
+    def __init__(self, seen: list[Outcome], done: threading.Event) -> None:
+        self.seen, self.done = seen, done
+
+    def __call__(self, outcome: Outcome) -> None:
+        self.seen.append(outcome)
+        self.done.set()
 
 
 def _modes(sim: RecordingSim, indices: list[int]) -> set[str]:
@@ -278,9 +290,7 @@ def test_a_stop_request_ends_the_curve_with_its_signal_and_reverts_the_change(
 ) -> None:
     done = threading.Event()
     outcomes: list[Outcome] = []
-    live = LiveControl(
-        sim, [0, 1], confirm_timeout_s=120.0, on_outcome=lambda o: (outcomes.append(o), done.set())
-    )
+    live = LiveControl(sim, [0, 1], confirm_timeout_s=120.0, on_outcome=Outcomes(outcomes, done))
     try:
         live.apply_profile(load_profile("quiet"))
         controller = live._controller
@@ -309,9 +319,7 @@ def test_a_limit_the_card_did_not_report_is_not_put_back(
     monkeypatch.setattr(sim, "read_gpus", no_limit)
     done = threading.Event()
     outcomes: list[Outcome] = []
-    live = LiveControl(
-        sim, [0], confirm_timeout_s=120.0, on_outcome=lambda o: (outcomes.append(o), done.set())
-    )
+    live = LiveControl(sim, [0], confirm_timeout_s=120.0, on_outcome=Outcomes(outcomes, done))
     try:
         change = live.set_power_limit(0, 300.0)
         assert change.description == "GPU 0 power limit n/a -> 300 W"
@@ -406,9 +414,8 @@ def test_a_profile_whose_fans_cannot_be_taken_puts_the_limits_back(
     )
     standins.append(stubborn)
     # The same wait for it, shortened: it never ends.
-    real_stop = live_module.stop_controllers
     monkeypatch.setattr(
-        live_module, "stop_controllers", lambda i, s: real_stop(i, s, timeout_s=0.2)
+        live_module, "stop_controllers", lambda i, s: stop_controllers(i, s, timeout_s=0.2)
     )
     live = LiveControl(sim, [0, 1], confirm_timeout_s=120.0)
     try:

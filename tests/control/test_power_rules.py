@@ -139,9 +139,11 @@ def test_a_limit_the_card_does_not_read_back_is_an_error(sim: RecordingSim, off_
     assert entry.outcome == journal.MADE and entry.read_back == 300 - off_w
 
 
-def test_a_limit_read_back_within_half_a_watt_is_the_limit(sim: RecordingSim) -> None:
+def test_a_limit_read_back_within_half_a_watt_is_the_limit(
+    sim: RecordingSim, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real = sim.control.set_power_limit
-    sim.control.set_power_limit = lambda i, w: real(i, w - 0.25)  # type: ignore[method-assign]
+    monkeypatch.setattr(sim.control, "set_power_limit", lambda i, w: real(i, w - 0.25))
     changes = plan_power(sim.read_gpus([0], slow=False), PowerValue("watts", 300))
     assert [c.gpu for c in apply_power(sim, changes, "test")] == [0]
 

@@ -401,7 +401,9 @@ def test_the_recommendation_s_percentages() -> None:
 def _grid(axes: dict[str, list[str]], powers: list[str]) -> Sweep:
     sweep = Sweep(id="s", preset="p", axes=axes, power_limits=powers, gpus=[0])
     sweep.points = [
-        Point(index=0, overrides={k: v[0] for k, v in axes.items()}, power=(powers or [None])[0]),
+        Point(
+            index=0, overrides={k: v[0] for k, v in axes.items()}, power=next(iter(powers), None)
+        ),
     ]
     return sweep
 

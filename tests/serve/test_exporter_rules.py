@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpustation.control import journal, lease
 from gpustation.errors import UsageError
+from gpustation.runs.store import index as store_index
 from gpustation.runs.store.index import RunStore
 from gpustation.runs.summary import RunSummary
 from gpustation.serve import exporter as exporter_module
@@ -97,8 +98,8 @@ def test_an_extra_that_cannot_be_read_leaves_the_others(
     exporter = Exporter(Sampler(sim, with_host=False).sample)
     exporter.sample_once()
     with monkeypatch.context() as patch:
-        patch.setattr(exporter_module.journal, "active_profile", broken)
-        patch.setattr(exporter_module.lease, "left_notes", broken)
+        patch.setattr(journal, "active_profile", broken)
+        patch.setattr(lease, "left_notes", broken)
         exporter._refresh_extras()
     m = scrape(exporter)
     assert m["gpustation_up"] == {(): 1.0}
@@ -106,7 +107,7 @@ def test_an_extra_that_cannot_be_read_leaves_the_others(
     assert m["gpustation_runs"] == {(("status", "succeeded"),): 1.0}
     assert by_gpu(m["gpustation_fan_manual_unattended"], "fan")[("1", "0")] == 1.0
     with monkeypatch.context() as patch:
-        patch.setattr(exporter_module.store, "runs_by_status", broken)
+        patch.setattr(store_index, "runs_by_status", broken)
         patch.setattr(exporter_module, "unattended_manual_fans", broken)
         exporter._refresh_extras()
     m = scrape(exporter)
