@@ -5,10 +5,13 @@ that cannot be read never hides the others; and ``--listen``'s words."""
 from __future__ import annotations
 
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpustation.control import journal, lease
@@ -18,6 +21,7 @@ from gpustation.runs.store.index import RunStore
 from gpustation.runs.summary import RunSummary
 from gpustation.serve import exporter as exporter_module
 from gpustation.serve.exporter import Exporter, is_loopback, parse_listen
+from gpustation.serve.http import serve
 from gpustation.telemetry.sampler import Sampler
 from gpustation.telemetry.sim import SimBackend
 
@@ -139,3 +143,63 @@ def test_a_listen_address_that_is_wrong_says_how(text: str, says: str) -> None:
 
 def test_a_host_name_other_than_localhost_is_not_taken_for_loopback() -> None:
     assert not is_loopback("box.lan") and not is_loopback("")
+
+
+def test_a_listen_host_that_does_not_resolve_is_named_with_why(sim: SimBackend) -> None:
+    exporter = Exporter(Sampler(sim, with_host=False).sample, with_extras=False)
+    for host, why in (
+        ("no-such-host.invalid", None),
+        ("a" * 64 + ".example", "not a valid host name"),
+    ):
+        with pytest.raises(UsageError) as raised:
+            serve(exporter, host, 9400)
+        said = str(raised.value)
+        assert said.startswith(f"--listen: cannot resolve {host!r} (")
+        assert said.endswith("); give an address such as 127.0.0.1:9400 or [::1]:9400")
+        assert "None" not in said and (why is None or f"({why})" in said)
+
+
+def test_the_extras_are_read_at_start_and_then_only_every_extras_interval(
+    sim: SimBackend,
+) -> None:
+    def profile_seen(exporter: Exporter) -> bool:
+        return "gpustation_hardware_profile" in scrape(exporter)
+
+    def record_profile() -> None:
+        journal.record(
+            gpu=0, uuid=None, what=journal.POWER_LIMIT, previous=450.0, new=315.0,
+            command="gpustation profile apply quiet", simulated=True,
+        )  # fmt: skip
+
+    slow = Exporter(Sampler(sim, with_host=False).sample, interval_s=0.01, extras_interval_s=3600)
+    never = Exporter(Sampler(sim, with_host=False).sample, interval_s=0.01, with_extras=False)
+    record_profile()
+    for exporter in (slow, never):
+        exporter.start()
+    try:
+        threads = [t for t in threading.enumerate() if t.name == "gpustation-exporter"]
+        assert len(threads) == 2 and all(t.daemon for t in threads)
+        assert profile_seen(slow) and not profile_seen(never)
+        journal.record(
+            gpu=0, uuid=None, what=journal.POWER_LIMIT, previous=315.0, new=300.0,
+            command="gpustation power set 300", simulated=True,
+        )  # fmt: skip
+        taken = slow.samples_taken
+        deadline = time.monotonic() + 30
+        while slow.samples_taken < taken + 20:  # many samples, no extras read again
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert profile_seen(slow)  # still the profile read at start
+    finally:
+        for exporter in (slow, never):
+            exporter.stop()
+    assert not any(t.name == "gpustation-exporter" for t in threading.enumerate())
+
+
+def test_each_format_gets_its_own_rendering_of_a_sample(sim: SimBackend) -> None:
+    exporter = Exporter(Sampler(sim, with_host=False).sample, with_extras=False)
+    exporter.sample_once()
+    text = exporter.rendered(generate_latest)
+    open_metrics = exporter.rendered(openmetrics.generate_latest)
+    assert open_metrics != text and open_metrics.endswith(b"# EOF\n")
+    assert exporter.rendered(generate_latest) is text  # rendered once for this sample

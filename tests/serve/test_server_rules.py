@@ -37,8 +37,8 @@ def until(condition: Callable[[], object], what: str) -> None:
 def serving() -> Iterator[Callable[..., tuple[BoundedServer, Refusing]]]:
     started: list[BoundedServer] = []
 
-    def start(**kw: object) -> tuple[BoundedServer, Refusing]:
-        server = BoundedServer(("127.0.0.1", 0), Ok, idle_timeout_s=30, **kw)  # type: ignore[arg-type]
+    def start(handler: type[BoundedHandler] = Ok, **kw: object) -> tuple[BoundedServer, Refusing]:
+        server = BoundedServer(("127.0.0.1", 0), handler, idle_timeout_s=30, **kw)  # type: ignore[arg-type]
         sock = refusing(server.socket, [])
         server.socket = sock
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -91,3 +91,26 @@ def test_without_a_log_of_its_own_it_says_so_on_stderr(
     err = capsys.readouterr().err
     assert err.startswith("gpustation: cannot accept connections: Too many open files ")
     assert err.endswith("or lower --max-connections\n")
+
+
+class Failing(BoundedHandler):
+    def do_GET(self) -> None:
+        if self.path == "/reset":
+            raise ConnectionResetError("the client went away")  # the client's doing
+        raise RuntimeError("a bug of the server's own")
+
+
+def test_an_error_of_the_server_s_own_is_logged_once_per_kind(
+    serving: Callable[..., tuple[BoundedServer, Refusing]],
+) -> None:
+    said: list[str] = []
+    server, _sock = serving(log=said.append, handler=Failing)
+    port = server.server_address[1]
+    for path in ("/", "/", "/reset"):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            conn.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert conn.recv(1) == b""  # closed without an answer
+    until(lambda: said, "the error to be logged")
+    assert len(said) == 1
+    assert said[0].startswith("gpustation: a request failed (logged once per kind):\nTraceback")
+    assert "RuntimeError: a bug of the server's own" in said[0]
