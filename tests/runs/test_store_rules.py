@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import sqlite3
 import time
@@ -558,3 +559,13 @@ def test_what_the_gpus_did_is_written_into_the_row() -> None:
     assert sim.peak_vram_mib == 100.0  # a simulated card's memory is not the run's
     unknown = apply_telemetry(RunSummary(id="u"), TelemetrySummary(estimated=True), Path("/x"))
     assert unknown.energy_j is None and unknown.energy_estimated is False
+
+
+def test_a_new_history_is_private_from_its_first_byte(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        store = RunStore(tmp_path / "runs.db")
+        sync_run(_run(tmp_path / "runs", "a"), store)
+    finally:
+        os.umask(old)
+    assert store.db.stat().st_mode & 0o777 == 0o600
