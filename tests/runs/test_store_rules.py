@@ -569,3 +569,18 @@ def test_a_new_history_is_private_from_its_first_byte(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert store.db.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_state_file_holding_a_number_json_cannot_hold_is_still_listed(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    store = RunStore(tmp_path / "runs.db")
+    directory = _run(root, "a")
+    # Python's json reads NaN and Infinity; the key of such a state is still JSON
+    (directory / rundir.STATE_JSON).write_text(
+        '{"id": "a", "status": "failed", "started_at": NaN, "ended_at": Infinity}'
+    )
+    assert [(r.id, r.status) for r in store.list_runs()] == [("a", "failed")]
+    state = rundir.read_state(directory)
+    assert store_mod.state_key(state) == '["failed", null, null, null, null]'
+    sync_run(directory, store)
+    assert [(r.id, r.status) for r in store.list_runs()] == [("a", "failed")]

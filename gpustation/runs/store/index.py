@@ -90,10 +90,9 @@ def state_key(state: RunState | None) -> str:
     """What a row must agree with its run directory's ``state.json`` on."""
     if state is None:
         return ""
-    return json.dumps(
-        [state.status, state.started_at, state.ended_at, state.exit_code, state.signal],
-        allow_nan=False,
-    )
+    # strict: a NaN that Python's json read from a state file is null here, never a crash
+    fields = [state.status, state.started_at, state.ended_at, state.exit_code, state.signal]
+    return strict_json(fields, indent=None)
 
 
 def _busy(err: sqlite3.Error) -> bool:
