@@ -147,12 +147,15 @@ class JournalEntry:
             if value is not None and not isinstance(value, types):
                 raise ValueError(f"{name!r} is not {_TYPE_NAMES[name]}")
         known = set(cls.__dataclass_fields__)
-        entry = cls(**{k: v for k, v in data.items() if k in known})
+        # A line may leave out what it does not know (a hand-written or foreign one).
+        entry = cls(**(_ABSENT | {k: v for k, v in data.items() if k in known}))
         entry.outcome = str(data.get("outcome") or (MADE if not entry.id else UNKNOWN))
         return entry
 
 
 _REQUIRED: dict[str, Any] = {"time": (int, float), "gpu": int, "what": str}
+#: what an entry holds for a field its line leaves out
+_ABSENT: dict[str, Any] = {"host": "", "uuid": None, "previous": None, "new": None, "command": ""}
 _OPTIONAL: dict[str, Any] = {
     "host": str,
     "uuid": str,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +12,10 @@ import pytest
 from gpustation.cli import main
 from gpustation.commands import options as cmdutil
 from gpustation.control import journal
+from gpustation.control.fancurve import running_controllers
 from gpustation.telemetry.backend import Control
 from gpustation.telemetry.sim import SimBackend, machine_path
+from tests.runs.conftest import wait_until
 
 
 class RecordingControl(Control):
@@ -79,3 +83,32 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 def journal_entries() -> list[journal.JournalEntry]:
     return list(journal.read_entries())
+
+
+def standin(lock: Path, name: str, ignore_term: bool = False) -> subprocess.Popen[bytes]:
+    """A process that holds ``lock`` as a controller does (flock, its pid inside),
+    under the name ``name``; it stays until signalled."""
+    script = ('trap "" TERM; ' if ignore_term else "") + (
+        'exec 9<>"$1"; flock -x 9; printf %d $$ >"$1"; exec -a "$2" sleep 120'
+    )
+    proc = subprocess.Popen(["bash", "-c", script, "standin", str(lock), name])
+    index = int(lock.stem.rsplit("gpu", 1)[1])
+    simulated = "-sim-" in lock.name
+    wait_until(
+        lambda: (
+            running_controllers([index], simulated).get(index) == proc.pid
+            and name.encode() in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        ),
+        what="the stand-in controller to hold its lock",
+    )
+    return proc
+
+
+@pytest.fixture
+def standins() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)

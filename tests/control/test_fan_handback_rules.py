@@ -3,13 +3,18 @@ how many were manual, which failed, and what a selection without fans says."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 from gpustation.control import fans, journal
 from gpustation.errors import GpustationError, NotSupportedError
-from tests.control.conftest import RecordingSim
+from gpustation.paths import state_dir
+from gpustation.telemetry.nvml import NvmlBackend
+from tests.control.conftest import RecordingSim, standin
 
 
 def test_each_fan_is_journalled_with_what_it_was_and_read_back_auto(sim: RecordingSim) -> None:
@@ -139,3 +144,46 @@ def test_the_default_refuses_a_selection_without_fans(
     monkeypatch.setattr(sim_h200, "read_gpus", nameless)
     with pytest.raises(NotSupportedError, match=r"^GPU 0: no fans gpustation can control"):
         fans.set_fans_auto(sim_h200, [0], "cmd")
+
+
+def test_a_card_with_a_single_fan_is_handed_back(
+    sim: RecordingSim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim.control.set_fan_speed(0, 0, 80)
+    monkeypatch.setattr(sim.control, "fan_count", lambda i: 1)
+    assert [s.index for s in fans.fan_gpus(sim, sim.read_gpus([0, 1], slow=False))] == [0, 1]
+    done = fans.set_fans_auto(sim, [0], "cmd")
+    assert [(r.gpu, r.fans, r.were_manual) for r in done] == [(0, 1, 1)]
+    assert sim.read_gpus([0], slow=False)[0].fan_control[0] == "auto"
+
+
+def test_every_card_without_fans_is_named(
+    sim: RecordingSim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sim.control, "fan_count", lambda i: 0)
+    names = [s.name for s in sim.read_gpus([0, 1], slow=False)]
+    with pytest.raises(NotSupportedError) as err:
+        fans.set_fans_auto(sim, [0, 1], "cmd")
+    assert str(err.value).startswith(f"GPU 0 ({names[0]}), GPU 1 ({names[1]}): no fans ")
+
+
+def test_handing_back_stops_another_program_s_controller_of_those_cards_first(
+    sim: RecordingSim, standins: list[subprocess.Popen[bytes]]
+) -> None:
+    other = standin(state_dir() / "fan-control-sim-gpu0.lock", "gpustation fan run quiet")
+    standins.append(other)
+    fans.set_fans_auto(sim, [0], "gpustation fan auto")
+    assert other.wait(timeout=30) == -signal.SIGTERM
+
+
+def test_fans_of_a_real_card_go_back_through_the_driver(fake_nvml: ModuleType) -> None:
+    backend = NvmlBackend(nvml=fake_nvml)
+    try:
+        (done,) = fans.set_fans_auto(backend, [0], "gpustation fan auto --gpus 0")
+    finally:
+        backend.close()
+    assert (done.gpu, done.fans, done.ok) == (0, 2, True)
+    assert fake_nvml.set_calls == [
+        ("nvmlDeviceSetDefaultFanSpeed_v2", (0, 0)),
+        ("nvmlDeviceSetDefaultFanSpeed_v2", (0, 1)),
+    ]

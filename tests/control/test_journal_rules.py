@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,3 +171,149 @@ def test_the_profile_in_force_is_the_latest_change_s(tmp_path: Path) -> None:
     with open(path, "a") as f:
         f.write(json.dumps({"what": "power_limit", "profile": "balanced", "command": "x"}) + "\n")
     assert journal.active_profile(path) == "balanced"
+
+
+def test_a_line_of_the_wrong_shape_names_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    good = {"time": 1.0, "gpu": 0, "what": journal.POWER_LIMIT, "new": 300}
+    lines = [
+        {**good, "gpu": "0"},
+        {**good, "time": True},
+        {k: v for k, v in good.items() if k != "what"} | {"id": 5},
+        {**good, "fan": "0"},
+        {**good, "command": ["power", "set"]},
+    ]
+    path.write_text("".join(json.dumps(doc) + "\n" for doc in lines))
+    assert journal.read_journal(path).problems == [
+        "line 1: 'gpu' is missing or not a GPU index",
+        "line 2: 'time' is missing or not a number",
+        "line 3: 'what' is missing or not text",
+        "line 4: 'fan' is not a fan index",
+        "line 5: 'command' is not text",
+    ]
+
+
+def test_an_entry_without_an_id_was_made_and_one_with_an_id_waits_for_its_outcome(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "journal.jsonl"
+    base = {"time": 1.0, "gpu": 0, "what": journal.POWER_LIMIT, "new": 300}
+    docs = [base, {**base, "id": "abc"}, {**base, "id": "def", "outcome": journal.REFUSED}]
+    path.write_text("".join(json.dumps(doc) + "\n" for doc in docs))
+    # An entry without an id is from before outcome lines: it was made.
+    assert [e.outcome for e in journal.read_journal(path).entries] == [
+        journal.MADE,
+        journal.UNKNOWN,
+        journal.REFUSED,
+    ]
+
+
+def test_a_value_json_cannot_hold_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    _record(path)
+    before = path.read_bytes()
+    with pytest.raises(ValueError):
+        _record(path, new=float("nan"))
+    assert path.read_bytes() == before
+
+
+def test_the_journal_is_private_and_an_unwritable_one_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    entry = _record(path)
+    assert entry.simulated is False  # a real card's change unless said otherwise
+    assert path.stat().st_mode & 0o777 == 0o600
+    blocked = tmp_path / "blocked.jsonl"
+    blocked.mkdir()
+    with pytest.raises(GpustationError) as raised:
+        _record(blocked)
+    assert str(raised.value) == (
+        f"cannot write the control journal {blocked}: Is a directory; nothing was changed. "
+        "Check that the state directory is writable and has free space "
+        "(or set GPUSTATION_STATE_DIR)."
+    )
+
+
+def test_a_journal_elsewhere_has_its_lock_beside_it(tmp_path: Path) -> None:
+    path = tmp_path / "elsewhere" / "journal.jsonl"
+    entry = _record(path)
+    assert (path.parent / journal.LOCK_NAME).exists()
+    (path.parent / journal.LOCK_NAME).unlink()
+    journal.settle(entry, journal.MADE, read_back=300.0, path=path)
+    assert (path.parent / journal.LOCK_NAME).exists()
+    assert not journal.journal_path().with_name(journal.LOCK_NAME).exists()
+
+
+def test_a_journal_that_cannot_be_read_says_why(tmp_path: Path) -> None:
+    assert journal.read_journal(tmp_path).problems == [f"cannot read {tmp_path}: Is a directory"]
+
+
+def test_the_profile_in_force_is_found_past_lines_that_are_not_text(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    _record(path, command="gpustation profile apply quiet")
+    with open(path, "ab") as f:
+        f.write(b"\xff\xfe not text \xff\n")
+    assert journal.active_profile(path) == "quiet"
+
+
+def test_a_line_with_only_the_required_fields_is_an_entry(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    path.write_text(json.dumps({"time": 1.0, "gpu": 2, "what": journal.FAN_AUTO}) + "\n")
+    read = journal.read_journal(path)
+    assert read.problems == []
+    [entry] = read.entries
+    assert (entry.gpu, entry.what, entry.host, entry.uuid, entry.command) == (
+        2,
+        journal.FAN_AUTO,
+        "",
+        None,
+        "",
+    )
+    assert (entry.previous, entry.new, entry.outcome) == (None, None, journal.MADE)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 16 KiB tmpfs (mounted for the test: everything here runs as root)."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.parametrize("room", [0, 50])
+def test_a_full_disk_refuses_the_change_and_leaves_the_journal_as_it_was(
+    tiny_disk: Path, room: int
+) -> None:
+    path = tiny_disk / "journal.jsonl"
+    _record(path)
+    page = os.statvfs(tiny_disk).f_bsize
+    with open(path, "ab") as f:  # blank lines, which readers skip, up to `room` short of a page
+        f.write(b"\n" * (page - room - path.stat().st_size))
+    filler = os.open(tiny_disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while os.write(filler, b"x" * page):
+            pass
+    except OSError:
+        pass  # the disk is full
+    finally:
+        os.close(filler)
+    before = path.read_bytes()
+    with pytest.raises(GpustationError) as raised:
+        _record(path)
+    why = "No space left on device" if room == 0 else f"only {room} of "
+    assert str(raised.value).startswith(f"cannot write the control journal {path}: {why}")
+    assert str(raised.value).endswith(
+        "; nothing was changed. Check that the state directory is writable and has free space "
+        "(or set GPUSTATION_STATE_DIR)."
+    )
+    assert path.read_bytes() == before  # no fragment of the refused entry
+    assert len(journal.read_journal(path).entries) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -181,3 +182,83 @@ def test_ending_holders_waits_for_them_to_let_go(gpustation_dirs: dict[str, Path
         for proc in (child, stubborn):
             proc.kill()
             proc.wait()
+
+
+def test_a_start_token_is_the_kernel_s_start_time_whatever_the_process_is_called(
+    tmp_path: Path,
+) -> None:
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    # A name with spaces, a closing parenthesis and letters outside ASCII.
+    named = tmp_path / "a) b ü"
+    shutil.copy(sleep, named)
+    child = subprocess.Popen([str(named), "30"])
+    try:
+        proc = psutil.Process(child.pid)
+        deadline = time.monotonic() + 30
+        while proc.name() != "a) b ü":  # until it has exec'd
+            assert time.monotonic() < deadline, "the child never started"
+            time.sleep(0.01)
+        token = lease.process_start(child.pid)
+        assert token is not None
+        started = int(token) / os.sysconf("SC_CLK_TCK") + psutil.boot_time()
+        assert abs(started - proc.create_time()) < 0.05
+    finally:
+        child.kill()
+        child.wait()
+    assert lease.process_start(1) is not None  # init is a process like any other
+
+
+def test_a_lease_made_now_is_dated_now_and_restores_nothing_unless_told() -> None:
+    before = time.time()
+    made = lease.Lease("a", "sweep a", [(0, "GPU-x")], simulated=True)
+    assert before <= made.created_at <= time.time()
+    assert made.restore == "" and made.to_dict()["restore"] == ""
+
+
+def test_a_refusal_names_every_holder() -> None:
+    held = [
+        lease.Lease("a", "sweep a", [(0, "GPU-x")], True, pid=11, start="1"),
+        lease.Lease("b", "sweep b", [(1, "GPU-y"), (2, None)], True, pid=12, start="1"),
+    ]
+    assert str(lease.LeaseHeld(held)) == (
+        "the power limit is refused: sweep a (pid 11, on GPU 0); sweep b (pid 12, on GPU 1, 2) "
+        "owns these GPUs' power limits now; wait for it to end or stop it (`sweep --force` and "
+        "`power set --force` end it first, and it puts its limits back). Nothing was changed."
+    )
+
+
+def test_a_lease_without_uuids_is_held_by_index(gpustation_dirs: dict[str, Path]) -> None:
+    lease.take(lease.Lease("n", "sweep n", [(1, None)], simulated=True))
+    assert [x.id for x in lease.holders([(1, None)], True)] == ["n"]
+    assert lease.holders([(0, None)], True) == []
+
+
+def test_every_lease_file_is_read_past_other_files_and_none_past_64_kib(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    lease.take(lease.Lease("b", "sweep b", [(0, "GPU-b")], simulated=True))
+    (lease.lease_dir() / "a-readme.txt").write_text("not a lease")
+    doc = lease.Lease("c", "sweep c", [(1, "GPU-c")], simulated=True).to_dict()
+    short = len(json.dumps(doc))
+    # A lease whose owner runs past the 64 KiB a lease may take: not read.
+    doc["owner"] += "c" * (64 * 1024 + 10 - short)
+    (lease.lease_dir() / "c.json").write_text(json.dumps(doc))
+    assert (lease.lease_dir() / "c.json").stat().st_size == 64 * 1024 + 10
+    assert [x.id for x in lease.read_leases()] == ["b"]
+    assert lease.get("c") is None and lease.get("b") is not None
+
+
+def test_a_lease_that_cannot_be_written_is_named_and_leaves_nothing_behind(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    target = lease.lease_dir() / "x.json"
+    target.mkdir(parents=True)
+    (target / "keep").write_text("")  # a directory where the lease would go
+    with pytest.raises(GpustationError) as raised:
+        lease.take(lease.Lease("x", "sweep x", [(0, "GPU-x")], simulated=True))
+    assert str(raised.value) == (
+        f"cannot write the lease {target}: Is a directory; nothing was changed. "
+        "Check that the state directory is writable (or set GPUSTATION_STATE_DIR)."
+    )
+    assert sorted(p.name for p in lease.lease_dir().iterdir()) == ["x.json"]

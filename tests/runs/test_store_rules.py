@@ -5,6 +5,8 @@ caught up, a lock is waited for only so long."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import re
 import sqlite3
 import time
@@ -416,3 +418,169 @@ def test_columns_an_older_index_gains_keep_their_types(tmp_path: Path) -> None:
     store.upsert(RunSummary(id="r", title="7", note="8", exit_code=3, steps=4))
     got = store.get("r")
     assert got is not None and (got.title, got.note, got.exit_code, got.steps) == ("7", "8", 3, 4)
+
+
+def test_listing_again_reads_only_the_states_that_changed_or_are_still_going(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "runs"
+    store = RunStore(tmp_path / "runs.db", root=root)
+    for n, name in enumerate(("a", "b")):
+        sync_run(_run(root, name, started=1000.0 + n), store)
+    sync_run(_run(root, "c", status="running", started=1003.0), store)
+    real = rundir.read_state
+    reads: list[str] = []
+
+    def counting(directory: Path) -> RunState | None:
+        reads.append(directory.name)
+        return real(directory)
+
+    monkeypatch.setattr(rundir, "read_state", counting)
+    assert [r.id for r in store.list_runs()] == ["c", "b", "a"]
+    reads.clear()
+    assert [r.id for r in store.list_runs()] == ["c", "b", "a"]
+    assert sorted(set(reads)) == ["c"]  # a run still going may have ended in exit-status
+    reads.clear()
+    rundir.write_state(root / "a", RunState(id="a", status="failed", started_at=1000.0))
+    assert {r.id: r.status for r in store.list_runs()}["a"] == "failed"
+    assert "a" in reads and "b" not in reads
+
+
+def test_the_history_lives_in_the_data_dir_and_a_store_may_name_its_runs(
+    tmp_path: Path, gpustation_dirs: dict[str, Path]
+) -> None:
+    assert store_mod.db_path() == gpustation_dirs["data"] / "runs.db"
+    elsewhere = tmp_path / "elsewhere"
+    store = RunStore(tmp_path / "index" / "runs.db", root=elsewhere)
+    assert store.runs_root == elsewhere
+    _run(elsewhere, "x")
+    assert [r.id for r in store.list_runs()] == ["x"]
+
+
+def test_an_index_set_aside_takes_its_journal_files_with_it(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    said: list[str] = []
+    store = RunStore(tmp_path / "runs.db", warn=said.append)
+    _run(root, "a")
+    store.db.write_bytes(b"not a database" * 100)
+    for extra in ("-wal", "-shm", "-journal"):
+        Path(f"{store.db}{extra}").write_bytes(b"left by the bad file" * 10)
+    sync_run(_run(root, "b", started=2000.0), store)
+    assert any("kept it as runs.db.bad-" in s for s in said), said
+    for extra in ("-wal", "-shm", "-journal"):
+        leftover = Path(f"{store.db}{extra}")
+        assert not leftover.exists() or b"left by the bad file" not in leftover.read_bytes()
+    assert {r.id for r in store.list_runs()} == {"a", "b"}
+
+
+def test_a_rebuilt_index_keeps_each_row_s_state_key_and_skips_what_it_cannot_read(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "runs"
+    store = RunStore(tmp_path / "runs.db")
+    _run(root, "a-good")
+    broken = _run(root, "b-broken")
+    (broken / rundir.RUN_JSON).write_text(json.dumps({"id": "b", "gpus": 5, "preset": 3}))
+    _run(root, "c-good", started=3000.0)
+    sync_run(_run(root, "0-new", started=4000.0), store)  # the first writer rebuilds
+    rows = dict(sqlite3.connect(store.db).execute(f"SELECT id, {store_mod.KEY_COLUMN} FROM runs"))
+    assert sorted(rows) == ["0-new", "a-good", "c-good"]
+    for name in ("0-new", "a-good", "c-good"):
+        assert rows[name] == store_mod.state_key(rundir.read_state(root / name))
+
+
+def test_a_run_directory_that_cannot_be_read_holds_back_no_reader_or_writer(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "runs"
+    store = RunStore(tmp_path / "runs.db")
+    sync_run(_run(root, "a"), store)
+    broken = _run(root, "b-broken")
+    (broken / rundir.RUN_JSON).write_text(json.dumps({"id": "b", "gpus": 5, "preset": 3}))
+    _run(root, "c-lagging", started=2000.0)  # written while the index was locked, say
+    assert [r.id for r in store.list_runs()] == ["c-lagging", "a"]  # readers skip it too
+    assert store.catch_up() == 2
+    ids = [r[0] for r in sqlite3.connect(store.db).execute("SELECT id FROM runs ORDER BY id")]
+    assert ids == ["a", "c-lagging"]
+    # caught up with its state's key: a later change of the state is seen again
+    rundir.write_state(root / "c-lagging", RunState(id="c-lagging", status="failed"))
+    assert {r.id: r.status for r in store.list_runs()}["c-lagging"] == "failed"
+
+
+def test_a_row_is_written_from_the_state_it_is_given(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    store = RunStore(tmp_path / "runs.db")
+    directory = _run(root, "a", status="running")
+    ended = RunState(id="a", status="failed", started_at=1000.0, ended_at=1010.0, exit_code=3)
+    record = sync_run(directory, store, state=ended)  # written before state.json is
+    assert (record.status, record.exit_code) == ("failed", 3)
+    row = sqlite3.connect(store.db).execute("SELECT status, exit_code FROM runs").fetchone()
+    assert row == ("failed", 3)
+
+
+def test_a_run_without_a_state_lasts_from_its_start_and_never_less_than_nothing(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "runs" / "future"
+    directory.mkdir(parents=True)
+    rundir.write_json(directory / rundir.RUN_JSON, {"id": "future", "created_at": time.time() + 60})
+    assert record_from_dir(directory).duration_s == 0.0
+    past = tmp_path / "runs" / "past"
+    past.mkdir()
+    rundir.write_json(past / rundir.RUN_JSON, {"id": "past", "created_at": time.time() - 100})
+    assert record_from_dir(past).duration_s == pytest.approx(100.0, abs=5.0)
+
+
+def test_a_multi_node_run_counts_the_gpus_of_every_node(tmp_path: Path) -> None:
+    directory = _run(tmp_path / "runs", "multi")
+    rundir.write_json(directory / "nodes.json", {"nodes": [{"host": "box1"}, {"host": "box2"}]})
+    for host, energy in (("box1", 1000.0), ("box2", 3000.0)):
+        node = directory / "nodes" / host
+        node.mkdir(parents=True)
+        lines = [
+            {"t": 0, "gpus": [{"index": 0, "power_w": 100.0, "energy_j": 0.0}]},
+            {"t": 10, "gpus": [{"index": 0, "power_w": 100.0, "energy_j": energy}]},
+        ]
+        (node / "telemetry.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert record_from_dir(directory).energy_j == pytest.approx(4000.0)
+
+
+def test_what_the_gpus_did_is_written_into_the_row() -> None:
+    tele = TelemetrySummary(
+        energy_j=500.0,
+        peak_memory_temp_c=88.0,
+        peak_vram_mib=20000.0,
+        estimated=True,
+    )
+    real = apply_telemetry(RunSummary(id="r", peak_vram_mib=100.0), tele, Path("/x"))
+    assert (real.peak_memory_temp_c, real.peak_vram_mib) == (88.0, 20000.0)
+    assert real.energy_estimated is True
+    sim = apply_telemetry(RunSummary(id="s", simulated=True, peak_vram_mib=100.0), tele, Path("/x"))
+    assert sim.peak_vram_mib == 100.0  # a simulated card's memory is not the run's
+    unknown = apply_telemetry(RunSummary(id="u"), TelemetrySummary(estimated=True), Path("/x"))
+    assert unknown.energy_j is None and unknown.energy_estimated is False
+
+
+def test_a_new_history_is_private_from_its_first_byte(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        store = RunStore(tmp_path / "runs.db")
+        sync_run(_run(tmp_path / "runs", "a"), store)
+    finally:
+        os.umask(old)
+    assert store.db.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_state_file_holding_a_number_json_cannot_hold_is_still_listed(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    store = RunStore(tmp_path / "runs.db")
+    directory = _run(root, "a")
+    # Python's json reads NaN and Infinity; the key of such a state is still JSON
+    (directory / rundir.STATE_JSON).write_text(
+        '{"id": "a", "status": "failed", "started_at": NaN, "ended_at": Infinity}'
+    )
+    assert [(r.id, r.status) for r in store.list_runs()] == [("a", "failed")]
+    state = rundir.read_state(directory)
+    assert store_mod.state_key(state) == '["failed", null, null, null, null]'
+    sync_run(directory, store)
+    assert [(r.id, r.status) for r in store.list_runs()] == [("a", "failed")]

@@ -465,3 +465,42 @@ def test_a_restore_that_fails_is_said_with_the_command_that_finishes_it(
         "could not restore the power limits (the card went away); run `gpustation sweeps "
         "restore s6`"
     )
+
+
+def test_while_its_points_run_the_sweep_holds_a_lease_naming_it_and_says_it_runs(
+    gpustation_dirs: dict[str, Path],
+) -> None:
+    sim = SimBackend.open(count=1)
+    s = sweep.Sweep(
+        id="s-lease",
+        preset="p",
+        axes={"bs": ["1", "2", "3"]},
+        power_limits=["300W"],
+        gpus=[0],
+        simulated=True,
+        points=sweep.grid({"bs": ["1", "2", "3"]}, ["300W"], 1),
+    )
+    s.points[1].status = "succeeded"  # done before: skipped, the next one still runs
+    runner, launcher, _said = _runner(sim, s, ["succeeded", "succeeded"])
+    seen: list[tuple[dict[str, object] | None, str]] = []
+    real_call = launcher.__call__
+
+    def watching(*args: Any, **kw: Any) -> Any:
+        held = lease.get("s-lease")
+        seen.append((None if held is None else held.to_dict(), sweep.load_sweep("s-lease").status))
+        return real_call(*args, **kw)
+
+    runner.launch = watching
+    done = runner.run()
+    assert [p.status for p in done.points] == ["succeeded", "succeeded", "succeeded"]
+    assert [p.run_id for p in done.points] == ["run-0", None, "run-1"]
+    held, status = seen[0]
+    assert status == "running" and held is not None
+    uuid = sim.read_gpus([0], slow=False)[0].uuid
+    assert (
+        held["owner"] == "sweep s-lease" and held["restore"] == "gpustation sweeps restore s-lease"
+    )
+    assert held["gpus"] == [{"index": 0, "uuid": uuid}] and held["simulated"] is True
+    assert held["pid"] == os.getpid() and held["start"] == lease.process_start(os.getpid())
+    assert done.pid_start == lease.process_start(os.getpid())
+    assert lease.get("s-lease") is None

@@ -396,3 +396,36 @@ def test_the_recommendation_s_percentages() -> None:
     assert sweep_report.recommendation_text(s).endswith(
         "Least energy within 60 % of that: bs=2, 500.0 /s (-50.0 %) at 1 J/unit (-50.0 %)."
     )
+
+
+def _grid(axes: dict[str, list[str]], powers: list[str]) -> Sweep:
+    sweep = Sweep(id="s", preset="p", axes=axes, power_limits=powers, gpus=[0])
+    sweep.points = [
+        Point(
+            index=0, overrides={k: v[0] for k, v in axes.items()}, power=next(iter(powers), None)
+        ),
+    ]
+    return sweep
+
+
+def test_a_point_is_labelled_by_what_sets_it_apart_and_the_rest_is_said_once() -> None:
+    sweep = _grid({"batch": ["16", "32"], "lr": ["0.1"]}, ["70%", "80%"])
+    point = Point(index=1, overrides={"batch": "32", "lr": "0.1"}, power="80%")
+    assert sweep_report.constants(sweep) == ["lr=0.1"]
+    assert sweep_report.point_label(sweep, point) == "batch=32 power=80%"
+    one_power = _grid({"batch": ["16", "32"]}, ["70%"])
+    assert sweep_report.constants(one_power) == ["power=70%"]
+    assert sweep_report.point_label(one_power, Point(1, {"batch": "32"}, "70%")) == "batch=32"
+    shared = _grid({"lr": ["0.1"]}, ["70%"])
+    assert sweep_report.constants(shared) == ["lr=0.1", "power=70%"]
+    assert sweep_report.point_label(shared, shared.points[0]) == "(as above)"
+    bare = _grid({}, [])
+    assert sweep_report.constants(bare) == []
+    assert sweep_report.point_label(bare, Point(0, {})) == "(defaults)"
+    assert sweep_report.point_label(bare, Point(0, {}, power="300W")) == "power=300W"
+
+
+def test_the_points_table_leaves_the_constants_out_only_when_asked() -> None:
+    sweep = _grid({"batch": ["16", "32"], "lr": ["0.1"]}, [])
+    assert sweep_report.point_rows(sweep)[0][1] == "batch=16 lr=0.1"
+    assert sweep_report.point_rows(sweep, constants_apart=True)[0][1] == "batch=16"

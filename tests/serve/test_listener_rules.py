@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import itertools
 import resource
 import socket
+import time
+from collections.abc import Callable
 
 import pytest
 
 from gpustation.errors import GpustationError
 from gpustation.serve import listener
+from tests.serve.refusing import Refusing, refusing
 
 
 def _has_ipv6_loopback() -> bool:
@@ -86,3 +92,136 @@ def test_the_connection_cap_leaves_room_under_the_open_files_limit(
     assert listener.connection_cap(100, 64) == 1
     monkeypatch.setattr(resource, "getrlimit", lambda _which: (resource.RLIM_INFINITY, 0))
     assert listener.connection_cap(5000, 64) == 5000
+
+
+class Echo(asyncio.Protocol):
+    """Says back what it is sent; remembers how its connection ended."""
+
+    def __init__(self, ends: list[BaseException | None]) -> None:
+        self.ends = ends
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.ends.append(exc)
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def test_at_the_cap_a_new_connection_waits_in_the_backlog_until_one_ends() -> None:
+    async def main() -> None:
+        ends: list[BaseException | None] = []
+        made: list[Echo] = []
+
+        def factory() -> asyncio.Protocol:
+            made.append(Echo(ends))
+            return made[-1]
+
+        capped = listener.CappedListener(listener.listen_sockets("127.0.0.1", 0, 8), factory, 1)
+        capped.start()
+        try:
+            r1, w1 = await asyncio.open_connection("127.0.0.1", capped.port)
+            w1.write(b"one")
+            assert await asyncio.wait_for(r1.readexactly(3), 30) == b"one"
+            assert capped.open_connections == 1
+            r2, w2 = await asyncio.open_connection("127.0.0.1", capped.port)
+            w2.write(b"two")
+            with pytest.raises(asyncio.TimeoutError):  # held in the kernel's backlog
+                await asyncio.wait_for(r2.readexactly(3), 0.3)
+            assert len(made) == 1
+            w1.close()
+            await w1.wait_closed()
+            assert await asyncio.wait_for(r2.readexactly(3), 30) == b"two"
+            assert capped.open_connections == 1 and len(made) == 2
+            w2.close()
+            await w2.wait_closed()
+            await until(lambda: capped.open_connections == 0, "the second connection to end")
+            assert ends == [None, None]
+        finally:
+            await capped.stop()
+
+    asyncio.run(main())
+
+
+def refusing_listener(errors: list[int]) -> Refusing:
+    (real,) = listener.listen_sockets("127.0.0.1", 0, 8)
+    return refusing(real, errors)
+
+
+def test_out_of_files_it_waits_longer_each_time_and_says_so_once_an_episode() -> None:
+    said: list[str] = []
+
+    async def main() -> None:
+        sock = refusing_listener([errno.ECONNABORTED, errno.EMFILE, errno.EMFILE, errno.EMFILE])
+        capped = listener.CappedListener([sock], lambda: Echo([]), 4, warn=said.append)
+        capped.start()
+        try:
+            await until(lambda: not sock.errors, "the refused accepts")
+            r, w = await asyncio.open_connection("127.0.0.1", capped.port)
+            w.write(b"x")
+            assert await asyncio.wait_for(r.readexactly(1), 30) == b"x"
+            # a second episode, with one connection open
+            sock.errors = [errno.ENFILE]
+            r2, w2 = await asyncio.open_connection("127.0.0.1", capped.port)
+            w2.write(b"y")
+            assert await asyncio.wait_for(r2.readexactly(1), 30) == b"y"
+            assert capped.open_connections == 2
+            for writer in (w, w2):
+                writer.close()
+                await writer.wait_closed()
+        finally:
+            await capped.stop()
+        gaps = [b - a for a, b in itertools.pairwise(sock.tried_at[:4])]
+        assert gaps[0] < listener.FIRST_PAUSE_S  # a peer gone is no reason to wait
+        assert gaps[1] >= listener.FIRST_PAUSE_S and gaps[2] >= 2 * listener.FIRST_PAUSE_S
+
+    asyncio.run(main())
+    advice = "waiting for some to close (raise the open-files limit, `ulimit -n`, or lower "
+    assert said == [
+        f"gpustation: cannot accept connections (Too many open files) with 0 open; {advice}"
+        "--max-connections)",
+        f"gpustation: cannot accept connections (Too many open files in system) with 1 open; "
+        f"{advice}--max-connections)",
+    ]
+
+
+def test_without_a_listener_of_its_own_the_warning_goes_to_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async def main() -> None:
+        sock = refusing_listener([errno.EMFILE])
+        capped = listener.CappedListener([sock], lambda: Echo([]), 4)
+        capped.start()
+        try:
+            await until(lambda: not sock.errors, "the refused accept")
+            r, w = await asyncio.open_connection("127.0.0.1", capped.port)
+            w.write(b"x")
+            assert await asyncio.wait_for(r.readexactly(1), 30) == b"x"
+            w.close()
+            await w.wait_closed()
+        finally:
+            await capped.stop()
+
+    asyncio.run(main())
+    assert capsys.readouterr().err.startswith(
+        "gpustation: cannot accept connections (Too many open files) with 0 open; "
+    )
+
+
+def test_the_cap_reads_this_process_s_own_open_files_limit() -> None:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 10**9
+    expected = (
+        want if soft == resource.RLIM_INFINITY else max(1, soft - 16 - listener.BASE_RESERVE_FDS)
+    )
+    assert listener.connection_cap(want, 16) == expected

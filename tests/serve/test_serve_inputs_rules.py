@@ -4,6 +4,7 @@ the password file and its Basic credentials, the TLS pair and the token file."""
 from __future__ import annotations
 
 import base64
+import re
 import ssl
 import subprocess
 from pathlib import Path
@@ -181,3 +182,78 @@ def test_a_token_file_holds_one_long_printable_token(tmp_path: Path) -> None:
         assert str(err.value).startswith(
             f"--token-file: {tmp_path / 't'} must hold one token of 16"
         )
+
+
+def test_a_secret_file_others_can_read_is_refused_naming_its_option(tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    users.write_text("alice:pw\n")
+    users.chmod(0o644)
+    with pytest.raises(UsageError) as err:
+        http.load_users(users)
+    assert str(err.value) == (
+        f"--basic-auth-file: {users} can be read by other users; make it private with "
+        f"`chmod 600 {users}`"
+    )
+    token = tmp_path / "token"
+    token.write_text("a" * 20)
+    token.chmod(0o644)
+    with pytest.raises(UsageError) as err:
+        read_token_file(token)
+    assert str(err.value).startswith(f"--token-file: {token} can be read by other users")
+    missing = tmp_path / "none"
+    with pytest.raises(UsageError) as err:
+        read_token_file(missing)
+    assert str(err.value).startswith(f"cannot read --token-file {missing}: ")
+    short = _private(tmp_path / "short", "a" * 15)
+    with pytest.raises(UsageError) as err:
+        read_token_file(short)
+    assert str(err.value).endswith(
+        "e.g. from `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+    )
+
+
+def test_each_half_of_the_tls_pair_is_named_when_it_cannot_be_read(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    with pytest.raises(UsageError) as err:
+        http.tls_context(cert, key)
+    assert str(err.value).startswith(f"cannot read --tls-cert {cert}: ")
+    cert.write_text("not a certificate")
+    with pytest.raises(UsageError) as err:
+        http.tls_context(cert, key)
+    assert str(err.value).startswith(f"cannot read --tls-key {key}: ")
+
+
+def test_a_password_may_hold_colons_and_credentials_must_be_plain_base64() -> None:
+    users = {"alice": "s3:cret"}
+    assert http._authorized(_basic("alice:s3:cret"), users)
+    assert not http._authorized(_basic("alice:s3:cret") + "!!", users)
+    assert not http._authorized("Basic !" + _basic("alice:s3:cret")[6:], users)
+
+
+def test_an_unauthorized_scrape_and_the_favicon_are_answered_in_words() -> None:
+    status, headers, body = http.metrics_response(None, {"alice": "pw"}, "/metrics", {})  # type: ignore[arg-type]
+    assert (status, body) == (401, b"unauthorized\n")
+    assert headers == [
+        ("Content-Type", "text/plain"),
+        ("WWW-Authenticate", 'Basic realm="gpustation"'),
+    ]
+    for path in ("/favicon.ico", "/favicon.ico?size=32"):
+        answer = http.metrics_response(None, None, path, {})  # type: ignore[arg-type]
+        assert answer == (404, [("Content-Type", "text/plain")], b"not found\n")
+
+
+def test_a_host_name_half_in_brackets_is_kept_as_it_came() -> None:
+    assert webguard.canonical_host("[::1") == "[::1"
+    assert webguard.canonical_host("::1]") == "::1]"
+    assert webguard.host_name("box:5") == "box"
+
+
+def test_localhost_and_the_wildcards_answer_to_their_own_names() -> None:
+    assert webguard.listen_names("localhost") == webguard.LOOPBACK_NAMES
+    mac = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
+    for wildcard in ("0.0.0.0", "::"):
+        names = webguard.listen_names(wildcard)
+        assert names >= webguard.LOOPBACK_NAMES
+        assert not any(mac.match(n) for n in names)  # interface addresses, not hardware ones
+    v6 = webguard.listen_names("::")
+    assert "127.0.0.1" in v6 and "[::]" in v6

@@ -24,11 +24,20 @@ from gpustation.serve.web import DashboardServer, dashboard_command, url_host
 TOKEN = "a-token-of-sixteen-or-more"
 
 
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
 def _serve(
-    check: Callable[[str, ClientSession, DashboardServer], Awaitable[None]], **kw: Any
+    check: Callable[[str, ClientSession, DashboardServer], Awaitable[None]],
+    command: str = "true",
+    **kw: Any,
 ) -> None:
     async def run() -> None:
-        dash = DashboardServer("true", host="127.0.0.1", port=0, title="gpu <box>", **kw)
+        dash = DashboardServer(command, host="127.0.0.1", port=0, title="gpu <box>", **kw)
         server = TestServer(dash.make_app(), host="127.0.0.1")
         await server.start_server()
         try:
@@ -177,3 +186,63 @@ def test_the_server_answers_until_sigterm_and_closes_idle_connections(
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", seen["port"]), timeout=5)
+
+
+def test_an_open_dashboard_counts_until_it_closes_and_past_the_cap_the_refusal_says_why() -> None:
+    async def check(base: str, session: ClientSession, dash: DashboardServer) -> None:
+        first = await session.ws_connect(base + "/ws", origin=base)
+        try:
+            await _until(lambda: dash.sessions == 1, "the first dashboard to count")
+            async with session.get(base + "/ws", headers={"Origin": base}) as r:
+                assert r.status == 503
+                assert await r.text() == (
+                    "gpustation web: 1 dashboards are open, the most --max-sessions allows; "
+                    "close one (its browser tab) and reload\n"
+                )
+            assert dash.sessions == 1
+        finally:
+            await first.close()
+        await _until(lambda: dash.sessions == 0, "the closed dashboard to stop counting")
+        second = await session.ws_connect(base + "/ws", origin=base)
+        try:
+            await _until(lambda: dash.sessions == 1, "the next dashboard to count")
+        finally:
+            await second.close()
+        await _until(lambda: dash.sessions == 0, "the second dashboard to stop counting")
+
+    _serve(check, token=None, max_sessions=1, command="cat > /dev/null")
+
+
+def test_the_page_s_font_size_is_16_unless_a_number_is_asked_for() -> None:
+    async def check(base: str, session: ClientSession, dash: DashboardServer) -> None:
+        for query, size in (("", "16"), ("?fontsize=big", "16"), ("?fontsize=12", "12")):
+            async with session.get(f"{base}/{query}") as r:
+                assert r.status == 200
+                assert f'data-font-size="{size}"' in await r.text()
+
+    _serve(check, token=None)
+
+
+def test_a_connection_cap_the_open_files_limit_allows_is_taken_without_a_word(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gpustation.serve import web as web_mod
+
+    dash = DashboardServer("true", "127.0.0.1", 0, None, "t", max_sessions=1)
+    seen: dict[str, Any] = {}
+
+    def on_ready(port: int) -> None:
+        def probe() -> None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as resp:
+                    seen["status"] = resp.status
+            finally:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=probe, daemon=True).start()
+
+    asyncio.run(
+        asyncio.wait_for(web_mod.serve_until_stopped(dash, on_ready, max_connections=5), 120)
+    )
+    assert seen["status"] == 200
+    assert capsys.readouterr().err == ""

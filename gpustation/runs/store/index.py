@@ -92,10 +92,9 @@ def state_key(state: RunState | None) -> str:
     """What a row must agree with its run directory's ``state.json`` on."""
     if state is None:
         return ""
-    return json.dumps(
-        [state.status, state.started_at, state.ended_at, state.exit_code, state.signal],
-        allow_nan=False,
-    )
+    # strict: a NaN that Python's json read from a state file is null here, never a crash
+    fields = [state.status, state.started_at, state.ended_at, state.exit_code, state.signal]
+    return strict_json(fields, indent=None)
 
 
 def _busy(err: sqlite3.Error) -> bool:
@@ -361,8 +360,8 @@ class RunStore:
                     state = rundir.read_state(directory)
                     try:
                         record = record_from_dir(directory, state)
-                    except FileNotFoundError:
-                        continue  # deleted meanwhile
+                    except Exception:  # deleted meanwhile or unreadable: as in a rebuild
+                        continue
                     self._write(conn, record, state_key(state))
 
         self._retry(job)
