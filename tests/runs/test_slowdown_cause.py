@@ -222,6 +222,25 @@ def test_loaders_that_were_replaced_in_the_drop_are_not_its_loaders() -> None:
     assert "its loader process at 100 % CPU (pid 300)" in cause.words
 
 
+def test_a_loader_started_afresh_at_the_drops_last_moment_is_still_its_loader() -> None:
+    # A DataLoader of one worker started again every few seconds (as on an H100): at
+    # the last moment the new worker has no figure yet (its first reading is the
+    # baseline), so only the run's own process shows there.
+    base = clues({"utilization_pct": 4.0})
+    n = len(base.during)
+    worker = ((300, 99.0),)
+    during = [
+        replace(m, host=replace(m.host, run_cpu=((RUN_PID, 19.0),) + (worker if i < n - 1 else ())))
+        for i, m in enumerate(base.during)
+    ]  # fmt: skip
+    cause = name_cause(replace(base, during=during))
+    assert cause.kind == "input_pipeline"
+    assert "its loader process at 99 % CPU (pid 300)" in cause.words
+    # With no worker at all the run's own process is judged, as before.
+    alone = [replace(m, host=replace(m.host, run_cpu=((RUN_PID, 19.0),))) for m in base.during]
+    assert name_cause(replace(base, during=alone)).kind == "unknown"
+
+
 def test_a_host_busy_before_too_starves_a_run_that_now_waits_for_a_cpu() -> None:
     busy = [replace(m, host=replace(m.host, cpu_pct=95.0, run_on_cpu_pct=33.0))
             for m in clues().before]  # fmt: skip

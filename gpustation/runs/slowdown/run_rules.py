@@ -105,15 +105,25 @@ def swap(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
 
 
 def process_cpu(moments: Sequence[Moment]) -> dict[int, float]:
-    """The mean CPU (% of one core) of each of the run's processes still there at the
-    last moment, over the moments it was seen in: workers a loader just replaced (the
-    old ones winding down) are not its loaders any more."""
+    """The mean CPU (% of one core) of each of the run's processes in the last moment
+    that read a worker's CPU, over the moments it was seen in.
+
+    Workers a loader just replaced (the old ones winding down) are not its loaders
+    any more; and a worker just started has no figure at its first reading, so the
+    last moment may show the run's own process alone: the one before it still
+    shows who was loading (on an H100, a DataLoader of one worker started afresh
+    every 7 s left the last moment of a drop with the main process only).
+    """
     seen: dict[int, list[float]] = {}
     for m in moments:
         for pid, pct in m.host.run_cpu:
             seen.setdefault(pid, []).append(pct)
-    last = next((m.host.run_cpu for m in reversed(moments) if m.host.run_cpu), ())
-    return {pid: sum(seen[pid]) / len(seen[pid]) for pid, _ in last}
+    with_figures = [m.host for m in moments if m.host.run_cpu]
+    last = next(
+        (h for h in reversed(with_figures) if any(pid != h.main_pid for pid, _ in h.run_cpu)),
+        with_figures[-1] if with_figures else None,
+    )
+    return {pid: sum(seen[pid]) / len(seen[pid]) for pid, _ in (last.run_cpu if last else ())}
 
 
 def input_pipeline(clues: Clues, gpus: list[GpuClues]) -> Cause | None:
