@@ -241,6 +241,20 @@ def test_a_loader_started_afresh_at_the_drops_last_moment_is_still_its_loader() 
     assert name_cause(replace(base, during=alone)).kind == "unknown"
 
 
+def test_a_gpu_little_used_before_is_starved_when_its_utilisation_halves() -> None:
+    # ResNet-50 fed by 8 workers, then 1, on an H200: utilisation 21 → 10 %, 11 points.
+    def starved(before: float, now: float) -> str:
+        base = clues({"utilization_pct": now}, {"run_cpu": ((RUN_PID, 20.0), (300, 100.0))})
+        was = [replace(m, gpus=(replace(healthy_gpu(), utilization_pct=before),))
+               for m in base.before]  # fmt: skip
+        return name_cause(replace(base, before=was)).kind
+
+    assert starved(21.2, 10.2) == "input_pipeline"
+    assert starved(21.2, 14.0) == "unknown"  # a third less: not starved by this rule
+    assert starved(8.0, 2.0) == "unknown"  # too little to tell from noise
+    assert starved(40.0, 24.0) == "input_pipeline"  # 16 points
+
+
 def test_a_host_busy_before_too_starves_a_run_that_now_waits_for_a_cpu() -> None:
     busy = [replace(m, host=replace(m.host, cpu_pct=95.0, run_on_cpu_pct=33.0))
             for m in clues().before]  # fmt: skip
