@@ -251,7 +251,8 @@ def test_a_gpu_little_used_before_is_starved_when_its_utilisation_halves() -> No
 
     assert starved(21.2, 10.2) == "input_pipeline"
     assert starved(34.1, 21.3) == "input_pipeline"  # the same on an H100
-    assert starved(21.2, 17.0) == "unknown"  # a fifth less: not starved by this rule
+    assert starved(32.1, 24.2) == "input_pipeline"
+    assert starved(21.2, 18.0) == "unknown"  # 15 % less: not starved by this rule
     assert starved(8.0, 2.0) == "unknown"  # too little to tell from noise
     assert starved(40.0, 24.0) == "input_pipeline"  # 16 points
 
