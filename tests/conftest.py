@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,6 +22,16 @@ from tests.receiver import Receiver
 from tests.tools import missing
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A suite started in the background by a shell without job control (`cmd &`)
+    # inherits SIGINT ignored, and so would every gpustation it starts: the tests
+    # that send Ctrl-C would then wait for a process that cannot hear it. A handled
+    # signal is reset to the default in a child, an ignored one is not.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 _T = TypeVar("_T")
 
