@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
+from prometheus_client.core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpustation.control import journal, lease
@@ -254,6 +254,7 @@ def three_cards() -> Snapshot:
             ProcessInfo(pid=10, gpu_memory_mib=100.0, power_w=20.0, container="web"),
             ProcessInfo(pid=11, gpu_memory_mib=None, power_w=5.0, container="web"),
             ProcessInfo(pid=12, gpu_memory_mib=50.0, power_w=None),
+            ProcessInfo(pid=14, gpu_memory_mib=0.0, power_w=0.0, container="idle"),
         ],
     )  # fmt: skip
     lost = GpuSample(
@@ -305,7 +306,7 @@ def test_a_snapshot_is_written_as_exactly_these_series() -> None:
         # gpustation's own, after the fields only dcgm-exporter writes
         *family("gpustation_power_limit_watts", "Enforced power limit (W).", f"{{{G1}}} 300.0"),
         *family(
-            "gpustation_gpu_processes", "Processes using the GPU.", f"{{{G0}}} 0.0", f"{{{G1}}} 3.0"
+            "gpustation_gpu_processes", "Processes using the GPU.", f"{{{G0}}} 0.0", f"{{{G1}}} 4.0"
         ),
         *family(
             "gpustation_gpu_lost",
@@ -336,17 +337,20 @@ def test_a_snapshot_is_written_as_exactly_these_series() -> None:
         *family(
             "gpustation_container_power_watts",
             "Estimated power of a container's processes on the GPU, from their SM shares (W).",
+            g1('container="idle"', "UUID") + " 0.0",
             g1('container="web"', "UUID") + " 25.0",  # "-" has a process without power
         ),
         *family(
             "gpustation_container_memory_used_mib",
             "VRAM held by a container's processes on the GPU (MiB).",
             g1('container="-"', "UUID") + " 50.0",  # "web" has one without memory
+            g1('container="idle"', "UUID") + " 0.0",
         ),
         *family(
             "gpustation_container_processes",
             "A container's processes on the GPU.",
             g1('container="-"', "UUID") + " 1.0",
+            g1('container="idle"', "UUID") + " 1.0",
             g1('container="web"', "UUID") + " 2.0",
         ),
         *family(
@@ -358,10 +362,7 @@ def test_a_snapshot_is_written_as_exactly_these_series() -> None:
         *family(
             "gpustation_throttle_reason",
             "1 while the clocks event (throttle) reason is active, else 0.",
-            *(
-                g1(f'reason="{r}"') + (" 1.0" if r == "sw_power_cap" else " 0.0")
-                for r in reasons
-            ),
+            *(g1(f'reason="{r}"') + (" 1.0" if r == "sw_power_cap" else " 0.0") for r in reasons),
         ),
         *family("gpustation_gpus", "GPUs this exporter reads.", " 3.0"),
         *family(
@@ -490,3 +491,29 @@ def test_a_sample_renders_once_per_format_and_keeps_no_older_rendering() -> None
         text = exporter.rendered(generate_latest)
         assert exporter.rendered(openmetrics.generate_latest) != text
     assert len(exporter._rendered) == 2  # this sample's two renderings, no more
+
+
+def test_samples_keep_to_the_interval_and_a_slow_one_is_not_made_up_for() -> None:
+    interval_s = 0.05
+    taken: list[float] = []
+
+    def sample() -> Snapshot:
+        taken.append(time.monotonic())
+        if len(taken) == 3:
+            time.sleep(6 * interval_s)  # a card slow to answer, once
+        return three_cards()
+
+    exporter = Exporter(sample, interval_s=interval_s, with_extras=False)
+    exporter.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(taken) < 8:
+            assert time.monotonic() < deadline, "timed out waiting for 8 samples"
+            time.sleep(0.01)
+    finally:
+        exporter.stop()
+    # never ahead of the schedule (each waits for its turn) ...
+    assert taken[2] - taken[0] >= 1.5 * interval_s
+    # ... and after the slow one, the next at once and then one an interval, not a burst
+    assert taken[3] - taken[2] < 6 * interval_s + 0.6
+    assert taken[5] - taken[3] >= 1.5 * interval_s
