@@ -8,6 +8,7 @@ import re
 import socket
 import ssl
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
@@ -283,7 +284,7 @@ def test_a_session_key_is_good_for_its_lifetime_and_not_a_moment_longer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     now = [100.0]
-    monkeypatch.setattr(webguard.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])  # the clock the keys are read by
     keys = webguard.SessionKeys(lifetime_s=10.0)
     key = keys.issue()
     now[0] = 109.999
