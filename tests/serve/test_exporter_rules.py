@@ -517,3 +517,10 @@ def test_samples_keep_to_the_interval_and_a_slow_one_is_not_made_up_for() -> Non
     # ... and after the slow one, the next at once and then one an interval, not a burst
     assert taken[3] - taken[2] < 6 * interval_s + 0.6
     assert taken[5] - taken[3] >= 1.5 * interval_s
+
+
+def test_before_the_first_sample_the_exporter_is_not_up_and_says_nothing_else() -> None:
+    exporter = Exporter(three_cards, with_extras=False)
+    assert scrape(exporter) == {"gpustation_up": {(): 0.0}}
+    exporter.sample_once()
+    assert scrape(exporter)["gpustation_up"] == {(): 1.0}
