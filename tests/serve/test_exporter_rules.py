@@ -524,3 +524,20 @@ def test_before_the_first_sample_the_exporter_is_not_up_and_says_nothing_else() 
     assert scrape(exporter) == {"gpustation_up": {(): 0.0}}
     exporter.sample_once()
     assert scrape(exporter)["gpustation_up"] == {(): 1.0}
+
+
+def test_an_exporter_never_started_stops_without_a_word() -> None:
+    Exporter(three_cards, with_extras=False).stop()  # a serve that failed before starting it
+
+
+def test_the_idle_rule_is_the_one_config_toml_gives(gpustation_dirs: dict[str, Path]) -> None:
+    (gpustation_dirs["config"] / "config.toml").write_text(
+        "[alerts]\nidle_min_gib = 1\nidle_max_util_pct = 5\nidle_minutes = 0\n"
+    )
+    held = GpuSample(
+        index=0, utilization_gpu_pct=0.0,
+        processes=[ProcessInfo(pid=10, gpu_memory_mib=2048.0)],
+    )  # fmt: skip
+    exporter = Exporter(lambda: Snapshot(hostname="box", time=5.0, gpus=[held]), with_extras=False)
+    exporter.sample_once()  # held and idle for 0 minutes: at once, not after the default 10
+    assert [(a.rule, a.gpu) for a in exporter.latest().alerts or []] == [("gpu_idle_held", 0)]
