@@ -10,6 +10,7 @@ import gzip
 import http.client
 import os
 import socket
+import threading
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -65,16 +66,17 @@ def test_a_scrape_is_the_latest_sample_in_the_format_and_encoding_asked(
 
 @pytest.fixture
 def serving(exporter: Exporter) -> Iterator[Callable[..., int]]:
-    started: list[BoundedServer] = []
+    started: list[tuple[BoundedServer, threading.Thread]] = []
 
     def start(**kw: float) -> int:
-        server, _thread = serve(exporter, "127.0.0.1", 0, users=USERS, **kw)  # type: ignore[arg-type]
-        started.append(server)
+        server, thread = serve(exporter, "127.0.0.1", 0, users=USERS, **kw)  # type: ignore[arg-type]
+        started.append((server, thread))
         return int(server.server_address[1])
 
     yield start
-    for server in started:
-        server.shutdown()
+    for server, thread in started:
+        if thread.is_alive():  # shutdown() would wait for ever on a loop that died
+            server.shutdown()
         server.server_close()
 
 
