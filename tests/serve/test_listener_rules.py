@@ -293,3 +293,9 @@ def test_a_connection_reset_by_its_client_ends_with_the_reset() -> None:
             await capped.stop()
 
     asyncio.run(main())
+
+
+def test_a_listener_stopped_before_it_started_closes_its_sockets() -> None:
+    sockets = listener.listen_sockets("127.0.0.1", 0, 8)
+    asyncio.run(listener.CappedListener(sockets, lambda: Echo([]), 4).stop())
+    assert [s.fileno() for s in sockets] == [-1]

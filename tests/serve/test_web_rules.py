@@ -266,3 +266,17 @@ def test_a_page_served_over_https_opens_its_websocket_over_tls() -> None:
     plain = asyncio.run(page(None))
     assert 'data-session-websocket-url="ws://box:8443/ws"' in plain
     assert "http://box:8443/static/js/textual.js" in plain
+
+
+def test_each_open_dashboard_counts() -> None:
+    async def check(base: str, session: ClientSession, dash: DashboardServer) -> None:
+        first = await session.ws_connect(base + "/ws", origin=base)
+        second = await session.ws_connect(base + "/ws", origin=base)
+        try:
+            await _until(lambda: dash.sessions == 2, "both dashboards to count")
+        finally:
+            await first.close()
+            await second.close()
+        await _until(lambda: dash.sessions == 0, "the closed dashboards to stop counting")
+
+    _serve(check, token=None, max_sessions=2, command="cat > /dev/null")
