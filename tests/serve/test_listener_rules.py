@@ -7,8 +7,10 @@ import errno
 import itertools
 import resource
 import socket
+import struct
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -225,3 +227,75 @@ def test_the_cap_reads_this_process_s_own_open_files_limit() -> None:
         want if soft == resource.RLIM_INFINITY else max(1, soft - 16 - listener.BASE_RESERVE_FDS)
     )
     assert listener.connection_cap(want, 16) == expected
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback here")
+def test_each_address_a_name_resolves_to_gets_one_socket_on_one_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a name with both families, one of them twice (as a hosts file can list it)
+    v4 = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", 0))
+    v6 = (socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("::1", 0, 0, 0))
+
+    real = socket.getaddrinfo
+
+    def resolve(host: str, port: int, *args: Any, **kw: Any) -> list[Any]:
+        if host != "both.test":
+            return real(host, port, *args, **kw)
+        return [(f, k, p, c, (a[0], port, *a[2:])) for f, k, p, c, a in (v4, v4, v6)]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    port = 0
+    for _asked in ("a free port", "that port by number"):
+        sockets = listener.listen_sockets("both.test", port, 8)
+        try:
+            assert [s.family for s in sockets] == [socket.AF_INET, socket.AF_INET6]
+            ports = {s.getsockname()[1] for s in sockets}
+            assert len(ports) == 1 and ports != {0}
+            port = ports.pop()
+            for host in ("127.0.0.1", "::1"):
+                with socket.create_connection((host, port), timeout=10):
+                    pass
+        finally:
+            for s in sockets:
+                s.close()
+
+
+def test_a_name_that_does_not_resolve_is_named_with_the_resolver_s_words() -> None:
+    try:
+        socket.getaddrinfo("no-such-host.invalid", 80, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        words = err.strerror
+    else:
+        pytest.skip("this resolver answers for .invalid")
+    with pytest.raises(GpustationError) as raised:
+        listener.listen_sockets("no-such-host.invalid", 80, 8)
+    assert str(raised.value) == f"cannot listen on no-such-host.invalid:80: {words}"
+
+
+def test_a_connection_reset_by_its_client_ends_with_the_reset() -> None:
+    async def main() -> None:
+        ends: list[BaseException | None] = []
+        capped = listener.CappedListener(
+            listener.listen_sockets("127.0.0.1", 0, 8), lambda: Echo(ends), 4
+        )
+        capped.start()
+        try:
+            with socket.create_connection(("127.0.0.1", capped.port), timeout=30) as conn:
+                conn.sendall(b"x")
+                await asyncio.to_thread(conn.recv, 1)  # the server has it
+                # no lingering: close() sends a reset instead of an orderly end
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            await until(lambda: bool(ends), "the reset connection to end")
+            assert isinstance(ends[0], ConnectionResetError)
+            assert capped.open_connections == 0
+        finally:
+            await capped.stop()
+
+    asyncio.run(main())
+
+
+def test_a_listener_stopped_before_it_started_closes_its_sockets() -> None:
+    sockets = listener.listen_sockets("127.0.0.1", 0, 8)
+    asyncio.run(listener.CappedListener(sockets, lambda: Echo([]), 4).stop())
+    assert [s.fileno() for s in sockets] == [-1]

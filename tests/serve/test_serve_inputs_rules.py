@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import base64
 import re
+import socket
 import ssl
 import subprocess
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gpustation.errors import UsageError
@@ -257,3 +260,34 @@ def test_localhost_and_the_wildcards_answer_to_their_own_names() -> None:
         assert not any(mac.match(n) for n in names)  # interface addresses, not hardware ones
     v6 = webguard.listen_names("::")
     assert "127.0.0.1" in v6 and "[::]" in v6
+
+
+def test_a_scope_is_dropped_from_an_ipv6_address_however_many_percent_signs() -> None:
+    assert webguard.canonical_host("fe80::1%eth0%x") == "[fe80::1]"
+    assert webguard.host_name("[::1]]:80") is None  # the first "]" ends the address
+
+
+def test_a_wildcard_answers_to_every_address_of_this_machine_s_interfaces() -> None:
+    names = webguard.listen_names("0.0.0.0")
+    addresses = {
+        webguard.canonical_host(a.address)
+        for found in psutil.net_if_addrs().values()
+        for a in found
+        if a.family in (socket.AF_INET, socket.AF_INET6)
+    }
+    if not addresses - webguard.LOOPBACK_NAMES:
+        pytest.skip("no address here beyond loopback")
+    assert addresses <= names
+
+
+def test_a_session_key_is_good_for_its_lifetime_and_not_a_moment_longer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])  # the clock the keys are read by
+    keys = webguard.SessionKeys(lifetime_s=10.0)
+    key = keys.issue()
+    now[0] = 109.999
+    assert keys.valid(key)
+    now[0] = 110.0
+    assert not keys.valid(key)

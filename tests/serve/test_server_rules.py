@@ -35,19 +35,22 @@ def until(condition: Callable[[], object], what: str) -> None:
 
 @pytest.fixture
 def serving() -> Iterator[Callable[..., tuple[BoundedServer, Refusing]]]:
-    started: list[BoundedServer] = []
+    started: list[tuple[BoundedServer, threading.Thread]] = []
 
     def start(handler: type[BoundedHandler] = Ok, **kw: object) -> tuple[BoundedServer, Refusing]:
-        server = BoundedServer(("127.0.0.1", 0), handler, idle_timeout_s=30, **kw)  # type: ignore[arg-type]
+        kw.setdefault("idle_timeout_s", 30)
+        server = BoundedServer(("127.0.0.1", 0), handler, **kw)  # type: ignore[arg-type]
         sock = refusing(server.socket, [])
         server.socket = sock
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        started.append(server)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        started.append((server, thread))
         return server, sock
 
     yield start
-    for server in started:
-        server.shutdown()
+    for server, thread in started:
+        if thread.is_alive():  # shutdown() would wait for ever on a loop that died
+            server.shutdown()
         server.server_close()
 
 
@@ -97,6 +100,8 @@ class Failing(BoundedHandler):
     def do_GET(self) -> None:
         if self.path == "/reset":
             raise ConnectionResetError("the client went away")  # the client's doing
+        if self.path == "/value":
+            raise ValueError("another bug")
         raise RuntimeError("a bug of the server's own")
 
 
@@ -114,3 +119,65 @@ def test_an_error_of_the_server_s_own_is_logged_once_per_kind(
     assert len(said) == 1
     assert said[0].startswith("gpustation: a request failed (logged once per kind):\nTraceback")
     assert "RuntimeError: a bug of the server's own" in said[0]
+
+
+def test_a_client_s_failure_is_not_logged_and_each_kind_of_bug_is_once(
+    serving: Callable[..., tuple[BoundedServer, Refusing]],
+) -> None:
+    said: list[str] = []
+    server, _sock = serving(log=said.append, handler=Failing)
+    port = server.server_address[1]
+    for path in ("/reset", "/value", "/", "/value"):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            conn.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert conn.recv(1) == b""
+    until(lambda: len(said) >= 2, "both kinds to be logged")
+    assert [line.splitlines()[-1] for line in said] == [
+        "ValueError: another bug",
+        "RuntimeError: a bug of the server's own",
+    ]
+
+
+def request(conn: socket.socket) -> bytes:
+    conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = b""
+    while not answer.endswith(b"ok\n"):
+        chunk = conn.recv(4096)
+        assert chunk, f"closed after {answer!r}"
+        answer += chunk
+    return answer
+
+
+def test_after_an_answer_the_next_request_has_the_keep_alive_not_the_idle_timeout(
+    serving: Callable[..., tuple[BoundedServer, Refusing]],
+) -> None:
+    short, _sock = serving(keep_alive_s=0.2)  # idle timeout 30 s
+    with socket.create_connection(("127.0.0.1", short.server_address[1]), timeout=30) as conn:
+        assert request(conn).startswith(b"HTTP/1.1 200 ")
+        assert conn.recv(1) == b""  # closed after 0.2 s, long before 30
+    long, _sock = serving(idle_timeout_s=0.3, keep_alive_s=30)
+    with socket.create_connection(("127.0.0.1", long.server_address[1]), timeout=30) as conn:
+        assert request(conn).startswith(b"HTTP/1.1 200 ")
+        time.sleep(1.0)  # past the idle timeout, within the keep-alive
+        assert request(conn).startswith(b"HTTP/1.1 200 ")
+        until(lambda: long._waiting, "the kept connection to wait again")
+        long.server_close()  # an idle kept connection is let go on close
+        assert conn.recv(1) == b""
+
+
+def test_at_the_cap_an_idle_connection_makes_room_only_after_a_second(
+    serving: Callable[..., tuple[BoundedServer, Refusing]],
+) -> None:
+    server, _sock = serving(max_connections=1)
+    port = server.server_address[1]
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as idle:
+        opened = time.monotonic()
+        until(lambda: server._waiting, "the idle connection to be accepted")
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as second:
+            assert request(second).startswith(b"HTTP/1.1 200 ")
+            assert time.monotonic() - opened >= 0.95  # not one that may be sending
+            assert idle.recv(1) == b""  # the idle one went to make room
+    for _ in range(3):  # each connection's slot comes back when it closes
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            assert request(conn).startswith(b"HTTP/1.1 200 ")
+    until(lambda: not server._waiting, "the closed connections to be forgotten")

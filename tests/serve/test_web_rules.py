@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import socket
+import ssl
 import threading
 import time
 import urllib.error
@@ -16,8 +17,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiohttp import ClientSession, CookieJar, WSServerHandshakeError
-from aiohttp.test_utils import TestServer
+from aiohttp import ClientSession, CookieJar, WSServerHandshakeError, web
+from aiohttp.test_utils import TestServer, make_mocked_request
 
 from gpustation.serve.web import DashboardServer, dashboard_command, url_host
 
@@ -246,3 +247,36 @@ def test_a_connection_cap_the_open_files_limit_allows_is_taken_without_a_word(
     )
     assert seen["status"] == 200
     assert capsys.readouterr().err == ""
+
+
+def test_a_page_served_over_https_opens_its_websocket_over_tls() -> None:
+    async def page(sslcontext: ssl.SSLContext | None) -> str:
+        dash = DashboardServer("true", host="127.0.0.1", port=0, title="t", token=None)
+        app = dash.make_app()
+        asked = make_mocked_request(
+            "GET", "/", headers={"Host": "box:8443"}, app=app, sslcontext=sslcontext
+        )
+        answer = await dash.handle_index(asked)
+        assert isinstance(answer, web.Response) and answer.text is not None
+        return answer.text
+
+    over_tls = asyncio.run(page(ssl.create_default_context()))
+    assert 'data-session-websocket-url="wss://box:8443/ws"' in over_tls
+    assert "https://box:8443/static/js/textual.js" in over_tls
+    plain = asyncio.run(page(None))
+    assert 'data-session-websocket-url="ws://box:8443/ws"' in plain
+    assert "http://box:8443/static/js/textual.js" in plain
+
+
+def test_each_open_dashboard_counts() -> None:
+    async def check(base: str, session: ClientSession, dash: DashboardServer) -> None:
+        first = await session.ws_connect(base + "/ws", origin=base)
+        second = await session.ws_connect(base + "/ws", origin=base)
+        try:
+            await _until(lambda: dash.sessions == 2, "both dashboards to count")
+        finally:
+            await first.close()
+            await second.close()
+        await _until(lambda: dash.sessions == 0, "the closed dashboards to stop counting")
+
+    _serve(check, token=None, max_sessions=2, command="cat > /dev/null")
