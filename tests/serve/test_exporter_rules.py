@@ -515,7 +515,7 @@ def test_samples_keep_to_the_interval_and_a_slow_one_is_not_made_up_for() -> Non
     # never ahead of the schedule (each waits for its turn) ...
     assert taken[2] - taken[0] >= 1.5 * interval_s
     # ... and after the slow one, the next at once and then one an interval, not a burst
-    assert taken[3] - taken[2] < 6 * interval_s + 0.6
+    assert taken[3] - taken[2] < 6 * interval_s + 2.0  # a loaded host may lag a little
     assert taken[5] - taken[3] >= 1.5 * interval_s
 
 
