@@ -296,6 +296,7 @@ class RunsScreen(LiveScreen):
     def on_presets_loaded(self, message: PresetsLoaded) -> None:
         self.ui.presets_loaded(message)
         self.preset_pane.show_presets()
+        self.runs_changed(True, False)  # a run's own tags are its tags less its preset's
 
     def on_launched(self, message: Launched) -> None:
         view = self.ui.launched(message)
