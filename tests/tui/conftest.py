@@ -133,7 +133,12 @@ async def wait_for(pilot: Pilot[Any], condition: Callable[[], bool], timeout: fl
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
+            # What was on screen: a timeout in a loaded run says why it waited.
+            shown = "\n".join(screen_lines(pilot.app))
+            raise AssertionError(
+                f"condition not met in {timeout:g} s on {type(pilot.app.screen).__name__}; "
+                f"the screen:\n{shown}"
+            )
         await pilot.pause(0.05)
     await pilot.pause()
 

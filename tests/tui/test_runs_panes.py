@@ -111,3 +111,42 @@ async def test_the_preset_pane_lists_what_its_ui_has_read(
         second = list(presets.values())[1]
         info = pane.query_one("#runs-preset-info", LiveText).plain
         assert f"{second.launcher}:" in info
+
+
+async def test_a_run_found_going_while_it_starts_keeps_its_view_when_its_launch_returns(
+    tmp_path: Path,
+) -> None:
+    """A pass may find a run just launched here before the launch returns: the view
+    it made, followed and holding the log read so far, stays the run's view."""
+    from gpustation.runs.launch.start import RunHandle
+    from gpustation.runs.rundir import RunState
+    from gpustation.tui.runs.controller import Launched
+    from gpustation.tui.runs.model import PassResult
+
+    app = OnePane()
+    async with app.run_test(size=(100, 30)):
+        found = RunSummary(id="run-1", preset="fake", run_dir=str(tmp_path), status="running")
+        result = PassResult(
+            deltas=[RunDelta("run-1", reset=True, lines=["step 1", "step 2"])],
+            discovered=[found],
+        )
+        app.ui.apply(result)
+        view = app.ui.views["run-1"]
+        assert list(view.lines) == ["step 1", "step 2"]
+        handle = RunHandle(
+            id="run-1",
+            run_dir=tmp_path,
+            preset="fake",
+            title="fake",
+            gpus=[0],
+            argv=["python", "train.py"],
+            created_at=time.time(),
+            state=RunState(id="run-1", status="running"),
+        )
+        assert app.ui.launched(Launched(handle)) is view
+        assert app.ui.views["run-1"] is view and view.live
+        assert list(view.lines) == ["step 1", "step 2"]  # what was read is still shown
+        # and what the next pass reads lands on it
+        ended = RunSummary(id="run-1", preset="fake", run_dir=str(tmp_path), status="succeeded")
+        app.ui.apply(PassResult(deltas=[RunDelta("run-1", summary=ended, lines=["done"])]))
+        assert view.status == "succeeded" and view.lines[-1] == "done"

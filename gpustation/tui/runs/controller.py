@@ -365,10 +365,12 @@ class RunsUI:
 
     def launched(self, message: Launched) -> RunView:
         handle = message.handle
-        summary = handle.summary()
-        view = RunView.of(summary, time.time())
+        view = self.views.get(handle.id)
+        if view is None:
+            view = self.views[handle.id] = RunView.of(handle.summary(), time.time())
+        # else a pass found the run going while it started: that view is already
+        # followed and holds what was read of it (a new one would start blank)
         view.live = True
-        self.views[handle.id] = view
         self._launch_done(handle.preset)
         for warning in handle.warnings:
             self.app.notify(warning, title="Runs", severity="warning", timeout=8)

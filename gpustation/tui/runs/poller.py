@@ -151,6 +151,8 @@ class RunsPass:
         self._tracks: dict[str, RunTrack] = {}
         self._next_discover = 0.0
         self._price_problem = ""
+        #: active runs whose run.json could not be read (said once)
+        self._unreadable: set[str] = set()
 
     # -- asked from the UI thread --------------------------------------------------------
     def want(self, run_id: str, directory: Path, active: bool) -> None:
@@ -193,6 +195,12 @@ class RunsPass:
             want_history, self._want_history = self._want_history, False
         try:
             result = self._pass(wanted, unwanted, want_history)
+        except Exception as err:
+            # Said, and the screen re-arms the next pass: a pass that raised and
+            # posted nothing would leave every run on screen as it was, for good.
+            result = PassResult(errors=[f"reading the runs: {type(err).__name__}: {err}"])
+            with self._lock:
+                self._want_history = self._want_history or want_history
         finally:
             with self._lock:
                 self._busy = False
@@ -218,9 +226,18 @@ class RunsPass:
             except Exception as err:  # a damaged run directory must not stop the others
                 found = []
                 result.errors.append(f"looking for active runs: {err}")
-            result.discovered = [
-                RunSummary.from_run(a.run, a.run_dir).apply_state(a.state) for a in found
-            ]
+            result.discovered = []
+            for active in list(found):
+                try:
+                    summary = RunSummary.from_run(active.run, active.run_dir)
+                except (AttributeError, TypeError, ValueError) as err:
+                    # run.json of another shape: said once, the run left out
+                    found.remove(active)
+                    if active.id not in self._unreadable:
+                        self._unreadable.add(active.id)
+                        result.errors.append(f"run {active.id}: {rundir.RUN_JSON}: {err}")
+                    continue
+                result.discovered.append(summary.apply_state(active.state))
             for active in found:
                 wanted.setdefault(active.id, (active.run_dir, True))
                 with self._lock:
