@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -31,45 +30,9 @@ from typing import Any
 
 from gpustation.errors import GpustationError
 from gpustation.paths import state_dir
+from gpustation.procstart import process_matches, process_start
 
 LEASE_DIR = "leases"
-
-
-def process_start(pid: int) -> str | None:
-    """A token for the start of process ``pid`` (None when it is gone or a zombie).
-
-    Two processes with the same pid have different tokens: a pid reused after
-    the owner died is not mistaken for it.
-    """
-    if pid <= 0:
-        return None
-    if sys.platform.startswith("linux"):
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-                stat = f.read()
-        except OSError:
-            return None
-        # the name is in parentheses and may itself hold spaces or parentheses
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if not fields or fields[0] in ("Z", "X"):
-            return None
-        return fields[19]  # start time, in clock ticks since boot
-    # start-up time: psutil, only when processes are inspected
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return f"{proc.create_time():.2f}"
-    except (psutil.Error, OSError):
-        return None
-
-
-def process_matches(pid: int, start: str | None) -> bool:
-    """True while the process ``pid`` that started at ``start`` still runs."""
-    now = process_start(pid)
-    return now is not None and (start is None or now == start)
 
 
 class Lease:

@@ -23,11 +23,12 @@ import json
 import os
 import stat
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpustation import paths, private
+from gpustation import paths, private, procstart
 from gpustation.errors import UsageError
 from gpustation.files import NotRegularFile, open_regular, read_bytes, read_text, say_skipped
 from gpustation.textsafe import safe, safe_doc, valid_unicode
@@ -68,13 +69,15 @@ class RunState:
     id: str
     status: str = "starting"
     supervisor_pid: int | None = None
+    #: when the supervisor started (Unix time); ``supervisor_start`` tells it from
+    #: a process that reuses its pid (:mod:`gpustation.procstart`)
     supervisor_create_time: float | None = None
     child_pid: int | None = None
     child_create_time: float | None = None
     pgid: int | None = None
-    #: [pid, create_time] of the child's descendants seen so far (torchrun's
+    #: [pid, create_time, start] of the child's descendants seen so far (torchrun's
     #: workers run in sessions of their own; these let a stop find them)
-    descendants: list[list[float]] = field(default_factory=list)
+    descendants: list[list[Any]] = field(default_factory=list)
     started_at: float | None = None
     ended_at: float | None = None
     exit_code: int | None = None
@@ -82,6 +85,10 @@ class RunState:
     oom: bool = False
     reason: str | None = None
     error_tail: list[str] = field(default_factory=list)
+    #: the supervisor's and the child's start tokens (:mod:`gpustation.procstart`);
+    #: None in a state written before they were kept (their create times are compared)
+    supervisor_start: str | None = None
+    child_start: str | None = None
 
     @property
     def active(self) -> bool:
@@ -272,14 +279,19 @@ def shared_gpus(directory: Path) -> bool:
     return (directory / SHARED_GPUS).exists()
 
 
-def process_matches(pid: int | None, create_time: float | None) -> bool:
-    """True when ``pid`` is alive, not a zombie, and started at ``create_time``.
+def process_matches(pid: int | None, create_time: float | None, start: str | None = None) -> bool:
+    """True when ``pid`` is alive, not a zombie, and is the process that started at
+    ``start`` (its token, :mod:`gpustation.procstart`), else at ``create_time``.
 
-    The start time guards against PID reuse: after a reboot or a long time a
-    recorded PID can belong to an unrelated process.
+    The start guards against PID reuse: after a reboot or a long time a recorded
+    PID can belong to an unrelated process. The token is the one a step of the
+    clock leaves alone; ``create_time`` is compared only for a state written
+    before tokens were kept.
     """
     if not pid:
         return False
+    if start is not None:
+        return procstart.process_matches(pid, start)
     # start-up time: psutil, only when processes are inspected
     import psutil
 
@@ -290,6 +302,18 @@ def process_matches(pid: int | None, create_time: float | None) -> bool:
         return create_time is None or abs(proc.create_time() - create_time) <= 0.05
     except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
         return False
+
+
+def start_of(pid: int) -> str | None:
+    """The start token of ``pid`` (None when it is gone), for :func:`process_matches`."""
+    return procstart.process_start(pid)
+
+
+def descendant_matches(entry: Sequence[Any]) -> bool:
+    """True while a ``[pid, create_time, start]`` entry of ``descendants`` still runs
+    (an entry of two, written before tokens were kept, by its create time)."""
+    start = entry[2] if len(entry) > 2 and isinstance(entry[2], str) else None
+    return process_matches(int(entry[0]), float(entry[1]), start)
 
 
 def create_time_of(pid: int) -> float | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gpustation import procstart
 from gpustation.control import lease
 from gpustation.errors import GpustationError
 
@@ -25,23 +26,30 @@ def _gone_pid() -> int:
 
 
 def test_a_process_start_tells_a_live_process_from_a_gone_or_reused_pid() -> None:
-    me = lease.process_start(os.getpid())
-    assert me is not None and me.isdigit()
-    assert lease.process_start(os.getpid()) == me
-    assert lease.process_start(0) is None and lease.process_start(-1) is None
+    me = procstart.process_start(os.getpid())
+    assert me is not None
+    ticks, _, boot = me.partition("@")
+    assert ticks.isdigit() and len(boot) == 8, me  # clock ticks since boot, and the boot
+    assert procstart.process_start(os.getpid()) == me
+    assert procstart.process_start(0) is None and procstart.process_start(-1) is None
     gone = _gone_pid()
-    assert lease.process_start(gone) is None
-    assert lease.process_matches(os.getpid(), me)
-    assert lease.process_matches(os.getpid(), None)
-    assert not lease.process_matches(os.getpid(), str(int(me) + 1))
-    assert not lease.process_matches(gone, None)
+    assert procstart.process_start(gone) is None
+    assert procstart.process_matches(os.getpid(), me)
+    assert procstart.process_matches(os.getpid(), None)
+    assert not procstart.process_matches(os.getpid(), f"{int(ticks) + 1}@{boot}")
+    # the same ticks in another boot are another process
+    assert not procstart.process_matches(os.getpid(), f"{ticks}@00000000")
+    # a token kept before the boot was part of it: the ticks alone
+    assert procstart.process_matches(os.getpid(), ticks)
+    assert not procstart.process_matches(os.getpid(), str(int(ticks) + 1))
+    assert not procstart.process_matches(gone, None)
 
 
 def test_a_zombie_has_no_start() -> None:
     child = subprocess.Popen(["true"])
     # Not waited for: it stays a zombie until reaped.
     deadline = time.monotonic() + 30
-    while lease.process_start(child.pid) is not None:
+    while procstart.process_start(child.pid) is not None:
         assert time.monotonic() < deadline, "the child never ended"
         time.sleep(0.01)
     assert psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
@@ -56,7 +64,7 @@ def test_a_lease_covers_a_gpu_by_uuid_and_by_index_only_without_one() -> None:
     assert held.covers(0, None)  # the asker has none: by index
     assert not held.covers(2, None)
     assert held.describe() == f"sweep a (pid {os.getpid()}, on GPU 0, 1)"
-    assert held.alive and held.start == lease.process_start(os.getpid())
+    assert held.alive and held.start == procstart.process_start(os.getpid())
 
 
 def test_a_lease_file_round_trips_and_a_damaged_one_is_refused() -> None:
@@ -199,14 +207,14 @@ def test_a_start_token_is_the_kernel_s_start_time_whatever_the_process_is_called
         while proc.name() != "a) b ü":  # until it has exec'd
             assert time.monotonic() < deadline, "the child never started"
             time.sleep(0.01)
-        token = lease.process_start(child.pid)
+        token = procstart.process_start(child.pid)
         assert token is not None
-        started = int(token) / os.sysconf("SC_CLK_TCK") + psutil.boot_time()
+        started = int(token.split("@")[0]) / os.sysconf("SC_CLK_TCK") + psutil.boot_time()
         assert abs(started - proc.create_time()) < 0.05
     finally:
         child.kill()
         child.wait()
-    assert lease.process_start(1) is not None  # init is a process like any other
+    assert procstart.process_start(1) is not None  # init is a process like any other
 
 
 def test_a_lease_made_now_is_dated_now_and_restores_nothing_unless_told() -> None:

@@ -69,7 +69,7 @@ def test_a_double_forked_worker_ends_with_its_run(runs_env: RunsEnv, marker: str
     assert "forked" in (handle.run_dir / rundir.OUTPUT_LOG).read_text()
     # The run has ended: nothing it started is left (sleep 600 would be).
     wait_until(lambda: not with_marker(marker), 10, "the escaped worker to be gone")
-    assert any(int(pid) for pid, _ in state.descendants), "the worker was tracked"
+    assert any(int(pid) for pid, *_ in state.descendants), "the worker was tracked"
 
 
 def test_runs_stop_ends_a_double_forked_worker(

@@ -118,7 +118,7 @@ def test_grandchild_in_its_own_session_dies_with_its_run(runs_env: RunsEnv, tmp_
     child, grandchild = map(int, pids_file.read_text().split())
     state = wait_for_end(handle.run_dir, TIMEOUT)
     assert state is not None and state.status == "failed" and state.exit_code == 1
-    assert [int(pid) for pid, _ in state.descendants] == [grandchild]
+    assert [int(pid) for pid, *_ in state.descendants] == [grandchild]
     wait_until(
         lambda: not rundir.process_matches(grandchild, None), TIMEOUT, "the orphan to be killed"
     )

@@ -291,3 +291,64 @@ def test_the_runs_still_going_are_listed_oldest_first(
     ]
     assert found[1].run == {"id": "b-live", "preset": {"name": "p"}}
     assert on_disk(paths.runs_dir() / "0-lost") == "running"  # listing writes nothing
+
+
+def test_a_step_of_the_clock_leaves_a_running_run_running(
+    sleepers: list[subprocess.Popen[bytes]],
+) -> None:
+    """psutil's start time is the boot time plus the ticks since boot, and the boot
+    time moves with every step of the clock: after a step of a second, the times
+    written at the start no longer agree with the live processes' (as below). The
+    start tokens, ticks since boot, still do: the run is still running, and a stop
+    still finds its processes."""
+    sup, sup_time = sleeper(sleepers)
+    child, child_time = sleeper(sleepers)
+    worker, worker_time = sleeper(sleepers)
+    stepped = 1.0  # what a one-second step of the clock does to the times read now
+    directory = make_run(
+        "stepped",
+        status="running",
+        supervisor_pid=sup,
+        supervisor_create_time=sup_time - stepped,
+        supervisor_start=rundir.start_of(sup),
+        child_pid=child,
+        child_create_time=child_time - stepped,
+        child_start=rundir.start_of(child),
+        descendants=[[worker, worker_time - stepped, rundir.start_of(worker)]],
+    )
+    state = reconcile.check_run(directory)
+    assert state is not None and state.status == "running"
+    assert [r.id for r in reconcile.list_active_runs()] == ["stepped"]
+    assert reconcile.record_lost_runs() == []
+    assert rundir.descendant_matches(state.descendants[0])
+    # Without the tokens (a state written before they were kept), the times decide:
+    # the same step reads as the processes gone.
+    legacy = make_run(
+        "legacy",
+        status="running",
+        supervisor_pid=sup,
+        supervisor_create_time=sup_time - stepped,
+        child_pid=child,
+        child_create_time=child_time - stepped,
+    )
+    assert (found := reconcile.check_run(legacy)) is not None and found.status == "lost"
+    assert not rundir.descendant_matches([worker, worker_time - stepped])
+    assert rundir.descendant_matches([worker, worker_time])
+
+
+def test_a_start_token_of_another_process_is_not_the_run_s(
+    sleepers: list[subprocess.Popen[bytes]],
+) -> None:
+    """A pid reused by another process: its token differs, whatever the times say."""
+    sup, sup_time = sleeper(sleepers)
+    other, _ = sleeper(sleepers)
+    directory = make_run(
+        "reused",
+        status="running",
+        supervisor_pid=sup,
+        supervisor_create_time=sup_time,
+        supervisor_start=rundir.start_of(other) + "1",  # another start, the same pid
+        child_pid=gone(),
+    )
+    state = reconcile.check_run(directory)
+    assert state is not None and state.status == "lost"

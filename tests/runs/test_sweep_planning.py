@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpustation import privs
+from gpustation import privs, procstart
 from gpustation.control import lease
 from gpustation.errors import GpustationError, NeedsRootError, UsageError
 from gpustation.runs import rundir
@@ -204,7 +204,7 @@ def test_a_new_sweep_id_never_names_a_directory_that_exists(
 
 
 def test_a_sweep_whose_process_is_gone_is_dead_and_names_the_limits_it_left() -> None:
-    me = SimpleNamespace(pid=os.getpid(), start=lease.process_start(os.getpid()))
+    me = SimpleNamespace(pid=os.getpid(), start=procstart.process_start(os.getpid()))
     s = sweep.Sweep(id="s", preset="p", axes={}, power_limits=[], gpus=[0], status="running")
     assert s.dead and not s.alive and not s.left_limits
     assert s.state_text().startswith("dead: its process (pid 0, started ")
@@ -501,6 +501,6 @@ def test_while_its_points_run_the_sweep_holds_a_lease_naming_it_and_says_it_runs
         held["owner"] == "sweep s-lease" and held["restore"] == "gpustation sweeps restore s-lease"
     )
     assert held["gpus"] == [{"index": 0, "uuid": uuid}] and held["simulated"] is True
-    assert held["pid"] == os.getpid() and held["start"] == lease.process_start(os.getpid())
-    assert done.pid_start == lease.process_start(os.getpid())
+    assert held["pid"] == os.getpid() and held["start"] == procstart.process_start(os.getpid())
+    assert done.pid_start == procstart.process_start(os.getpid())
     assert lease.get("s-lease") is None

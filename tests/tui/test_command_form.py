@@ -10,7 +10,7 @@ import pytest
 from textual.widgets import Button, Checkbox, Input, Label, Static, TextArea
 
 from gpustation.runs import rundir
-from gpustation.tui.runs import LaunchDialog, RunsScreen
+from gpustation.tui.runs import LaunchDialog, RunsScreen, poller
 from gpustation.tui.runs.command_form import CommandDialog, split_command
 
 from .conftest import wait_for
@@ -32,9 +32,14 @@ def argv(dialog: CommandDialog) -> str:
     return str(dialog.query_one("#command-argv", Static).render())
 
 
+@pytest.mark.parametrize("found_first", [False, True], ids=["launched", "found-while-starting"])
 async def test_any_command_from_the_form_runs_supervised_and_its_output_reaches_the_log(
-    presets: dict[str, Any],
+    presets: dict[str, Any], monkeypatch: pytest.MonkeyPatch, found_first: bool
 ) -> None:
+    if found_first:
+        # The screen looks for runs going on every pass: it finds the run while its
+        # launch is still waiting for it to start, before the launch returns.
+        monkeypatch.setattr(poller, "DISCOVER_EVERY_S", 0.0)
     app, _ = make_app(count=2)
     async with app.run_test(size=(160, 48)) as pilot:
         ui = await open_runs(pilot)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from gpustation.errors import UsageError
 from gpustation.runs import rundir
@@ -41,15 +42,18 @@ def terminate_group(
     log: Callable[[str], None] | None = None,
     force_now: Callable[[], bool] | None = None,
     on_signal: Callable[[str], None] | None = None,
-    known: Sequence[Sequence[float]] = (),
+    known: Sequence[Sequence[Any]] = (),
+    leader_start: str | None = None,
 ) -> str | None:
     """SIGINT, wait, SIGTERM, wait, SIGKILL to a process group until none is left.
 
     Returns the name of the last signal sent (None when nothing was running).
     Processes that left the group (``setsid``; torchrun's workers do) are
     signalled too: the leader's descendants now, and ``known``, the
-    ``(pid, create_time)`` pairs of descendants seen earlier (the supervisor
-    records them, so they are found even once their parent has died).
+    ``[pid, create_time, start]`` entries of descendants seen earlier (the
+    supervisor records them, so they are found even once their parent has died).
+    The leader is told from a process reusing its pid by ``leader_start`` (its
+    start token), else by ``leader_create_time``.
     ``force_now`` cuts the waits short (a second Ctrl-C).
     """
     # start-up time: psutil, only when processes are inspected
@@ -60,9 +64,8 @@ def terminate_group(
     if pgid and leader_pid:
         try:
             leader = psutil.Process(leader_pid)
-            if (
-                leader_create_time is not None
-                and abs(leader.create_time() - leader_create_time) > 0.05
+            if (leader_start is not None or leader_create_time is not None) and not (
+                rundir.process_matches(leader_pid, leader_create_time, leader_start)
             ):
                 # The PID was reused: the group we started no longer exists.
                 leader, group_ok = None, False
@@ -75,10 +78,11 @@ def terminate_group(
                 strays[proc.pid] = proc
         except (psutil.Error, ProcessLookupError):
             pass
-    for pid, create_time in known:
-        if int(pid) not in strays and rundir.process_matches(int(pid), float(create_time)):
+    for entry in known:
+        pid = int(entry[0])
+        if pid not in strays and rundir.descendant_matches(entry):
             try:
-                strays[int(pid)] = psutil.Process(int(pid))
+                strays[pid] = psutil.Process(pid)
             except psutil.Error:
                 continue
     for pid in list(strays):
@@ -202,6 +206,7 @@ def stop_run(
             force_now=force_now,
             on_signal=lambda name: rundir.note_stop_signal(directory, name),
             known=state.descendants,
+            leader_start=state.child_start,
         )
     final = wait_for_end(directory, timeout=wait_s)
     on_disk = rundir.read_state(directory)

@@ -236,8 +236,9 @@ class _Telemetry:
             self.trace = None
 
 
-def live_descendants(pid: int, known: list[list[float]]) -> list[list[float]]:
-    """``known`` brought up to date: the descendants of ``pid`` alive now, ``[pid, create_time]``.
+def live_descendants(pid: int, known: list[list[Any]]) -> list[list[Any]]:
+    """``known`` brought up to date: the descendants of ``pid`` alive now,
+    ``[pid, create_time, start]``.
 
     Only the living are kept (DataLoader workers come and go every epoch), but
     a descendant whose parent died stays listed while it lives: it is exactly
@@ -252,13 +253,16 @@ def live_descendants(pid: int, known: list[list[float]]) -> list[list[float]]:
         found = []
     # Re-parented to this process (a subreaper) when their parent died.
     found += _own_descendants(pid)
-    kept = [entry for entry in known if rundir.process_matches(int(entry[0]), float(entry[1]))]
+    kept = [entry for entry in known if rundir.descendant_matches(entry)]
     seen = {int(entry[0]) for entry in kept}
     for proc in found:
         if proc.pid in seen:
             continue
         try:
-            kept.append([proc.pid, proc.create_time()])
+            start = rundir.start_of(proc.pid)
+            if start is None:
+                continue  # gone since it was listed
+            kept.append([proc.pid, proc.create_time(), start])
             seen.add(proc.pid)
         except psutil.Error:
             continue
@@ -353,6 +357,7 @@ def supervise(directory: Path) -> int:
     state = rundir.read_state(directory) or RunState(id=run["id"])
     state.supervisor_pid = os.getpid()
     state.supervisor_create_time = rundir.create_time_of(os.getpid())
+    state.supervisor_start = rundir.start_of(os.getpid())
     rundir.write_state(directory, state)
     try:
         rundir.prepare_exit_status(directory)
@@ -407,6 +412,7 @@ def supervise(directory: Path) -> int:
     state.child_pid = child.pid
     state.pgid = child.pid  # start_new_session: the child leads its own group
     state.child_create_time = rundir.create_time_of(child.pid)
+    state.child_start = rundir.start_of(child.pid)
     state.started_at = time.time()
     state.status = "running"
     _finish(directory, state)
@@ -432,6 +438,7 @@ def supervise(directory: Path) -> int:
                 state.child_create_time,
                 grace_s,
                 log=_log,
+                leader_start=state.child_start,
                 on_signal=lambda name: _note_stop_signal(directory, name),
                 known=state.descendants,
             )
@@ -537,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
                 state.child_create_time,
                 grace_s=2.0,
                 log=_log,
+                leader_start=state.child_start,
                 known=state.descendants,
             )
             mark_ended(directory, state, "failed", f"the run's supervisor failed: {err!r}")

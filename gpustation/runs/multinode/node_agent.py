@@ -146,11 +146,11 @@ def _read_spec() -> tuple[dict[str, Any], bytes]:
 
 
 class _Descendants:
-    """torchrun's descendants seen so far, ``[pid, create_time]`` (the living only)."""
+    """torchrun's descendants seen so far, ``[pid, create_time, start]`` (the living only)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.known: list[list[float]] = []
+        self.known: list[list[Any]] = []
 
     def refresh(self) -> None:
         self.known = live_descendants(self.pid, self.known)
@@ -229,6 +229,7 @@ def run_node() -> int:
         shutil.rmtree(workdir, ignore_errors=True)
         return 127
     create_time = rundir.create_time_of(child.pid)
+    start = rundir.start_of(child.pid)
     out.send(
         "started",
         pid=child.pid,
@@ -256,7 +257,11 @@ def run_node() -> int:
         thread = threading.Thread(
             target=terminate_group,
             args=(child.pid, child.pid, create_time, grace_s),
-            kwargs={"force_now": force.is_set, "known": list(descendants.known)},
+            kwargs={
+                "force_now": force.is_set,
+                "known": list(descendants.known),
+                "leader_start": start,
+            },
             daemon=True,
         )
         stopper.append(thread)

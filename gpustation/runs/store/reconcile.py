@@ -124,7 +124,9 @@ def check_run(directory: Path, starting_grace_s: float = 30.0) -> RunState | Non
     state = rundir.read_state(directory)
     if state is None or not state.active:
         return state
-    if rundir.process_matches(state.supervisor_pid, state.supervisor_create_time):
+    if rundir.process_matches(
+        state.supervisor_pid, state.supervisor_create_time, state.supervisor_start
+    ):
         return state
     if state.supervisor_pid is None:
         # Launched a moment ago; the supervisor has not written its PID yet.
@@ -138,7 +140,7 @@ def check_run(directory: Path, starting_grace_s: float = 30.0) -> RunState | Non
     again = rundir.read_state(directory)
     if again is not None and not again.active:
         return again
-    if rundir.process_matches(state.child_pid, state.child_create_time):
+    if rundir.process_matches(state.child_pid, state.child_create_time, state.child_start):
         return state  # unsupervised but alive
     stop = rundir.read_stop(directory)
     if stop is not None:
@@ -165,7 +167,7 @@ def record_lost_runs() -> list[RunState]:
         if not first.active:
             on_disk = rundir.read_json(state_file) or {}
             if on_disk.get("status") in rundir.ACTIVE_STATUSES and not rundir.process_matches(
-                first.supervisor_pid, first.supervisor_create_time
+                first.supervisor_pid, first.supervisor_create_time, first.supervisor_start
             ):
                 # Its end is only in exit-status (the disk was full until its
                 # supervisor gave up): state.json and the row get it now.
@@ -194,7 +196,9 @@ def list_active_runs() -> list[ActiveRun]:
         state = check_run(directory)
         if state is None or not state.active:
             continue
-        supervised = rundir.process_matches(state.supervisor_pid, state.supervisor_create_time)
+        supervised = rundir.process_matches(
+            state.supervisor_pid, state.supervisor_create_time, state.supervisor_start
+        )
         found.append(
             ActiveRun(
                 id=state.id,

@@ -20,8 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpustation import paths, timefmt
-from gpustation.control import lease
+from gpustation import paths, procstart, timefmt
 from gpustation.control.power import plan_power
 from gpustation.control.profiles import parse_power_value
 from gpustation.errors import UsageError
@@ -77,14 +76,14 @@ class Sweep:
     uuids: dict[int, str | None] = field(default_factory=dict)
     restored: bool = False
     pid: int = 0
-    #: the start of process ``pid`` (:func:`gpustation.control.lease.process_start`)
+    #: the start of process ``pid`` (:func:`gpustation.control.procstart.process_start`)
     pid_start: str | None = None
     points: list[Point] = field(default_factory=list)
 
     @property
     def alive(self) -> bool:
         """True while the process that ran this sweep still runs."""
-        return bool(self.pid) and lease.process_matches(self.pid, self.pid_start)
+        return bool(self.pid) and procstart.process_matches(self.pid, self.pid_start)
 
     @property
     def dead(self) -> bool:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gpustation import paths, privs
+from gpustation import paths, privs, procstart
 from gpustation.control import lease
 from gpustation.control.power import apply_power, plan_power
 from gpustation.control.profiles import parse_power_value
@@ -56,7 +56,7 @@ class SweepRunner:
     def run(self) -> Sweep:
         sweep = self.sweep
         sweep.pid = os.getpid()
-        sweep.pid_start = lease.process_start(sweep.pid)
+        sweep.pid_start = procstart.process_start(sweep.pid)
         if sweep.power_limits:
             self._take_originals()  # the lease first: refused, nothing is written
         sweep.status = "running"
