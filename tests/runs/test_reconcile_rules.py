@@ -347,7 +347,7 @@ def test_a_start_token_of_another_process_is_not_the_run_s(
         status="running",
         supervisor_pid=sup,
         supervisor_create_time=sup_time,
-        supervisor_start=rundir.start_of(other) + "1",  # another start, the same pid
+        supervisor_start=f"{rundir.start_of(other)}1",  # another start, the same pid
         child_pid=gone(),
     )
     state = reconcile.check_run(directory)
