@@ -116,7 +116,7 @@ def test_a_stop_without_the_supervisor_still_finds_the_worker(
 
     def is_listed() -> bool:
         state = rundir.read_state(handle.run_dir) or handle.state
-        return state is not None and worker.pid in [int(p) for p, _ in state.descendants]
+        return state is not None and worker.pid in [int(p) for p, *_ in state.descendants]
 
     wait_until(
         is_listed,

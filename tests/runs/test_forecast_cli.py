@@ -11,6 +11,7 @@ from typing import Any
 from gpustation.runs import rundir
 from gpustation.runs.store.index import RunStore
 from gpustation.runs.store.reconcile import list_active_runs
+from gpustation.telemetry.sim import SimBackend
 from tests.conftest import child_env, gpustation_cmd, run_gpustation
 from tests.runs.conftest import RunsEnv, command_preset, wait_until
 
@@ -85,6 +86,11 @@ def test_a_dry_run_forecasts_twice_the_steps_from_three_runs(runs_env: RunsEnv) 
 
 
 def test_the_text_says_what_fits_and_what_will_not(runs_env: RunsEnv) -> None:
+    # Idle simulated cards: a simulated job of their own (up to 85 % of the card) would
+    # decide what fits, whenever it came.
+    sim = SimBackend.open(count=2, card=None)
+    for index in range(2):
+        sim.poke(index, load=0.0)
     # 1000 MiB held before the first step, 1000 more a sample: 5 GiB at batch 4
     write_work(runs_env, steps=3, step_s=0.05, mib_per_sample=1000.0)
     ran("work")
@@ -92,7 +98,7 @@ def test_the_text_says_what_fits_and_what_will_not(runs_env: RunsEnv) -> None:
     assert plain.returncode == 0, plain.stderr
     assert "nothing started" in plain.stderr
     assert plain.stdout.startswith("command: CUDA_VISIBLE_DEVICES=0 ")
-    assert "fits, 4.9 GiB of " in plain.stdout and "free on GPU 0" in plain.stdout
+    assert "fits, 4.9 GiB of 24.0 GiB free on GPU 0" in plain.stdout, plain.stdout
     # batch 32 needs about 32 GiB: more than the simulated RTX 4090 has at all
     big = gs("run", "work", "--dry-run", "--set", "batch_size=32", "--gpus", "1")
     assert big.returncode == 0, big.stderr

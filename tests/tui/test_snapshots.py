@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
+from textual.widgets import DataTable
 
 from gpustation.fleet.ssh import DOWN, UP, HostState
 from gpustation.runs.presets import load_presets
@@ -139,6 +140,10 @@ async def on_runs(pilot: Pilot[Any]) -> None:
     gpus = app.screen.query_one(GpuPlot)
     await wait_for(pilot, lambda: plot.draws >= 1 or not plot.size.height)
     await wait_for(pilot, lambda: gpus.draws >= 1 or not gpus.size.height)
+    # A table measures the rows and cells it was given when it is next idle: until
+    # then its columns are as wide as their labels (the picture waits for that).
+    table = app.screen.query_one("#runs-table", DataTable)
+    await wait_for(pilot, lambda: not table._require_update_dimensions and not table._updated_cells)
     await pilot.pause()
 
 
@@ -252,8 +257,6 @@ def test_launch_form(
 
 async def on_compare(pilot: Pilot[Any]) -> None:
     """The runs screen with the three past runs marked, then compared."""
-    from textual.widgets import DataTable
-
     from gpustation.tui.runs import CompareScreen
     from gpustation.tui.runs.overlay import OverlayPlot
 
