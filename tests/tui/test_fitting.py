@@ -190,3 +190,31 @@ def test_a_figure_not_known_reads_n_a_on_the_runs_side_as_everywhere() -> None:
     assert fmt_value(None) == NA == "n/a"
     assert energy_cell(RunSummary(id="r"), None) == NA
     assert fmt_value(0.5) == "0.5000"
+
+
+async def test_the_runs_table_is_as_wide_as_its_cells_at_once() -> None:
+    """A data table measures new cells when it is next idle; the runs table does not
+    wait for that (on a busy screen it was seen not to come for 20 s)."""
+    from textual.app import App, ComposeResult
+    from textual.widgets.data_table import ColumnKey
+
+    from gpustation.tui.runs.table import RunRow, RunsTable
+
+    class One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield RunsTable(id="t")
+
+    app = One()
+    async with app.run_test(size=(200, 20)):
+        table = app.query_one(RunsTable)
+        cells = {"preset": "resnet50-bf16", "id": "20231116-221322-ab12", "status": "running"}
+        table.show_runs([RunRow("20231116-221322-ab12", cells)], priced=False)
+        # no pause: what the table holds before it is next idle
+        status = table.columns[ColumnKey("status")]
+        preset = table.columns[ColumnKey("preset")]
+        assert status.content_width >= len("running") > len("status")
+        assert preset.content_width >= len("resnet50-bf16")
+        table.show_runs(
+            [RunRow("20231116-221322-ab12", {**cells, "status": "failed (exit 75)"})], priced=False
+        )
+        assert status.content_width >= len("failed (exit 75)")

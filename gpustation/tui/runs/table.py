@@ -19,6 +19,7 @@ from rich.text import Text
 from textual.geometry import Size
 from textual.reactive import Reactive
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey
 
 from gpustation.tui.runs.model import short_ids
 from gpustation.tui.runs.widgets import fit_scrollbars
@@ -202,6 +203,7 @@ class RunsTable(DataTable[Any]):
                 self.move_cursor(row=ids.index(wanted), animate=False)
             elif ids:
                 self.move_cursor(row=0, animate=False)
+            self._widen(layout)
             return
         if select in ids:
             self.move_cursor(row=ids.index(select), animate=False)
@@ -215,3 +217,21 @@ class RunsTable(DataTable[Any]):
             for n, key in enumerate(layout.columns):
                 if old is None or cells[n] != old[n]:
                     self.update_cell(row.id, key, styled[n], update_width=key != "notes")
+        self._widen(layout)
+
+    def _widen(self, layout: Layout) -> None:
+        """Each column as wide as its widest cell now, not once the table is next idle.
+
+        A data table measures new rows and cells when its queue is next empty;
+        until then its columns are as wide as their labels. On a busy screen
+        that was seen to last over 20 s (``runnin`` for ``running``), so the
+        columns are sized here from the text the table was given.
+        """
+        for n, key in enumerate(layout.columns):
+            column = self.columns.get(ColumnKey(key))
+            if column is None or not column.auto_width:
+                continue
+            widest = max((cell_len(cells[n]) for cells in self._drawn.values()), default=0)
+            if widest > column.content_width:
+                column.content_width = widest
+                self.refresh()
