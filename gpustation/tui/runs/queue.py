@@ -135,12 +135,10 @@ class QueueScreen(ModalScreen[None]):
     def _read(self, said: str = "") -> QueueRead:
         try:
             return QueueRead(queue.entries(), queue.paused(), said=said)
-        except (OSError, GpustationError) as err:
-            return QueueRead([], False, f"could not read the queue: {err}", said)
         except Exception as err:  # posted, so the pane says it and reads again
-            return QueueRead(
-                [], False, f"could not read the queue: {type(err).__name__}: {err}", said
-            )
+            known = isinstance(err, OSError | GpustationError)
+            why = str(err) if known else f"{type(err).__name__}: {err}"
+            return QueueRead([], False, f"could not read the queue: {why}", said)
 
     def _change(self, change: Callable[[], str]) -> None:
         """Make ``change`` on a worker; it returns what to say, and the queue is read again."""
